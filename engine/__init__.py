@@ -1,0 +1,1 @@
+"""The inference engine (torch). Never imports Qt."""

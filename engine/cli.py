@@ -1,0 +1,106 @@
+"""`flashdesk generate` and `flashdesk doctor`: the engine from the command line, no Qt involved."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from flashdesk.engine.errors import FlashDeskError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flashdesk", description="FlashDesk engine commands. "
+                                     "Run without arguments to open the desktop app.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text from a prompt")
+    gen.add_argument("--model", required=True, help="folder of the Gemma 4 target checkpoint")
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="user message, wrapped in the model's chat template")
+    source.add_argument("--prompt-ids", help="comma-separated token ids fed to the model as they are")
+    gen.add_argument("--system", help="system prompt (with --prompt)")
+    gen.add_argument("--thinking", action="store_true", help="let the model think before answering")
+    gen.add_argument("--max-new-tokens", type=int, default=256)
+    gen.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0, help="0 turns top-k off")
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    gen.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    gen.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16", "float32", "fp8"])
+    gen.add_argument("--context", type=int, help="context limit in tokens (default: the model's)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with ids, text, steps, stats")
+
+    doc = sub.add_parser("doctor", help="check this machine (and a model folder) for FlashDesk")
+    doc.add_argument("--model", help="also check this checkpoint folder")
+    doc.add_argument("--context", type=int, default=32768, help="context for the memory estimate")
+    return parser
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise ValueError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise ValueError("--prompt-ids is empty")
+    return ids
+
+
+def run_generate(args) -> int:
+    from flashdesk.engine.chat import build_prompt_ids, messages_from
+    from flashdesk.engine.generation import Engine, FinishEvent, GenerationRequest
+    from flashdesk.engine.sampling import SamplingParams
+
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+    prompt_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, args.context)
+    if prompt_ids is None:
+        if engine.tokenizer is None:
+            raise FlashDeskError(f"{args.model} has no tokenizer, so --prompt cannot be used; give --prompt-ids")
+        prompt_ids = build_prompt_ids(engine.tokenizer, messages_from(args.prompt, args.system),
+                                      enable_thinking=args.thinking)
+    request = GenerationRequest(prompt_ids, args.max_new_tokens, sampling, args.ignore_eos, tuple(args.stop))
+    steps, thinking_shown = [], False
+    for event in engine.generate(request):
+        if isinstance(event, FinishEvent):
+            break
+        if event.index > 0:
+            steps.append({"emitted": event.emitted, "draft": event.draft, "accepted": event.accepted})
+        if not args.json:
+            if event.thought:
+                if not thinking_shown:
+                    sys.stderr.write("[thinking]\n")
+                    thinking_shown = True
+                sys.stderr.write(event.thought)
+                sys.stderr.flush()
+            if event.answer:
+                sys.stdout.write(event.answer)
+                sys.stdout.flush()
+    stats = dict(event.stats)
+    if args.json:
+        print(json.dumps({"prompt_ids": prompt_ids, "token_ids": event.token_ids, "text": event.text,
+                          "thought": event.thought, "finish_reason": event.finish_reason, "steps": steps,
+                          "stats": stats}))
+    else:
+        sys.stdout.write("\n")
+        sys.stderr.write(f"[{event.finish_reason}] {len(event.token_ids)} tokens, prefill "
+                         f"{stats['prompt_tokens']} tokens in {stats['prefill_seconds']:.2f} s, decode "
+                         f"{stats['decode_tokens_per_second']:.1f} tok/s\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return run_generate(args)
+        from flashdesk.engine.doctor import run_doctor
+
+        return run_doctor(args.model, args.context)
+    except (FlashDeskError, ValueError) as exc:
+        print(f"flashdesk {args.command}: error: {exc}", file=sys.stderr)
+        return 2

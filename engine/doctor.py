@@ -1,0 +1,212 @@
+"""`flashdesk doctor`: what a user runs when something is wrong.
+
+Every probe turns its failure into text: the report itself must never fail, since it is what
+people run precisely when their setup is broken. This module never imports Qt.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import platform
+import sys
+from typing import Callable
+
+Row = tuple[str, str]
+
+GIB = 1024**3
+
+
+def _err(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _gib(n: int | float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def _probe(label: str, fn: Callable[[], list[Row] | str]) -> list[Row]:
+    """Run one probe; any exception becomes the row's text."""
+    try:
+        out = fn()
+    except BaseException as exc:  # noqa: BLE001 - a probe must never take the report down
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return [(label, f"error ({_err(exc)})")]
+    if isinstance(out, str):
+        return [(label, out)]
+    return out
+
+
+def _python() -> str:
+    return f"{platform.python_version()} ({platform.python_implementation()}, {sys.executable})"
+
+
+def _platform() -> str:
+    return f"{platform.system()} {platform.release()} {platform.machine()}"
+
+
+def _import(name: str):
+    return importlib.import_module(name)
+
+
+def _torch_rows() -> list[Row]:
+    try:
+        torch = _import("torch")
+    except Exception as exc:  # noqa: BLE001
+        return [
+            ("torch", f"not importable ({_err(exc)})"),
+            ("CUDA", "unknown (torch is not importable)"),
+        ]
+    rows: list[Row] = [("torch", str(getattr(torch, "__version__", "unknown version")))]
+    rows.extend(_probe("CUDA", lambda: _cuda_rows(torch)))
+    return rows
+
+
+def _cuda_rows(torch) -> list[Row]:
+    built = getattr(torch.version, "cuda", None)
+    hip = getattr(torch.version, "hip", None)
+    if not built and not hip:
+        return [("CUDA", "not available (this torch is a CPU-only build)")]
+    toolkit = f"CUDA {built}" if built else f"ROCm/HIP {hip}"
+    if not torch.cuda.is_available():
+        return [("CUDA", f"not available (torch built with {toolkit}, but no usable GPU or driver)")]
+    count = torch.cuda.device_count()
+    rows: list[Row] = [("CUDA", f"available, torch built with {toolkit}, {count} device(s)")]
+    for i in range(count):
+        rows.extend(_probe(f"GPU {i}", lambda i=i: _gpu_row(torch, i)))
+    return rows
+
+
+def _gpu_row(torch, i: int) -> str:
+    name = torch.cuda.get_device_name(i)
+    try:
+        major, minor = torch.cuda.get_device_capability(i)
+        cap = f", sm_{major}{minor}"
+    except Exception as exc:  # noqa: BLE001
+        cap = f", capability unknown ({_err(exc)})"
+    try:
+        free, total = torch.cuda.mem_get_info(i)
+        mem = f"{_gib(free)} free of {_gib(total)}"
+    except Exception as exc:  # noqa: BLE001
+        mem = f"memory unknown ({_err(exc)})"
+    return f"{name}{cap}, {mem}"
+
+
+def _nvml_rows() -> list[Row]:
+    try:
+        pynvml = _import("pynvml")
+    except Exception as exc:  # noqa: BLE001
+        return [("NVML", f"unavailable: pynvml not importable ({_err(exc)}; pip install nvidia-ml-py)")]
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001
+        return [("NVML", f"unavailable: nvmlInit failed ({_err(exc)}; is the NVIDIA driver installed?)")]
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        if isinstance(driver, bytes):
+            driver = driver.decode()
+        count = pynvml.nvmlDeviceGetCount()
+        rows: list[Row] = [("NVML", f"ok, driver {driver}, {count} device(s)")]
+        for i in range(count):
+            rows.extend(_probe(f"NVML GPU {i}", lambda i=i: _nvml_device(pynvml, i)))
+        return rows
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _nvml_device(pynvml, i: int) -> str:
+    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+    name = pynvml.nvmlDeviceGetName(h)
+    if isinstance(name, bytes):
+        name = name.decode()
+    parts = [name]
+    try:
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        parts.append(f"{_gib(mem.used)} used of {_gib(mem.total)}")
+    except Exception as exc:  # noqa: BLE001
+        parts.append(f"memory n/a ({_err(exc)})")
+    try:
+        power = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+        try:
+            limit = pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
+            parts.append(f"{power:.0f} W of {limit:.0f} W")
+        except Exception:  # noqa: BLE001
+            parts.append(f"{power:.0f} W")
+    except Exception as exc:  # noqa: BLE001
+        parts.append(f"power n/a ({_err(exc)})")
+    return ", ".join(parts)
+
+
+def _module_version(module: str, dist: str, missing_hint: str) -> str:
+    try:
+        mod = _import(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            return f"not installed{missing_hint}"
+        return f"installed but not importable ({_err(exc)})"
+    except Exception as exc:  # noqa: BLE001
+        return f"installed but not importable ({_err(exc)})"
+    version = getattr(mod, "__version__", None)
+    if not version:
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown version"
+    return str(version)
+
+
+def environment_report() -> list[Row]:
+    """(label, text) rows: Python, platform, torch, CUDA and each GPU, NVML, triton, flash-attn."""
+    rows: list[Row] = []
+    rows += _probe("Python", _python)
+    rows += _probe("Platform", _platform)
+    rows += _probe("torch", _torch_rows)
+    rows += _probe("NVML", _nvml_rows)
+    rows += _probe("triton", lambda: _module_version("triton", "triton", " (GPU kernels fall back to plain torch)"))
+    rows += _probe(
+        "flash-attn",
+        lambda: _module_version("flash_attn", "flash-attn", " (optional: pip install 'flashdesk[flash]', GPU only)"),
+    )
+    return rows
+
+
+def format_report(rows: list[Row]) -> str:
+    """Rows as aligned `label  text` lines."""
+    if not rows:
+        return ""
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label.ljust(width)}  {text}" for label, text in rows)
+
+
+def run_doctor(model_dir: str | None, context: int | None = None) -> int:
+    """Print the environment report and, given a model folder, the checkpoint check
+    (`describe_checkpoint(model_dir, context)`; `context` sizes the memory estimate).
+
+    Returns 0, or 1 when the model check could not be done or found a problem."""
+    print(format_report(environment_report()))
+    if model_dir is None:
+        return 0
+    print()
+    print(f"Model: {model_dir}")
+    try:
+        from flashdesk.engine.checkpoint import describe_checkpoint
+    except ImportError as exc:
+        print(f"  model check unavailable in this version ({_err(exc)})")
+        return 1
+    try:
+        if context is None:
+            lines = describe_checkpoint(model_dir)
+        else:
+            lines = describe_checkpoint(model_dir, context)
+    except Exception as exc:  # noqa: BLE001 - doctor reports, it does not crash
+        print(f"  problem: {_err(exc)}")
+        return 1
+    for line in lines:
+        print(f"  {line}")
+    return 0

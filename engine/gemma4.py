@@ -1,0 +1,177 @@
+"""Our Gemma 4 text model for inference: one sequence, a preallocated KV cache, fused projections.
+
+It computes exactly what transformers' Gemma4 computes (MODEL-SPEC.md section 2): RMSNorm with a
+plain weight, attention scale 1.0, proportional partial RoPE on full layers, weightless v_norm,
+k_eq_v, dense MLP and MoE in parallel, layer_scalar, scaled embedding, final softcap. Attention,
+linears and MoE go through `flashdesk.kernels` so GPU kernels drop in behind one function each.
+It also returns the hidden states after chosen layers, which the DFlash drafter reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from flashdesk.engine.config import Gemma4Config, load_config
+from flashdesk.engine.kv_cache import CacheLayout, KVCache
+from flashdesk.engine.weights import load_weights
+from flashdesk.kernels.attention import attention
+from flashdesk.kernels.linear import linear
+from flashdesk.kernels.moe import moe
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Gemma 4 RMSNorm: in fp32, times the weight as is (no 1 + w), one cast back."""
+    xf = x.float()
+    y = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    if weight is not None:
+        y = y * weight
+    return y.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NeoX rotate-half RoPE; x [T, H, D], cos/sin [T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [rows, vocab] fp32, after the softcap
+    taps: torch.Tensor | None  # [T, len(taps) * hidden] hidden states after the tapped layers
+
+
+class _Layer:
+    """The weights of one decoder layer, fused where that saves a matmul."""
+
+    def __init__(self, w: dict, i: int, cfg: Gemma4Config):
+        p = f"layers.{i}."
+        spec = cfg.layers[i]
+        self.spec = spec
+        attn = [w.pop(p + "self_attn.q_proj.weight"), w.pop(p + "self_attn.k_proj.weight")]
+        if not spec.k_eq_v:
+            attn.append(w.pop(p + "self_attn.v_proj.weight"))
+        self.qkv = torch.cat(attn)
+        self.q_size = cfg.num_heads * spec.head_dim
+        self.kv_size = spec.num_kv_heads * spec.head_dim
+        self.o_proj = w.pop(p + "self_attn.o_proj.weight")
+        self.gate_up = torch.cat([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
+        self.down = w.pop(p + "mlp.down_proj.weight")
+        self.norms = {name: w.pop(p + name + ".weight").float() for name in (
+            "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+            "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm")}
+        self.layer_scalar = w.pop(p + "layer_scalar")
+        self.moe = cfg.enable_moe
+        if self.moe:
+            for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                         "pre_feedforward_layernorm_2"):
+                self.norms[name] = w.pop(p + name + ".weight").float()
+            self.router = w.pop(p + "router.proj.weight")
+            # norm(x) * scale * hidden**-0.5 as transformers does it, folded into one vector
+            self.router_scale = w.pop(p + "router.scale")
+            self.per_expert_scale = w.pop(p + "router.per_expert_scale")
+            self.experts_gate_up = w.pop(p + "experts.gate_up_proj")
+            self.experts_down = w.pop(p + "experts.down_proj")
+
+
+class Gemma4:
+    """The target model. `forward(ids, cache)` runs ids at positions cache.length onwards."""
+
+    def __init__(self, cfg: Gemma4Config, weights: dict[str, torch.Tensor], device, dtype: torch.dtype):
+        self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
+        w = dict(weights)
+        self.embed = w.pop("embed_tokens.weight")
+        self.embed_scale = torch.tensor(cfg.embed_scale).to(dtype)  # bf16 53.0, not 53.066, as transformers
+        self.final_norm = w.pop("norm.weight").float()
+        self.layers = [_Layer(w, i, cfg) for i in range(cfg.num_layers)]
+        if w:
+            raise ValueError(f"unused weights: {sorted(w)[:5]}")
+        self.inv_freq = {kind: spec.inv_freq().to(self.device) for kind, spec in cfg.rope.items()}
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype=torch.float32) -> "Gemma4":
+        cfg = load_config(model_dir)
+        return cls(cfg, load_weights(model_dir, cfg, torch.device(device), dtype), device, dtype)
+
+    def new_cache(self, max_context: int, kv_dtype: str, slack: int = 16) -> KVCache:
+        layouts = [CacheLayout(s.num_kv_heads, s.head_dim, self.cfg.sliding_window if s.sliding else None)
+                   for s in self.cfg.layers]
+        return KVCache(layouts, max_context, kv_dtype, self.dtype, self.device, slack)
+
+    def _rope_tables(self, positions: torch.Tensor) -> dict:
+        tables = {}
+        for kind, inv_freq in self.inv_freq.items():
+            freqs = positions[:, None].float() * inv_freq[None, :]
+            emb = torch.cat([freqs, freqs], dim=-1)
+            tables[kind] = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
+        return tables
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = (),
+                logits_rows: str = "all") -> ForwardOutput:
+        """Run ids [T] at positions cache.length.. and commit them to the cache.
+
+        logits_rows: "all" for every row (verification), "last" for the last one (prefill/decode).
+        """
+        cfg = self.cfg
+        start = cache.length
+        positions = torch.arange(start, start + ids.shape[0], device=self.device)
+        rope = self._rope_tables(positions)
+        h = F.embedding(ids, self.embed) * self.embed_scale
+        tapped = {}
+        for i, layer in enumerate(self.layers):
+            h = self._layer(i, layer, h, positions, rope[layer.spec.kind], cache, start)
+            if i in taps:
+                tapped[i] = h
+        cache.advance(ids.shape[0])
+        if logits_rows == "last":
+            h = h[-1:]
+        h = rms_norm(h, self.final_norm, cfg.rms_norm_eps)
+        logits = linear(h, self.embed).float()
+        if cfg.final_logit_softcapping:
+            cap = cfg.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return ForwardOutput(logits, torch.cat([tapped[t] for t in taps], dim=-1) if taps else None)
+
+    def _layer(self, i: int, L: _Layer, h, positions, rope, cache: KVCache, start: int):
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+        spec, t = L.spec, h.shape[0]
+        residual = h
+        x = rms_norm(h, L.norms["input_layernorm"], eps)
+        qkv = linear(x, L.qkv)
+        q = qkv[:, :L.q_size].view(t, cfg.num_heads, spec.head_dim)
+        k_raw = qkv[:, L.q_size:L.q_size + L.kv_size].view(t, spec.num_kv_heads, spec.head_dim)
+        v_raw = k_raw if spec.k_eq_v else qkv[:, L.q_size + L.kv_size:].view(t, spec.num_kv_heads, spec.head_dim)
+        cos, sin = rope
+        q = apply_rope(rms_norm(q, L.norms["self_attn.q_norm"], eps), cos, sin)
+        k = apply_rope(rms_norm(k_raw, L.norms["self_attn.k_norm"], eps), cos, sin)
+        v = rms_norm(v_raw, None, eps)
+        keys, values, key_pos = cache.update(i, start, k, v)
+        window = cfg.sliding_window if spec.sliding else None
+        a = attention(q, keys, values, positions, key_pos, window, scale=1.0)
+        a = linear(a.reshape(t, -1), L.o_proj)
+        h = residual + rms_norm(a, L.norms["post_attention_layernorm"], eps)
+
+        residual = h
+        x = rms_norm(h, L.norms["pre_feedforward_layernorm"], eps)
+        gate, up = linear(x, L.gate_up).chunk(2, dim=-1)
+        m = linear(F.gelu(gate, approximate="tanh") * up, L.down)
+        if L.moe:
+            m = rms_norm(m, L.norms["post_feedforward_layernorm_1"], eps)
+            m = m + rms_norm(self._moe(L, residual), L.norms["post_feedforward_layernorm_2"], eps)
+        h = residual + rms_norm(m, L.norms["post_feedforward_layernorm"], eps)
+        return h * L.layer_scalar
+
+    def _moe(self, L: _Layer, residual: torch.Tensor) -> torch.Tensor:
+        """Route on the un-normalized residual stream; experts read pre_feedforward_layernorm_2 of it."""
+        cfg = self.cfg
+        r = rms_norm(residual, None, cfg.rms_norm_eps) * L.router_scale * (cfg.hidden_size ** -0.5)
+        probs = torch.softmax(linear(r, L.router), dim=-1, dtype=torch.float32)
+        top_w, top_idx = torch.topk(probs, cfg.top_k_experts, dim=-1)
+        top_w = top_w / top_w.sum(dim=-1, keepdim=True) * L.per_expert_scale[top_idx]
+        x = rms_norm(residual, L.norms["pre_feedforward_layernorm_2"], cfg.rms_norm_eps)
+        return moe(x, L.experts_gate_up, L.experts_down, top_idx, top_w)

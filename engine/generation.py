@@ -1,0 +1,198 @@
+"""The one streaming API: a request in, an iterator of per-step events out.
+
+The CLI, the worker process, the benchmarks and the tests all drive generation through
+`Engine.generate()`, so they all see the same tokens, text, stop handling and timing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from flashdesk.engine.chat import ANSWER, ChannelSplitter, StopStrings, eos_ids, load_tokenizer
+from flashdesk.engine.errors import ContextOverflowError
+from flashdesk.engine.gemma4 import Gemma4
+from flashdesk.engine.sampling import SamplingParams, make_generator, sample
+
+PREFILL_CHUNK = 1024  # prompt tokens per forward: bounds activation memory on long prompts
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: list[int]
+    max_new_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    ignore_eos: bool = False
+    stop_strings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One step: the prefill (index 0, which yields the first token) or one decode step."""
+
+    index: int
+    emitted: list[int]  # token ids appended by this step
+    draft: list[int]  # drafted ids (empty without speculation)
+    accepted: int  # how many of `draft` were accepted
+    answer: str  # answer text completed by this step
+    thought: str  # thought text completed by this step
+    seconds: float
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    finish_reason: str  # "stop" (EOS or stop string) or "length"
+    token_ids: list[int]
+    text: str
+    thought: str
+    stats: dict
+
+
+class _TextOutput:
+    """Token ids -> (answer, thought) text, with stop strings applied to the answer."""
+
+    def __init__(self, tokenizer, stop_strings):
+        self.splitter = ChannelSplitter(tokenizer) if tokenizer is not None else None
+        self.stops = StopStrings(list(stop_strings))
+        self.answer, self.thought = [], []
+
+    def push(self, ids: list[int]) -> tuple[str, str, bool]:
+        if self.splitter is None:
+            return "", "", False
+        pieces = [p for tid in ids for p in self.splitter.push(tid)]
+        return self._route(pieces)
+
+    def finish(self) -> tuple[str, str]:
+        if self.splitter is None:
+            return "", ""
+        answer, thought, _ = self._route(self.splitter.flush())
+        tail = self.stops.flush()
+        self.answer.append(tail)
+        return answer + tail, thought
+
+    def _route(self, pieces) -> tuple[str, str, bool]:
+        answer, thought, hit = [], [], False
+        for piece in pieces:
+            if piece.channel == ANSWER:
+                text, hit = self.stops.push(piece.text)
+                answer.append(text)
+                if hit:
+                    break
+            else:
+                thought.append(piece.text)
+        self.answer += answer
+        self.thought += thought
+        return "".join(answer), "".join(thought), hit
+
+
+class Engine:
+    """A loaded target model with its tokenizer and stop tokens, ready to generate."""
+
+    def __init__(self, model: Gemma4, tokenizer, eos: set[int], kv_dtype: str, context_limit: int):
+        self.model, self.tokenizer, self.eos = model, tokenizer, eos
+        self.kv_dtype, self.context_limit = kv_dtype, context_limit
+
+    @classmethod
+    def load(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto", kv_dtype: str = "auto",
+             context_limit: int | None = None) -> "Engine":
+        dev = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, dev)
+        model = Gemma4.from_pretrained(model_dir, dev, torch_dtype)
+        tokenizer = load_tokenizer(model_dir) if _has_tokenizer(Path(model_dir)) else None
+        eos = eos_ids(model_dir) or set(model.cfg.eos_token_ids)
+        limit = min(context_limit or model.cfg.max_position_embeddings, model.cfg.max_position_embeddings)
+        return cls(model, tokenizer, eos, resolve_kv_dtype(kv_dtype, dev, torch_dtype), limit)
+
+    def check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
+        if prompt_len == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        if prompt_len + max_new_tokens > self.context_limit:
+            raise ContextOverflowError(
+                f"the prompt of {prompt_len} tokens plus {max_new_tokens} new tokens needs "
+                f"{prompt_len + max_new_tokens} positions, over the context limit of {self.context_limit}; "
+                "shorten the prompt or lower max new tokens")
+
+    def generate(self, request: GenerationRequest) -> Iterator[StepEvent | FinishEvent]:
+        """Prefill, then one event per decode step, then a FinishEvent. Greedy when temperature is 0."""
+        prompt = list(request.prompt_ids)
+        self.check_fits(len(prompt), request.max_new_tokens)
+        vocab = self.model.cfg.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        model = self.model
+        cache = model.new_cache(len(prompt) + request.max_new_tokens, self.kv_dtype)
+        gen = make_generator(request.sampling, model.device)
+        text = _TextOutput(self.tokenizer, request.stop_strings)
+        tokens: list[int] = []
+        stats = {"prompt_tokens": len(prompt), "prefill_seconds": 0.0, "decode_tokens": 0,
+                 "decode_seconds": 0.0}
+
+        t0 = time.perf_counter()
+        ids = torch.tensor(prompt, dtype=torch.long, device=model.device)
+        for begin in range(0, len(prompt), PREFILL_CHUNK):
+            logits = model.forward(ids[begin:begin + PREFILL_CHUNK], cache, logits_rows="last").logits
+        token = int(sample(logits[-1], request.sampling, gen))
+        stats["prefill_seconds"] = time.perf_counter() - t0
+        step = 0
+        while True:
+            tokens.append(token)
+            stopped = token in self.eos and not request.ignore_eos
+            answer, thought, hit = text.push([] if stopped else [token])
+            finish = "stop" if stopped or hit else "length" if len(tokens) >= request.max_new_tokens else None
+            if finish:
+                tail_answer, tail_thought = text.finish()
+                answer, thought = answer + tail_answer, thought + tail_thought
+            elapsed = time.perf_counter() - t0
+            if step:
+                stats["decode_seconds"] += elapsed
+                stats["decode_tokens"] += 1
+            yield StepEvent(step, [token], [], 0, answer, thought, elapsed)
+            if finish:
+                break
+            t0 = time.perf_counter()
+            logits = model.forward(torch.tensor([token], device=model.device), cache, logits_rows="last").logits
+            token = int(sample(logits[-1], request.sampling, gen))
+            step += 1
+        stats["decode_tokens_per_second"] = (stats["decode_tokens"] / stats["decode_seconds"]
+                                             if stats["decode_seconds"] > 0 else 0.0)
+        yield FinishEvent(finish, tokens, "".join(text.answer), "".join(text.thought), stats)
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer.json").is_file() or (folder / "tokenizer.model").is_file()
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but torch sees no CUDA GPU (run `flashdesk doctor`)")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"unknown device {device!r}: use auto, cpu or cuda")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on the GPU (the checkpoint's dtype), fp32 on the CPU (where bf16 matmuls are slow)."""
+    table = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in table:
+        raise ValueError(f"unknown dtype {dtype!r}: use auto, bfloat16 or float32")
+    return table[dtype]
+
+
+def resolve_kv_dtype(kv_dtype: str, device: torch.device, model_dtype: torch.dtype) -> str:
+    """auto: fp8 on CUDA, the model dtype on the CPU."""
+    if kv_dtype == "auto":
+        return "fp8" if device.type == "cuda" else str(model_dtype).removeprefix("torch.")
+    if kv_dtype not in ("bfloat16", "float32", "fp8"):
+        raise ValueError(f"unknown KV dtype {kv_dtype!r}: use auto, bfloat16, float32 or fp8")
+    return kv_dtype

@@ -1,0 +1,163 @@
+"""Preallocated K/V storage for one sequence: full layers sized to the context, sliding layers as rings.
+
+Why rings of `window + slack`: a sliding layer needs only the last `window` keys, but speculative
+decoding writes a block of up to `slack + 1` tokens and may reject all but the first; the extra
+`slack` slots keep every key the next step needs, so rollback is just `length = n` (O(1)).
+
+Storage dtypes: bf16, fp32, or fp8 e4m3. fp8 keeps one fp32 scale per (token, KV head), set from
+that head vector's absolute maximum (amax / 448), which bounds the relative error of each element
+by e4m3's 3-bit mantissa (about 6%, typically ~2%) whatever the magnitude of the vector. The scales
+cost 4 bytes per 256 or 512 bytes of data.
+
+Every write is read back through the same quantization before use, so a token attends to the same
+key values whether it was processed alone (AR) or inside a verify block: speculation cannot change
+the numbers the model sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "fp8": FP8}
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """What one layer stores: heads, head size, and the sliding window (None for full attention)."""
+
+    num_kv_heads: int
+    head_dim: int
+    window: int | None
+
+
+class _LayerStore:
+    """K and V for one layer, plus per-(token, head) scales when stored as fp8."""
+
+    def __init__(self, layout: CacheLayout, capacity: int, dtype: torch.dtype, device):
+        shape = (capacity, layout.num_kv_heads, layout.head_dim)
+        self.layout, self.capacity = layout, capacity
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        scaled = dtype == FP8
+        self.k_scale = torch.ones(shape[:2], dtype=torch.float32, device=device) if scaled else None
+        self.v_scale = torch.ones(shape[:2], dtype=torch.float32, device=device) if scaled else None
+
+    def nbytes(self) -> int:
+        tensors = [self.k, self.v, self.k_scale, self.v_scale]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def quantize(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x [..., Dh] -> (stored values, per-vector scale or None)."""
+    if dtype != FP8:
+        return x.to(dtype), None
+    scale = x.float().abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX
+    return (x.float() / scale.unsqueeze(-1)).to(FP8), scale
+
+
+def dequantize(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    if scale is None:
+        return stored.to(dtype)
+    return (stored.float() * scale.unsqueeze(-1)).to(dtype)
+
+
+class KVCache:
+    """The K/V cache of one sequence across all layers; `length` positions are committed."""
+
+    def __init__(self, layouts: list[CacheLayout], max_context: int, storage: str,
+                 compute_dtype: torch.dtype, device, slack: int = 16):
+        if storage not in STORAGE_DTYPES:
+            raise ValueError(f"unknown KV storage dtype {storage!r}; choose from {', '.join(STORAGE_DTYPES)}")
+        self.max_context, self.storage, self.slack = max_context, storage, slack
+        self.compute_dtype = compute_dtype
+        dtype = STORAGE_DTYPES[storage]
+        self.layers = [
+            _LayerStore(lay, max_context if lay.window is None else min(max_context, lay.window + slack),
+                        dtype, device)
+            for lay in layouts
+        ]
+        self.length = 0
+        self._written = 0  # one past the last position ever written since the last rollback point
+
+    def nbytes(self) -> int:
+        return sum(store.nbytes() for store in self.layers)
+
+    def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        """Store K/V [T, Hkv, Dh] for positions start..start+T-1 and return what those queries see.
+
+        Returns (K, V, key_positions): keys and values in position order, as stored (dequantized),
+        covering every position a query of this block may attend to under its layer's window.
+        """
+        store = self.layers[layer]
+        t = k.shape[0]
+        end = start + t
+        if start != self.length or end > self.max_context:
+            raise IndexError(f"KV write at {start}..{end} does not follow length {self.length} "
+                             f"within the context limit {self.max_context}")
+        dtype = self.compute_dtype
+        kq, ks = quantize(k, store.k.dtype)
+        vq, vs = quantize(v, store.v.dtype)
+        window = store.layout.window
+        if window is None:
+            self._write(store, torch.arange(start, end, device=k.device), kq, ks, vq, vs)
+            positions = torch.arange(0, end, device=k.device)
+            return (dequantize(store.k[:end], _first(store.k_scale, end), dtype),
+                    dequantize(store.v[:end], _first(store.v_scale, end), dtype), positions)
+        lo = max(0, start - window + 1)
+        old = torch.arange(lo, start, device=k.device)
+        slots = old % store.capacity
+        keys = torch.cat([dequantize(store.k[slots], _at(store.k_scale, slots), dtype), dequantize(kq, ks, dtype)])
+        values = torch.cat([dequantize(store.v[slots], _at(store.v_scale, slots), dtype), dequantize(vq, vs, dtype)])
+        keep = min(t, store.capacity)  # only the newest `capacity` positions fit in the ring
+        new_pos = torch.arange(end - keep, end, device=k.device)
+        self._write(store, new_pos, kq[-keep:], _tail(ks, keep), vq[-keep:], _tail(vs, keep))
+        return keys, values, torch.arange(lo, end, device=k.device)
+
+    def _write(self, store: _LayerStore, positions, kq, ks, vq, vs) -> None:
+        slots = positions if store.layout.window is None else positions % store.capacity
+        store.k[slots] = kq
+        store.v[slots] = vq
+        if ks is not None:
+            store.k_scale[slots] = ks
+            store.v_scale[slots] = vs
+
+    def advance(self, t: int) -> None:
+        """Commit t positions after every layer has been updated for them."""
+        self.length += t
+        self._written = max(self._written, self.length)
+
+    def rollback(self, length: int) -> None:
+        """Forget positions >= length (rejected draft tokens). O(1): nothing is copied."""
+        if length > self.length or length < 0:
+            raise ValueError(f"cannot roll back to {length}: cache holds {self.length} positions")
+        if self._written - length > self.slack + 1 and any(s.layout.window for s in self.layers):
+            raise ValueError(f"cannot roll back {self._written - length} positions: sliding rings keep "
+                             f"only {self.slack + 1} beyond the window")
+        self.length = length
+        self._written = length
+
+    def visible(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What a query at position `length` would attend to from the past: (K, V, positions)."""
+        store = self.layers[layer]
+        window = store.layout.window
+        lo = 0 if window is None else max(0, self.length - window + 1)
+        positions = torch.arange(lo, self.length, device=store.k.device)
+        slots = positions if window is None else positions % store.capacity
+        return (dequantize(store.k[slots], _at(store.k_scale, slots), self.compute_dtype),
+                dequantize(store.v[slots], _at(store.v_scale, slots), self.compute_dtype), positions)
+
+
+def _first(scale, n):
+    return None if scale is None else scale[:n]
+
+
+def _at(scale, slots):
+    return None if scale is None else scale[slots]
+
+
+def _tail(scale, n):
+    return None if scale is None else scale[-n:]

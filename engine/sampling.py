@@ -1,0 +1,76 @@
+"""Token sampling, on the device, defined as z-lab's `dflash` package defines it.
+
+Order: temperature, then top-k (keep the k largest scores), then softmax, then top-p (keep a token
+while the mass of the tokens ranked above it is below p), then renormalize. Temperature 0 is
+greedy (argmax). The same `probabilities()` serves the target (p) and the drafter (q) so that
+speculative rejection sampling sees both through the same filters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [..., V] -> filtered probabilities [..., V] in fp32 (params must not be greedy)."""
+    scores = logits.float() / params.temperature
+    vocab = scores.shape[-1]
+    indices = None
+    if 0 < params.top_k < vocab:
+        scores, indices = torch.topk(scores, params.top_k, dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_probs.cumsum(dim=-1) - sorted_probs < params.top_p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs * keep)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    if indices is not None:
+        probs = torch.zeros(logits.shape, dtype=probs.dtype, device=probs.device).scatter(-1, indices, probs)
+    return probs
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of probs [..., V]."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+
+
+def make_generator(params: SamplingParams, device) -> torch.Generator | None:
+    """A seeded generator on the device, or None for greedy decoding (which draws nothing)."""
+    if params.greedy:
+        return None
+    gen = torch.Generator(device=device)
+    if params.seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(params.seed)
+    return gen
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """Pick one token per row of logits [..., V]."""
+    if params.greedy:
+        return torch.argmax(logits, dim=-1)
+    return draw(probabilities(logits, params), generator)

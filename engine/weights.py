@@ -1,0 +1,186 @@
+"""Read a Gemma 4 checkpoint's safetensors, check every tensor against the config, stream them to the device.
+
+Why its own reader: we validate each file's header (names, shapes, dtypes, sizes) before loading a
+byte, so a damaged or mismatched checkpoint fails fast with the tensor and file named, and we load
+tensor by tensor so the model never exists twice in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from flashdesk.engine.config import Gemma4Config
+from flashdesk.engine.errors import CheckpointError
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+# Gemma4ForConditionalGeneration keeps the text model under `model.language_model.`; a
+# Gemma4ForCausalLM export under `model.`. The towers below exist in the former and are never loaded.
+TEXT_PREFIXES = ("model.language_model.", "model.")
+TOWER_PREFIXES = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.",
+                  "model.embed_audio.", "model.multi_modal_projector.")
+IGNORED_NAMES = ("lm_head.weight",)  # a tied head stored anyway: the embedding is the head
+FLOAT_DTYPES = {"BF16": 2, "F16": 2, "F32": 4}
+DTYPE_SIZES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "I32": 4,
+               "I64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1, "U16": 2, "U32": 4, "U64": 8}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor as a safetensors header describes it."""
+
+    name: str
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def read_header(path: Path) -> dict[str, TensorEntry]:
+    """Parse a safetensors header and check that the file holds every byte it announces."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            raw_len = f.read(8)
+            if len(raw_len) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file (no header)")
+            (header_len,) = struct.unpack("<Q", raw_len)
+            if header_len > size - 8:
+                raise CheckpointError(f"{path}: truncated safetensors file (header of {header_len} bytes "
+                                      f"in a file of {size})")
+            header = json.loads(f.read(header_len))
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read: {exc}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: corrupt safetensors header: {exc}") from exc
+    data_size = size - 8 - header_len
+    entries = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype, shape = info.get("dtype"), tuple(info.get("shape", ()))
+        start, end = info.get("data_offsets", (0, 0))
+        if end > data_size:
+            raise CheckpointError(f"{path}: truncated: tensor {name} ends at byte {end} of the data "
+                                  f"section but the file holds only {data_size}")
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        if dtype in DTYPE_SIZES and end - start != numel * DTYPE_SIZES[dtype]:
+            raise CheckpointError(f"{path}: tensor {name} has {end - start} bytes for shape "
+                                  f"{list(shape)} of {dtype}")
+        entries[name] = TensorEntry(name, path, dtype, shape)
+    return entries
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: those of the index, or the single file."""
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{index}: not a valid safetensors index: {exc}") from exc
+        files = sorted(set(weight_map.values()))
+        missing = [name for name in files if not (model_dir / name).is_file()]
+        if missing:
+            raise CheckpointError(f"{model_dir}: shard file(s) named in {INDEX_FILE} are missing: "
+                                  + ", ".join(missing))
+        return [model_dir / name for name in files]
+    if (model_dir / SINGLE_FILE).is_file():
+        return [model_dir / SINGLE_FILE]
+    raise CheckpointError(f"{model_dir}: no {INDEX_FILE} and no {SINGLE_FILE}: not a safetensors checkpoint")
+
+
+def scan_checkpoint(model_dir: str | Path) -> dict[str, TensorEntry]:
+    """Every text-model tensor of a checkpoint, keyed by its name without the layout prefix."""
+    model_dir = Path(model_dir)
+    entries: dict[str, TensorEntry] = {}
+    for path in checkpoint_files(model_dir):
+        for name, entry in read_header(path).items():
+            if name.startswith(TOWER_PREFIXES) or name in IGNORED_NAMES:
+                continue
+            short = next((name[len(p):] for p in TEXT_PREFIXES if name.startswith(p)), name)
+            if short in entries:
+                raise CheckpointError(f"tensor {name} appears twice: in {entries[short].file.name} and {path.name}")
+            entries[short] = TensorEntry(name, path, entry.dtype, entry.shape)
+    return entries
+
+
+def expected_shapes(cfg: Gemma4Config) -> dict[str, tuple[int, ...]]:
+    """The name and shape of every text-model tensor the config implies (names without prefix)."""
+    d, n_heads = cfg.hidden_size, cfg.num_heads
+    shapes = {"embed_tokens.weight": (cfg.vocab_size, d), "norm.weight": (d,)}
+    norms = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+             "post_feedforward_layernorm"]
+    if cfg.enable_moe:
+        norms += ["post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"]
+    for i, layer in enumerate(cfg.layers):
+        p = f"layers.{i}."
+        for norm in norms:
+            shapes[p + norm + ".weight"] = (d,)
+        dh, kv = layer.head_dim, layer.num_kv_heads
+        shapes[p + "self_attn.q_proj.weight"] = (n_heads * dh, d)
+        shapes[p + "self_attn.k_proj.weight"] = (kv * dh, d)
+        if not layer.k_eq_v:
+            shapes[p + "self_attn.v_proj.weight"] = (kv * dh, d)
+        shapes[p + "self_attn.o_proj.weight"] = (d, n_heads * dh)
+        shapes[p + "self_attn.q_norm.weight"] = (dh,)
+        shapes[p + "self_attn.k_norm.weight"] = (dh,)
+        shapes[p + "mlp.gate_proj.weight"] = (cfg.intermediate_size, d)
+        shapes[p + "mlp.up_proj.weight"] = (cfg.intermediate_size, d)
+        shapes[p + "mlp.down_proj.weight"] = (d, cfg.intermediate_size)
+        shapes[p + "layer_scalar"] = (1,)
+        if cfg.enable_moe:
+            e, im = cfg.num_experts, cfg.moe_intermediate_size
+            shapes[p + "router.proj.weight"] = (e, d)
+            shapes[p + "router.scale"] = (d,)
+            shapes[p + "router.per_expert_scale"] = (e,)
+            shapes[p + "experts.gate_up_proj"] = (e, 2 * im, d)
+            shapes[p + "experts.down_proj"] = (e, d, im)
+    return shapes
+
+
+def validate(entries: dict[str, TensorEntry], cfg: Gemma4Config) -> None:
+    """Raise CheckpointError for the first missing, extra, misshapen or wrongly typed tensor."""
+    expected = expected_shapes(cfg)
+    missing = [name for name in expected if name not in entries]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"missing tensor {missing[0]}{more}: the checkpoint does not match its config.json")
+    for name, entry in entries.items():
+        if name not in expected:
+            raise CheckpointError(f"unexpected tensor {entry.name} in {entry.file.name}: not part of the "
+                                  "Gemma 4 text model this config.json describes")
+        if entry.shape != expected[name]:
+            raise CheckpointError(f"tensor {entry.name} in {entry.file.name} has shape {list(entry.shape)}, "
+                                  f"expected {list(expected[name])} from config.json")
+        if entry.dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"tensor {entry.name} in {entry.file.name} has dtype {entry.dtype}; "
+                                  f"expected one of {', '.join(FLOAT_DTYPES)}")
+
+
+def load_weights(model_dir: str | Path, cfg: Gemma4Config, device: torch.device,
+                 dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Validate the whole checkpoint, then stream its tensors to `device` one at a time as `dtype`."""
+    entries = scan_checkpoint(model_dir)
+    validate(entries, cfg)
+    weights: dict[str, torch.Tensor] = {}
+    by_file: dict[Path, list[str]] = {}
+    for short, entry in entries.items():
+        by_file.setdefault(entry.file, []).append(short)
+    for path, names in by_file.items():
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for short in names:
+                    weights[short] = f.get_tensor(entries[short].name).to(device=device, dtype=dtype)
+        except CheckpointError:
+            raise
+        except Exception as exc:  # safetensors raises its own error types for damaged data
+            raise CheckpointError(f"{path}: cannot read tensors: {exc}") from exc
+    return weights

@@ -1,0 +1,1 @@
+"""Compute kernels: each a plain-torch reference plus, later, a Triton kernel behind one dispatcher."""

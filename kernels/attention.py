@@ -1,0 +1,36 @@
+"""Attention of a block of queries over the cached keys: causal, optionally sliding-window, GQA.
+
+The plain-torch reference below is the definition; a Triton kernel for decode/verify (1..16 queries
+over an fp8 or bf16 cache) will sit behind `attention()` and be checked against it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
+                        k_pos: torch.Tensor, window: int | None, scale: float) -> torch.Tensor:
+    """q [T, Hq, D], k/v [S, Hkv, D], positions [T] and [S] -> [T, Hq, D].
+
+    A query at p sees keys at kp <= p and, with a window W, kp > p - W (W keys including itself).
+    Scores and softmax in fp32; the probabilities are cast to v's dtype for the value product.
+    """
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    group = hq // hkv
+    qg = q.view(t, hkv, group, d).permute(1, 2, 0, 3)  # [Hkv, G, T, D]
+    kt = k.permute(1, 2, 0).unsqueeze(1)  # [Hkv, 1, D, S]
+    scores = torch.matmul(qg, kt).float() * scale  # [Hkv, G, T, S]
+    allowed = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        allowed &= k_pos[None, :] > q_pos[:, None] - window
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    out = torch.matmul(probs, v.permute(1, 0, 2).unsqueeze(1))  # [Hkv, G, T, D]
+    return out.permute(2, 0, 1, 3).reshape(t, hq, d)
+
+
+def attention(q, k, v, q_pos, k_pos, window, scale):
+    """Dispatcher: the reference everywhere for now."""
+    return attention_reference(q, k, v, q_pos, k_pos, window, scale)

@@ -1,0 +1,302 @@
+"""The project's shape: one import package, layers that keep to themselves, doctor, the window."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    env.update(extra)
+    return env
+
+
+def _py(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd,
+        env=_clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _import_lines(path: Path) -> list[str]:
+    """The import statements of a Python file, one logical line each (comments dropped)."""
+    text = path.read_text(encoding="utf-8")
+    return [m.group(0) for m in re.finditer(r"^[ \t]*(?:import|from)[ \t]+[^\n]*", text, re.MULTILINE)]
+
+
+def _py_files(folder: str) -> list[Path]:
+    return sorted(p for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+# -- one import package ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["app", "engine", "kernels"])
+def test_no_top_level_module(name: str, tmp_path: Path) -> None:
+    r = _py(f"import {name}", tmp_path)
+    assert r.returncode != 0, f"`import {name}` worked from a neutral directory: {r.stdout}{r.stderr}"
+    assert "ModuleNotFoundError" in r.stderr
+
+
+def test_subpackages_import_as_flashdesk(tmp_path: Path) -> None:
+    r = _py(
+        "import flashdesk, flashdesk.app, flashdesk.engine, flashdesk.kernels, pathlib;"
+        "print(pathlib.Path(flashdesk.__file__).resolve().parent)",
+        tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert Path(r.stdout.strip()) == ROOT
+
+
+# -- layers ------------------------------------------------------------------------------------
+
+
+def test_app_does_not_import_torch(tmp_path: Path) -> None:
+    r = _py(
+        "import sys, flashdesk.app, flashdesk.app.main;"
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'));"
+        "print(bad); sys.exit(1 if bad else 0)",
+        tmp_path,
+        QT_QPA_PLATFORM="offscreen",
+    )
+    assert r.returncode == 0, f"flashdesk.app pulled in torch: {r.stdout}{r.stderr}"
+
+
+def test_app_source_has_no_torch_import() -> None:
+    offenders = [
+        f"{p.relative_to(ROOT)}: {line.strip()}"
+        for p in _py_files("app")
+        for line in _import_lines(p)
+        if re.search(r"\b(torch|flashdesk\.engine|flashdesk\.kernels)\b|from \.\.(engine|kernels)\b", line)
+    ]
+    assert not offenders, "the app layer must not import torch or the engine:\n" + "\n".join(offenders)
+
+
+def test_engine_source_has_no_qt_import() -> None:
+    offenders = [
+        f"{p.relative_to(ROOT)}: {line.strip()}"
+        for p in _py_files("engine") + _py_files("kernels")
+        for line in _import_lines(p)
+        if re.search(r"\b(PySide6|PyQt5|PyQt6|shiboken6|pyqtgraph|flashdesk\.app)\b|from \.\.app\b", line)
+    ]
+    assert not offenders, "engine/ and kernels/ must not import Qt or the app:\n" + "\n".join(offenders)
+
+
+def test_kernels_do_not_import_engine_or_app() -> None:
+    offenders = [
+        f"{p.relative_to(ROOT)}: {line.strip()}"
+        for p in _py_files("kernels")
+        for line in _import_lines(p)
+        if re.search(r"\bflashdesk\.(engine|app)\b|from \.\.(engine|app)\b", line)
+    ]
+    assert not offenders, "kernels/ imports nothing of engine/ or app/:\n" + "\n".join(offenders)
+
+
+def test_engine_modules_do_not_load_qt(tmp_path: Path) -> None:
+    modules = sorted(
+        "flashdesk.engine" + ("" if p.stem == "__init__" else "." + p.stem)
+        for p in (ROOT / "engine").glob("*.py")
+    )
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}:\n"
+        "    importlib.import_module(m)\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('PySide6', 'shiboken6', 'PyQt5', 'PyQt6'))\n"
+        "print(bad); sys.exit(1 if bad else 0)\n"
+    )
+    r = _py(code, tmp_path)
+    assert r.returncode == 0, f"importing the engine failed or loaded Qt: {r.stdout}{r.stderr}"
+
+
+# -- doctor ------------------------------------------------------------------------------------
+
+
+def test_environment_report_rows() -> None:
+    from flashdesk.engine.doctor import environment_report, format_report
+
+    rows = environment_report()
+    labels = [label for label, _ in rows]
+    for needed in ("Python", "torch", "CUDA", "NVML", "triton", "flash-attn"):
+        assert needed in labels, f"no {needed} row in {labels}"
+    assert all(isinstance(t, str) and t for _, t in rows)
+    text = format_report(rows)
+    assert len(text.splitlines()) == len(rows)
+    import torch
+
+    assert dict(rows)["torch"] == torch.__version__
+
+
+def test_environment_report_survives_broken_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing pynvml, a broken triton and a GPU whose memory query fails are text, not errors."""
+    import torch
+
+    from flashdesk.engine import doctor
+
+    real_import = doctor._import
+
+    def fake_import(name: str):
+        if name == "pynvml":
+            raise ImportError("No module named 'pynvml'")
+        if name == "triton":
+            raise RuntimeError("triton is broken")
+        if name == "flash_attn":
+            raise OSError("libcudart.so.12: cannot open shared object file")
+        return real_import(name)
+
+    def no_mem(i: int = 0):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(doctor, "_import", fake_import)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA GeForce RTX 4090")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (8, 9))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", no_mem)
+
+    rows = dict(doctor.environment_report())
+    assert rows["CUDA"].startswith("available")
+    assert "RTX 4090" in rows["GPU 0"] and "out of memory" in rows["GPU 0"]
+    assert "pynvml" in rows["NVML"]
+    assert "triton is broken" in rows["triton"]
+    assert "libcudart" in rows["flash-attn"]
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i=0: (20 * 1024**3, 24 * 1024**3))
+    rows = dict(doctor.environment_report())
+    assert "20.0 GiB free of 24.0 GiB" in rows["GPU 0"]
+
+
+def test_environment_report_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flashdesk.engine import doctor
+
+    real_import = doctor._import
+
+    def fake_import(name: str):
+        if name == "torch":
+            raise ImportError("libtorch_cpu.so: cannot open shared object file")
+        return real_import(name)
+
+    monkeypatch.setattr(doctor, "_import", fake_import)
+    rows = dict(doctor.environment_report())
+    assert "not importable" in rows["torch"] and "libtorch_cpu" in rows["torch"]
+    assert "CUDA" in rows
+
+
+def test_run_doctor_model_check(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from flashdesk.engine.doctor import run_doctor
+
+    assert run_doctor(None) == 0
+    out = capsys.readouterr().out
+    assert "torch" in out and "Model" not in out
+
+    # Without the checkpoint module: the check is reported as unavailable, not a traceback.
+    monkeypatch.setitem(sys.modules, "flashdesk.engine.checkpoint", None)
+    assert run_doctor(str(tmp_path)) == 1
+    assert "model check unavailable" in capsys.readouterr().out
+
+    # With one: its lines are printed.
+    fake = types.ModuleType("flashdesk.engine.checkpoint")
+    fake.describe_checkpoint = lambda d, context=4096: [f"folder {d}", f"context {context}"]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flashdesk.engine.checkpoint", fake)
+    assert run_doctor(str(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert f"folder {tmp_path}" in out and "context 4096" in out
+    assert run_doctor(str(tmp_path), 32768) == 0
+    assert "context 32768" in capsys.readouterr().out
+
+    # A checkpoint the check rejects: its message, exit code 1, no traceback.
+    def broken(d, context=4096):
+        raise ValueError("missing model-00002-of-00002.safetensors")
+
+    fake.describe_checkpoint = broken  # type: ignore[attr-defined]
+    assert run_doctor(str(tmp_path)) == 1
+    assert "missing model-00002-of-00002.safetensors" in capsys.readouterr().out
+
+
+# -- the window --------------------------------------------------------------------------------
+
+
+def test_placeholder_window(qtbot) -> None:
+    from flashdesk.app.main import create_main_window
+
+    window = create_main_window()
+    qtbot.addWidget(window)
+    window.show()
+    qtbot.waitExposed(window)
+    assert window.windowTitle() == "FlashDesk"
+    assert window.isVisible()
+    text = window.message.text()
+    assert "command line" in text and "coming" in text
+
+
+def test_run_app_event_loop(qtbot) -> None:
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from flashdesk.app.main import run_app
+
+    seen: list[str] = []
+
+    def check_and_quit() -> None:
+        seen.extend(w.windowTitle() for w in QApplication.topLevelWidgets() if w.isVisible())
+        for w in QApplication.topLevelWidgets():
+            w.close()
+        QApplication.quit()
+
+    QTimer.singleShot(200, check_and_quit)
+    assert run_app() == 0
+    assert "FlashDesk" in seen
+
+
+def _launcher() -> list[str]:
+    script = Path(sys.executable).parent / "flashdesk"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "flashdesk"]
+
+
+def test_launch_command_starts(tmp_path: Path) -> None:
+    """`flashdesk` with no arguments opens the window and keeps running (offscreen here)."""
+    proc = subprocess.Popen(
+        _launcher(),
+        cwd=tmp_path,
+        env=_clean_env(QT_QPA_PLATFORM="offscreen"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert proc.poll() is None, f"flashdesk exited with {proc.returncode}: {proc.communicate()}"
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the display check is for X11/Wayland")
+def test_launch_without_display_explains(tmp_path: Path) -> None:
+    env = _clean_env()
+    for k in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
+        env.pop(k, None)
+    r = subprocess.run(_launcher(), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "no display" in r.stderr and "flashdesk generate" in r.stderr
