@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     gen.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16", "float32", "fp8"])
     gen.add_argument("--context", type=int, help="context limit in tokens (default: the model's)")
+    gen.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
+    gen.add_argument("--draft-length", type=int, help="tokens drafted per step, 1..block_size-1 (default: all)")
+    gen.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
     gen.add_argument("--json", action="store_true", help="print one JSON object with ids, text, steps, stats")
 
     doc = sub.add_parser("doctor", help="check this machine (and a model folder) for FlashDesk")
@@ -54,10 +57,19 @@ def run_generate(args) -> int:
     from flashdesk.engine.chat import build_prompt_ids, messages_from
     from flashdesk.engine.generation import Engine, FinishEvent, GenerationRequest
     from flashdesk.engine.sampling import SamplingParams
+    from flashdesk.engine.speculative import SpecControl
 
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     prompt_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
-    engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, args.context)
+    if (args.draft_length is not None or args.no_speculate) and not args.draft:
+        raise ValueError("--draft-length and --no-speculate need --draft")
+    engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, args.context, args.draft)
+    control = None
+    if engine.drafter is not None:
+        longest = engine.drafter.max_draft_length
+        if args.draft_length is not None and not 1 <= args.draft_length <= longest:
+            raise ValueError(f"--draft-length must be 1..{longest} for this drafter, got {args.draft_length}")
+        control = SpecControl(enabled=not args.no_speculate, draft_length=args.draft_length)
     if prompt_ids is None:
         if engine.tokenizer is None:
             raise FlashDeskError(f"{args.model} has no tokenizer, so --prompt cannot be used; give --prompt-ids")
@@ -65,7 +77,7 @@ def run_generate(args) -> int:
                                       enable_thinking=args.thinking)
     request = GenerationRequest(prompt_ids, args.max_new_tokens, sampling, args.ignore_eos, tuple(args.stop))
     steps, thinking_shown = [], False
-    for event in engine.generate(request):
+    for event in engine.generate(request, control):
         if isinstance(event, FinishEvent):
             break
         if event.index > 0:
@@ -87,9 +99,12 @@ def run_generate(args) -> int:
                           "stats": stats}))
     else:
         sys.stdout.write("\n")
-        sys.stderr.write(f"[{event.finish_reason}] {len(event.token_ids)} tokens, prefill "
-                         f"{stats['prompt_tokens']} tokens in {stats['prefill_seconds']:.2f} s, decode "
-                         f"{stats['decode_tokens_per_second']:.1f} tok/s\n")
+        line = (f"[{event.finish_reason}] {len(event.token_ids)} tokens, prefill {stats['prompt_tokens']} "
+                f"tokens in {stats['prefill_seconds']:.2f} s, decode {stats['decode_tokens_per_second']:.1f} tok/s")
+        if stats["acceptance_rate"] is not None:
+            line += (f", acceptance {stats['acceptance_rate']:.0%}, mean acceptance length "
+                     f"{stats['mean_acceptance_length']:.2f}")
+        sys.stderr.write(line + "\n")
     return 0
 
 

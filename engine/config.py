@@ -231,3 +231,140 @@ def parse_config(raw: dict, source: str = "config.json") -> Gemma4Config:
         architecture=arch,
         dtype=str(text.get("dtype") or raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"),
     )
+
+
+# --- the DFlash drafter ------------------------------------------------------------------------
+
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_top_k")
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """z-lab's DFlash drafter (Qwen3-style layers reading the target's hidden states)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    layer_kinds: tuple[str, ...]
+    causal: tuple[bool, ...]  # per layer: sliding layers are causal, full layers see the whole block
+    sliding_window: int | None
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int
+    vocab_size: int
+    input_embedding_scale: float
+    output_multiplier: float
+    final_logit_softcapping: float | None
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's rule for spreading the tapped layers over the target when the config names none."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def load_draft_config(draft_dir: str | Path) -> DraftConfig:
+    path = Path(draft_dir) / "config.json"
+    return parse_draft_config(read_json(path, "drafter config"), source=str(path))
+
+
+def parse_draft_config(raw: dict, source: str = "config.json") -> DraftConfig:
+    """Validate a DFlash drafter config; DFlash2 and unknown architectures are refused by name."""
+    dflash = raw.get("dflash_config") or {}
+
+    def value(name, default=None):  # dflash_config first, then the top level, as z-lab reads it
+        return dflash.get(name, raw.get(name, default))
+
+    arch = (raw.get("architectures") or [None])[0]
+    if any(value(name) is not None for name in DFLASH2_FIELDS) or arch == "DFlash2DraftModel":
+        raise ConfigError(f"{source}: DFlash2 drafters (conv and selector fields) are not supported yet; "
+                          "use a DFlash (v1) drafter")
+    if arch != "DFlashDraftModel":
+        raise ConfigError(f"{source}: architecture {arch!r} is not a DFlash drafter (expected DFlashDraftModel)")
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
+        if raw.get(key) is None:
+            raise ConfigError(f"{source}: required field {key!r} is missing from the drafter config")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"{source}: drafter activation {raw['hidden_act']!r} is not supported (only silu)")
+    if raw.get("attention_bias"):
+        raise ConfigError(f"{source}: drafter attention bias is not supported")
+    if value("mask_token_id") is None:
+        raise ConfigError(f"{source}: dflash_config.mask_token_id is missing")
+
+    num_layers = int(raw["num_hidden_layers"])
+    window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
+    kinds = raw.get("layer_types") or [
+        SLIDING if window is not None and i >= int(raw.get("max_window_layers", num_layers)) else FULL
+        for i in range(num_layers)
+    ]
+    if len(kinds) != num_layers or set(kinds) - {SLIDING, FULL}:
+        raise ConfigError(f"{source}: layer_types must list {num_layers} of {SLIDING!r} / {FULL!r}")
+    is_causal = value("is_causal")
+    causal = tuple(kind == SLIDING if is_causal is None else bool(is_causal) for kind in kinds)
+
+    rope = raw.get("rope_parameters") or {}
+    theta = raw.get("rope_theta", rope.get("rope_theta"))
+    if theta is None:
+        raise ConfigError(f"{source}: no rope_theta (top level or under rope_parameters)")
+    scaling = raw.get("rope_scaling") or {}
+    if rope.get("rope_type", "default") != "default" or scaling.get("rope_type", "default") != "default":
+        raise ConfigError(f"{source}: scaled RoPE in the drafter is not supported")
+
+    num_target_layers = int(value("num_target_layers", 0) or 0)
+    layer_ids = value("target_layer_ids")
+    if layer_ids is None:
+        if not num_target_layers:
+            raise ConfigError(f"{source}: neither target_layer_ids nor num_target_layers is given")
+        layer_ids = default_target_layer_ids(num_target_layers, num_layers)
+    softcap = value("final_logit_softcapping")
+    heads = int(raw["num_attention_heads"])
+    return DraftConfig(
+        hidden_size=int(raw["hidden_size"]),
+        intermediate_size=int(raw["intermediate_size"]),
+        num_layers=num_layers,
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or int(raw["hidden_size"]) // heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(theta),
+        layer_kinds=tuple(kinds),
+        causal=causal,
+        sliding_window=int(window) if window is not None else None,
+        block_size=int(value("block_size", 16)),
+        mask_token_id=int(value("mask_token_id")),
+        target_layer_ids=tuple(int(i) for i in layer_ids),
+        num_target_layers=num_target_layers,
+        vocab_size=int(raw["vocab_size"]),
+        input_embedding_scale=float(value("input_embedding_scale", 1.0)),
+        output_multiplier=float(value("output_multiplier", 1.0)),
+        final_logit_softcapping=float(softcap) if softcap else None,
+    )
+
+
+def check_pair(target: Gemma4Config, draft: DraftConfig, draft_source: str = "drafter") -> None:
+    """Refuse a drafter that was not made for this target: the numbers that must agree, named."""
+    problems = []
+    if draft.hidden_size != target.hidden_size:
+        problems.append(f"hidden size {draft.hidden_size} != target's {target.hidden_size}")
+    if draft.vocab_size != target.vocab_size:
+        problems.append(f"vocabulary {draft.vocab_size} != target's {target.vocab_size}")
+    if draft.num_target_layers and draft.num_target_layers != target.num_layers:
+        problems.append(f"num_target_layers {draft.num_target_layers} != target's {target.num_layers} layers")
+    bad = [i for i in draft.target_layer_ids if not 0 <= i < target.num_layers]
+    if bad:
+        problems.append(f"target_layer_ids {list(draft.target_layer_ids)} name layer {bad[0]}, "
+                        f"but the target has layers 0..{target.num_layers - 1}")
+    if not 0 <= draft.mask_token_id < target.vocab_size:
+        problems.append(f"mask_token_id {draft.mask_token_id} is outside the vocabulary")
+    if draft.block_size < 2:
+        problems.append(f"block_size {draft.block_size} leaves no room for a draft")
+    if problems:
+        raise ConfigError(f"{draft_source} does not match the target model: " + "; ".join(problems))

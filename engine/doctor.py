@@ -188,7 +188,8 @@ def run_doctor(model_dir: str | None, context: int | None = None) -> int:
     """Print the environment report and, given a model folder, the checkpoint check
     (`describe_checkpoint(model_dir, context)`; `context` sizes the memory estimate).
 
-    Returns 0, or 1 when the model check could not be done or found a problem."""
+    Returns 0, or 1 when the model check could not be done or found a problem (the lines it
+    returns carry a non-empty `problems` attribute)."""
     print(format_report(environment_report()))
     if model_dir is None:
         return 0
@@ -209,4 +210,4 @@ def run_doctor(model_dir: str | None, context: int | None = None) -> int:
         return 1
     for line in lines:
         print(f"  {line}")
-    return 0
+    return 1 if getattr(lines, "problems", None) else 0

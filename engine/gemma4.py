@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from flashdesk.engine.config import Gemma4Config, load_config
 from flashdesk.engine.kv_cache import CacheLayout, KVCache
-from flashdesk.engine.weights import load_weights
+from flashdesk.engine.weights import expected_shapes, load_weights
 from flashdesk.kernels.attention import attention
 from flashdesk.kernels.linear import linear
 from flashdesk.kernels.moe import moe
@@ -95,7 +95,7 @@ class Gemma4:
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype=torch.float32) -> "Gemma4":
         cfg = load_config(model_dir)
-        return cls(cfg, load_weights(model_dir, cfg, torch.device(device), dtype), device, dtype)
+        return cls(cfg, load_weights(model_dir, expected_shapes(cfg), torch.device(device), dtype), device, dtype)
 
     def new_cache(self, max_context: int, kv_dtype: str, slack: int = 16) -> KVCache:
         layouts = [CacheLayout(s.num_kv_heads, s.head_dim, self.cfg.sliding_window if s.sliding else None)

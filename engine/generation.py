@@ -16,9 +16,10 @@ import torch
 from flashdesk.engine.chat import ANSWER, ChannelSplitter, StopStrings, eos_ids, load_tokenizer
 from flashdesk.engine.errors import ContextOverflowError
 from flashdesk.engine.gemma4 import Gemma4
-from flashdesk.engine.sampling import SamplingParams, make_generator, sample
-
-PREFILL_CHUNK = 1024  # prompt tokens per forward: bounds activation memory on long prompts
+from flashdesk.engine.drafter import Drafter
+from flashdesk.engine.sampling import SamplingParams
+from flashdesk.engine.speculative import Decoder, SpecControl, StepResult
+from flashdesk.engine.stats import SpecStats, StepRecord
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class StepEvent:
     answer: str  # answer text completed by this step
     thought: str  # thought text completed by this step
     seconds: float
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -92,20 +95,22 @@ class _TextOutput:
 class Engine:
     """A loaded target model with its tokenizer and stop tokens, ready to generate."""
 
-    def __init__(self, model: Gemma4, tokenizer, eos: set[int], kv_dtype: str, context_limit: int):
+    def __init__(self, model: Gemma4, tokenizer, eos: set[int], kv_dtype: str, context_limit: int,
+                 drafter: Drafter | None = None):
         self.model, self.tokenizer, self.eos = model, tokenizer, eos
-        self.kv_dtype, self.context_limit = kv_dtype, context_limit
+        self.kv_dtype, self.context_limit, self.drafter = kv_dtype, context_limit, drafter
 
     @classmethod
     def load(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto", kv_dtype: str = "auto",
-             context_limit: int | None = None) -> "Engine":
+             context_limit: int | None = None, draft_dir: str | Path | None = None) -> "Engine":
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         model = Gemma4.from_pretrained(model_dir, dev, torch_dtype)
+        drafter = Drafter.from_pretrained(draft_dir, model) if draft_dir else None
         tokenizer = load_tokenizer(model_dir) if _has_tokenizer(Path(model_dir)) else None
         eos = eos_ids(model_dir) or set(model.cfg.eos_token_ids)
         limit = min(context_limit or model.cfg.max_position_embeddings, model.cfg.max_position_embeddings)
-        return cls(model, tokenizer, eos, resolve_kv_dtype(kv_dtype, dev, torch_dtype), limit)
+        return cls(model, tokenizer, eos, resolve_kv_dtype(kv_dtype, dev, torch_dtype), limit, drafter)
 
     def check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         if prompt_len == 0:
@@ -118,51 +123,50 @@ class Engine:
                 f"{prompt_len + max_new_tokens} positions, over the context limit of {self.context_limit}; "
                 "shorten the prompt or lower max new tokens")
 
-    def generate(self, request: GenerationRequest) -> Iterator[StepEvent | FinishEvent]:
-        """Prefill, then one event per decode step, then a FinishEvent. Greedy when temperature is 0."""
+    def generate(self, request: GenerationRequest,
+                 control: SpecControl | None = None) -> Iterator[StepEvent | FinishEvent]:
+        """Prefill, then one event per decode step, then a FinishEvent. Greedy when temperature is 0.
+
+        With a drafter loaded, `control` (default: speculation on, full draft length) is read at the
+        start of every step, so it can be changed while the generation runs.
+        """
         prompt = list(request.prompt_ids)
         self.check_fits(len(prompt), request.max_new_tokens)
         vocab = self.model.cfg.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-        model = self.model
-        cache = model.new_cache(len(prompt) + request.max_new_tokens, self.kv_dtype)
-        gen = make_generator(request.sampling, model.device)
+        eos = set() if request.ignore_eos else self.eos
+        decoder = Decoder(self.model, self.drafter, len(prompt) + request.max_new_tokens, self.kv_dtype,
+                          request.sampling, eos)
         text = _TextOutput(self.tokenizer, request.stop_strings)
         tokens: list[int] = []
-        stats = {"prompt_tokens": len(prompt), "prefill_seconds": 0.0, "decode_tokens": 0,
-                 "decode_seconds": 0.0}
+        stats = SpecStats()
 
         t0 = time.perf_counter()
-        ids = torch.tensor(prompt, dtype=torch.long, device=model.device)
-        for begin in range(0, len(prompt), PREFILL_CHUNK):
-            logits = model.forward(ids[begin:begin + PREFILL_CHUNK], cache, logits_rows="last").logits
-        token = int(sample(logits[-1], request.sampling, gen))
-        stats["prefill_seconds"] = time.perf_counter() - t0
-        step = 0
+        result = StepResult([decoder.prefill(prompt)], [], 0, 0.0, 0.0)
+        prefill_seconds = time.perf_counter() - t0
+        index = 0
         while True:
-            tokens.append(token)
-            stopped = token in self.eos and not request.ignore_eos
-            answer, thought, hit = text.push([] if stopped else [token])
+            tokens += result.emitted
+            stopped = bool(result.emitted) and result.emitted[-1] in eos
+            answer, thought, hit = text.push(result.emitted[:-1] if stopped else result.emitted)
             finish = "stop" if stopped or hit else "length" if len(tokens) >= request.max_new_tokens else None
             if finish:
                 tail_answer, tail_thought = text.finish()
                 answer, thought = answer + tail_answer, thought + tail_thought
-            elapsed = time.perf_counter() - t0
-            if step:
-                stats["decode_seconds"] += elapsed
-                stats["decode_tokens"] += 1
-            yield StepEvent(step, [token], [], 0, answer, thought, elapsed)
+            if index:
+                stats.add(StepRecord(tuple(result.draft), result.accepted, tuple(result.emitted),
+                                     result.draft_seconds, result.verify_seconds))
+            seconds = prefill_seconds if index == 0 else result.draft_seconds + result.verify_seconds
+            yield StepEvent(index, result.emitted, result.draft, result.accepted, answer, thought, seconds,
+                            result.draft_seconds, result.verify_seconds)
             if finish:
                 break
-            t0 = time.perf_counter()
-            logits = model.forward(torch.tensor([token], device=model.device), cache, logits_rows="last").logits
-            token = int(sample(logits[-1], request.sampling, gen))
-            step += 1
-        stats["decode_tokens_per_second"] = (stats["decode_tokens"] / stats["decode_seconds"]
-                                             if stats["decode_seconds"] > 0 else 0.0)
-        yield FinishEvent(finish, tokens, "".join(text.answer), "".join(text.thought), stats)
+            result = decoder.step(request.max_new_tokens - len(tokens), control)
+            index += 1
+        summary = {"prompt_tokens": len(prompt), "prefill_seconds": prefill_seconds, **stats.summary()}
+        yield FinishEvent(finish, tokens, "".join(text.answer), "".join(text.thought), summary)
 
 
 def _has_tokenizer(folder: Path) -> bool:

@@ -74,3 +74,31 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if params.greedy:
         return torch.argmax(logits, dim=-1)
     return draw(probabilities(logits, params), generator)
+
+
+def verify_draft(draft: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
+                 params: SamplingParams, generator: torch.Generator | None) -> tuple[int, int]:
+    """Accept a prefix of draft [k] against target logits [k+1, V]; return (accepted, next token).
+
+    Greedy: the longest prefix that equals the target's argmax, then the target's own token.
+    Sampling (draft_probs [k, V] = q, the drafter's filtered distribution): accept d_i with
+    probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection draw from the residual
+    norm(max(p - q, 0)); if all are accepted draw from p at the last row. Lossless: the output is
+    distributed exactly as the target's own samples (Leviathan et al. 2023; dflash's loop).
+    """
+    k = draft.shape[0]
+    if params.greedy:
+        best = target_logits.argmax(dim=-1)
+        accepted = int((draft == best[:k]).int().cumprod(0).sum())
+        return accepted, int(best[accepted])
+    p = probabilities(target_logits, params)
+    rows = torch.arange(k, device=draft.device)
+    p_d, q_d = p[rows, draft], draft_probs[rows, draft]
+    u = torch.rand(k, generator=generator, device=draft.device)
+    accepted = int((u * q_d < p_d).int().cumprod(0).sum())
+    if accepted == k:
+        return k, int(draw(p[k], generator))
+    residual = (p[accepted] - draft_probs[accepted]).clamp_min(0)
+    total = residual.sum()
+    residual = residual / total if total > 0 else p[accepted]
+    return accepted, int(draw(residual, generator))

@@ -146,9 +146,9 @@ def expected_shapes(cfg: Gemma4Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def validate(entries: dict[str, TensorEntry], cfg: Gemma4Config) -> None:
+def validate(entries: dict[str, TensorEntry], expected: dict[str, tuple[int, ...]],
+             what: str = "Gemma 4 text model") -> None:
     """Raise CheckpointError for the first missing, extra, misshapen or wrongly typed tensor."""
-    expected = expected_shapes(cfg)
     missing = [name for name in expected if name not in entries]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -156,7 +156,7 @@ def validate(entries: dict[str, TensorEntry], cfg: Gemma4Config) -> None:
     for name, entry in entries.items():
         if name not in expected:
             raise CheckpointError(f"unexpected tensor {entry.name} in {entry.file.name}: not part of the "
-                                  "Gemma 4 text model this config.json describes")
+                                  f"{what} this config.json describes")
         if entry.shape != expected[name]:
             raise CheckpointError(f"tensor {entry.name} in {entry.file.name} has shape {list(entry.shape)}, "
                                   f"expected {list(expected[name])} from config.json")
@@ -165,11 +165,11 @@ def validate(entries: dict[str, TensorEntry], cfg: Gemma4Config) -> None:
                                   f"expected one of {', '.join(FLOAT_DTYPES)}")
 
 
-def load_weights(model_dir: str | Path, cfg: Gemma4Config, device: torch.device,
-                 dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def load_weights(model_dir: str | Path, expected: dict[str, tuple[int, ...]], device: torch.device,
+                 dtype: torch.dtype, what: str = "Gemma 4 text model") -> dict[str, torch.Tensor]:
     """Validate the whole checkpoint, then stream its tensors to `device` one at a time as `dtype`."""
     entries = scan_checkpoint(model_dir)
-    validate(entries, cfg)
+    validate(entries, expected, what)
     weights: dict[str, torch.Tensor] = {}
     by_file: dict[Path, list[str]] = {}
     for short, entry in entries.items():

@@ -10,10 +10,11 @@ import torch
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
-                        k_pos: torch.Tensor, window: int | None, scale: float) -> torch.Tensor:
+                        k_pos: torch.Tensor, window: int | None, scale: float, causal: bool = True) -> torch.Tensor:
     """q [T, Hq, D], k/v [S, Hkv, D], positions [T] and [S] -> [T, Hq, D].
 
-    A query at p sees keys at kp <= p and, with a window W, kp > p - W (W keys including itself).
+    Causal: a query at p sees keys at kp <= p and, with a window W, kp > p - W (W keys including
+    itself). Non-causal (the drafter's full layers): every key, or those within W on either side.
     Scores and softmax in fp32; the probabilities are cast to v's dtype for the value product.
     """
     t, hq, d = q.shape
@@ -22,15 +23,18 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos
     qg = q.view(t, hkv, group, d).permute(1, 2, 0, 3)  # [Hkv, G, T, D]
     kt = k.permute(1, 2, 0).unsqueeze(1)  # [Hkv, 1, D, S]
     scores = torch.matmul(qg, kt).float() * scale  # [Hkv, G, T, S]
-    allowed = k_pos[None, :] <= q_pos[:, None]
+    delta = q_pos[:, None] - k_pos[None, :]
+    allowed = delta >= 0 if causal else torch.ones_like(delta, dtype=torch.bool)
     if window is not None:
-        allowed &= k_pos[None, :] > q_pos[:, None] - window
+        allowed &= delta < window
+        if not causal:
+            allowed &= -delta < window
     scores = scores.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     out = torch.matmul(probs, v.permute(1, 0, 2).unsqueeze(1))  # [Hkv, G, T, D]
     return out.permute(2, 0, 1, 3).reshape(t, hq, d)
 
 
-def attention(q, k, v, q_pos, k_pos, window, scale):
+def attention(q, k, v, q_pos, k_pos, window, scale, causal=True):
     """Dispatcher: the reference everywhere for now."""
-    return attention_reference(q, k, v, q_pos, k_pos, window, scale)
+    return attention_reference(q, k, v, q_pos, k_pos, window, scale, causal)

@@ -7,3 +7,22 @@ This must happen before pytest-qt creates the QApplication.
 import os
 
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def spec_pair(tmp_path_factory):
+    """A tiny target and a drafter trained on it: (our engine, our engine's folder pair, the
+    transformers target, z-lab's reference drafter), the references loaded from the same files."""
+    from flashdesk.engine.generation import Engine
+    from tiny_checkpoints import write_checkpoint
+    from tiny_drafter import load_reference_drafter, write_drafter
+
+    target_dir = tmp_path_factory.mktemp("spec-target")
+    draft_dir = tmp_path_factory.mktemp("spec-drafter")
+    reference = write_checkpoint(target_dir, "causal", seed=1, tokenizer=False)
+    write_drafter(draft_dir, seed=2, target=reference)
+    engine = Engine.load(target_dir, device="cpu", draft_dir=draft_dir)
+    return engine, (target_dir, draft_dir), reference, load_reference_drafter(draft_dir)

@@ -1,0 +1,178 @@
+"""z-lab's DFlash drafter: one pass proposes a whole block of tokens from the target's hidden states.
+
+It has no embedding and no head of its own: the block [last token, mask x K] is embedded with the
+target's embedding (times sqrt(hidden) for Gemma, times `input_embedding_scale`) and its logits come
+from the target's tied head with the drafter's softcap. Its context is the target's hidden states
+after `target_layer_ids`, projected by `fc` + `hidden_norm`; each layer turns that into context K/V
+once per accepted token and keeps it (sliding layers in a ring). The block's own K/V are never kept.
+Sliding layers are causal within their window; full layers see all context and the whole block.
+(MODEL-SPEC.md section 4.)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from flashdesk.engine.config import SLIDING, DraftConfig, check_pair, load_draft_config
+from flashdesk.engine.gemma4 import Gemma4, apply_rope
+from flashdesk.engine.weights import load_weights
+from flashdesk.kernels.attention import attention
+from flashdesk.kernels.linear import linear
+
+
+def qwen_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3 RMSNorm: normalize in fp32, cast back, then scale (the cast comes before the weight)."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def draft_expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
+    d, dh = cfg.hidden_size, cfg.head_dim
+    shapes = {"fc.weight": (d, len(cfg.target_layer_ids) * d), "hidden_norm.weight": (d,), "norm.weight": (d,)}
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+            p + "self_attn.q_proj.weight": (cfg.num_heads * dh, d),
+            p + "self_attn.k_proj.weight": (cfg.num_kv_heads * dh, d),
+            p + "self_attn.v_proj.weight": (cfg.num_kv_heads * dh, d),
+            p + "self_attn.o_proj.weight": (d, cfg.num_heads * dh),
+            p + "self_attn.q_norm.weight": (dh,),
+            p + "self_attn.k_norm.weight": (dh,),
+            p + "mlp.gate_proj.weight": (cfg.intermediate_size, d),
+            p + "mlp.up_proj.weight": (cfg.intermediate_size, d),
+            p + "mlp.down_proj.weight": (d, cfg.intermediate_size),
+        })
+    return shapes
+
+
+class DraftContext:
+    """Per-layer context K/V of the drafter for one sequence; `length` positions are held."""
+
+    def __init__(self, cfg: DraftConfig, max_context: int, dtype, device):
+        self.cfg, self.length = cfg, 0
+        self.capacity = [max_context if kind != SLIDING or cfg.sliding_window is None
+                         else min(max_context, cfg.sliding_window) for kind in cfg.layer_kinds]
+        shape = (cfg.num_kv_heads, cfg.head_dim)
+        self.k = [torch.zeros((cap, *shape), dtype=dtype, device=device) for cap in self.capacity]
+        self.v = [torch.zeros((cap, *shape), dtype=dtype, device=device) for cap in self.capacity]
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        cap = self.capacity[layer]
+        keep = min(k.shape[0], cap)
+        slots = torch.arange(start + k.shape[0] - keep, start + k.shape[0], device=k.device) % cap
+        self.k[layer][slots] = k[-keep:]
+        self.v[layer][slots] = v[-keep:]
+
+    def read(self, layer: int, lo: int):
+        """K, V and positions of the held context from position lo (clamped to what is held)."""
+        lo = max(lo, self.length - self.capacity[layer], 0)
+        positions = torch.arange(lo, self.length, device=self.k[layer].device)
+        slots = positions % self.capacity[layer]
+        return self.k[layer][slots], self.v[layer][slots], positions
+
+
+class Drafter:
+    """The DFlash draft model bound to its target (whose embedding is its input and its head)."""
+
+    def __init__(self, cfg: DraftConfig, weights: dict[str, torch.Tensor], target: Gemma4):
+        self.cfg, self.target = cfg, target
+        self.device, self.dtype = target.device, target.dtype
+        w = dict(weights)
+        self.fc = w.pop("fc.weight")
+        self.hidden_norm = w.pop("hidden_norm.weight")
+        self.norm = w.pop("norm.weight")
+        self.layers = []
+        for i in range(cfg.num_layers):
+            p = f"layers.{i}."
+            get = lambda name: w.pop(p + name)  # noqa: E731
+            self.layers.append({
+                "in_norm": get("input_layernorm.weight"), "post_norm": get("post_attention_layernorm.weight"),
+                "q": get("self_attn.q_proj.weight"), "q_norm": get("self_attn.q_norm.weight"),
+                "kv": torch.cat([get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")]),
+                "k_norm": get("self_attn.k_norm.weight"), "o": get("self_attn.o_proj.weight"),
+                "gate_up": torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
+                "down": get("mlp.down_proj.weight"),
+            })
+        exponents = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim
+        self.inv_freq = (1.0 / cfg.rope_theta ** exponents).to(self.device)
+        # Gemma targets embed with sqrt(hidden); the drafter was trained on those embeddings
+        self.embed_scale = math.sqrt(target.cfg.hidden_size) * cfg.input_embedding_scale
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+
+    @classmethod
+    def from_pretrained(cls, draft_dir: str | Path, target: Gemma4) -> "Drafter":
+        cfg = load_draft_config(draft_dir)
+        check_pair(target.cfg, cfg, f"drafter {draft_dir}")
+        weights = load_weights(draft_dir, draft_expected_shapes(cfg), target.device, target.dtype,
+                               what="DFlash drafter")
+        return cls(cfg, weights, target)
+
+    @property
+    def max_draft_length(self) -> int:
+        return self.cfg.block_size - 1
+
+    def new_context(self, max_context: int) -> DraftContext:
+        return DraftContext(self.cfg, max_context, self.dtype, self.device)
+
+    def _rope(self, positions: torch.Tensor):
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    @torch.inference_mode()
+    def add_context(self, ctx: DraftContext, taps: torch.Tensor) -> None:
+        """Append the target's tapped hidden states [C, n*D] for the next C positions as context K/V."""
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+        c = taps.shape[0]
+        if c == 0:
+            return
+        positions = torch.arange(ctx.length, ctx.length + c, device=self.device)
+        cos, sin = self._rope(positions)
+        hidden = qwen_rms_norm(linear(taps, self.fc), self.hidden_norm, eps)
+        for i, layer in enumerate(self.layers):
+            kv = linear(hidden, layer["kv"])  # the context skips input_layernorm
+            k = kv[:, :self.kv_size].view(c, cfg.num_kv_heads, cfg.head_dim)
+            v = kv[:, self.kv_size:].view(c, cfg.num_kv_heads, cfg.head_dim)
+            k = apply_rope(qwen_rms_norm(k, layer["k_norm"], eps), cos, sin)
+            ctx.write(i, ctx.length, k, v)
+        ctx.length += c
+
+    @torch.inference_mode()
+    def draft_logits(self, ctx: DraftContext, anchor: int, k: int) -> torch.Tensor:
+        """Logits [k, vocab] (fp32, softcapped) for the k tokens after `anchor`, which sits at ctx.length."""
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+        t = k + 1
+        start = ctx.length
+        positions = torch.arange(start, start + t, device=self.device)
+        cos, sin = self._rope(positions)
+        ids = torch.full((t,), cfg.mask_token_id, dtype=torch.long, device=self.device)
+        ids[0] = anchor
+        h = F.embedding(ids, self.target.embed) * self.embed_scale
+        for i, layer in enumerate(self.layers):
+            sliding = cfg.layer_kinds[i] == SLIDING
+            window = cfg.sliding_window if sliding else None
+            x = qwen_rms_norm(h, layer["in_norm"], eps)
+            q = linear(x, layer["q"]).view(t, cfg.num_heads, cfg.head_dim)
+            q = apply_rope(qwen_rms_norm(q, layer["q_norm"], eps), cos, sin)
+            kv = linear(x, layer["kv"])
+            kb = apply_rope(qwen_rms_norm(kv[:, :self.kv_size].view(t, cfg.num_kv_heads, cfg.head_dim),
+                                          layer["k_norm"], eps), cos, sin)
+            vb = kv[:, self.kv_size:].view(t, cfg.num_kv_heads, cfg.head_dim)
+            kc, vc, pc = ctx.read(i, 0 if window is None else start - window + 1)
+            a = attention(q, torch.cat([kc, kb]), torch.cat([vc, vb]), positions, torch.cat([pc, positions]),
+                          window, scale=cfg.head_dim ** -0.5, causal=cfg.causal[i])
+            h = h + linear(a.reshape(t, -1), layer["o"])
+            gate, up = linear(qwen_rms_norm(h, layer["post_norm"], eps), layer["gate_up"]).chunk(2, dim=-1)
+            h = h + linear(F.silu(gate) * up, layer["down"])
+        h = qwen_rms_norm(h[1:], self.norm, eps)
+        logits = linear(h, self.target.embed).float() * cfg.output_multiplier
+        if cfg.final_logit_softcapping:
+            cap = cfg.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits

@@ -1,0 +1,299 @@
+"""`flashdesk doctor --model`: the checkpoint check and its memory figures.
+
+The KV figure is held equal to what the engine's cache really allocates, and to a hand computation
+for the real Gemma 4 26B-A4B; the weight figures to what the loader really holds. A broken folder
+must produce the loader's message as a problem line and a non-zero exit, never a traceback.
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from flashdesk.engine.checkpoint import (PREFILL_CHUNK, WORKSPACE_FIXED_BYTES, describe_checkpoint,
+                                         format_bytes, inspect_checkpoint, kv_cache_bytes,
+                                         loaded_weight_bytes, workspace_bytes)
+from flashdesk.engine.cli import main
+from flashdesk.engine.config import parse_config
+from flashdesk.engine.gemma4 import Gemma4
+from flashdesk.engine.weights import TOWER_PREFIXES
+from tiny_checkpoints import TINY_TEXT_CONFIG, write_checkpoint
+
+WINDOW = TINY_TEXT_CONFIG["sliding_window"]
+TINY_LIMIT = TINY_TEXT_CONFIG["max_position_embeddings"]
+
+
+# -- KV bytes against the real cache ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("kv-bytes")
+    write_checkpoint(folder, "causal", seed=3, tokenizer=False)
+    return Gemma4.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "float32", "fp8"])
+@pytest.mark.parametrize("context", [1, 5, WINDOW, WINDOW + 16, WINDOW + 17, 100, 1000])
+@pytest.mark.parametrize("slack", [16, 0, 3])
+def test_kv_cache_bytes_equals_what_the_cache_allocates(tiny_model, kv_dtype, context, slack):
+    """Contexts below, at and above the ring size (window + slack) of the sliding layers."""
+    cache = tiny_model.new_cache(context, kv_dtype, slack)
+    assert kv_cache_bytes(tiny_model.cfg, context, kv_dtype, slack) == cache.nbytes()
+
+
+def test_kv_cache_bytes_refuses_unknown_dtypes(tiny_model):
+    with pytest.raises(ValueError, match="unknown KV storage dtype 'int4'"):
+        kv_cache_bytes(tiny_model.cfg, 16, "int4")
+
+
+# -- the real Gemma 4 26B-A4B text config (MODEL-SPEC.md section 1) -----------------------------
+
+REAL_26B = {
+    "architectures": ["Gemma4ForConditionalGeneration"],
+    "model_type": "gemma4",
+    "eos_token_id": [1, 106],
+    "tie_word_embeddings": True,
+    "text_config": {
+        "model_type": "gemma4_text",
+        "hidden_size": 2816,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 256,
+        "global_head_dim": 512,
+        "num_global_key_value_heads": 2,
+        "attention_k_eq_v": True,
+        "attention_bias": False,
+        "sliding_window": 1024,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                               "rope_theta": 1000000.0},
+        },
+        "vocab_size": 262144,
+        "enable_moe_block": True,
+        "num_experts": 128,
+        "top_k_experts": 8,
+        "moe_intermediate_size": 704,
+        "intermediate_size": 2112,
+        "hidden_size_per_layer_input": 0,
+        "num_kv_shared_layers": 0,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-6,
+        "final_logit_softcapping": 30.0,
+        "max_position_embeddings": 262144,
+        "tie_word_embeddings": True,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def cfg_26b():
+    cfg = parse_config(REAL_26B)
+    assert [i for i, layer in enumerate(cfg.layers) if not layer.sliding] == [5, 11, 17, 23, 29]
+    assert {(layer.num_kv_heads, layer.head_dim) for layer in cfg.layers if layer.sliding} == {(8, 256)}
+    assert {(layer.num_kv_heads, layer.head_dim) for layer in cfg.layers if not layer.sliding} == {(2, 512)}
+    return cfg
+
+
+def test_kv_cache_bytes_of_gemma4_26b_by_hand(cfg_26b):
+    # bf16 at 32768: 25 sliding layers keep a ring of 1024 + 16 = 1040 positions, 5 full layers all
+    # 32768; each position stores K and V: 2 x kv_heads x head_dim x 2 bytes
+    sliding = 25 * 1040 * 2 * 8 * 256 * 2  # 212,992,000
+    full = 5 * 32768 * 2 * 2 * 512 * 2  # 671,088,640
+    assert kv_cache_bytes(cfg_26b, 32768, "bfloat16") == sliding + full == 884_080_640
+
+    # fp8 at 32768: 1 byte per element, plus an fp32 scale per (position, KV head) for K and for V
+    sliding = 25 * 1040 * (2 * 8 * 256 * 1 + 2 * 8 * 4)  # 108,160,000
+    full = 5 * 32768 * (2 * 2 * 512 * 1 + 2 * 2 * 4)  # 338,165,760
+    assert kv_cache_bytes(cfg_26b, 32768, "fp8") == sliding + full == 446_325_760
+
+    # fp32 at 512, below the window: every layer holds just the 512 positions
+    sliding = 25 * 512 * 2 * 8 * 256 * 4  # 209,715,200
+    full = 5 * 512 * 2 * 2 * 512 * 4  # 20,971,520
+    assert kv_cache_bytes(cfg_26b, 512, "float32") == sliding + full == 230_686_720
+
+    # bf16 at the model's limit, 262144 positions
+    assert kv_cache_bytes(cfg_26b, 262144, "bfloat16") == 25 * 1040 * 8192 + 5 * 262144 * 4096
+
+    # PERFORMANCE-MODEL.md: fp8 data is 100 KiB/token on the sliding layers, 10 KiB/token on the full
+    # ones; the scales add 4 bytes per 256 or 512 data bytes
+    per_token_full = (kv_cache_bytes(cfg_26b, 40000, "fp8") - kv_cache_bytes(cfg_26b, 30000, "fp8")) / 10000
+    assert per_token_full == 10 * 1024 + 5 * 2 * 2 * 4
+
+
+def test_loaded_weight_bytes_of_gemma4_26b(cfg_26b):
+    """MODEL-SPEC.md (HF-RUN): 25,233,141,760 text parameters; the 30 layer_scalar values are
+    buffers in transformers, not parameters. Our model keeps the 612,096 norm weights in fp32."""
+    norms = 30 * 7 * 2816 + 25 * 2 * 256 + 5 * 2 * 512 + 2816  # 7 per layer, q/k norms, final norm
+    assert norms == 612_096
+    assert loaded_weight_bytes(cfg_26b) == 2 * (25_233_141_760 + 30) + 2 * norms
+
+
+def test_workspace_allowance_of_gemma4_26b(cfg_26b):
+    # the last 1024-token prefill chunk attending over 32768 keys on a full layer: 2.5 fp32 score
+    # matrices of 16 heads, int64 deltas + bool masks, and that layer's K and V read back (fp32 + bf16)
+    scores = int(2.5 * 16 * 1024 * 32768 * 4) + 1024 * 32768 * 10
+    readback = 2 * 32768 * 2 * 512 * 6
+    assert workspace_bytes(cfg_26b, 32768) == WORKSPACE_FIXED_BYTES + scores + readback
+    assert PREFILL_CHUNK == 1024
+
+
+# -- flashdesk doctor --model -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("doctor-pristine")
+    write_checkpoint(folder, "conditional", seed=2)
+    return folder
+
+
+@pytest.fixture
+def ckpt(pristine, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(pristine, folder)
+    return folder
+
+
+def doctor(capsys, *args):
+    rc = main(["doctor", *args])
+    captured = capsys.readouterr()
+    model_part = captured.out.split("\nModel: ", 1)[1]
+    assert "Traceback" not in captured.out + captured.err
+    return rc, model_part
+
+
+def held_bytes(model: Gemma4) -> int:
+    """Every weight tensor our model keeps, by walking it (not the computed RoPE tables)."""
+    def tensors(obj):
+        for name, value in vars(obj).items():
+            if name in ("inv_freq", "embed_scale", "spec"):
+                continue
+            if isinstance(value, torch.Tensor):
+                yield value
+            elif isinstance(value, dict):
+                yield from (v for v in value.values() if isinstance(v, torch.Tensor))
+    return sum(t.numel() * t.element_size() for obj in [model, *model.layers] for t in tensors(obj))
+
+
+def test_doctor_reports_a_complete_checkpoint_with_its_numbers(ckpt, capsys):
+    rc, out = doctor(capsys, "--model", str(ckpt), "--context", "1000")
+    assert rc == 0, out
+    report = inspect_checkpoint(ckpt, 1000)
+    assert report.ok and report.problems == []
+
+    # on disk: the text tensors as stored (fp32 here), the tied lm_head and the towers left out
+    stored = load_file(str(ckpt / "model.safetensors"))
+    text = {n: t for n, t in stored.items() if not n.startswith(TOWER_PREFIXES) and n != "lm_head.weight"}
+    towers = {n: t for n, t in stored.items() if n.startswith(TOWER_PREFIXES)}
+    assert towers, "the conditional layout has a vision tower"
+    assert report.tensors == len(text) == 132
+    assert report.disk_bytes == sum(t.numel() * t.element_size() for t in text.values())
+    assert report.tower_bytes == sum(t.numel() * t.element_size() for t in towers.values())
+    # as loaded in bf16: exactly what our model holds
+    assert report.loaded_bytes == held_bytes(Gemma4.from_pretrained(ckpt, "cpu", torch.bfloat16))
+
+    mem = report.memory
+    assert mem.context == 1000 and mem.kv_dtype == "fp8"
+    assert mem.kv_bytes == Gemma4.from_pretrained(ckpt).new_cache(1000, "fp8").nbytes()
+    assert mem.total == report.loaded_bytes + mem.kv_bytes + mem.workspace_bytes
+    assert mem.workspace_bytes > WORKSPACE_FIXED_BYTES
+
+    for expected in ("Gemma4ForConditionalGeneration, 6 layers (4 sliding, 2 full), hidden 64",
+                     "sliding 2 KV heads x 16, window 8; full 1 KV head x 32, K = V",
+                     "8, top 2, expert intermediate 24; dense MLP 96",
+                     f"limit {TINY_LIMIT} tokens",
+                     f"complete: 132 tensors in 1 file(s); {format_bytes(report.disk_bytes)} on disk (f32), "
+                     f"{format_bytes(report.loaded_bytes)} as bf16 on the GPU",
+                     f"vision/audio towers: {len(towers)} tensors",
+                     "tokenizer.json + tokenizer_config.json; chat template in chat_template.jinja",
+                     f"{format_bytes(mem.total)} at 1000 tokens",
+                     f"KV {format_bytes(mem.kv_bytes)}",
+                     "verdict    ok"):
+        assert expected in out, expected
+    assert "problem" not in out
+    assert len(out.splitlines()) <= 14  # compact
+
+
+def test_default_context_is_capped_at_the_model_limit(ckpt, capsys):
+    rc, out = doctor(capsys, "--model", str(ckpt))  # the CLI's default: 32768
+    assert rc == 0
+    assert f"at {TINY_LIMIT} tokens (the model's limit; 32768 asked)" in out
+    assert describe_checkpoint(ckpt) == describe_checkpoint(ckpt, 32768)
+
+
+def test_sharded_checkpoint(tmp_path, capsys):
+    write_checkpoint(tmp_path, "causal", seed=4, shard=True, tokenizer=False)
+    rc, out = doctor(capsys, "--model", str(tmp_path))
+    shards = len(list(tmp_path.glob("model-*.safetensors")))
+    assert rc == 0 and shards > 1
+    assert f"complete: 132 tensors in {shards} file(s)" in out
+    assert "vision/audio towers" not in out
+    # a missing tokenizer is said, but does not fail the check: --prompt-ids works without one
+    assert "tokenizer  missing (no tokenizer.json)" in out
+
+
+def test_missing_tensor(ckpt, capsys):
+    path = ckpt / "model.safetensors"
+    tensors = load_file(str(path))
+    del tensors["model.language_model.layers.3.self_attn.o_proj.weight"]
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    rc, out = doctor(capsys, "--model", str(ckpt))
+    assert rc == 1
+    assert "problem    missing tensor layers.3.self_attn.o_proj.weight" in out
+    assert "NOT usable: 1 problem" in out
+    assert "config     Gemma4ForConditionalGeneration" in out  # what could be read is still shown
+    assert "complete" not in out
+
+
+def test_missing_config(ckpt, capsys):
+    (ckpt / "config.json").unlink()
+    rc, out = doctor(capsys, "--model", str(ckpt))
+    assert rc == 1
+    assert f"problem    model config not found: {ckpt / 'config.json'}" in out
+    assert "NOT usable" in out
+
+
+def test_unsupported_config_is_named(ckpt, capsys):
+    config = json.loads((ckpt / "config.json").read_text())
+    config["text_config"]["hidden_activation"] = "silu"
+    (ckpt / "config.json").write_text(json.dumps(config))
+    rc, out = doctor(capsys, "--model", str(ckpt))
+    assert rc == 1
+    assert "activation 'silu' is not supported by FlashDesk" in out
+
+
+def test_truncated_weights_file(ckpt, capsys):
+    path = ckpt / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-1000])
+    rc, out = doctor(capsys, "--model", str(ckpt))
+    assert rc == 1
+    assert "problem" in out and "truncated" in out
+
+
+def test_missing_shard(tmp_path, capsys):
+    write_checkpoint(tmp_path, "causal", seed=4, shard=True, tokenizer=False)
+    victim = sorted(tmp_path.glob("model-*.safetensors"))[-1]
+    victim.unlink()
+    rc, out = doctor(capsys, "--model", str(tmp_path))
+    assert rc == 1
+    assert f"shard file(s) named in model.safetensors.index.json are missing: {victim.name}" in out
+
+
+def test_no_chat_template(ckpt, capsys):
+    (ckpt / "chat_template.jinja").unlink()
+    rc, out = doctor(capsys, "--model", str(ckpt))
+    assert rc == 0
+    assert "no chat template" in out
+
+
+def test_not_a_folder_and_bad_context(tmp_path, ckpt, capsys):
+    rc, out = doctor(capsys, "--model", str(tmp_path / "nowhere"))
+    assert rc == 1 and "is not a folder" in out
+    rc, out = doctor(capsys, "--model", str(ckpt), "--context", "0")
+    assert rc == 1 and "--context must be at least 1 token" in out

@@ -1,0 +1,104 @@
+"""DFlash speculative decoding: step for step identical to z-lab's reference loop, and lossless."""
+
+import time
+
+import pytest
+import torch
+
+from flashdesk.engine.generation import Engine, FinishEvent, GenerationRequest, StepEvent
+from flashdesk.engine.speculative import SpecControl
+from tiny_checkpoints import TINY_TEXT_CONFIG
+from tiny_drafter import PROMPTS, TINY_DRAFT_CONFIG
+
+dflash_model = pytest.importorskip("dflash.model", reason="z-lab's dflash is a test dependency")
+
+
+
+def reference_trace(pair, prompt, max_new, k):
+    """Run z-lab's dflash_generate and read its steps off the target's verify calls."""
+    _, _, ref_target, ref_drafter = pair
+    calls = []
+    forward = ref_target.forward
+
+    def spy(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        calls.append(((args[0] if args else kwargs["input_ids"])[0].clone(), out.logits[0].clone()))
+        return out
+
+    ref_target.forward = spy
+    cuda_time = dflash_model._cuda_time
+    dflash_model._cuda_time = time.perf_counter  # its timer syncs CUDA; we are on the CPU
+    try:
+        result = dflash_model.dflash_generate(ref_drafter, ref_target, torch.tensor([prompt]), max_new,
+                                              [1, 106, 50], block_size=k + 1, return_stats=True)
+    finally:
+        del ref_target.forward
+        dflash_model._cuda_time = cuda_time
+    output = result.output_ids[0, len(prompt):].tolist()
+    steps, at = [], 1  # the first token comes from the prefill
+    for (block, logits), produced in zip(calls[1:], result.acceptance_lengths):
+        accepted = int((block[1:] == logits.argmax(-1)[:-1]).int().cumprod(0).sum())
+        steps.append((block[1:].tolist(), accepted, output[at:at + produced]))
+        at += produced
+    return output, steps
+
+
+def our_trace(engine, prompt, max_new, control, **kwargs):
+    events = list(engine.generate(GenerationRequest(prompt, max_new, **kwargs), control))
+    steps = [(e.draft, e.accepted, e.emitted) for e in events if isinstance(e, StepEvent) and e.index > 0]
+    return events[-1], steps
+
+
+@pytest.mark.parametrize("k", [1, 3, 7, 15])
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["chat", "short", "long"])
+def test_every_step_equals_the_reference_loop(spec_pair, prompt, k):
+    """Drafted ids, accepted count and emitted ids of every step, over runs past both sliding windows."""
+    engine = spec_pair[0]
+    max_new = 48
+    assert len(prompt) + max_new > 2 * max(TINY_TEXT_CONFIG["sliding_window"], TINY_DRAFT_CONFIG["sliding_window"])
+    expected_output, expected_steps = reference_trace(spec_pair, prompt, max_new, k)
+    finish, steps = our_trace(engine, prompt, max_new, SpecControl(True, k))
+    assert finish.token_ids == expected_output
+    assert steps == expected_steps
+    assert any(accepted > 0 for _, accepted, _ in steps)  # the trained drafter does get tokens accepted
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["chat", "short", "long"])
+def test_greedy_output_with_speculation_equals_without(spec_pair, prompt):
+    engine = spec_pair[0]
+    plain, _ = our_trace(engine, prompt, 40, SpecControl(enabled=False))
+    for k in range(1, 16):
+        spec, steps = our_trace(engine, prompt, 40, SpecControl(True, k))
+        assert spec.token_ids == plain.token_ids, k
+        assert all(len(draft) <= k for draft, _, _ in steps)
+
+
+def test_toggling_and_changing_k_mid_generation_stays_exact(spec_pair):
+    """The control is read at every step: flip it while the generator runs."""
+    engine = spec_pair[0]
+    prompt, max_new = PROMPTS[0], 120
+    plain, _ = our_trace(engine, prompt, max_new, SpecControl(enabled=False))
+    control = SpecControl(True, 4)
+    schedule = {2: (False, 4), 5: (True, 15), 8: (True, 1), 10: (False, 1), 12: (True, 6)}
+    setting, tokens, seen = (True, 4), [], []
+    for event in engine.generate(GenerationRequest(prompt, max_new), control):
+        if isinstance(event, FinishEvent):
+            break
+        if event.index:
+            enabled, k = setting
+            assert len(event.draft) == (min(k, max_new - len(tokens)) if enabled else 0), event.index
+            seen.append(event.index)
+        tokens += event.emitted
+        if event.index in schedule:
+            setting = schedule[event.index]
+            control.enabled, control.draft_length = setting
+    assert tokens == plain.token_ids
+    assert max(seen) > 12  # every change in the schedule was exercised
+
+
+def test_block_shrinks_at_max_tokens_and_nothing_leaks(spec_pair):
+    engine = spec_pair[0]
+    for max_new in (1, 2, 5, 17):
+        finish, steps = our_trace(engine, PROMPTS[1], max_new, SpecControl(True, 15), ignore_eos=True)
+        assert len(finish.token_ids) == max_new
+        assert all(len(draft) <= max_new - 1 for draft, _, _ in steps)
