@@ -20,11 +20,11 @@ import torch
 from flashdesk.engine.config import Gemma4Config, load_config
 from flashdesk.engine.errors import FlashDeskError
 from flashdesk.engine.kv_cache import FP8, STORAGE_DTYPES
+from flashdesk.engine.speculative import PREFILL_CHUNK
 from flashdesk.engine.weights import (DTYPE_SIZES, TOWER_PREFIXES, checkpoint_files, expected_shapes,
                                       read_header, scan_checkpoint, validate)
 
 DEFAULT_CONTEXT = 32768
-PREFILL_CHUNK = 1024  # prompt tokens per target forward in the decode loop (speculative.py)
 GPU_KV_DTYPE = "fp8"  # what `--kv-dtype auto` picks on CUDA
 # CUDA context, allocator caching/fragmentation, logits, MLP/MoE activations of a prefill chunk
 WORKSPACE_FIXED_BYTES = 1 << 30

@@ -83,7 +83,7 @@ class Drafter:
     def __init__(self, cfg: DraftConfig, weights: dict[str, torch.Tensor], target: Gemma4):
         self.cfg, self.target = cfg, target
         self.device, self.dtype = target.device, target.dtype
-        w = dict(weights)
+        w = weights  # taken over and emptied, as Gemma4 does
         self.fc = w.pop("fc.weight")
         self.hidden_norm = w.pop("hidden_norm.weight")
         self.norm = w.pop("norm.weight")

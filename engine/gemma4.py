@@ -82,8 +82,10 @@ class Gemma4:
     """The target model. `forward(ids, cache)` runs ids at positions cache.length onwards."""
 
     def __init__(self, cfg: Gemma4Config, weights: dict[str, torch.Tensor], device, dtype: torch.dtype):
+        """Takes ownership of `weights` and empties it, so each layer's unfused tensors are freed
+        as soon as they are fused: loading peaks at one layer above the model's size."""
         self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
-        w = dict(weights)
+        w = weights
         self.embed = w.pop("embed_tokens.weight")
         self.embed_scale = torch.tensor(cfg.embed_scale).to(dtype)  # bf16 53.0, not 53.066, as transformers
         self.final_norm = w.pop("norm.weight").float()

@@ -1,5 +1,6 @@
 """DFlash speculative decoding: step for step identical to z-lab's reference loop, and lossless."""
 
+import json
 import time
 
 import pytest
@@ -102,3 +103,42 @@ def test_block_shrinks_at_max_tokens_and_nothing_leaks(spec_pair):
         finish, steps = our_trace(engine, PROMPTS[1], max_new, SpecControl(True, 15), ignore_eos=True)
         assert len(finish.token_ids) == max_new
         assert all(len(draft) <= max_new - 1 for draft, _, _ in steps)
+
+
+def cli_json(capsys, *argv):
+    from flashdesk.engine.cli import main
+
+    assert main(["generate", *map(str, argv), "--json"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_cli_reports_drafts_and_acceptance(spec_pair, capsys):
+    target_dir, draft_dir = spec_pair[1]
+    prompt = ",".join(map(str, PROMPTS[0]))
+    plain = cli_json(capsys, "--model", target_dir, "--prompt-ids", prompt, "--max-new-tokens", 40)
+    spec = cli_json(capsys, "--model", target_dir, "--draft", draft_dir, "--prompt-ids", prompt,
+                    "--max-new-tokens", 40, "--draft-length", 5)
+    assert spec["token_ids"] == plain["token_ids"]
+    assert all(len(s["draft"]) <= 5 and 0 <= s["accepted"] <= len(s["draft"]) for s in spec["steps"])
+    assert [t for s in spec["steps"] for t in s["emitted"]] == spec["token_ids"][1:]
+    stats = spec["stats"]
+    drafted = sum(len(s["draft"]) for s in spec["steps"])
+    accepted = sum(s["accepted"] for s in spec["steps"])
+    assert stats["acceptance_rate"] == pytest.approx(accepted / drafted)
+    assert stats["mean_acceptance_length"] == pytest.approx((len(spec["token_ids"]) - 1) / len(spec["steps"]))
+    assert len(stats["per_position_acceptance"]) == 5
+    off = cli_json(capsys, "--model", target_dir, "--draft", draft_dir, "--prompt-ids", prompt,
+                   "--max-new-tokens", 40, "--no-speculate")
+    assert off["token_ids"] == plain["token_ids"] and all(s["draft"] == [] for s in off["steps"])
+    assert off["stats"]["acceptance_rate"] is None
+
+
+def test_cli_refuses_bad_draft_options(spec_pair, capsys):
+    from flashdesk.engine.cli import main
+
+    target_dir, draft_dir = spec_pair[1]
+    assert main(["generate", "--model", str(target_dir), "--draft", str(draft_dir), "--prompt-ids", "2,3",
+                 "--draft-length", "16"]) == 2
+    assert "--draft-length must be 1..15" in capsys.readouterr().err
+    assert main(["generate", "--model", str(target_dir), "--prompt-ids", "2,3", "--no-speculate"]) == 2
+    assert "need --draft" in capsys.readouterr().err
