@@ -37,6 +37,20 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
     gen.add_argument("--json", action="store_true", help="print one JSON object with ids, text, steps, stats")
 
+    bench = sub.add_parser("bench", help="AR vs DFlash at several draft lengths, side by side")
+    bench.add_argument("--model", required=True)
+    bench.add_argument("--draft", required=True)
+    bench.add_argument("--prompts", help="JSON lines with \"prompt\" and \"category\", or one prompt per line "
+                       "(default: a built-in mix of code, math, chat, summarizing, translation)")
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--draft-lengths", default="4,8,15")
+    bench.add_argument("--compare", action="store_true",
+                       help="also time transformers' generate and z-lab's reference loop on the same files")
+    bench.add_argument("--device", default="auto")
+    bench.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    bench.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16", "float32", "fp8"])
+    bench.add_argument("--json", action="store_true")
+
     doc = sub.add_parser("doctor", help="check this machine (and a model folder) for FlashDesk")
     doc.add_argument("--model", help="also check this checkpoint folder")
     doc.add_argument("--context", type=int, default=32768, help="context for the memory estimate")
@@ -113,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return run_generate(args)
+        if args.command == "bench":
+            from flashdesk.engine.bench import run_bench
+
+            return run_bench(args)
         from flashdesk.engine.doctor import run_doctor
 
         return run_doctor(args.model, args.context)

@@ -99,6 +99,7 @@ class SpecStats:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "speculative_emitted": self.speculative_emitted,
             "mean_acceptance_length": self.speculative_emitted / spec if spec else None,
             "per_position_acceptance": [t / n for t, n in zip(self._taken, self._offered)],
             "accepted_histogram": list(self._histogram),

@@ -22,7 +22,7 @@ def spec_pair(tmp_path_factory):
 
     target_dir = tmp_path_factory.mktemp("spec-target")
     draft_dir = tmp_path_factory.mktemp("spec-drafter")
-    reference = write_checkpoint(target_dir, "causal", seed=1, tokenizer=False)
+    reference = write_checkpoint(target_dir, "causal", seed=1)
     write_drafter(draft_dir, seed=2, target=reference)
     engine = Engine.load(target_dir, device="cpu", draft_dir=draft_dir)
     return engine, (target_dir, draft_dir), reference, load_reference_drafter(draft_dir)

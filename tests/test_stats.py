@@ -5,7 +5,8 @@ import pytest
 from flashdesk.engine.stats import SpecStats, StepRecord, summarize
 
 KEYS = {"steps", "decode_tokens", "decode_seconds", "decode_tokens_per_second", "speculative_steps",
-        "drafted", "accepted", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance",
+        "drafted", "accepted", "acceptance_rate", "speculative_emitted", "mean_acceptance_length",
+        "per_position_acceptance",
         "accepted_histogram", "draft_seconds", "verify_seconds"}
 
 
@@ -37,7 +38,8 @@ def test_full_acceptance():
     # 3 steps, each drafts 4, accepts all 4 and emits 4 + the bonus token; 0.05 s per step
     s = summarize([spec(4, 4), spec(4, 4), spec(4, 4)])
     check(s, steps=3, decode_tokens=15, decode_seconds=0.15, decode_tokens_per_second=100.0,
-          speculative_steps=3, drafted=12, accepted=12, acceptance_rate=1.0, mean_acceptance_length=5.0,
+          speculative_steps=3, drafted=12, accepted=12, acceptance_rate=1.0, speculative_emitted=15,
+          mean_acceptance_length=5.0,
           per_position_acceptance=[1.0, 1.0, 1.0, 1.0], accepted_histogram=[0, 0, 0, 0, 3],
           draft_seconds=0.03, verify_seconds=0.12)
 
