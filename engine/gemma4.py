@@ -15,11 +15,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from flashdesk.engine.config import Gemma4Config, load_config
+from flashdesk.engine.config import Gemma4Config, load_config, read_json
 from flashdesk.engine.kv_cache import CacheLayout, KVCache
-from flashdesk.engine.weights import expected_shapes, load_weights
+from flashdesk.engine.quant import assemble, parse_quant_config, plan, quantize_on_load
+from flashdesk.engine.weights import expected_shapes, load_tensors, scan_checkpoint, validate
 from flashdesk.kernels.attention import attention
-from flashdesk.kernels.linear import linear
+from flashdesk.kernels.linear import concat_rows, linear
 from flashdesk.kernels.moe import moe
 
 
@@ -55,11 +56,11 @@ class _Layer:
         attn = [w.pop(p + "self_attn.q_proj.weight"), w.pop(p + "self_attn.k_proj.weight")]
         if not spec.k_eq_v:
             attn.append(w.pop(p + "self_attn.v_proj.weight"))
-        self.qkv = torch.cat(attn)
+        self.qkv = concat_rows(attn)
         self.q_size = cfg.num_heads * spec.head_dim
         self.kv_size = spec.num_kv_heads * spec.head_dim
         self.o_proj = w.pop(p + "self_attn.o_proj.weight")
-        self.gate_up = torch.cat([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
+        self.gate_up = concat_rows([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
         self.down = w.pop(p + "mlp.down_proj.weight")
         self.norms = {name: w.pop(p + name + ".weight").float() for name in (
             "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -95,9 +96,21 @@ class Gemma4:
         self.inv_freq = {kind: spec.inv_freq().to(self.device) for kind, spec in cfg.rope.items()}
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype=torch.float32) -> "Gemma4":
+    def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype=torch.float32,
+                        quantize: str | None = None) -> "Gemma4":
+        """Load bf16 or int4 (compressed-tensors) weights; `quantize="int4"` packs bf16 ones while loading."""
         cfg = load_config(model_dir)
-        return cls(cfg, load_weights(model_dir, expected_shapes(cfg), torch.device(device), dtype), device, dtype)
+        quant = parse_quant_config(read_json(Path(model_dir) / "config.json", "model config"))
+        if quantize not in (None, "int4"):
+            raise ValueError(f"unknown quantization {quantize!r}: the choice is int4")
+        if quantize and quant is not None:
+            raise ValueError(f"{model_dir} is already quantized; --quantize applies to bf16 checkpoints")
+        entries = scan_checkpoint(model_dir)
+        specs, packed = plan(expected_shapes(cfg), entries, quant)
+        validate(entries, specs)
+        transform = quantize_on_load() if quantize else None
+        weights = assemble(load_tensors(entries, torch.device(device), dtype, transform), packed)
+        return cls(cfg, weights, device, dtype)
 
     def new_cache(self, max_context: int, kv_dtype: str, slack: int = 16) -> KVCache:
         layouts = [CacheLayout(s.num_kv_heads, s.head_dim, self.cfg.sliding_window if s.sliding else None)

@@ -102,10 +102,11 @@ class Engine:
 
     @classmethod
     def load(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto", kv_dtype: str = "auto",
-             context_limit: int | None = None, draft_dir: str | Path | None = None) -> "Engine":
+             context_limit: int | None = None, draft_dir: str | Path | None = None,
+             quantize: str | None = None) -> "Engine":
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
-        model = Gemma4.from_pretrained(model_dir, dev, torch_dtype)
+        model = Gemma4.from_pretrained(model_dir, dev, torch_dtype, quantize)
         drafter = Drafter.from_pretrained(draft_dir, model) if draft_dir else None
         tokenizer = load_tokenizer(model_dir) if _has_tokenizer(Path(model_dir)) else None
         eos = eos_ids(model_dir) or set(model.cfg.eos_token_ids)

@@ -32,6 +32,18 @@ DTYPE_SIZES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16":
 
 
 @dataclass(frozen=True)
+class TensorSpec:
+    """What a checkpoint must hold under one name: a shape and a kind of dtype."""
+
+    shape: tuple[int, ...]
+    kind: str = "float"  # "float" (BF16/F16/F32), "int32" (packed int4), "int" (any integer: shapes)
+    optional: bool = False
+
+
+KIND_DTYPES = {"float": tuple(FLOAT_DTYPES), "int32": ("I32",), "int": ("I32", "I64", "U32", "U64")}
+
+
+@dataclass(frozen=True)
 class TensorEntry:
     """One tensor as a safetensors header describes it."""
 
@@ -146,31 +158,37 @@ def expected_shapes(cfg: Gemma4Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def validate(entries: dict[str, TensorEntry], expected: dict[str, tuple[int, ...]],
-             what: str = "Gemma 4 text model") -> None:
-    """Raise CheckpointError for the first missing, extra, misshapen or wrongly typed tensor."""
-    missing = [name for name in expected if name not in entries]
+def validate(entries: dict[str, TensorEntry], expected: dict, what: str = "Gemma 4 text model") -> None:
+    """Raise CheckpointError for the first missing, extra, misshapen or wrongly typed tensor.
+
+    `expected` maps names to a shape (a float tensor) or a TensorSpec.
+    """
+    specs = {name: spec if isinstance(spec, TensorSpec) else TensorSpec(tuple(spec)) for name, spec in expected.items()}
+    missing = [name for name, spec in specs.items() if name not in entries and not spec.optional]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"missing tensor {missing[0]}{more}: the checkpoint does not match its config.json")
     for name, entry in entries.items():
-        if name not in expected:
+        if name not in specs:
             raise CheckpointError(f"unexpected tensor {entry.name} in {entry.file.name}: not part of the "
                                   f"{what} this config.json describes")
-        if entry.shape != expected[name]:
+        spec = specs[name]
+        if entry.shape != spec.shape:
             raise CheckpointError(f"tensor {entry.name} in {entry.file.name} has shape {list(entry.shape)}, "
-                                  f"expected {list(expected[name])} from config.json")
-        if entry.dtype not in FLOAT_DTYPES:
+                                  f"expected {list(spec.shape)} from config.json")
+        if entry.dtype not in KIND_DTYPES[spec.kind]:
             raise CheckpointError(f"tensor {entry.name} in {entry.file.name} has dtype {entry.dtype}; "
-                                  f"expected one of {', '.join(FLOAT_DTYPES)}")
+                                  f"expected one of {', '.join(KIND_DTYPES[spec.kind])}")
 
 
-def load_weights(model_dir: str | Path, expected: dict[str, tuple[int, ...]], device: torch.device,
-                 dtype: torch.dtype, what: str = "Gemma 4 text model") -> dict[str, torch.Tensor]:
-    """Validate the whole checkpoint, then stream its tensors to `device` one at a time as `dtype`."""
-    entries = scan_checkpoint(model_dir)
-    validate(entries, expected, what)
-    weights: dict[str, torch.Tensor] = {}
+def load_tensors(entries: dict[str, TensorEntry], device: torch.device, dtype: torch.dtype,
+                 transform=None) -> dict[str, torch.Tensor]:
+    """Stream validated tensors to `device` one at a time: floats as `dtype`, integers as stored.
+
+    `transform(name, tensor)` may replace each tensor as it arrives (on-load quantization), so the
+    unconverted tensor never accumulates.
+    """
+    weights: dict = {}
     by_file: dict[Path, list[str]] = {}
     for short, entry in entries.items():
         by_file.setdefault(entry.file, []).append(short)
@@ -178,9 +196,19 @@ def load_weights(model_dir: str | Path, expected: dict[str, tuple[int, ...]], de
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for short in names:
-                    weights[short] = f.get_tensor(entries[short].name).to(device=device, dtype=dtype)
+                    tensor = f.get_tensor(entries[short].name)
+                    tensor = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype)
+                    weights[short] = transform(short, tensor) if transform else tensor
         except CheckpointError:
             raise
         except Exception as exc:  # safetensors raises its own error types for damaged data
             raise CheckpointError(f"{path}: cannot read tensors: {exc}") from exc
     return weights
+
+
+def load_weights(model_dir: str | Path, expected: dict, device: torch.device, dtype: torch.dtype,
+                 what: str = "Gemma 4 text model") -> dict[str, torch.Tensor]:
+    """Validate the whole checkpoint, then stream its tensors to `device` one at a time as `dtype`."""
+    entries = scan_checkpoint(model_dir)
+    validate(entries, expected, what)
+    return load_tensors(entries, device, dtype)

@@ -1,7 +1,9 @@
-"""Linear layers: y = x @ W.T for the weight formats the engine keeps in memory.
+"""Linear layers: y = x @ W.T for every weight format the engine keeps in memory.
 
-Today every weight is a dense tensor; the 4-bit packed format and its Triton GEMV/GEMM will be
-dispatched here, so the model code calls `linear()` and never looks at the format.
+A weight is a dense tensor, an `Int4Weight` (dequantized per call by the plain-torch path; a
+Triton W4A16 kernel will read it packed), or a tuple of those whose outputs are concatenated (a
+fused projection whose parts could not be concatenated, e.g. one quantized and one not). The
+model calls `linear()` and never looks at the format.
 """
 
 from __future__ import annotations
@@ -9,6 +11,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from flashdesk.kernels.int4 import Int4Weight
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+
+def linear(x: torch.Tensor, weight) -> torch.Tensor:
+    if isinstance(weight, tuple):
+        return torch.cat([linear(x, part) for part in weight], dim=-1)
+    if isinstance(weight, Int4Weight):
+        return F.linear(x, weight.dequantize(x.dtype))
     return F.linear(x, weight)
+
+
+def concat_rows(parts: list):
+    """Stack weights along the output dimension, keeping their format when the parts agree."""
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat(parts)
+    if all(isinstance(p, Int4Weight) for p in parts) and len({(p.group_size, p.zero is None) for p in parts}) == 1:
+        zero = None if parts[0].zero is None else torch.cat([p.zero for p in parts], dim=-2)
+        return Int4Weight(torch.cat([p.packed for p in parts], dim=-2), torch.cat([p.scale for p in parts], dim=-2),
+                          zero, parts[0].group_size)
+    return tuple(parts)

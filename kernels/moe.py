@@ -12,6 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from flashdesk.kernels.int4 import as_dense
+from flashdesk.kernels.linear import linear
+
 
 def moe_reference(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_idx: torch.Tensor,
                   top_w: torch.Tensor) -> torch.Tensor:
@@ -19,7 +22,7 @@ def moe_reference(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, to
     out = torch.zeros_like(x)
     flat_idx = top_idx.reshape(-1)
     order = torch.argsort(flat_idx, stable=True)
-    counts = torch.bincount(flat_idx, minlength=gate_up.shape[0]).tolist()
+    counts = torch.bincount(flat_idx, minlength=gate_up.shape[0]).tolist()  # one host sync per call
     token_of = order // top_idx.shape[1]
     weight_of = top_w.reshape(-1)[order]
     begin = 0
@@ -27,8 +30,8 @@ def moe_reference(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, to
         if count == 0:
             continue
         rows = token_of[begin:begin + count]
-        gate, up = F.linear(x[rows], gate_up[expert]).chunk(2, dim=-1)
-        y = F.linear(F.gelu(gate, approximate="tanh") * up, down[expert])
+        gate, up = linear(x[rows], gate_up[expert]).chunk(2, dim=-1)
+        y = linear(F.gelu(gate, approximate="tanh") * up, down[expert])
         out.index_add_(0, rows, (y * weight_of[begin:begin + count, None]).to(out.dtype))
         begin += count
     return out
@@ -43,14 +46,14 @@ def moe_gathered(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top
     t, k = top_idx.shape
     flat = top_idx.reshape(-1)
     rows = x.repeat_interleave(k, dim=0).unsqueeze(-1)  # [T*K, D, 1]
-    gate, up = torch.bmm(gate_up[flat], rows).squeeze(-1).chunk(2, dim=-1)
-    y = torch.bmm(down[flat], (F.gelu(gate, approximate="tanh") * up).unsqueeze(-1)).squeeze(-1)
+    gate, up = torch.bmm(as_dense(gate_up[flat], x.dtype), rows).squeeze(-1).chunk(2, dim=-1)
+    y = torch.bmm(as_dense(down[flat], x.dtype), (F.gelu(gate, approximate="tanh") * up).unsqueeze(-1)).squeeze(-1)
     return (y.view(t, k, -1) * top_w.unsqueeze(-1)).sum(dim=1).to(x.dtype)
 
 
 def moe(x, gate_up, down, top_idx, top_w):
     """Dispatcher: gathered for small weight volumes, the per-expert loop otherwise."""
-    per_pair = (gate_up[0].numel() + down[0].numel()) * gate_up.element_size()
+    per_pair = (gate_up.shape[1] * gate_up.shape[2] + down.shape[1] * down.shape[2]) * x.element_size()
     if top_idx.numel() * per_pair <= GATHER_LIMIT_BYTES:
         return moe_gathered(x, gate_up, down, top_idx, top_w)
     return moe_reference(x, gate_up, down, top_idx, top_w)
