@@ -17,101 +17,17 @@ from pathlib import Path
 
 import torch
 
-from flashdesk.engine.config import Gemma4Config, load_config
+from flashdesk.engine.config import DraftConfig, Gemma4Config, check_pair, load_config, load_draft_config, read_json
+from flashdesk.engine.drafter import draft_expected_shapes
 from flashdesk.engine.errors import FlashDeskError
-from flashdesk.engine.kv_cache import FP8, STORAGE_DTYPES
-from flashdesk.engine.speculative import PREFILL_CHUNK
+from flashdesk.engine.memory_plan import (GPU_KV_DTYPE, MemoryPlan, drafter_weight_bytes, format_bytes,
+                                          int4_weight_bytes, kv_cache_bytes, loaded_weight_bytes, longest_context,
+                                          plan_memory, planned_weight_bytes)
+from flashdesk.engine.quant import parse_quant_config, plan
 from flashdesk.engine.weights import (DTYPE_SIZES, TOWER_PREFIXES, checkpoint_files, expected_shapes,
                                       read_header, scan_checkpoint, validate)
 
 DEFAULT_CONTEXT = 32768
-GPU_KV_DTYPE = "fp8"  # what `--kv-dtype auto` picks on CUDA
-# CUDA context, allocator caching/fragmentation, logits, MLP/MoE activations of a prefill chunk
-WORKSPACE_FIXED_BYTES = 1 << 30
-# Peak of the plain-torch attention (kernels/attention.py) in fp32 score matrices [Hq, T, S]: the
-# scores and their softmax alive together, plus the bf16 copy of the probabilities.
-SCORE_MATRICES_AT_PEAK = 2.5
-
-
-def kv_cache_bytes(cfg: Gemma4Config, context: int, kv_dtype: str, slack: int = 16) -> int:
-    """Bytes `Gemma4.new_cache(context, kv_dtype, slack)` allocates, computed without allocating.
-
-    Full-attention layers hold `context` positions, sliding layers a ring of min(context, window +
-    slack); each position holds K and V of num_kv_heads x head_dim in the storage dtype, and for fp8
-    one fp32 scale per (position, KV head) for K and one for V.
-    """
-    if kv_dtype not in STORAGE_DTYPES:
-        raise ValueError(f"unknown KV storage dtype {kv_dtype!r}; choose from {', '.join(STORAGE_DTYPES)}")
-    dtype = STORAGE_DTYPES[kv_dtype]
-    element = dtype.itemsize
-    scale = 4 if dtype == FP8 else 0  # torch.float32 scales, one for K and one for V
-    total = 0
-    for layer in cfg.layers:
-        positions = min(context, cfg.sliding_window + slack) if layer.sliding else context
-        total += positions * 2 * layer.num_kv_heads * (layer.head_dim * element + scale)
-    return total
-
-
-def loaded_weight_bytes(cfg: Gemma4Config, dtype_bytes: int = 2) -> int:
-    """Bytes the text model holds on the device when loaded in a `dtype_bytes` dtype (bf16: 2).
-
-    The model keeps its norm weights in fp32 whatever the load dtype (gemma4.py), the rest as loaded.
-    """
-    total = 0
-    for name, shape in expected_shapes(cfg).items():
-        numel = 1
-        for dim in shape:
-            numel *= dim
-        total += numel * (4 if _is_norm(name) else dtype_bytes)
-    return total
-
-
-def _is_norm(name: str) -> bool:
-    return name.endswith("norm.weight") or "layernorm" in name
-
-
-def workspace_bytes(cfg: Gemma4Config, context: int, chunk: int = PREFILL_CHUNK) -> int:
-    """The activation/workspace allowance at `context` tokens, for bf16 compute.
-
-    A fixed 1 GiB, plus the attention of the last prefill chunk (`chunk` queries) over the keys it
-    sees: the plain-torch attention materializes [heads, chunk, keys] fp32 scores (about 2.5 such
-    matrices at its peak) and [chunk, keys] position deltas and masks (int64 + bool), and reads the
-    layer's K and V back dequantized (fp32, then bf16). On full layers the keys are the whole
-    context, so this term grows with it; a fused attention kernel would remove most of it.
-    """
-    chunk = max(1, min(chunk, context))
-    attn = 0
-    for layer in cfg.layers:
-        keys = min(context, cfg.sliding_window - 1 + chunk) if layer.sliding else context
-        scores = int(SCORE_MATRICES_AT_PEAK * cfg.num_heads * chunk * keys * 4) + chunk * keys * (8 + 2)
-        readback = 2 * keys * layer.num_kv_heads * layer.head_dim * (4 + 2)
-        attn = max(attn, scores + readback)
-    return WORKSPACE_FIXED_BYTES + attn
-
-
-def format_bytes(n: int | float) -> str:
-    """Human-readable binary size: 512 B, 3.5 KiB, 12.0 MiB, 47.02 GiB."""
-    if n < 1024:
-        return f"{int(n)} B"
-    for unit, div in (("KiB", 1024), ("MiB", 1024**2)):
-        if n < div * 1024:
-            return f"{n / div:.1f} {unit}"
-    return f"{n / 1024**3:.2f} GiB"
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Device memory at `context` tokens: bf16 weights + the KV cache + the workspace allowance."""
-
-    context: int
-    weight_bytes: int
-    kv_dtype: str
-    kv_bytes: int
-    workspace_bytes: int
-
-    @property
-    def total(self) -> int:
-        return self.weight_bytes + self.kv_bytes + self.workspace_bytes
 
 
 @dataclass
@@ -124,8 +40,9 @@ class CheckpointReport:
     tensors: int | None = None
     disk_bytes: int | None = None  # text-model tensors as stored (towers excluded)
     tower_bytes: int | None = None  # vision/audio towers as stored (never loaded)
-    loaded_bytes: int | None = None  # text model on the device in bf16
-    memory: MemoryEstimate | None = None
+    loaded_bytes: int | None = None  # text model on the device (bf16, int4 kept packed)
+    quantized: bool = False
+    memory: MemoryPlan | None = None
 
     @property
     def ok(self) -> bool:
@@ -141,8 +58,9 @@ class CheckpointReport:
         return [f"{label.ljust(width)}  {text}".rstrip() for label, text in self.rows]
 
 
-def inspect_checkpoint(model_dir: str | Path, context: int | None = None) -> CheckpointReport:
-    """Check a model folder as the loader would, and estimate its memory at `context` tokens."""
+def inspect_checkpoint(model_dir: str | Path, context: int | None = None,
+                       draft_dir: str | Path | None = None) -> CheckpointReport:
+    """Check a model folder (and a drafter) as the loader would, and plan memory at `context` tokens."""
     folder = Path(model_dir)
     report = CheckpointReport()
     context = DEFAULT_CONTEXT if context is None else int(context)
@@ -153,8 +71,9 @@ def inspect_checkpoint(model_dir: str | Path, context: int | None = None) -> Che
     if cfg is not None:
         _check_weights(folder, cfg, report)
     _check_tokenizer(folder, report)
+    draft = _check_drafter(Path(draft_dir), cfg, report) if draft_dir else None
     if cfg is not None:
-        _estimate_memory(cfg, context, report)
+        _estimate_memory(cfg, context, report, draft)
     return _verdict(report)
 
 
@@ -167,10 +86,11 @@ class CheckpointLines(list):
         self.problems = list(problems)
 
 
-def describe_checkpoint(model_dir: str | Path, context: int | None = None) -> list[str]:
-    """Human-readable lines for `flashdesk doctor --model DIR [--context N]`; `.problems` on the
-    returned list is empty when the folder holds a complete, supported checkpoint."""
-    report = inspect_checkpoint(model_dir, context)
+def describe_checkpoint(model_dir: str | Path, context: int | None = None,
+                        draft_dir: str | Path | None = None) -> list[str]:
+    """Human-readable lines for `flashdesk doctor --model DIR [--draft DIR] [--context N]`; `.problems`
+    on the returned list is empty when the folder holds a complete, supported checkpoint."""
+    report = inspect_checkpoint(model_dir, context, draft_dir)
     return CheckpointLines(report.lines, report.problems)
 
 
@@ -213,8 +133,10 @@ def _heads(layers) -> str:
 
 def _check_weights(folder: Path, cfg: Gemma4Config, report: CheckpointReport) -> None:
     try:
+        quant = parse_quant_config(read_json(folder / "config.json", "model config"))
         entries = scan_checkpoint(folder)
-        validate(entries, expected_shapes(cfg))
+        specs, packed = plan(expected_shapes(cfg), entries, quant)
+        validate(entries, specs)
         files = checkpoint_files(folder)
         towers = [e for path in files for name, e in read_header(path).items() if name.startswith(TOWER_PREFIXES)]
     except Exception as exc:  # noqa: BLE001 - the loader's message becomes a problem line
@@ -223,10 +145,12 @@ def _check_weights(folder: Path, cfg: Gemma4Config, report: CheckpointReport) ->
     report.tensors = len(entries)
     report.disk_bytes = sum(_stored_bytes(e) for e in entries.values())
     report.tower_bytes = sum(_stored_bytes(e) for e in towers)
-    report.loaded_bytes = loaded_weight_bytes(cfg)
+    report.loaded_bytes = planned_weight_bytes(specs, packed)
+    report.quantized = bool(packed)
     dtypes = "+".join(sorted({e.dtype.lower() for e in entries.values()}))
+    form = f"int4 ({len(packed)} packed modules, kept packed) + bf16" if packed else "bf16"
     text = (f"complete: {len(entries)} tensors in {len(files)} file(s); {format_bytes(report.disk_bytes)} "
-            f"on disk ({dtypes}), {format_bytes(report.loaded_bytes)} as bf16 on the GPU")
+            f"on disk ({dtypes}), {format_bytes(report.loaded_bytes)} as {form} on the GPU")
     report.rows.append(("weights", text))
     if towers:
         report.rows.append(("", f"vision/audio towers: {len(towers)} tensors, "
@@ -266,7 +190,22 @@ def _check_tokenizer(folder: Path, report: CheckpointReport) -> None:
     report.rows.append(("tokenizer", f"{' + '.join(files)}; {chat}"))
 
 
-def _estimate_memory(cfg: Gemma4Config, context: int, report: CheckpointReport) -> None:
+def _check_drafter(folder: Path, cfg: Gemma4Config | None, report: CheckpointReport) -> DraftConfig | None:
+    try:
+        draft = load_draft_config(folder)
+        if cfg is not None:
+            check_pair(cfg, draft, f"drafter {folder}")
+        validate(scan_checkpoint(folder), draft_expected_shapes(draft), "DFlash drafter")
+    except Exception as exc:  # noqa: BLE001 - the loader's message becomes a problem line
+        report.problem(_message(exc))
+        return None
+    report.rows.append(("drafter", f"DFlash, {draft.num_layers} layers, block {draft.block_size} (drafts up to "
+                                   f"{draft.block_size - 1}), taps target layers {list(draft.target_layer_ids)}; "
+                                   f"{format_bytes(drafter_weight_bytes(draft))} as bf16"))
+    return draft
+
+
+def _estimate_memory(cfg: Gemma4Config, context: int, report: CheckpointReport, draft: DraftConfig | None) -> None:
     if context < 1:
         report.problem(f"--context must be at least 1 token, got {context}")
         return
@@ -275,31 +214,33 @@ def _estimate_memory(cfg: Gemma4Config, context: int, report: CheckpointReport) 
         note = f" (the model's limit; {context} asked)"
         context = cfg.max_position_embeddings
     weights = report.loaded_bytes if report.loaded_bytes is not None else loaded_weight_bytes(cfg)
-    kv = kv_cache_bytes(cfg, context, GPU_KV_DTYPE)
-    kv_bf16 = kv_cache_bytes(cfg, context, "bfloat16")
-    work = workspace_bytes(cfg, context)
-    report.memory = MemoryEstimate(context, weights, GPU_KV_DTYPE, kv, work)
-    g = format_bytes
-    report.rows.append(("memory", f"{g(report.memory.total)} at {context} tokens{note}, bf16 weights, fp8 KV"))
-    report.rows.append(("", f"= weights {g(weights)} + KV {g(kv)} (bf16 KV: {g(kv_bf16)}) + workspace {g(work)}"))
-    report.rows.append(("", f"workspace: {g(WORKSPACE_FIXED_BYTES)} CUDA context, allocator, activations + "
-                            f"{g(work - WORKSPACE_FIXED_BYTES)} attention of a {min(PREFILL_CHUNK, context)}-token "
-                            "prefill chunk"))
-    fit = _gpu_fit(report.memory.total)
-    if fit:
-        report.rows.append(("GPU 0", fit))
+    memory = plan_memory(cfg, weights, context, GPU_KV_DTYPE, draft)
+    report.memory = memory
+    head, parts = memory.lines()
+    report.rows.append(("memory", f"{head}{note}, fp8 KV (bf16 KV: "
+                                  f"{format_bytes(kv_cache_bytes(cfg, context, 'bfloat16'))})"))
+    report.rows.append(("", parts))
+    if not report.quantized:
+        int4 = plan_memory(cfg, int4_weight_bytes(cfg), context, GPU_KV_DTYPE, draft)
+        report.rows.append(("", f"with --quantize int4: {format_bytes(int4.total)}"))
+    free = _gpu_free()
+    if free is not None:
+        free_bytes, total = free
+        fits = memory.total <= free_bytes
+        longest = longest_context(cfg, weights, GPU_KV_DTYPE, free_bytes, draft)
+        report.rows.append(("GPU 0", f"{'fits' if fits else 'does NOT fit'}: {format_bytes(memory.total)} needed, "
+                                     f"{format_bytes(free_bytes)} free of {format_bytes(total)}; longest context "
+                                     f"that fits: {longest} tokens"))
 
 
-def _gpu_fit(needed: int) -> str | None:
-    """Compare with GPU 0's free memory when torch sees one; None otherwise (never raises)."""
+def _gpu_free() -> tuple[int, int] | None:
+    """GPU 0's (free, total) bytes when torch sees one; None otherwise (never raises)."""
     try:
         if not torch.cuda.is_available():
             return None
-        free, total = torch.cuda.mem_get_info(0)
+        return torch.cuda.mem_get_info(0)
     except Exception:  # noqa: BLE001 - the estimate stands without this line
         return None
-    verdict = "fits" if needed <= free else "does NOT fit"
-    return f"{verdict}: {format_bytes(needed)} needed, {format_bytes(free)} free of {format_bytes(total)}"
 
 
 def _verdict(report: CheckpointReport) -> CheckpointReport:

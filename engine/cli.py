@@ -32,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     gen.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16", "float32", "fp8"])
     gen.add_argument("--context", type=int, help="context limit in tokens (default: the model's)")
+    gen.add_argument("--quantize", choices=["int4"], help="quantize a bf16 checkpoint to int4 while loading")
     gen.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
     gen.add_argument("--draft-length", type=int, help="tokens drafted per step, 1..block_size-1 (default: all)")
     gen.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
@@ -53,8 +54,36 @@ def _parser() -> argparse.ArgumentParser:
 
     doc = sub.add_parser("doctor", help="check this machine (and a model folder) for FlashDesk")
     doc.add_argument("--model", help="also check this checkpoint folder")
+    doc.add_argument("--draft", help="and this DFlash drafter folder (the memory plan includes it)")
     doc.add_argument("--context", type=int, default=32768, help="context for the memory estimate")
+
+    models = sub.add_parser("models", help="download, list and check the models (--model / --draft also "
+                            "accept a pulled Hub id)")
+    msub = models.add_subparsers(dest="models_command", required=True)
+    pull = msub.add_parser("pull", help="download into the Hugging Face cache and check the files")
+    pull.add_argument("repo_ids", nargs="*", metavar="REPO_ID",
+                      help="default: cyankiwi/gemma-4-26B-A4B-it-AWQ-4bit z-lab/gemma-4-26B-A4B-it-DFlash")
+    pull.add_argument("--force", action="store_true", help="re-download every file")
+    pull.add_argument("--yes", action="store_true", help="re-download damaged files without asking")
+    listing = msub.add_parser("list", help="the models present, each complete or incomplete (disk only)")
+    listing.add_argument("--json", action="store_true")
+    msub.add_parser("add", help="list a model folder of your own").add_argument("dir")
+    msub.add_parser("remove", help="forget an added model folder").add_argument("dir")
     return parser
+
+
+def _resolve_models(args) -> None:
+    """--model / --draft may name a pulled Hub id: replace it by its cached folder (disk only)."""
+    from flashdesk.engine.models import resolve_model_path
+
+    for attr in ("model", "draft"):
+        if getattr(args, attr, None):
+            try:
+                setattr(args, attr, str(resolve_model_path(getattr(args, attr))))
+            except FlashDeskError as exc:
+                if args.command != "doctor":
+                    raise
+                print(f"flashdesk doctor: {exc}", file=sys.stderr)  # doctor still prints its report
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -77,7 +106,8 @@ def run_generate(args) -> int:
     prompt_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     if (args.draft_length is not None or args.no_speculate) and not args.draft:
         raise ValueError("--draft-length and --no-speculate need --draft")
-    engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, args.context, args.draft)
+    engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, args.context, args.draft,
+                         args.quantize)
     control = None
     if engine.drafter is not None:
         longest = engine.drafter.max_draft_length
@@ -125,6 +155,11 @@ def run_generate(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "models":
+            from flashdesk.engine.models import run_models
+
+            return run_models(args)
+        _resolve_models(args)
         if args.command == "generate":
             return run_generate(args)
         if args.command == "bench":
@@ -133,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_bench(args)
         from flashdesk.engine.doctor import run_doctor
 
-        return run_doctor(args.model, args.context)
+        return run_doctor(args.model, args.context, args.draft)
     except (FlashDeskError, ValueError) as exc:
         print(f"flashdesk {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -184,30 +184,23 @@ def format_report(rows: list[Row]) -> str:
     return "\n".join(f"{label.ljust(width)}  {text}" for label, text in rows)
 
 
-def run_doctor(model_dir: str | None, context: int | None = None) -> int:
-    """Print the environment report and, given a model folder, the checkpoint check
-    (`describe_checkpoint(model_dir, context)`; `context` sizes the memory estimate).
+def run_doctor(model_dir: str | None, context: int | None = None, draft_dir: str | None = None) -> int:
+    """Print the environment report and, given a model folder (and a drafter), the checkpoint check
+    and memory plan at `context` tokens.
 
-    Returns 0, or 1 when the model check could not be done or found a problem (the lines it
-    returns carry a non-empty `problems` attribute)."""
+    Returns 0, or 1 when the model check found a problem (the returned lines carry `problems`)."""
+    from flashdesk.engine.checkpoint import describe_checkpoint
+
     print(format_report(environment_report()))
     if model_dir is None:
         return 0
     print()
-    print(f"Model: {model_dir}")
+    print(f"Model: {model_dir}" + (f"  Drafter: {draft_dir}" if draft_dir else ""))
     try:
-        from flashdesk.engine.checkpoint import describe_checkpoint
-    except ImportError as exc:
-        print(f"  model check unavailable in this version ({_err(exc)})")
-        return 1
-    try:
-        if context is None:
-            lines = describe_checkpoint(model_dir)
-        else:
-            lines = describe_checkpoint(model_dir, context)
+        lines = describe_checkpoint(model_dir, context, draft_dir)
     except Exception as exc:  # noqa: BLE001 - doctor reports, it does not crash
         print(f"  problem: {_err(exc)}")
         return 1
     for line in lines:
         print(f"  {line}")
-    return 1 if getattr(lines, "problems", None) else 0
+    return 1 if lines.problems else 0

@@ -14,9 +14,11 @@ from typing import Iterator
 import torch
 
 from flashdesk.engine.chat import ANSWER, ChannelSplitter, StopStrings, eos_ids, load_tokenizer
+from flashdesk.engine.config import load_config, load_draft_config
 from flashdesk.engine.errors import ContextOverflowError
 from flashdesk.engine.gemma4 import Gemma4
 from flashdesk.engine.drafter import Drafter
+from flashdesk.engine.memory_plan import context_that_fits
 from flashdesk.engine.sampling import SamplingParams
 from flashdesk.engine.speculative import Decoder, SpecControl, StepResult
 from flashdesk.engine.stats import SpecStats, StepRecord
@@ -106,12 +108,19 @@ class Engine:
              quantize: str | None = None) -> "Engine":
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
+        kv = resolve_kv_dtype(kv_dtype, dev, torch_dtype)
+        if dev.type == "cuda":  # refuse before loading a byte when it cannot fit; else pick the context
+            cfg = load_config(model_dir)
+            draft_cfg = load_draft_config(draft_dir) if draft_dir else None
+            free, _ = torch.cuda.mem_get_info(dev)
+            context_limit = context_that_fits(model_dir, cfg, draft_cfg, kv, context_limit, quantize, free,
+                                              torch_dtype.itemsize)
         model = Gemma4.from_pretrained(model_dir, dev, torch_dtype, quantize)
         drafter = Drafter.from_pretrained(draft_dir, model) if draft_dir else None
         tokenizer = load_tokenizer(model_dir) if _has_tokenizer(Path(model_dir)) else None
         eos = eos_ids(model_dir) or set(model.cfg.eos_token_ids)
         limit = min(context_limit or model.cfg.max_position_embeddings, model.cfg.max_position_embeddings)
-        return cls(model, tokenizer, eos, resolve_kv_dtype(kv_dtype, dev, torch_dtype), limit, drafter)
+        return cls(model, tokenizer, eos, kv, limit, drafter)
 
     def check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         if prompt_len == 0:

@@ -8,6 +8,16 @@ from __future__ import annotations
 
 import torch
 
+SCORE_BUDGET_BYTES = 256 << 20  # peak score memory of one attention call; longer blocks go in passes
+SCORE_MATRICES_AT_PEAK = 2.5  # fp32 scores and their softmax alive together, plus the cast probabilities
+MASK_BYTES_PER_ENTRY = 8 + 2  # int64 position deltas and the bool masks, per (query, key)
+
+
+def query_rows_per_pass(num_heads: int, keys: int) -> int:
+    """How many queries one pass takes so its [heads, rows, keys] scores stay within the budget."""
+    per_row = int(SCORE_MATRICES_AT_PEAK * num_heads * keys * 4) + keys * MASK_BYTES_PER_ENTRY
+    return max(1, SCORE_BUDGET_BYTES // per_row)
+
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
                         k_pos: torch.Tensor, window: int | None, scale: float, causal: bool = True) -> torch.Tensor:
@@ -18,6 +28,10 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos
     Scores and softmax in fp32; the probabilities are cast to v's dtype for the value product.
     """
     t, hq, d = q.shape
+    rows = query_rows_per_pass(hq, k.shape[0])
+    if t > rows:  # a long prefill chunk: bound the score memory, same result
+        return torch.cat([attention_reference(q[i:i + rows], k, v, q_pos[i:i + rows], k_pos, window, scale, causal)
+                          for i in range(0, t, rows)])
     hkv = k.shape[1]
     group = hq // hkv
     qg = q.view(t, hkv, group, d).permute(1, 2, 0, 3)  # [Hkv, G, T, D]

@@ -12,9 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from flashdesk.engine.checkpoint import (PREFILL_CHUNK, WORKSPACE_FIXED_BYTES, describe_checkpoint,
-                                         format_bytes, inspect_checkpoint, kv_cache_bytes,
-                                         loaded_weight_bytes, workspace_bytes)
+from flashdesk.engine.checkpoint import describe_checkpoint, inspect_checkpoint
+from flashdesk.engine.memory_plan import (WORKSPACE_FIXED_BYTES, format_bytes, kv_cache_bytes, loaded_weight_bytes,
+                                          workspace_bytes)
+from flashdesk.engine.speculative import PREFILL_CHUNK
 from flashdesk.engine.cli import main
 from flashdesk.engine.config import parse_config
 from flashdesk.engine.gemma4 import Gemma4
@@ -135,9 +136,13 @@ def test_loaded_weight_bytes_of_gemma4_26b(cfg_26b):
 
 
 def test_workspace_allowance_of_gemma4_26b(cfg_26b):
-    # the last 1024-token prefill chunk attending over 32768 keys on a full layer: 2.5 fp32 score
-    # matrices of 16 heads, int64 deltas + bool masks, and that layer's K and V read back (fp32 + bf16)
-    scores = int(2.5 * 16 * 1024 * 32768 * 4) + 1024 * 32768 * 10
+    # the last 1024-token prefill chunk attending over 32768 keys on a full layer, in passes of as
+    # many query rows as fit 256 MiB of scores: 2.5 fp32 score matrices of 16 heads per row plus its
+    # int64 deltas + bool masks (5,570,560 bytes a row -> 48 rows); that layer's K and V read back
+    per_row = int(2.5 * 16 * 32768 * 4) + 32768 * 10
+    rows = (256 << 20) // per_row
+    assert rows == 48
+    scores = rows * per_row
     readback = 2 * 32768 * 2 * 512 * 6
     assert workspace_bytes(cfg_26b, 32768) == WORKSPACE_FIXED_BYTES + scores + readback
     assert PREFILL_CHUNK == 1024
@@ -213,7 +218,7 @@ def test_doctor_reports_a_complete_checkpoint_with_its_numbers(ckpt, capsys):
                      f"vision/audio towers: {len(towers)} tensors",
                      "tokenizer.json + tokenizer_config.json; chat template in chat_template.jinja",
                      f"{format_bytes(mem.total)} at 1000 tokens",
-                     f"KV {format_bytes(mem.kv_bytes)}",
+                     f"KV (fp8) {format_bytes(mem.kv_bytes)}",
                      "verdict    ok"):
         assert expected in out, expected
     assert "problem" not in out

@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -194,37 +193,6 @@ def test_environment_report_without_torch(monkeypatch: pytest.MonkeyPatch) -> No
     rows = dict(doctor.environment_report())
     assert "not importable" in rows["torch"] and "libtorch_cpu" in rows["torch"]
     assert "CUDA" in rows
-
-
-def test_run_doctor_model_check(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from flashdesk.engine.doctor import run_doctor
-
-    assert run_doctor(None) == 0
-    out = capsys.readouterr().out
-    assert "torch" in out and "Model" not in out
-
-    # Without the checkpoint module: the check is reported as unavailable, not a traceback.
-    monkeypatch.setitem(sys.modules, "flashdesk.engine.checkpoint", None)
-    assert run_doctor(str(tmp_path)) == 1
-    assert "model check unavailable" in capsys.readouterr().out
-
-    # With one: its lines are printed.
-    fake = types.ModuleType("flashdesk.engine.checkpoint")
-    fake.describe_checkpoint = lambda d, context=4096: [f"folder {d}", f"context {context}"]  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "flashdesk.engine.checkpoint", fake)
-    assert run_doctor(str(tmp_path)) == 0
-    out = capsys.readouterr().out
-    assert f"folder {tmp_path}" in out and "context 4096" in out
-    assert run_doctor(str(tmp_path), 32768) == 0
-    assert "context 32768" in capsys.readouterr().out
-
-    # A checkpoint the check rejects: its message, exit code 1, no traceback.
-    def broken(d, context=4096):
-        raise ValueError("missing model-00002-of-00002.safetensors")
-
-    fake.describe_checkpoint = broken  # type: ignore[attr-defined]
-    assert run_doctor(str(tmp_path)) == 1
-    assert "missing model-00002-of-00002.safetensors" in capsys.readouterr().out
 
 
 # -- the window --------------------------------------------------------------------------------
