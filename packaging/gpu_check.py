@@ -1,0 +1,278 @@
+"""Everything GPU-side in one call: correctness on CUDA, then full-size timings and memory.
+
+For a session that is lent a GPU (one H200, torch 2.11, triton 3.6, no internet, minutes of time):
+    python packaging/gpu_check.py --out "$OUT"
+It needs no install: it puts the checkout on sys.path as the package `flashdesk`. Results go to
+$OUT/gpu_check.json and a summary to stdout; each section records its own failure and the rest go
+on. `--smoke` runs the same code on the CPU with small shapes, so the script is tested without a GPU.
+
+Sections:
+1. environment: torch, CUDA, GPU, triton.
+2. tiny model on the device vs the CPU (fp32 logits), bf16 and fp8 KV on the device, greedy output
+   with DFlash equal to without, int4 weights.
+3. full-size Gemma 4 26B-A4B (random int4 weights, bf16 embedding) + the full-size drafter (random):
+   memory held vs the memory plan, prefill speed, AR decode step, DFlash step at K = 4, 8, 15, for
+   fp8 and bf16 KV; speedup projected from the measured step times at acceptance lengths 1..8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def import_flashdesk():
+    """Make the checkout importable as `flashdesk` without installing it."""
+    try:
+        import flashdesk.engine  # noqa: F401
+        return
+    except ImportError:
+        pass
+    link_dir = Path(tempfile.mkdtemp())
+    (link_dir / "flashdesk").symlink_to(ROOT)
+    sys.path.insert(0, str(link_dir))
+
+
+REAL_TARGET = {  # google/gemma-4-26B-A4B-it text config (MODEL-SPEC.md section 1)
+    "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "vocab_size": 262144,
+    "hidden_size": 2816, "intermediate_size": 2112, "num_hidden_layers": 30, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 2,
+    "attention_k_eq_v": True, "sliding_window": 1024, "enable_moe_block": True, "num_experts": 128,
+    "top_k_experts": 8, "moe_intermediate_size": 704, "hidden_size_per_layer_input": 0,
+    "final_logit_softcapping": 30.0, "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
+    "eos_token_id": [1, 106]}
+REAL_DRAFTER = {
+    "architectures": ["DFlashDraftModel"], "hidden_size": 2816, "num_hidden_layers": 5, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 5632, "hidden_act": "silu",
+    "layer_types": ["sliding_attention"] * 4 + ["full_attention"], "sliding_window": 2048, "rope_theta": 1e6,
+    "vocab_size": 262144, "block_size": 16, "num_target_layers": 30, "final_logit_softcapping": 30.0,
+    "dflash_config": {"mask_token_id": 4, "target_layer_ids": [1, 6, 11, 17, 22, 27]}}
+SMOKE_TARGET = dict(REAL_TARGET, vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, global_head_dim=64,
+                    num_global_key_value_heads=1, sliding_window=16, num_experts=8, top_k_experts=2,
+                    moe_intermediate_size=32, max_position_embeddings=4096)
+SMOKE_DRAFTER = dict(REAL_DRAFTER, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, intermediate_size=96, layer_types=["sliding_attention", "full_attention"],
+                     sliding_window=8, vocab_size=512, num_target_layers=6,
+                     dflash_config={"mask_token_id": 4, "target_layer_ids": [1, 4]})
+
+
+def random_target(cfg, device, dtype, int4: bool, seed: int = 0):
+    """A Gemma4 with random weights straight on the device (no files): int4 where the real one is."""
+    import torch
+
+    from flashdesk.engine.gemma4 import Gemma4
+    from flashdesk.engine.weights import expected_shapes
+    from flashdesk.kernels.int4 import Int4Weight
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    weights = {}
+    for name, shape in expected_shapes(cfg).items():
+        norm = name.endswith(("norm.weight", "layer_scalar", "router.scale", "per_expert_scale"))
+        packable = not norm and not name.endswith(("embed_tokens.weight", "router.proj.weight")) and len(shape) >= 2
+        if int4 and packable and shape[-1] % 32 == 0:
+            packed = torch.randint(-2**31, 2**31 - 1, (*shape[:-1], shape[-1] // 8), device=device,
+                                   dtype=torch.int32, generator=gen)
+            scale = torch.full((*shape[:-1], shape[-1] // 32), 0.02 / 4, device=device, dtype=dtype)
+            weights[name] = Int4Weight(packed, scale, None, 32)
+        elif norm:
+            weights[name] = torch.ones(shape, device=device, dtype=dtype)
+        else:
+            weights[name] = (torch.randn(shape, device=device, dtype=torch.float32, generator=gen) * 0.02).to(dtype)
+    return Gemma4(cfg, weights, device, dtype)
+
+
+def random_drafter(dcfg, target, seed: int = 1):
+    import torch
+
+    from flashdesk.engine.drafter import Drafter, draft_expected_shapes
+
+    gen = torch.Generator(device=target.device).manual_seed(seed)
+    weights = {name: (torch.ones(shape, device=target.device) if name.endswith("norm.weight") else
+                      torch.randn(shape, device=target.device, generator=gen) * 0.02).to(target.dtype)
+               for name, shape in draft_expected_shapes(dcfg).items()}
+    return Drafter(dcfg, weights, target)
+
+
+def sync(device):
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def timed(device, fn, repeat: int):
+    fn()  # warm up
+    samples = []
+    for _ in range(repeat):
+        t0 = sync(device)
+        fn()
+        samples.append(sync(device) - t0)
+    return statistics.median(samples)
+
+
+def section_environment(device):
+    import torch
+
+    info = {"torch": torch.__version__, "device": str(device), "python": sys.version.split()[0]}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        free, total = torch.cuda.mem_get_info(device)
+        info.update(gpu=props.name, memory_gib=round(total / 2**30, 1), free_gib=round(free / 2**30, 1),
+                    capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda)
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError as exc:
+        info["triton"] = f"missing: {exc}"
+    return info
+
+
+def section_tiny_correctness(device, smoke: bool):
+    """The tiny model on the device against the same weights on the CPU, and exactness checks."""
+    import torch
+
+    from flashdesk.engine.config import parse_config, parse_draft_config
+    from flashdesk.engine.generation import Engine, FinishEvent, GenerationRequest
+    from flashdesk.engine.speculative import SpecControl
+
+    cfg, dcfg = parse_config(SMOKE_TARGET), parse_draft_config(SMOKE_DRAFTER)
+    out = {}
+    cpu = random_target(cfg, torch.device("cpu"), torch.float32, int4=False)
+    dev = random_target(cfg, torch.device("cpu"), torch.float32, int4=False)  # same seed, same weights
+    _move(dev, device)
+    ids = torch.randint(5, 512, (40,), generator=torch.Generator().manual_seed(0))
+    ref = cpu.forward(ids, cpu.new_cache(48, "float32")).logits
+    got = dev.forward(ids.to(device), dev.new_cache(48, "float32")).logits.cpu()
+    out["fp32_max_abs_logit_diff_vs_cpu"] = (got - ref).abs().max().item()
+    for kv in ("bfloat16", "fp8"):
+        logits = dev.forward(ids.to(device), dev.new_cache(48, kv)).logits.cpu()
+        out[f"{kv}_kv_max_abs_logit_diff"] = (logits - ref).abs().max().item()
+    drafter = random_drafter(dcfg, dev)
+    engine = Engine(dev, None, {1}, "fp8" if device.type == "cuda" else "float32", 4096, drafter)
+    prompt = ids[:12].tolist()
+
+    def tokens(control):
+        events = engine.generate(GenerationRequest(prompt, 48, ignore_eos=True), control)
+        return [e for e in events if isinstance(e, FinishEvent)][0].token_ids
+
+    plain = tokens(SpecControl(False))
+    out["dflash_greedy_equals_ar"] = all(tokens(SpecControl(True, k)) == plain for k in (1, 4, 15))
+    int4_dev = random_target(cfg, device, torch.float32, int4=True)
+    out["int4_logits_finite"] = bool(torch.isfinite(int4_dev.forward(ids.to(device), int4_dev.new_cache(48, "float32"))
+                                                    .logits).all())
+    ok = out["fp32_max_abs_logit_diff_vs_cpu"] < 1e-3 and out["dflash_greedy_equals_ar"] and out["int4_logits_finite"]
+    out["ok"] = ok
+    return out
+
+
+def _move(model, device):
+    """Move a model built on the CPU to the device (tests only: the engine loads straight to it)."""
+    import torch
+
+    def to(x):
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+
+    model.device = device
+    model.embed, model.final_norm, model.embed_scale = to(model.embed), to(model.final_norm), to(model.embed_scale)
+    model.inv_freq = {k: to(v) for k, v in model.inv_freq.items()}
+    for layer in model.layers:
+        for key, value in vars(layer).items():
+            if isinstance(value, torch.Tensor):
+                setattr(layer, key, to(value))
+        layer.norms = {k: to(v) for k, v in layer.norms.items()}
+
+
+def section_full_size(device, smoke: bool, kv_dtypes):
+    """Full-size shapes with random weights: memory against the plan, and step timings."""
+    import torch
+
+    from flashdesk.engine.config import parse_config, parse_draft_config
+    from flashdesk.engine.memory_plan import drafter_weight_bytes, int4_weight_bytes
+    from flashdesk.engine.speculative import Decoder, SpecControl
+    from flashdesk.engine.sampling import SamplingParams
+
+    cfg = parse_config(SMOKE_TARGET if smoke else REAL_TARGET)
+    dcfg = parse_draft_config(SMOKE_DRAFTER if smoke else REAL_DRAFTER)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    out = {}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    t0 = time.perf_counter()
+    target = random_target(cfg, device, dtype, int4=True)
+    drafter = random_drafter(dcfg, target)
+    out["build_seconds"] = round(time.perf_counter() - t0, 1)
+    if device.type == "cuda":
+        held = torch.cuda.memory_allocated(device) - base
+        planned = int4_weight_bytes(cfg, dtype_bytes=2) + drafter_weight_bytes(dcfg)
+        out["weights_held_gib"] = round(held / 2**30, 3)
+        out["weights_planned_gib"] = round(planned / 2**30, 3)
+    prompt_len = 64 if smoke else 1024
+    prompt = torch.randint(5, cfg.vocab_size, (prompt_len,)).tolist()
+    for kv in kv_dtypes:
+        row = {}
+        decoder = Decoder(target, drafter, prompt_len + 2048, kv, SamplingParams(), set())
+        t0 = sync(device)
+        decoder.prefill(prompt)
+        row["prefill_tokens_per_second"] = round(prompt_len / (sync(device) - t0), 1)
+        if device.type == "cuda":
+            row["peak_after_prefill_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+
+        def ar_step():
+            decoder.step(10**6, SpecControl(False))
+
+        row["ar_step_ms"] = round(1000 * timed(device, ar_step, 5 if smoke else 20), 3)
+        for k in (4, 8, 15):
+            def spec_step():
+                decoder.step(10**6, SpecControl(True, k))  # a random drafter: about 1 token per step
+
+            row[f"dflash_k{k}_step_ms"] = round(1000 * timed(device, spec_step, 3 if smoke else 10), 3)
+            row[f"dflash_k{k}_projected_speedup_at_tau"] = {
+                tau: round(tau * row["ar_step_ms"] / row[f"dflash_k{k}_step_ms"], 2) for tau in range(1, min(k + 2, 9))}
+        out[kv] = row
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--smoke", action="store_true", help="small shapes on the CPU (tests this script)")
+    args = parser.parse_args()
+    import_flashdesk()
+    import torch
+
+    device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+    smoke = args.smoke or device.type == "cpu"
+    results = {}
+    sections = [("environment", lambda: section_environment(device)),
+                ("tiny_correctness", lambda: section_tiny_correctness(device, smoke)),
+                ("full_size", lambda: section_full_size(device, smoke,
+                                                        ("float32",) if device.type == "cpu" else ("fp8", "bfloat16")))]
+    for name, run in sections:
+        t0 = time.perf_counter()
+        try:
+            results[name] = run()
+        except Exception as exc:  # noqa: BLE001 - record and go on to the next section
+            results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        results[name]["seconds"] = round(time.perf_counter() - t0, 1)
+        print(f"== {name}\n{json.dumps(results[name], indent=1)}", flush=True)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "gpu_check.json").write_text(json.dumps(results, indent=1))
+    failed = [name for name, r in results.items() if "error" in r or r.get("ok") is False]
+    print("FAILED: " + ", ".join(failed) if failed else "all sections ran")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
