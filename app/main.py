@@ -1,8 +1,7 @@
-"""The FlashDesk window.
+"""`flashdesk` with no arguments: the Qt application and its window.
 
-For now a placeholder: the engine is usable from the command line (`flashdesk generate`,
-`flashdesk doctor`), the chat window comes with the app issue. This module, like all of
-`flashdesk.app`, never imports torch: the engine runs in its own process.
+Like all of `flashdesk.app`, this never imports torch: the engine runs in its own process, which
+the window starts (`flashdesk.engine.worker`).
 """
 
 from __future__ import annotations
@@ -11,45 +10,14 @@ import os
 import signal
 import sys
 
-from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QApplication, QLabel, QMainWindow, QVBoxLayout, QWidget
+from PySide6.QtCore import QtMsgType, Qt, QTimer, qInstallMessageHandler
+from PySide6.QtGui import QGuiApplication, QIcon
+from PySide6.QtWidgets import QApplication
 
 from flashdesk import __version__
-
-APP_NAME = "FlashDesk"
-
-PLACEHOLDER_TEXT = (
-    "<h2>FlashDesk</h2>"
-    "<p>The engine is ready: use it from the command line for now.</p>"
-    "<pre>flashdesk generate --model DIR --prompt \"Hello\"\n"
-    "flashdesk doctor</pre>"
-    "<p>The chat window, with live speed, acceptance, VRAM and power, is coming.</p>"
-)
-
-
-class MainWindow(QMainWindow):
-    """Placeholder main window. Uses the platform's style and palette (Qt's defaults),
-    so it follows the system's light or dark theme."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.setWindowTitle(APP_NAME)
-        self.setObjectName("flashdeskMainWindow")
-
-        self.message = QLabel(PLACEHOLDER_TEXT)
-        self.message.setObjectName("placeholderMessage")
-        self.message.setTextFormat(Qt.TextFormat.RichText)
-        self.message.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.message.setWordWrap(True)
-        self.message.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-
-        central = QWidget(self)
-        layout = QVBoxLayout(central)
-        layout.setContentsMargins(32, 32, 32, 32)
-        layout.addWidget(self.message)
-        self.setCentralWidget(central)
-        self.statusBar().showMessage(f"FlashDesk {__version__}")
-        self.resize(720, 480)
+from flashdesk.app import paths, theme
+from flashdesk.app.main_window import APP_NAME, MainWindow
+from flashdesk.app.store import Store
 
 
 def _no_display() -> bool:
@@ -64,22 +32,37 @@ def _no_display() -> bool:
     )
 
 
+_QUIET = ("This plugin does not support propagateSizeHints()",)  # offscreen/Xvfb noise on every resize
+
+
+def _qt_messages(kind: QtMsgType, _context, text: str) -> None:
+    if text in _QUIET or kind == QtMsgType.QtDebugMsg:
+        return
+    print(f"Qt: {text}", file=sys.stderr)
+
+
 def application() -> QApplication:
-    """The process's QApplication, created on first use."""
+    """The process's QApplication, created on first use, themed to follow the system."""
     app = QApplication.instance()
     if app is None:
+        # HiDPI: Qt 6 scales by the screen's factor; pass fractional factors (1.25, 1.5) through
+        # instead of rounding them, so text is neither blurry nor too small.
+        QGuiApplication.setHighDpiScaleFactorRoundingPolicy(Qt.HighDpiScaleFactorRoundingPolicy.PassThrough)
         QApplication.setApplicationName(APP_NAME)
         QApplication.setApplicationDisplayName(APP_NAME)
         QApplication.setApplicationVersion(__version__)
         QApplication.setOrganizationName(APP_NAME)
         QApplication.setDesktopFileName("flashdesk")
+        qInstallMessageHandler(_qt_messages)
         app = QApplication(sys.argv[:1])
+        app.setWindowIcon(QIcon(str(paths.assets_dir() / "flashdesk.svg")))
+    theme.apply(app)
     return app  # type: ignore[return-value]
 
 
-def create_main_window() -> MainWindow:
+def create_main_window(store: Store | None = None) -> MainWindow:
     application()
-    return MainWindow()
+    return MainWindow(store or Store(paths.database_path()))
 
 
 def run_app() -> int:
@@ -93,7 +76,8 @@ def run_app() -> int:
         )
         return 2
     app = application()
-    window = MainWindow()
+    store = Store(paths.database_path())
+    window = MainWindow(store)
     window.show()
 
     # Ctrl+C in the terminal closes the app cleanly. Python runs signal handlers only when it
@@ -103,6 +87,7 @@ def run_app() -> int:
     def on_sigint(signum, frame) -> None:
         nonlocal interrupted
         interrupted = True
+        window.close()
         app.quit()
 
     previous = signal.signal(signal.SIGINT, on_sigint)
@@ -114,6 +99,8 @@ def run_app() -> int:
     finally:
         wake.stop()
         signal.signal(signal.SIGINT, previous)
+        window.shutdown()  # not close(): that would post a quit to whatever event loop runs next
+        store.close()
     return 130 if interrupted else code
 
 

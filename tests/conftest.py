@@ -5,8 +5,11 @@ This must happen before pytest-qt creates the QApplication.
 """
 
 import os
+import tempfile
 
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
+# The app's database and demo models go to a throwaway folder, never the user's data folder.
+os.environ.setdefault("FLASHDESK_DATA_DIR", tempfile.mkdtemp(prefix="flashdesk-test-data-"))
 
 
 import pytest  # noqa: E402

@@ -198,7 +198,7 @@ def test_environment_report_without_torch(monkeypatch: pytest.MonkeyPatch) -> No
 # -- the window --------------------------------------------------------------------------------
 
 
-def test_placeholder_window(qtbot) -> None:
+def test_main_window_opens_on_the_setup_page(qtbot) -> None:
     from flashdesk.app.main import create_main_window
 
     window = create_main_window()
@@ -206,9 +206,7 @@ def test_placeholder_window(qtbot) -> None:
     window.show()
     qtbot.waitExposed(window)
     assert window.windowTitle() == "FlashDesk"
-    assert window.isVisible()
-    text = window.message.text()
-    assert "command line" in text and "coming" in text
+    assert window.pages.currentIndex() == 0  # first run: the model setup page
 
 
 def test_run_app_event_loop(qtbot) -> None:

@@ -1,0 +1,234 @@
+"""The chat's logic: send, stream, stop, regenerate, edit and resend, and keep it all in the store.
+
+Why apart from the window: this is the part that must be right when things go wrong (the engine
+dies mid-reply, the user stops, an error comes back) and it is easier to see that when no widget
+code is mixed in. The reply is written to the store every SAVE_INTERVAL_MS while it streams, and at
+once when the engine dies, so what the user saw is what is kept.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Callable
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from flashdesk import protocol as p
+from flashdesk.app.engine_session import EngineSession
+from flashdesk.app.reply import Reply
+from flashdesk.app.settings_dialog import sampling_with_defaults
+from flashdesk.app.store import CANCELLED, COMPLETE, FAILED, INTERRUPTED, STREAMING, Conversation, Store
+
+SAVE_INTERVAL_MS = 400  # under the half second the store promises
+NEW_TITLE = "New conversation"
+TITLE_CHARS = 48
+
+
+class ChatController(QObject):
+    conversation_changed = Signal(object)  # Conversation (or None)
+    conversations_changed = Signal()
+    reply_started = Signal(object)  # the new assistant Message
+    reply_progress = Signal(object)  # Reply
+    reply_ended = Signal(object)  # the stored assistant Message
+    messages_removed = Signal(int)  # this message id and later ones left the conversation
+    message_added = Signal(object)  # a user Message
+    busy_changed = Signal(bool)
+    notice = Signal(str)
+
+    def __init__(self, store: Store, session: EngineSession, energy_mj: Callable[[], int | None] = lambda: None,
+                 parent: QObject | None = None):
+        super().__init__(parent)
+        self.store = store
+        self.session = session
+        self.energy_mj = energy_mj
+        self.conversation: Conversation | None = None
+        self.reply: Reply | None = None
+        self._save = QTimer(self)
+        self._save.setInterval(SAVE_INTERVAL_MS)
+        self._save.timeout.connect(self.save_reply)
+        session.started.connect(self._started)
+        session.steps.connect(self._steps)
+        session.finished.connect(self._finished)
+        session.error.connect(self._error)
+        session.died.connect(self._died)
+
+    @property
+    def busy(self) -> bool:
+        return self.reply is not None
+
+    # -- conversations --------------------------------------------------------------------------------
+
+    def open(self, conversation_id: int | None) -> None:
+        self.conversation = self.store.conversation(conversation_id) if conversation_id is not None else None
+        self.conversation_changed.emit(self.conversation)
+
+    def new_conversation(self) -> Conversation:
+        conv = self.store.create_conversation(NEW_TITLE)
+        self.conversations_changed.emit()
+        self.open(conv.id)
+        return conv
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        self.store.rename_conversation(conversation_id, title)
+        if self.conversation and self.conversation.id == conversation_id:
+            self.conversation.title = title
+            self.conversation_changed.emit(self.conversation)
+        self.conversations_changed.emit()
+
+    def delete(self, conversation_id: int) -> None:
+        if self.busy and self.conversation and self.conversation.id == conversation_id:
+            self.stop()
+            self._end(CANCELLED)
+        self.store.delete_conversation(conversation_id)
+        if self.conversation and self.conversation.id == conversation_id:
+            rest = self.store.conversations()
+            self.open(rest[0].id if rest else None)
+        self.conversations_changed.emit()
+
+    def update_settings(self, system_prompt: str, sampling: dict) -> None:
+        if self.conversation:
+            self.store.update_conversation(self.conversation.id, system_prompt, sampling)
+            self.conversation = self.store.conversation(self.conversation.id)
+            self.conversation_changed.emit(self.conversation)
+
+    def sampling(self) -> dict:
+        defaults = self.session.info.sampling_defaults if self.session.info else None
+        return sampling_with_defaults(self.conversation.sampling if self.conversation else None, defaults)
+
+    # -- sending --------------------------------------------------------------------------------------
+
+    def send(self, text: str) -> bool:
+        if self.busy or self.session.state != "ready":
+            return False
+        if self.conversation is None:
+            self.new_conversation()
+        conv = self.conversation
+        if conv.title == NEW_TITLE:
+            self.rename(conv.id, _title_from(text))
+        user = self.store.add_message(conv.id, "user", text)
+        self.message_added.emit(user)
+        self.conversations_changed.emit()
+        return self._generate()
+
+    def regenerate(self, message_id: int) -> bool:
+        """Write the reply `message_id` (and drop what followed it) again."""
+        if self.busy or self.conversation is None or self.session.state != "ready":
+            return False
+        self.store.delete_messages_from(self.conversation.id, message_id)
+        self.messages_removed.emit(message_id)
+        return self._generate()
+
+    def resend(self, message_id: int, text: str) -> bool:
+        """Replace user message `message_id` with `text`, drop everything after it, reply again."""
+        if self.busy or self.conversation is None or self.session.state != "ready":
+            return False
+        self.store.delete_messages_from(self.conversation.id, message_id)
+        self.messages_removed.emit(message_id)
+        user = self.store.add_message(self.conversation.id, "user", text)
+        self.message_added.emit(user)
+        return self._generate()
+
+    def _history(self) -> list[dict]:
+        conv = self.conversation
+        messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
+        for m in self.store.messages(conv.id):
+            if m.role in ("user", "assistant") and m.content.strip():
+                messages.append({"role": m.role, "content": m.content})
+        return messages
+
+    def _generate(self) -> bool:
+        history = self._history()
+        if not history or history[-1]["role"] != "user":
+            return False
+        s = self.sampling()
+        info = self.session.info
+        message = self.store.add_message(self.conversation.id, "assistant", "", STREAMING,
+                                         model=info.name if info else None)
+        rid = uuid.uuid4().hex[:12]
+        energy = self.energy_mj() if info and info.device.startswith("cuda") else None
+        self.reply = Reply(rid, message.id, time.monotonic(), energy)
+        request = p.Generate(rid, history, float(s["temperature"]), float(s["top_p"]), int(s["top_k"]), None,
+                             int(s["max_tokens"]), bool(s["thinking"]))
+        self.reply_started.emit(message)
+        self.busy_changed.emit(True)
+        if not self.session.generate(request):
+            self._end(FAILED, "the engine is not ready")
+            return False
+        self._save.start()
+        return True
+
+    def stop(self) -> None:
+        if self.reply is not None:
+            self.session.cancel(self.reply.request_id)
+
+    # -- engine events ---------------------------------------------------------------------------------
+
+    def _mine(self, request_id: str | None) -> bool:
+        return self.reply is not None and request_id == self.reply.request_id
+
+    def _started(self, msg: p.Started) -> None:
+        if self._mine(msg.request_id):
+            self.reply.prompt_tokens = msg.prompt_tokens
+
+    def _steps(self, steps: list) -> None:
+        if self.reply is None:
+            return
+        mine = [s for s in steps if s.request_id == self.reply.request_id]
+        if mine:
+            self.reply.add_steps(mine)
+            self.reply_progress.emit(self.reply)
+
+    def _finished(self, msg: p.Finished) -> None:
+        if not self._mine(msg.request_id):
+            return
+        info = self.session.info
+        self.reply.finish(msg, self.energy_mj() if info and info.device.startswith("cuda") else None)
+        self._end(CANCELLED if msg.reason == "cancelled" else COMPLETE)
+
+    def _error(self, msg: p.Error) -> None:
+        if self._mine(msg.request_id) or (self.reply is not None and msg.during == "generate"):
+            self._end(FAILED, msg.message)
+
+    def _died(self, reason: str) -> None:
+        if self.reply is not None:
+            self._end(INTERRUPTED, reason)
+
+    def save_reply(self) -> None:
+        """Write the reply as it stands (the streaming timer, and the end)."""
+        r = self.reply
+        if r is None:
+            return
+        self.store.update_message(r.message_id, content=r.text, thought=r.thought_text if r.thought else None,
+                                  thought_seconds=r.thought_seconds)
+        r.saved_at = time.monotonic()
+
+    def close(self) -> None:
+        """The window is closing: keep the reply as it stands, marked stopped."""
+        if self.reply is not None:
+            self.stop()
+            self._end(CANCELLED)
+
+    def _end(self, state: str, error: str | None = None) -> None:
+        r = self.reply
+        if r is None:
+            return
+        self._save.stop()
+        stats = r.stats()
+        if error:
+            stats["error"] = error
+        self.store.update_message(r.message_id, content=r.text, state=state,
+                                  thought=r.thought_text if r.thought else None, thought_seconds=r.thought_seconds,
+                                  stats=stats)
+        self.reply = None
+        message = self.store.message(r.message_id)
+        if message is not None:
+            self.store.touch(message.conversation_id)
+            self.reply_ended.emit(message)
+        self.busy_changed.emit(False)
+        self.conversations_changed.emit()
+
+
+def _title_from(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_CHARS else line[:TITLE_CHARS - 1].rstrip() + "…"

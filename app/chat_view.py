@@ -1,0 +1,104 @@
+"""The scrolling list of messages of the open conversation.
+
+It follows the end while a reply streams, unless the user scrolled up to read, in which case it
+stays where they are.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QVBoxLayout, QWidget
+
+from flashdesk.app.message_widget import MessageWidget
+from flashdesk.app.store import Message
+
+EMPTY_TEXT = "Write a message below and press Enter to send it (Shift+Enter for a new line)."
+
+
+class ChatView(QScrollArea):
+    edit_submitted = Signal(int, str)
+    regenerate_requested = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("chatView")
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.colour_by_origin = False
+        self.widgets: dict[int, MessageWidget] = {}
+        self._follow = True
+        inner = QWidget()
+        inner.setObjectName("chatInner")
+        self.column = QVBoxLayout(inner)
+        self.column.setContentsMargins(16, 12, 16, 12)
+        self.column.setSpacing(10)
+        self.empty = QLabel(EMPTY_TEXT)
+        self.empty.setObjectName("emptyHint")
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty.setWordWrap(True)
+        self.column.addWidget(self.empty)
+        self.column.addStretch(1)
+        self.setWidget(inner)
+        bar = self.verticalScrollBar()
+        bar.rangeChanged.connect(self._range_changed)
+        bar.valueChanged.connect(self._scrolled)
+
+    def set_messages(self, messages: list[Message]) -> None:
+        for widget in self.widgets.values():
+            widget.setParent(None)
+            widget.deleteLater()
+        self.widgets.clear()
+        for message in messages:
+            if message.role != "system":
+                self.add(message)
+        self._update_empty()
+        self._follow = True
+
+    def add(self, message: Message) -> MessageWidget:
+        if message.id in self.widgets:
+            return self.widgets[message.id]
+        widget = MessageWidget(message, self.colour_by_origin)
+        widget.edit_submitted.connect(self.edit_submitted)
+        widget.regenerate_requested.connect(self.regenerate_requested)
+        self.column.insertWidget(self.column.count() - 1, widget)
+        self.widgets[message.id] = widget
+        self._update_empty()
+        self._follow = True
+        return widget
+
+    def widget(self, message_id: int) -> MessageWidget | None:
+        return self.widgets.get(message_id)
+
+    def remove_from(self, message_id: int) -> None:
+        """Remove this message and every later one."""
+        for mid in [m for m in self.widgets if m >= message_id]:
+            widget = self.widgets.pop(mid)
+            widget.setParent(None)
+            widget.deleteLater()
+        self._update_empty()
+
+    def set_colour_by_origin(self, on: bool) -> None:
+        self.colour_by_origin = on
+        for widget in self.widgets.values():
+            widget.set_colour_by_origin(on)
+
+    def set_busy(self, busy: bool) -> None:
+        for widget in self.widgets.values():
+            widget.set_actions_enabled(not busy)
+
+    def refresh_style(self) -> None:
+        for widget in self.widgets.values():
+            widget.apply_style()
+            if not widget.streaming:
+                widget.show_message(widget.message)
+
+    def _update_empty(self) -> None:
+        self.empty.setVisible(not self.widgets)
+
+    def _range_changed(self, _low: int, high: int) -> None:
+        if self._follow:
+            self.verticalScrollBar().setValue(high)
+
+    def _scrolled(self, value: int) -> None:
+        self._follow = value >= self.verticalScrollBar().maximum() - 8

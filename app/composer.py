@@ -1,0 +1,92 @@
+"""The input at the bottom of the chat: Enter sends, Shift+Enter is a new line, one button that is
+Send while idle and Stop while a reply streams. Esc stops: here, and anywhere in the window through
+the window's shortcut."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QPushButton, QSizePolicy, QWidget
+
+
+class PromptEdit(QPlainTextEdit):
+    submitted = Signal()
+    escaped = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("prompt")
+        self.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
+        self.setTabChangesFocus(True)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.document().documentLayout().documentSizeChanged.connect(lambda _size: self._fit())
+        self._fit()
+
+    def keyPressEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        if event.key() == Qt.Key.Key_Escape:
+            self.escaped.emit()
+            return
+        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            self.submitted.emit()
+            return
+        if enter:  # Shift+Enter: a plain new line, not Qt's line separator
+            self.insertPlainText("\n")
+            return
+        super().keyPressEvent(event)
+
+    def _fit(self) -> None:
+        """Grow with the text from one line up to eight, then scroll."""
+        lines = max(1, min(8, int(self.document().size().height())))
+        line = self.fontMetrics().lineSpacing()
+        margins = self.contentsMargins().top() + self.contentsMargins().bottom()
+        self.setFixedHeight(lines * line + 2 * int(self.document().documentMargin()) + margins + 4)
+
+
+class Composer(QWidget):
+    send_requested = Signal(str)
+    stop_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.busy = False
+        self.edit = PromptEdit()
+        self.button = QPushButton("Send")
+        self.button.setObjectName("sendButton")
+        self.button.setDefault(False)
+        self.button.setAutoDefault(False)
+        self.button.setMinimumWidth(84)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(16, 6, 16, 12)
+        layout.addWidget(self.edit, 1)
+        layout.addWidget(self.button, 0, Qt.AlignmentFlag.AlignBottom)
+        self.edit.submitted.connect(self._submit)
+        self.edit.escaped.connect(lambda: self.stop_requested.emit() if self.busy else None)
+        self.button.clicked.connect(self._clicked)
+        self.can_send = True
+
+    def set_busy(self, busy: bool) -> None:
+        self.busy = busy
+        self.button.setText("Stop" if busy else "Send")
+        self.button.setToolTip("Stop the reply (Esc)" if busy else "Send (Enter)")
+        self._update()
+
+    def set_can_send(self, on: bool, why: str = "") -> None:
+        self.can_send = on
+        self.edit.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)" if on else why)
+        self._update()
+
+    def _update(self) -> None:
+        self.button.setEnabled(self.busy or self.can_send)
+
+    def _clicked(self) -> None:
+        if self.busy:
+            self.stop_requested.emit()
+        else:
+            self._submit()
+
+    def _submit(self) -> None:
+        text = self.edit.toPlainText().strip()
+        if self.busy or not self.can_send or not text:
+            return
+        self.edit.clear()
+        self.send_requested.emit(text)

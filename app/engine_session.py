@@ -1,0 +1,160 @@
+"""The app's view of the engine: one worker process, the model it has loaded, and how to restart it.
+
+Why apart from the worker client: the client only moves messages; this keeps the state the window
+shows (starting, loading, ready, stopped) and what to do again after a crash (start a new worker,
+load the same model with the same settings, restore the speculation settings). Requests made
+before the worker is up wait here until it says it is ready.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QObject, Signal
+
+from flashdesk import protocol as p
+from flashdesk.app.worker_client import WorkerClient
+
+STOPPED, STARTING, IDLE, LOADING, READY, DEAD = "stopped", "starting", "idle", "loading", "ready", "dead"
+
+
+class EngineSession(QObject):
+    state_changed = Signal(str)
+    ready = Signal(object)  # protocol.Ready (a new worker process is up)
+    load_progress = Signal(object)
+    loaded = Signal(object)  # protocol.Loaded
+    inspected = Signal(object)
+    demo_created = Signal(object)
+    started = Signal(object)
+    steps = Signal(list)
+    finished = Signal(object)
+    error = Signal(object)  # protocol.Error
+    died = Signal(str)
+
+    def __init__(self, parent: QObject | None = None, env: dict[str, str] | None = None):
+        super().__init__(parent)
+        self.client = WorkerClient(self, env)
+        self.state = STOPPED
+        self.info: p.Loaded | None = None
+        self.load_settings: dict | None = None
+        self.speculation: tuple[bool, int | None] = (True, None)
+        self.death: str | None = None
+        self._waiting: list = []
+        self.client.ready.connect(self._ready)
+        self.client.event.connect(self._event)
+        self.client.steps.connect(self.steps)
+        self.client.died.connect(self._died)
+
+    @property
+    def pid(self) -> int | None:
+        return self.client.pid
+
+    def _set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.state_changed.emit(state)
+
+    # -- requests -------------------------------------------------------------------------------------
+
+    def ensure_started(self) -> None:
+        if not self.client.running:
+            self.death = None
+            self._set_state(STARTING)
+            self.client.start()
+
+    def _send(self, msg) -> None:
+        self.ensure_started()
+        if self.client.is_ready:
+            self.client.send(msg)
+        else:
+            self._waiting.append(msg)
+
+    def inspect(self, target: str, draft: str | None, context: int | None) -> None:
+        self._send(p.Inspect(target, draft, context))
+
+    def create_demo(self, folder: str) -> None:
+        self._send(p.CreateDemo(folder))
+
+    def load(self, settings: dict) -> None:
+        self.load_settings = dict(settings)
+        self.info = None
+        self.ensure_started()
+        self._set_state(LOADING)
+        self._send(p.Load(settings["target"], settings.get("draft"), settings.get("device", "auto"),
+                          settings.get("dtype", "auto"), settings.get("kv_dtype", "auto"), settings.get("context")))
+
+    def restart(self) -> None:
+        """A new worker; the last model loaded again."""
+        self.client.stop(1000)
+        self._waiting.clear()
+        self.info = None
+        if self.load_settings:
+            self.load(self.load_settings)
+        else:
+            self.ensure_started()
+
+    def generate(self, msg: p.Generate) -> bool:
+        if self.state != READY:
+            return False
+        self._send(msg)
+        return True
+
+    def cancel(self, request_id: str) -> None:
+        if self.client.running:
+            self.client.send(p.Cancel(request_id))
+
+    def set_speculation(self, enabled: bool, draft_length: int | None) -> None:
+        self.speculation = (enabled, draft_length)
+        if self.client.is_ready:
+            self.client.send(p.SetSpeculation(enabled, draft_length))
+
+    def unload(self) -> None:
+        """Free the model's memory; the worker stays up (Loaded again with `restart` or setup)."""
+        if self.client.is_ready:
+            self.client.send(p.Unload())
+
+    def shutdown(self) -> None:
+        self._waiting.clear()
+        self.client.stop()
+        self._set_state(STOPPED)
+
+    # -- events ---------------------------------------------------------------------------------------
+
+    def _ready(self, msg: p.Ready) -> None:
+        if self.state == STARTING:
+            self._set_state(IDLE)
+        self.client.send(p.SetSpeculation(*self.speculation))
+        waiting, self._waiting = self._waiting, []
+        for request in waiting:
+            self.client.send(request)
+        self.ready.emit(msg)
+
+    def _event(self, msg) -> None:
+        if isinstance(msg, p.LoadProgress):
+            self.load_progress.emit(msg)
+        elif isinstance(msg, p.Loaded):
+            self.info = msg
+            self._set_state(READY)
+            self.client.send(p.SetSpeculation(*self.speculation))
+            self.loaded.emit(msg)
+        elif isinstance(msg, p.Inspected):
+            self.inspected.emit(msg)
+        elif isinstance(msg, p.DemoCreated):
+            self.demo_created.emit(msg)
+        elif isinstance(msg, p.Started):
+            self.started.emit(msg)
+        elif isinstance(msg, p.Finished):
+            self.finished.emit(msg)
+        elif isinstance(msg, p.Error):
+            if msg.during in ("load", "startup"):
+                self.info = None
+                self._set_state(IDLE)
+            self.error.emit(msg)
+        elif isinstance(msg, p.Unloaded):
+            self.info = None
+            self._set_state(IDLE)
+
+    def _died(self, reason: str) -> None:
+        self.death = reason
+        self.info = None
+        self._waiting.clear()
+        self._set_state(DEAD)
+        self.died.emit(reason)

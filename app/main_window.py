@@ -1,0 +1,465 @@
+"""The FlashDesk window: conversations on the left, the chat in the middle, speculation and
+telemetry on the right; the model setup page before a model is chosen.
+
+This module wires the parts together (store, engine session, chat controller, panels, menus and
+shortcuts); each part does its own job in its own module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QMessageBox, QProgressBar,
+                               QPushButton, QScrollArea, QSplitter, QStackedWidget, QVBoxLayout, QWidget)
+
+from flashdesk import protocol as p
+from flashdesk.app import export, paths
+from flashdesk.app.banner import Banner
+from flashdesk.app.chat_controller import ChatController
+from flashdesk.app.chat_view import ChatView
+from flashdesk.app.composer import Composer
+from flashdesk.app.conversation_list import ConversationList
+from flashdesk.app.engine_session import DEAD, IDLE, LOADING, READY, STARTING, EngineSession
+from flashdesk.app.settings_dialog import ConversationSettings
+from flashdesk.app.setup_page import SetupPage
+from flashdesk.app.spec_panel import SpecPanel
+from flashdesk.app.store import Store
+from flashdesk.app.telemetry import TelemetrySampler
+from flashdesk.app.telemetry_panel import TelemetryPanel
+
+APP_NAME = "FlashDesk"
+DEMO_NOTE = ("Demo model: a tiny random Gemma 4 and drafter on the CPU. The text is meaningless; the "
+             "speed, speculation and memory readouts are real.")
+ERROR_TITLES = {p.OUT_OF_MEMORY: "Out of memory", p.BAD_INPUT: "Not possible", p.CRASH: "Engine error"}
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, store: Store, session: EngineSession | None = None,
+                 sampler: TelemetrySampler | None = None):
+        super().__init__()
+        self.setObjectName("flashdeskMainWindow")
+        self.store = store
+        self._shown: int | None = None  # the conversation whose messages the chat view shows
+        self.session = session or EngineSession(self)
+        self.session.setParent(self)
+        self.sampler = sampler or TelemetrySampler(parent=self)
+        self.controller = ChatController(store, self.session, self.sampler.nvml.energy_mj, self)
+        self._build()
+        self._connect()
+        self._menus()
+        self.resize(1380, 860)
+
+        self.spec.colour.setChecked(bool(store.setting("colour_by_origin", False)))
+        spec = store.setting("speculation", {"enabled": True, "draft_length": None})
+        self.session.speculation = (bool(spec.get("enabled", True)), spec.get("draft_length"))
+        self.telemetry.set_gpu_available(self.sampler.gpu_available, self.sampler.problem)
+        self.sampler.start()
+        self.refresh_conversations()
+        recent = store.conversations()
+        self.controller.open(recent[0].id if recent else None)
+        self.notice_box: QMessageBox | None = None
+        if store.notice:  # shown on both pages: a banner over the chat, and a box that must be read
+            self.notice_banner.show_text(store.notice, kind="error")
+            self.notice_box = QMessageBox(QMessageBox.Icon.Warning, "FlashDesk: database moved aside", store.notice,
+                                          QMessageBox.StandardButton.Ok, self)
+            self.notice_box.setModal(False)
+            QTimer.singleShot(0, self.notice_box.show)
+        model = store.setting("model")
+        if model and model.get("target"):
+            self.setup.set_selection(model)
+            self.show_chat()
+            self.session.load(model)
+        else:
+            self.show_setup()
+
+    # -- building -------------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        self.setup = SetupPage()
+        setup_scroll = QScrollArea()
+        setup_scroll.setWidgetResizable(True)
+        setup_scroll.setWidget(self.setup)
+
+        self.conversations = ConversationList()
+        self.title_label = QLabel()
+        self.title_label.setObjectName("conversationTitle")
+        self.model_label = QLabel()
+        self.model_label.setObjectName("modelLabel")
+        self.settings_button = QPushButton("Settings…")
+        self.settings_button.setToolTip("System prompt and sampling of this conversation (Ctrl+,)")
+        header = QHBoxLayout()
+        header.setContentsMargins(16, 8, 16, 0)
+        header.addWidget(self.title_label, 1)
+        header.addWidget(self.model_label)
+        header.addWidget(self.settings_button)
+        self.demo_banner = Banner("demoBanner", closable=True)
+        self.crash_banner = Banner("crashBanner", closable=False)
+        self.notice_banner = Banner("noticeBanner")
+        self.chat = ChatView()
+        self.composer = Composer()
+        column = QVBoxLayout()
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(6)
+        column.addLayout(header)
+        for banner in (self.notice_banner, self.crash_banner, self.demo_banner):
+            wrap = QHBoxLayout()
+            wrap.setContentsMargins(16, 0, 16, 0)
+            wrap.addWidget(banner)
+            column.addLayout(wrap)
+        column.addWidget(self.chat, 1)
+        column.addWidget(self.composer)
+        middle = QWidget()
+        middle.setLayout(column)
+
+        self.spec = SpecPanel()
+        self.telemetry = TelemetryPanel()
+        side = QWidget()
+        side_layout = QVBoxLayout(side)
+        side_layout.setContentsMargins(4, 8, 10, 8)
+        side_layout.addWidget(self.spec)
+        side_layout.addWidget(self.telemetry)
+        side_layout.addStretch(1)
+        self.side = QScrollArea()
+        self.side.setObjectName("sidePanel")
+        self.side.setWidgetResizable(True)
+        self.side.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.side.setWidget(side)
+        self.side.setMinimumWidth(340)
+
+        self.splitter = QSplitter()
+        self.splitter.addWidget(self.conversations)
+        self.splitter.addWidget(middle)
+        self.splitter.addWidget(self.side)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([250, 760, 370])
+        self.splitter.setChildrenCollapsible(False)
+
+        self.pages = QStackedWidget()
+        self.pages.addWidget(setup_scroll)
+        self.pages.addWidget(self.splitter)
+        self.setCentralWidget(self.pages)
+
+        self.engine_label = QLabel()
+        self.engine_label.setObjectName("engineState")
+        self.load_bar = QProgressBar()
+        self.load_bar.setMaximumWidth(180)
+        self.load_bar.hide()
+        self.statusBar().addWidget(self.engine_label, 1)
+        self.statusBar().addPermanentWidget(self.load_bar)
+        self.esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.controller.stop)
+        self.esc.setEnabled(False)
+
+    def _connect(self) -> None:
+        s, c = self.session, self.controller
+        s.state_changed.connect(self._engine_state)
+        s.ready.connect(lambda _msg: setattr(self.sampler, "worker_pid", s.pid))
+        s.load_progress.connect(self._load_progress)
+        s.loaded.connect(self._loaded)
+        s.inspected.connect(lambda m: self.setup.show_plan(m.lines, m.problems))
+        s.inspected.connect(lambda _m: self.setup.set_busy(None))
+        s.demo_created.connect(self._demo_created)
+        s.error.connect(self._engine_error)
+        s.died.connect(self._died)
+        self.crash_banner.action.connect(self.restart_engine)
+
+        c.conversation_changed.connect(self._conversation_changed)
+        c.conversations_changed.connect(self.refresh_conversations)
+        c.message_added.connect(self.chat.add)
+        c.messages_removed.connect(self.chat.remove_from)
+        c.reply_started.connect(self.chat.add)
+        c.reply_progress.connect(self._reply_progress)
+        c.reply_ended.connect(self._reply_ended)
+        c.busy_changed.connect(self._busy)
+
+        self.conversations.selected.connect(c.open)
+        self.conversations.new_requested.connect(self.new_conversation)
+        self.conversations.renamed.connect(c.rename)
+        self.conversations.deleted.connect(c.delete)
+        self.conversations.search.textChanged.connect(lambda _t: self.refresh_conversations())
+        self.chat.edit_submitted.connect(c.resend)
+        self.chat.regenerate_requested.connect(c.regenerate)
+        self.composer.send_requested.connect(self.send)
+        self.composer.stop_requested.connect(c.stop)
+        self.settings_button.clicked.connect(self.edit_settings)
+
+        self.spec.speculation_changed.connect(self._speculation_changed)
+        self.spec.colour_changed.connect(self._colour_changed)
+        self.sampler.sampled.connect(self.telemetry.on_sample)
+
+        self.setup.check_requested.connect(self.check_model)
+        self.setup.load_requested.connect(self.load_model)
+        self.setup.demo_requested.connect(self.start_demo)
+        self.setup.cancel_requested.connect(self.show_chat)
+
+    def _menus(self) -> None:
+        def action(menu, text, slot, shortcut=None, name=None):
+            act = QAction(text, self)
+            if shortcut:
+                act.setShortcut(QKeySequence(shortcut))
+            act.triggered.connect(slot)
+            if name:
+                act.setObjectName(name)
+            menu.addAction(act)
+            return act
+
+        bar = self.menuBar()
+        file = bar.addMenu("&File")
+        action(file, "&New conversation", self.new_conversation, QKeySequence.StandardKey.New)
+        action(file, "Export as &Markdown…", lambda: self.export_dialog("md"), "Ctrl+E")
+        action(file, "Export as &JSON…", lambda: self.export_dialog("json"), "Ctrl+Shift+E")
+        file.addSeparator()
+        action(file, "&Model setup…", self.show_setup, "Ctrl+M")
+        file.addSeparator()
+        action(file, "&Quit", self.close, QKeySequence.StandardKey.Quit)
+        chat = bar.addMenu("&Chat")
+        action(chat, "Focus the &message box", lambda: self.composer.edit.setFocus(), "Ctrl+L")
+        action(chat, "&Search conversations", lambda: self.conversations.search.setFocus(), QKeySequence.StandardKey.Find)
+        action(chat, "&Rename conversation", self.conversations.rename_current, "F2")
+        action(chat, "Re&generate last reply", self.regenerate_last, "Ctrl+R")
+        action(chat, "&Stop", self.controller.stop)
+        action(chat, "Conversation se&ttings…", self.edit_settings, "Ctrl+,")
+        view = bar.addMenu("&View")
+        self.colour_action = action(view, "&Colour reply by origin", self.spec.colour.toggle, "Ctrl+Shift+O")
+        self.colour_action.setCheckable(True)
+        engine = bar.addMenu("&Engine")
+        action(engine, "&Restart engine", self.restart_engine, "Ctrl+Shift+R")
+        action(engine, "&Unload model (free its memory)", self.session.unload)
+
+    # -- pages and titles ------------------------------------------------------------------------------
+
+    def show_setup(self) -> None:
+        self.setup.set_can_go_back(self.session.state in (READY, LOADING))
+        self.pages.setCurrentIndex(0)
+        self.setWindowTitle(APP_NAME)
+        self.setup.target.setFocus()
+
+    def show_chat(self) -> None:
+        self.pages.setCurrentIndex(1)
+        self._update_title()
+        self.composer.edit.setFocus()
+
+    def _update_title(self) -> None:
+        conv = self.controller.conversation
+        title = conv.title if conv else "New conversation"
+        self.title_label.setText(f"<b>{title}</b>")
+        if self.pages.currentIndex() == 1:
+            self.setWindowTitle(f"{APP_NAME} — {title}")
+
+    def refresh_conversations(self) -> None:
+        conv = self.controller.conversation
+        self.conversations.fill(self.store.conversations(self.conversations.search.text()), conv.id if conv else None)
+
+    def _conversation_changed(self, conv) -> None:
+        same = conv is not None and conv.id == self._shown
+        self._shown = conv.id if conv else None
+        self.refresh_conversations()
+        self._update_title()
+        if same:  # renamed or new settings: the messages on screen are current
+            return
+        messages = self.store.messages(conv.id) if conv else []
+        self.chat.set_messages(messages)
+        reply = self.controller.reply
+        if reply is not None and self.chat.widget(reply.message_id):
+            self.chat.widget(reply.message_id).streaming = True
+        self.chat.set_busy(self.controller.busy)
+        last = next((m for m in reversed(messages) if m.role == "assistant" and m.stats), None)
+        if not self.controller.busy:
+            self.spec.show_stats(last.stats if last else None,
+                                 "Last reply of this conversation." if last else "No reply yet.")
+            self.telemetry.show_reply(last.stats if last else None)
+
+    # -- model setup ------------------------------------------------------------------------------------
+
+    def check_model(self, sel: dict) -> None:
+        if not sel["target"]:
+            self.setup.show_error("Choose the model folder first.")
+            return
+        self.setup.set_busy("Checking the folders…")
+        self.session.inspect(sel["target"], sel["draft"], sel["context"])
+
+    def load_model(self, sel: dict) -> None:
+        if not sel["target"]:
+            self.setup.show_error("Choose the model folder first.")
+            return
+        self.store.set_setting("model", sel)
+        self.session.load(sel)
+        self.show_chat()
+
+    def start_demo(self) -> None:
+        self.setup.set_busy("Creating the demo model…")
+        self.session.create_demo(str(paths.demo_dir()))
+
+    def _demo_created(self, msg: p.DemoCreated) -> None:
+        self.setup.set_busy(None)
+        sel = {"target": msg.target, "draft": msg.draft, "device": "cpu", "context": 4096,
+               "kv_dtype": "auto", "dtype": "auto", "demo": True}
+        self.setup.set_selection(sel)
+        self.load_model(sel)
+
+    def _load_progress(self, msg: p.LoadProgress) -> None:
+        self.engine_label.setText(f"Loading: {msg.text}")
+        self.setup.set_busy(msg.text, msg.fraction)
+        self.load_bar.setVisible(msg.fraction < 1)
+        if msg.fraction < 0:
+            self.load_bar.setRange(0, 0)
+        else:
+            self.load_bar.setRange(0, 100)
+            self.load_bar.setValue(int(msg.fraction * 100))
+
+    def _loaded(self, info: p.Loaded) -> None:
+        self.setup.set_busy(None)
+        self.load_bar.hide()
+        demo = bool((self.session.load_settings or {}).get("demo"))
+        name = "Demo model" if demo else info.name
+        where = info.device_name if info.device.startswith("cuda") else "CPU"
+        self.model_label.setText(f"{name}{' + DFlash' if info.block_size else ''} · {where}")
+        self.model_label.setToolTip(f"{info.target}\n{info.draft or 'no drafter'}\n{info.dtype}, KV {info.kv_dtype}, "
+                                    f"context {info.context_limit} tokens, loaded in {info.seconds:.1f} s")
+        self.engine_label.setText(f"{name} ready on {where} · context {info.context_limit} tokens")
+        if demo:
+            self.demo_banner.show_text(DEMO_NOTE)
+        else:
+            self.demo_banner.hide()
+        enabled, length = self.session.speculation
+        self.spec.set_block_size(info.block_size, enabled, length)
+        self.sampler.nvml.bind(info.device_uuid)
+        self.crash_banner.hide()
+        self.composer.set_can_send(True)
+
+    def _engine_state(self, state: str) -> None:
+        texts = {STARTING: "Starting the engine…", LOADING: "Loading the model…", DEAD: "The engine stopped.",
+                 IDLE: "No model loaded: Engine → Restart engine loads it again, File → Model setup picks another."}
+        if state in texts:
+            self.engine_label.setText(texts[state])
+        if state != READY:
+            reason = {STARTING: "Starting the engine…", LOADING: "Loading the model…",
+                      DEAD: "The engine stopped: restart it above."}.get(state, "No model loaded (File → Model setup)")
+            self.composer.set_can_send(False, reason)
+
+    def _engine_error(self, err: p.Error) -> None:
+        title = ERROR_TITLES.get(err.kind, "Error")
+        if err.during in ("load", "inspect", "demo", "startup"):
+            self.load_bar.hide()
+            self.engine_label.setText(f"{title}: {err.message}")
+            self.setup.show_error(f"{title}: {err.message}")
+            if err.during == "load":
+                self.show_setup()
+            return
+        text = f"<b>{title}.</b> {err.message}"
+        if err.kind == p.OUT_OF_MEMORY:
+            text += " Shorten the conversation, lower max tokens or the context, then try again."
+        self.crash_banner.show_text(text, "Restart engine" if err.kind == p.CRASH else None, "error")
+        self.crash_banner.close_button.setVisible(err.kind != p.CRASH)
+
+    def _died(self, reason: str) -> None:
+        self.load_bar.hide()
+        self.crash_banner.show_text(f"<b>The engine stopped.</b> {reason} Your conversation is kept, up to the last "
+                                    "token received.", "Restart engine", "error")
+        self.crash_banner.close_button.setVisible(False)
+
+    def restart_engine(self) -> None:
+        self.crash_banner.hide()
+        self.session.restart()
+
+    # -- chat ----------------------------------------------------------------------------------------------
+
+    def new_conversation(self) -> None:
+        self.controller.new_conversation()
+        self.show_chat()
+
+    def send(self, text: str) -> None:
+        if not self.controller.send(text):
+            self.composer.edit.setPlainText(text)
+
+    def regenerate_last(self) -> None:
+        if self.controller.conversation is None:
+            return
+        messages = self.store.messages(self.controller.conversation.id)
+        last = next((m for m in reversed(messages) if m.role == "assistant"), None)
+        if last is not None:
+            self.controller.regenerate(last.id)
+
+    def _busy(self, busy: bool) -> None:
+        self.composer.set_busy(busy)
+        self.chat.set_busy(busy)
+        self.esc.setEnabled(busy)
+        if not busy:
+            self.telemetry.set_live(None)
+
+    def _reply_progress(self, reply) -> None:
+        widget = self.chat.widget(reply.message_id)
+        if widget is not None:
+            thinking = bool(reply.thought) and not reply.answer
+            widget.show_stream(reply.text, reply.thought_text, reply.thought_seconds, reply.origins, thinking)
+        self.telemetry.set_live(reply.live_tokens_per_second())
+        stats = reply.stats()
+        self.telemetry.show_reply(stats)
+        self.spec.show_stats(reply.spec, "This reply, live.")
+
+    def _reply_ended(self, message) -> None:
+        widget = self.chat.widget(message.id)
+        if widget is not None:
+            widget.show_message(message)
+        self.spec.show_stats(message.stats, "Last reply of this conversation.")
+        self.telemetry.show_reply(message.stats)
+
+    def edit_settings(self) -> None:
+        if self.controller.conversation is None:
+            self.controller.new_conversation()
+        conv = self.controller.conversation
+        dialog = ConversationSettings(conv.title, conv.system_prompt, self.controller.sampling(), self)
+        dialog.accepted.connect(lambda: self.controller.update_settings(*dialog.result_values()))
+        dialog.open()
+        self.settings_dialog = dialog
+
+    def _speculation_changed(self, enabled: bool, length: int) -> None:
+        self.session.set_speculation(enabled, length)
+        self.store.set_setting("speculation", {"enabled": enabled, "draft_length": length})
+
+    def _colour_changed(self, on: bool) -> None:
+        self.chat.set_colour_by_origin(on)
+        self.colour_action.setChecked(on)
+        self.store.set_setting("colour_by_origin", on)
+
+    # -- export -------------------------------------------------------------------------------------------
+
+    def export_dialog(self, kind: str) -> None:
+        conv = self.controller.conversation
+        if conv is None:
+            return
+        suffix = ".md" if kind == "md" else ".json"
+        name = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip() or "conversation"
+        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", str(Path.home() / (name + suffix)),
+                                              "Markdown (*.md)" if kind == "md" else "JSON (*.json)")
+        if path:
+            self.export_to(Path(path), kind)
+
+    def export_to(self, path: Path, kind: str) -> None:
+        conv = self.controller.conversation
+        messages = self.store.messages(conv.id)
+        text = export.to_markdown(conv, messages) if kind == "md" else export.to_json(conv, messages)
+        Path(path).write_text(text, encoding="utf-8")
+        self.statusBar().showMessage(f"Exported to {path}", 5000)
+
+    # -- theme and closing -----------------------------------------------------------------------------------
+
+    def changeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(event)
+        if event.type() == event.Type.PaletteChange and hasattr(self, "chat"):
+            self.chat.refresh_style()
+            self.spec.apply_theme()
+            self.telemetry.apply_theme()
+            for banner in (self.demo_banner, self.crash_banner, self.notice_banner):
+                banner.apply_theme()
+
+    def shutdown(self) -> None:
+        """Keep the reply as it stands, stop sampling, end the engine process. Idempotent."""
+        self.controller.close()
+        self.sampler.stop()
+        self.session.shutdown()
+
+    def closeEvent(self, event) -> None:  # noqa: N802
+        self.shutdown()
+        super().closeEvent(event)

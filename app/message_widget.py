@@ -1,0 +1,287 @@
+"""One message in the chat: who, the thought (collapsible, with its duration), the body, the footer.
+
+The body is a QTextBrowser that grows to its text (the chat view scrolls, not each message), shows
+Markdown with a copy link above each code block, or, with "colour by origin" on, the raw text with
+the characters of accepted draft tokens highlighted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from PySide6.QtCore import QSize, Qt, QUrl, Signal
+from PySide6.QtGui import QColor, QDesktopServices, QGuiApplication, QTextCursor, QTextDocument, QTextFormat
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy,
+                               QTextBrowser, QToolButton, QVBoxLayout, QWidget)
+
+from flashdesk.app import theme
+from flashdesk.app.markdown import COPY_SCHEME, origin_html, with_copy_links
+from flashdesk.app.reply import footer_text
+from flashdesk.app.store import CANCELLED, FAILED, INTERRUPTED, STREAMING, Message
+
+ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
+STATE_TEXT = {
+    CANCELLED: "Stopped.",
+    INTERRUPTED: "Interrupted: the engine stopped before this reply was finished. What arrived is kept.",
+    FAILED: "This reply failed.",
+}
+
+
+class TextBlock(QTextBrowser):
+    """A read-only text as tall as its content, with `copy:N` links that copy code block N."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.code: list[str] = []
+        self.setOpenLinks(False)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
+        self.setStyleSheet("QTextBrowser { background: transparent; }")
+        self.document().setDocumentMargin(2)
+        self.document().documentLayout().documentSizeChanged.connect(lambda _size: self._fit())
+        self.anchorClicked.connect(self._anchor)
+
+    def set_markdown(self, text: str) -> None:
+        markdown, self.code = with_copy_links(text)
+        self.document().setMarkdown(markdown, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+        self._style_code()
+        self._fit()
+
+    def set_origin_text(self, text: str, origins: list[list]) -> None:
+        self.code = []
+        c = theme.colors()
+        self.setHtml(origin_html(text, origins, c["draft_bg"], c["draft_fg"]))
+        self._fit()
+
+    def _style_code(self) -> None:
+        """Code blocks: a tinted background, and long lines wrap instead of running off the edge."""
+        doc = self.document()
+        block = doc.begin()
+        background = QColor(theme.colors()["code_bg"])
+        while block.isValid():
+            fmt = block.blockFormat()
+            if fmt.hasProperty(QTextFormat.Property.BlockCodeFence) or fmt.nonBreakableLines():
+                fmt.setBackground(background)
+                fmt.setNonBreakableLines(False)
+                cursor = QTextCursor(block)
+                cursor.setBlockFormat(fmt)
+            block = block.next()
+
+    def _anchor(self, url: QUrl) -> None:
+        if url.scheme() == COPY_SCHEME:
+            try:
+                QGuiApplication.clipboard().setText(self.code[int(url.path())])
+            except (ValueError, IndexError):
+                pass
+        elif url.scheme() in ("http", "https", "mailto"):
+            QDesktopServices.openUrl(url)
+
+    def _fit(self) -> None:
+        self.document().setTextWidth(self.viewport().width())
+        height = math.ceil(self.document().size().height()) + 2 * self.frameWidth()
+        if self.height() != height:
+            self.setFixedHeight(height)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        self._fit()
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        return QSize(400, self.height())
+
+
+class MessageWidget(QFrame):
+    edit_submitted = Signal(int, str)  # message id, new text
+    regenerate_requested = Signal(int)  # message id
+
+    def __init__(self, message: Message, colour_by_origin: bool = False, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.message = message
+        self.colour_by_origin = colour_by_origin
+        self.thought_open = False
+        self.streaming = False
+        self._origins: list[list] = []
+        self.setObjectName("userMessage" if message.role == "user" else "assistantMessage")
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 8, 12, 8)
+        layout.setSpacing(4)
+
+        header = QHBoxLayout()
+        self.role = QLabel(f"<b>{ROLE_NAMES.get(message.role, message.role)}</b>")
+        self.when = QLabel(time.strftime("%H:%M", time.localtime(message.created)))
+        self.when.setObjectName("muted")
+        header.addWidget(self.role)
+        header.addWidget(self.when)
+        header.addStretch(1)
+        self.copy_button = self._tool("Copy", "Copy this message as Markdown")
+        self.copy_button.clicked.connect(self.copy)
+        header.addWidget(self.copy_button)
+        self.edit_button = self._tool("Edit", "Edit this message and send it again")
+        self.edit_button.clicked.connect(self.start_edit)
+        self.edit_button.setVisible(message.role == "user")
+        header.addWidget(self.edit_button)
+        self.regen_button = self._tool("Regenerate", "Write this reply again")
+        self.regen_button.clicked.connect(lambda: self.regenerate_requested.emit(self.message.id))
+        self.regen_button.setVisible(message.role == "assistant")
+        header.addWidget(self.regen_button)
+        layout.addLayout(header)
+
+        self.thought_toggle = QToolButton()
+        self.thought_toggle.setObjectName("thoughtToggle")
+        self.thought_toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.thought_toggle.setAutoRaise(True)
+        self.thought_toggle.clicked.connect(self.toggle_thought)
+        self.thought_view = TextBlock()
+        self.thought_view.setObjectName("thought")
+        layout.addWidget(self.thought_toggle)
+        layout.addWidget(self.thought_view)
+
+        self.body = TextBlock()
+        self.body.setObjectName("body")
+        layout.addWidget(self.body)
+
+        self.editor = QPlainTextEdit()
+        self.editor.setObjectName("editor")
+        self.editor.setMinimumHeight(80)
+        self.edit_send = QPushButton("Save and send")
+        self.edit_send.clicked.connect(self._submit_edit)
+        self.edit_cancel = QPushButton("Cancel")
+        self.edit_cancel.clicked.connect(self.cancel_edit)
+        self.edit_row = QWidget()
+        row = QHBoxLayout(self.edit_row)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addStretch(1)
+        row.addWidget(self.edit_cancel)
+        row.addWidget(self.edit_send)
+        layout.addWidget(self.editor)
+        layout.addWidget(self.edit_row)
+        self.editor.hide()
+        self.edit_row.hide()
+
+        self.status = QLabel()
+        self.status.setObjectName("status")
+        self.status.setWordWrap(True)
+        self.footer = QLabel()
+        self.footer.setObjectName("footer")
+        self.footer.setWordWrap(True)
+        self.footer.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout.addWidget(self.status)
+        layout.addWidget(self.footer)
+        self.apply_style()
+        self.show_message(message)
+
+    def _tool(self, text: str, tip: str) -> QToolButton:
+        button = QToolButton(self)  # a parent now: shown parentless it would flash up as a window
+        button.setText(text)
+        button.setToolTip(tip)
+        button.setAutoRaise(True)
+        button.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        return button
+
+    def apply_style(self) -> None:
+        c = theme.colors()
+        self.setStyleSheet(
+            f"QFrame#userMessage {{ background: {c['user_bg']}; border-radius: 10px; }}"
+            f"QLabel#muted, QLabel#footer {{ color: {c['muted']}; }}"
+            f"QLabel#status {{ color: {c['error']}; }}"
+            f"QTextBrowser#thought {{ color: {c['muted']}; border: none; border-left: 3px solid {c['muted']}; "
+            "padding-left: 8px; background: transparent; }"
+            f"QToolButton#thoughtToggle {{ color: {c['muted']}; }}")
+
+    # -- content ------------------------------------------------------------------------------------
+
+    def show_message(self, message: Message) -> None:
+        """Show a stored message (complete, stopped, interrupted or failed)."""
+        self.message = message
+        self.streaming = message.state == STREAMING
+        self._origins = (message.stats or {}).get("origins") or []
+        self._set_thought(message.thought, message.thought_seconds, thinking=False)
+        self._set_body(message.content)
+        self._set_state(message.state, (message.stats or {}).get("error"))
+        self.footer.setText(footer_text(message.stats) if message.role == "assistant" else "")
+        self.footer.setVisible(bool(self.footer.text()))
+
+    def show_stream(self, text: str, thought: str, thought_seconds: float | None, origins: list[list],
+                    thinking: bool) -> None:
+        """Show a reply while it streams."""
+        self.streaming = True
+        self._origins = origins
+        self._set_thought(thought, thought_seconds, thinking)
+        self._set_body(text)
+        self._set_state(STREAMING, None)
+
+    def _set_body(self, text: str) -> None:
+        self.message.content = text
+        if self.colour_by_origin and self.message.role == "assistant":
+            self.body.set_origin_text(text, self._origins)
+        elif self.message.role == "user":
+            self.body.setPlainText(text)
+        else:
+            self.body.set_markdown(text)
+        self.body.setVisible(bool(text) or not self.streaming)
+
+    def _set_thought(self, thought: str, seconds: float | None, thinking: bool) -> None:
+        self.message.thought, self.message.thought_seconds = thought, seconds
+        has = bool(thought)
+        self.thought_toggle.setVisible(has)
+        if not has:
+            self.thought_view.hide()
+            return
+        if thinking:
+            label = f"Thinking… {seconds:.1f} s" if seconds is not None else "Thinking…"
+        else:
+            label = f"Thought for {seconds:.1f} s" if seconds is not None else "Thought"
+        open_ = self.thought_open or thinking
+        self.thought_toggle.setText(("▾ " if open_ else "▸ ") + label)
+        self.thought_toggle.setToolTip("Show or hide the model's thought")
+        self.thought_view.setVisible(open_)
+        if open_:
+            self.thought_view.set_markdown(thought)
+
+    def _set_state(self, state: str, error: str | None) -> None:
+        text = STATE_TEXT.get(state, "")
+        if state == FAILED and error:
+            text = f"This reply failed: {error}"
+        self.status.setText(text)
+        self.status.setVisible(bool(text))
+
+    def toggle_thought(self) -> None:
+        self.thought_open = not self.thought_open
+        self._set_thought(self.message.thought, self.message.thought_seconds, thinking=False)
+
+    def set_colour_by_origin(self, on: bool) -> None:
+        self.colour_by_origin = on
+        self._set_body(self.message.content)
+
+    def set_actions_enabled(self, on: bool) -> None:
+        for button in (self.edit_button, self.regen_button):
+            button.setEnabled(on)
+
+    def copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.message.content)
+
+    # -- editing -------------------------------------------------------------------------------------
+
+    def start_edit(self) -> None:
+        self.editor.setPlainText(self.message.content)
+        self.body.hide()
+        self.editor.show()
+        self.edit_row.show()
+        self.editor.setFocus()
+
+    def cancel_edit(self) -> None:
+        self.editor.hide()
+        self.edit_row.hide()
+        self.body.show()
+
+    def _submit_edit(self) -> None:
+        text = self.editor.toPlainText().strip()
+        if not text:
+            return
+        self.cancel_edit()
+        self.edit_submitted.emit(self.message.id, text)

@@ -1,0 +1,162 @@
+"""One assistant reply as it streams: its text, thought, origins and the numbers of its footer.
+
+Why its own object: the chat view, the speculation and telemetry panels and the store all read the
+same growing reply; this keeps the one copy of it and computes the per-message statistics
+(decode tok/s, time to first token, prefill speed, mean acceptance length, J/token) from the
+worker's own step timestamps, so IPC and repaint delays do not bend the numbers. Qt-free.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from flashdesk import protocol as p
+
+LIVE_WINDOW_S = 1.0  # live tok/s: tokens of the last second
+
+
+@dataclass
+class Reply:
+    request_id: str
+    message_id: int
+    sent_at: float  # time.monotonic() when the request was sent
+    energy_start_mj: int | None = None
+    answer: list[str] = field(default_factory=list)
+    thought: list[str] = field(default_factory=list)
+    origins: list[list] = field(default_factory=list)  # [[chars, "d"|"t"], ...] over the answer
+    tokens: int = 0
+    prompt_tokens: int | None = None
+    first_token_at: float | None = None  # time.monotonic() when step 0 reached the app
+    prefill_seconds: float | None = None
+    first_elapsed: float | None = None  # worker time of step 0
+    last_elapsed: float | None = None
+    thought_first: float | None = None  # worker times of the first and last thought text
+    thought_last: float | None = None
+    spec: dict | None = None  # the engine's running speculation statistics
+    draft_lengths: set = field(default_factory=set)
+    recent: list[tuple[float, int]] = field(default_factory=list)  # (worker elapsed, tokens) of recent steps
+    finish_reason: str | None = None
+    energy_j: float | None = None
+    saved_at: float = 0.0
+
+    # -- streaming ----------------------------------------------------------------------------------
+
+    def add_steps(self, steps: list) -> None:
+        for step in steps:
+            self._add(step)
+
+    def _add(self, step: p.Step) -> None:
+        if step.index == 0:
+            self.first_token_at = getattr(step, "received", time.monotonic())
+            self.prefill_seconds = step.seconds
+            self.first_elapsed = step.elapsed
+        self.last_elapsed = step.elapsed
+        self.tokens += len(step.emitted)
+        if step.answer:
+            self.answer.append(step.answer)
+            for n, origin in step.spans or [[len(step.answer), p.TARGET]]:
+                if self.origins and self.origins[-1][1] == origin:
+                    self.origins[-1][0] += n
+                else:
+                    self.origins.append([n, origin])
+        if step.thought:
+            self.thought.append(step.thought)
+            if self.thought_first is None:
+                self.thought_first = step.elapsed
+            self.thought_last = step.elapsed
+        if step.draft:
+            self.draft_lengths.add(len(step.draft))
+        if step.stats:
+            self.spec = step.stats
+        self.recent.append((step.elapsed, len(step.emitted)))
+        cutoff = step.elapsed - LIVE_WINDOW_S * 2
+        while self.recent and self.recent[0][0] < cutoff:
+            self.recent.pop(0)
+
+    def finish(self, msg: p.Finished, energy_end_mj: int | None) -> None:
+        self.finish_reason = msg.reason
+        if msg.stats:
+            self.spec = msg.stats
+        if msg.prompt_tokens:
+            self.prompt_tokens = msg.prompt_tokens
+        if self.energy_start_mj is not None and energy_end_mj is not None and energy_end_mj >= self.energy_start_mj:
+            self.energy_j = (energy_end_mj - self.energy_start_mj) / 1000.0
+
+    # -- what the window shows ----------------------------------------------------------------------
+
+    @property
+    def text(self) -> str:
+        return "".join(self.answer)
+
+    @property
+    def thought_text(self) -> str:
+        return "".join(self.thought)
+
+    @property
+    def thought_seconds(self) -> float | None:
+        if self.thought_first is None:
+            return None
+        start = self.first_elapsed or 0.0
+        return max(0.0, (self.thought_last or start) - start)
+
+    def live_tokens_per_second(self) -> float | None:
+        """Tokens of the last second of worker time (None before two steps)."""
+        if len(self.recent) < 2:
+            return None
+        end = self.recent[-1][0]
+        window = [(t, n) for t, n in self.recent if t >= end - LIVE_WINDOW_S]
+        if len(window) < 2:
+            window = self.recent[-2:]
+        span = window[-1][0] - window[0][0]
+        return sum(n for _, n in window[1:]) / span if span > 0 else None
+
+    def decode_tokens_per_second(self) -> float | None:
+        """Tokens after the first over the worker time they took."""
+        if self.first_elapsed is None or self.last_elapsed is None or self.tokens < 2:
+            return None
+        span = self.last_elapsed - self.first_elapsed
+        return (self.tokens - 1) / span if span > 0 else None
+
+    def stats(self) -> dict:
+        """The per-message record the store keeps and the footer shows."""
+        spec = self.spec or {}
+        ttft = self.first_token_at - self.sent_at if self.first_token_at is not None else None
+        prefill_tps = (self.prompt_tokens / self.prefill_seconds
+                       if self.prompt_tokens and self.prefill_seconds else None)
+        return {
+            "tokens": self.tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "decode_tokens_per_second": self.decode_tokens_per_second(),
+            "ttft_seconds": ttft,
+            "prefill_tokens_per_second": prefill_tps,
+            "mean_acceptance_length": spec.get("mean_acceptance_length"),
+            "acceptance_rate": spec.get("acceptance_rate"),
+            "drafted": spec.get("drafted"),
+            "accepted": spec.get("accepted"),
+            "per_position_acceptance": spec.get("per_position_acceptance") or [],
+            "accepted_histogram": spec.get("accepted_histogram") or [],
+            "draft_lengths": sorted(self.draft_lengths),
+            "energy_joules": self.energy_j,
+            "joules_per_token": self.energy_j / self.tokens if self.energy_j is not None and self.tokens else None,
+            "finish_reason": self.finish_reason,
+            "origins": self.origins,
+        }
+
+
+def footer_text(stats: dict | None) -> str:
+    """The line under a message: tokens, speed, time to first token, acceptance, energy."""
+    if not stats:
+        return ""
+    parts = [f"{stats.get('tokens', 0)} tokens"]
+    if stats.get("decode_tokens_per_second"):
+        parts.append(f"{stats['decode_tokens_per_second']:.1f} tok/s")
+    if stats.get("ttft_seconds") is not None:
+        parts.append(f"first token {stats['ttft_seconds']:.2f} s")
+    if stats.get("prefill_tokens_per_second"):
+        parts.append(f"prefill {stats['prefill_tokens_per_second']:.0f} tok/s")
+    if stats.get("mean_acceptance_length") is not None:
+        parts.append(f"τ {stats['mean_acceptance_length']:.2f}")
+    parts.append(f"{stats['joules_per_token']:.2f} J/token" if stats.get("joules_per_token") is not None
+                 else "J/token n/a")
+    return " · ".join(parts)

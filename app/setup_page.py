@@ -1,0 +1,181 @@
+"""The model setup page: pick the target and the drafter, see the memory plan, load; or the demo.
+
+The check runs in the engine process (the loader's own checks, no weights read), so the window
+never imports torch. A model can be named by folder or by Hugging Face id (an id must already be in
+the local Hub cache: `flashdesk models pull ID`).
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFontDatabase
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QFrame, QGroupBox, QHBoxLayout, QLabel,
+                               QLineEdit, QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+
+from flashdesk.app import theme
+
+DEMO_TEXT = ("<b>No model yet?</b> The demo creates a tiny random Gemma 4 model and DFlash drafter (about "
+             "1 MB) in FlashDesk's data folder and runs them on the CPU. <b>They write meaningless text</b>: "
+             "the demo shows how the app works (streaming, speculation statistics, telemetry), "
+             "not what Gemma can do.")
+
+
+class SetupPage(QWidget):
+    check_requested = Signal(dict)  # {"target", "draft", "context"}
+    load_requested = Signal(dict)  # the load settings
+    demo_requested = Signal()
+    cancel_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("setupPage")
+        title = QLabel("<h2>Set up a model</h2>")
+        intro = QLabel("FlashDesk runs Gemma 4 (the target) and a DFlash drafter for speculative decoding. "
+                       "Choose their folders, or Hugging Face ids already downloaded with "
+                       "<code>flashdesk models pull</code>.")
+        intro.setWordWrap(True)
+
+        self.target = QLineEdit()
+        self.target.setObjectName("targetPath")
+        self.target.setPlaceholderText("folder or Hub id of the Gemma 4 model, e.g. ~/models/gemma-4-26B-A4B-it")
+        self.draft = QLineEdit()
+        self.draft.setObjectName("draftPath")
+        self.draft.setPlaceholderText("folder or Hub id of the DFlash drafter (optional)")
+        self.device = QComboBox()
+        self.device.setObjectName("device")
+        self.device.addItems(["auto", "cuda", "cpu"])
+        self.context = QSpinBox()
+        self.context.setObjectName("context")
+        self.context.setRange(256, 262144)
+        self.context.setSingleStep(1024)
+        self.context.setValue(32768)
+        self.context.setSuffix(" tokens")
+        self.kv_dtype = QComboBox()
+        self.kv_dtype.setObjectName("kvDtype")
+        self.kv_dtype.addItems(["auto", "fp8", "bfloat16", "float32"])
+
+        form = QFormLayout()
+        form.addRow("Model", self._with_browse(self.target, "Choose the Gemma 4 model folder"))
+        form.addRow("Drafter", self._with_browse(self.draft, "Choose the DFlash drafter folder"))
+        form.addRow("Device", self.device)
+        form.addRow("Context", self.context)
+        form.addRow("KV cache", self.kv_dtype)
+
+        self.check_button = QPushButton("Check and estimate memory")
+        self.check_button.setObjectName("checkButton")
+        self.load_button = QPushButton("Load")
+        self.load_button.setObjectName("loadButton")
+        self.load_button.setDefault(True)
+        self.cancel_button = QPushButton("Back to the chat")
+        self.cancel_button.setObjectName("backButton")
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.check_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.cancel_button)
+        buttons.addWidget(self.load_button)
+
+        self.plan = QPlainTextEdit()
+        self.plan.setObjectName("memoryPlan")
+        self.plan.setReadOnly(True)
+        self.plan.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.plan.setPlaceholderText("The check of the folders and the memory plan appear here.")
+        self.plan.setMinimumHeight(160)
+        self.status = QLabel()
+        self.status.setObjectName("setupStatus")
+        self.status.setWordWrap(True)
+        self.progress = QProgressBar()
+        self.progress.setObjectName("setupProgress")
+        self.progress.hide()
+
+        demo = QGroupBox("Demo")
+        self.demo_text = QLabel(DEMO_TEXT)
+        self.demo_text.setWordWrap(True)
+        self.demo_button = QPushButton("Try the demo model")
+        self.demo_button.setObjectName("demoButton")
+        demo_layout = QHBoxLayout(demo)
+        demo_layout.addWidget(self.demo_text, 1)
+        demo_layout.addWidget(self.demo_button, 0, Qt.AlignmentFlag.AlignVCenter)
+
+        column = QVBoxLayout()
+        column.addWidget(title)
+        column.addWidget(intro)
+        column.addLayout(form)
+        column.addLayout(buttons)
+        column.addWidget(self.status)
+        column.addWidget(self.progress)
+        column.addWidget(self.plan, 1)
+        column.addWidget(demo)
+        frame = QFrame()
+        frame.setMaximumWidth(860)
+        frame.setLayout(column)
+        outer = QHBoxLayout(self)
+        outer.addStretch(1)
+        outer.addWidget(frame, 8)
+        outer.addStretch(1)
+
+        self.check_button.clicked.connect(lambda: self.check_requested.emit(self.selection()))
+        self.load_button.clicked.connect(lambda: self.load_requested.emit(self.selection()))
+        self.demo_button.clicked.connect(self.demo_requested)
+        self.cancel_button.clicked.connect(self.cancel_requested)
+        self.target.returnPressed.connect(lambda: self.check_requested.emit(self.selection()))
+
+    def _with_browse(self, edit: QLineEdit, caption: str) -> QWidget:
+        button = QPushButton("Browse…")
+        button.clicked.connect(lambda: self._browse(edit, caption))
+        row = QWidget()
+        layout = QHBoxLayout(row)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(edit, 1)
+        layout.addWidget(button)
+        return row
+
+    def _browse(self, edit: QLineEdit, caption: str) -> None:
+        folder = QFileDialog.getExistingDirectory(self, caption, edit.text() or "")
+        if folder:
+            edit.setText(folder)
+
+    def selection(self) -> dict:
+        return {"target": self.target.text().strip(), "draft": self.draft.text().strip() or None,
+                "device": self.device.currentText(), "context": self.context.value(),
+                "kv_dtype": self.kv_dtype.currentText(), "dtype": "auto"}
+
+    def set_selection(self, settings: dict) -> None:
+        self.target.setText(settings.get("target") or "")
+        self.draft.setText(settings.get("draft") or "")
+        for combo, key in ((self.device, "device"), (self.kv_dtype, "kv_dtype")):
+            index = combo.findText(settings.get(key) or "auto")
+            combo.setCurrentIndex(max(0, index))
+        self.context.setValue(int(settings.get("context") or 32768))
+
+    def show_plan(self, lines: list[str], problems: list[str]) -> None:
+        self.plan.setPlainText("\n".join(lines))
+        c = theme.colors()
+        if problems:
+            self.status.setStyleSheet(f"color: {c['error']};")
+            self.status.setText("Not usable: " + "; ".join(problems))
+        else:
+            self.status.setStyleSheet("")
+            self.status.setText("The folders hold a model FlashDesk can load. Memory plan below.")
+
+    def set_busy(self, text: str | None, fraction: float = -1.0) -> None:
+        """Show progress (fraction < 0: busy without a measure), or None when done."""
+        busy = text is not None
+        for w in (self.check_button, self.load_button, self.demo_button):
+            w.setEnabled(not busy)
+        self.progress.setVisible(busy)
+        if busy:
+            self.status.setStyleSheet("")
+            self.status.setText(text)
+            if fraction < 0:
+                self.progress.setRange(0, 0)
+            else:
+                self.progress.setRange(0, 100)
+                self.progress.setValue(int(fraction * 100))
+
+    def show_error(self, text: str) -> None:
+        self.set_busy(None)
+        self.status.setStyleSheet(f"color: {theme.colors()['error']};")
+        self.status.setText(text)
+
+    def set_can_go_back(self, on: bool) -> None:
+        self.cancel_button.setVisible(on)

@@ -1,0 +1,145 @@
+"""The speculation panel: DFlash on/off, draft length, and what speculation is achieving, live.
+
+Leads with the mean acceptance length (tokens per target pass, the number that sets the speed-up)
+rather than the acceptance rate, which looks poor for long drafts even when they pay off; shows
+per-position acceptance and the histogram of accepted drafts per step; and offers to colour the
+reply by origin (accepted draft token vs target token). Changes apply from the engine's next step.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout,
+                               QWidget)
+
+from flashdesk.app import theme
+from flashdesk.app.plots import BarPlot
+
+
+def _pct(value) -> str:
+    return f"{value:.0%}" if isinstance(value, (int, float)) else "n/a"
+
+
+class SpecPanel(QGroupBox):
+    speculation_changed = Signal(bool, int)  # enabled, draft length
+    colour_changed = Signal(bool)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__("Speculative decoding", parent)
+        self.setObjectName("specPanel")
+        self.block_size: int | None = None
+        self.enabled = QCheckBox("Speculate with the DFlash drafter")
+        self.enabled.setObjectName("specEnabled")
+        self.enabled.setToolTip("The drafter proposes a block of tokens; the model checks them all in one pass. "
+                                "The text is the same either way, only the speed changes.")
+        self.length = QSpinBox()
+        self.length.setObjectName("draftLength")
+        self.length.setRange(1, 15)
+        self.length.setValue(15)
+        self.length.setToolTip("Tokens drafted per step (1 to block size - 1); applies from the next step")
+        self.length_note = QLabel()
+        self.length_note.setObjectName("muted")
+        length_row = QHBoxLayout()
+        length_row.addWidget(self.length)
+        length_row.addWidget(self.length_note, 1)
+
+        self.tau = QLabel("τ n/a")
+        self.tau.setObjectName("tau")
+        font = self.tau.font()
+        font.setPointSizeF(font.pointSizeF() * 1.5)
+        font.setBold(True)
+        self.tau.setFont(font)
+        self.tau.setToolTip("Mean acceptance length: tokens produced per target pass (accepted drafts + 1)")
+        tau_caption = QLabel("mean acceptance length: tokens per target pass")
+        tau_caption.setObjectName("muted")
+        tau_caption.setWordWrap(True)
+        self.rate = QLabel("n/a")
+        self.rate.setObjectName("rate")
+        self.counts = QLabel("n/a")
+        self.counts.setObjectName("counts")
+        self.scope = QLabel("No reply yet.")
+        self.scope.setObjectName("muted")
+        self.scope.setWordWrap(True)
+
+        self.positions = BarPlot("Acceptance by draft position", "position", y_range=(0, 1), height=105)
+        self.positions.setObjectName("positionPlot")
+        self.histogram = BarPlot("Accepted drafts per step", "accepted", color_key="bar2", height=105)
+        self.histogram.setObjectName("histogramPlot")
+
+        self.colour = QCheckBox("Colour the reply by origin")
+        self.colour.setObjectName("colourByOrigin")
+        self.colour.setToolTip("Highlight the text of accepted draft tokens; the rest came from the model itself")
+        self.legend = QLabel()
+        self.legend.setObjectName("legend")
+        self.legend.setWordWrap(True)
+
+        form = QFormLayout()
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        form.addRow("Draft length", length_row)
+        form.addRow("Acceptance rate", self.rate)
+        form.addRow("Accepted / drafted", self.counts)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.enabled)
+        layout.addWidget(self.tau)
+        layout.addWidget(tau_caption)
+        layout.addLayout(form)
+        layout.addWidget(self.scope)
+        layout.addWidget(self.positions)
+        layout.addWidget(self.histogram)
+        layout.addWidget(self.colour)
+        layout.addWidget(self.legend)
+        self.apply_theme()
+
+        self.enabled.toggled.connect(self._changed)
+        self.length.valueChanged.connect(self._changed)
+        self.colour.toggled.connect(self.colour_changed)
+        self.set_block_size(None)
+
+    def apply_theme(self) -> None:
+        c = theme.colors()
+        self.legend.setText(f'<span style="background-color:{c["draft_bg"]}; color:{c["draft_fg"]};">'
+                            f'&nbsp;accepted draft&nbsp;</span> &nbsp;plain: chosen by the model')
+        self.setStyleSheet(f"QLabel#muted {{ color: {c['muted']}; }}")
+        for plot in (self.positions, self.histogram):
+            plot.apply_theme()
+
+    def set_block_size(self, block_size: int | None, enabled: bool = True, length: int | None = None) -> None:
+        """A drafter with this block size is loaded (None: none is)."""
+        self.block_size = block_size
+        has = block_size is not None and block_size > 1
+        for w in (self.enabled, self.length):
+            w.blockSignals(True)
+        if has:
+            longest = block_size - 1
+            self.length.setRange(1, longest)
+            self.length.setValue(min(length or longest, longest))
+            self.length_note.setText(f"max {longest}")
+            self.length_note.setToolTip(f"The drafter's block size is {block_size}: it drafts up to {longest} tokens")
+            self.enabled.setChecked(enabled)
+        else:
+            self.enabled.setChecked(False)
+            self.length_note.setText("no drafter loaded")
+        self.enabled.setEnabled(has)
+        self.length.setEnabled(has)
+        for w in (self.enabled, self.length):
+            w.blockSignals(False)
+
+    def _changed(self, *_args) -> None:
+        self.speculation_changed.emit(self.enabled.isChecked(), self.length.value())
+
+    def show_stats(self, stats: dict | None, scope: str) -> None:
+        """Show a stats record (the engine's running summary, or a stored message's)."""
+        self.scope.setText(scope)
+        stats = stats or {}
+        tau = stats.get("mean_acceptance_length")
+        self.tau.setText(f"τ = {tau:.2f} tokens/step" if isinstance(tau, (int, float)) else "τ n/a")
+        self.rate.setText(_pct(stats.get("acceptance_rate")))
+        drafted, accepted = stats.get("drafted"), stats.get("accepted")
+        self.counts.setText(f"{accepted} / {drafted}" if drafted else "n/a")
+        per_position = stats.get("per_position_acceptance") or []
+        self.positions.set_bars(list(range(1, len(per_position) + 1)), per_position)
+        histogram = stats.get("accepted_histogram") or []
+        self.histogram.set_bars(list(range(len(histogram))), histogram)
+
+    def values(self) -> tuple[bool, int]:
+        return self.enabled.isChecked(), self.length.value()

@@ -1,0 +1,414 @@
+"""The engine process: reads requests on stdin, writes events on stdout, one JSON line each.
+
+Why a separate process: a CUDA out-of-memory, a driver fault or a kill must not take the window
+and the conversation with it; the app watches this process and can start a new one.
+
+    python -m flashdesk.engine.worker
+
+Threads: the main thread runs one request at a time (load, generate, inspect, ...); a reader
+thread takes `Cancel` and `SetSpeculation` as they arrive, so a running generation stops after the
+step in flight and picks up speculation changes from its next step (the decode loop reads the
+shared `SpecControl` at every step). Everything else is queued in order. End of input (the app
+went away) stops the worker. The message types live in `flashdesk.protocol`.
+
+The real stdout is kept for the protocol only; fd 1 is pointed at stderr so that anything a
+library prints cannot corrupt the stream.
+
+Testing aid: FLASHDESK_WORKER_STEP_DELAY (seconds) sleeps after every step, so tests and
+screenshots can act in the middle of a generation of the tiny demo model.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from flashdesk import protocol as p
+
+SMALL_MODEL_BYTES = 64 << 20  # below this, one CPU thread is fastest (and immune to busy machines)
+
+
+def error_kind(exc: BaseException) -> str:
+    """What the window should call this failure: out of memory, a refused input, or a crash."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    if isinstance(exc, MemoryError) or "out of memory" in text or "outofmemory" in text:
+        return p.OUT_OF_MEMORY
+    from flashdesk.engine.errors import FlashDeskError
+
+    if isinstance(exc, (FlashDeskError, ValueError, FileNotFoundError, NotADirectoryError)):
+        return p.BAD_INPUT
+    return p.CRASH
+
+
+class OriginTracker:
+    """Which answer characters came from accepted draft tokens and which from the target.
+
+    The engine reports each step's answer text as a whole; this runs a second channel splitter
+    token by token over the same ids (the same algorithm, so the same text) and labels each
+    token's text by its place in the step: the first `accepted` emitted ids were drafted, the
+    last one is the target's. If the text ever disagrees, the whole delta is labelled target.
+    """
+
+    def __init__(self, tokenizer, eos: set[int]):
+        from flashdesk.engine.chat import ANSWER, ChannelSplitter
+
+        self.answer_channel = ANSWER
+        self.splitter = ChannelSplitter(tokenizer)
+        self.eos = eos
+
+    def spans(self, emitted: list[int], accepted: int, answer: str) -> list[list]:
+        ids = emitted[:-1] if emitted and emitted[-1] in self.eos else emitted
+        runs: list[list] = []
+        for i, token in enumerate(ids):
+            origin = p.DRAFT if i < accepted else p.TARGET
+            for piece in self.splitter.push(token):
+                if piece.channel == self.answer_channel:
+                    _add_run(runs, len(piece.text), origin)
+        covered = sum(n for n, _ in runs)
+        if covered > len(answer):
+            return [[len(answer), p.TARGET]] if answer else []
+        _add_run(runs, len(answer) - covered, p.TARGET)  # the final flush
+        return runs
+
+
+def _add_run(runs: list[list], n: int, origin: str) -> None:
+    if n <= 0:
+        return
+    if runs and runs[-1][1] == origin:
+        runs[-1][0] += n
+    else:
+        runs.append([n, origin])
+
+
+def model_name(folder: Path) -> str:
+    """A short name: the folder's, or `org/name` for a Hugging Face cache snapshot."""
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return folder.name
+
+
+def sampling_defaults(folder: Path) -> dict:
+    """The model's recommended sampling from generation_config.json (greedy when do_sample is false)."""
+    try:
+        data = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    if data.get("do_sample") is False:
+        return {"temperature": 0.0}
+    return {k: data[k] for k in ("temperature", "top_p", "top_k") if isinstance(data.get(k), (int, float))}
+
+
+class Worker:
+    def __init__(self, out):
+        from flashdesk.engine.speculative import SpecControl
+
+        self.out = out
+        self.write_lock = threading.Lock()
+        self.requests: queue.Queue = queue.Queue()
+        self.engine = None
+        self.control = SpecControl(enabled=True, draft_length=None)
+        self.stopping = threading.Event()
+        self.state_lock = threading.Lock()
+        self.active: str | None = None  # the request id being generated
+        self.step = 0  # the index of the step the active generation is running
+        self.cancels: dict[str, int | None] = {}  # request id -> the step running when cancel came
+        self.step_delay = float(os.environ.get("FLASHDESK_WORKER_STEP_DELAY") or 0)
+
+    # -- I/O ------------------------------------------------------------------------------------
+
+    def send(self, msg) -> None:
+        line = p.encode(msg) + "\n"
+        with self.write_lock:
+            try:
+                self.out.write(line)
+                self.out.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                self.stopping.set()  # the app is gone
+
+    def read(self, stream) -> None:
+        """The reader thread: urgent requests act at once, the rest go to the queue."""
+        for raw in stream:
+            try:
+                msg = p.decode(raw)
+            except p.ProtocolError as exc:
+                self.send(p.Error(p.BAD_INPUT, str(exc), during="request"))
+                continue
+            if isinstance(msg, p.Cancel):
+                with self.state_lock:
+                    self.cancels[msg.request_id] = self.step if self.active == msg.request_id else None
+            elif isinstance(msg, p.SetSpeculation):
+                self.set_speculation(msg)
+            else:
+                if isinstance(msg, p.Shutdown):
+                    self.stopping.set()
+                self.requests.put(msg)
+        self.stopping.set()
+        self.requests.put(p.Shutdown())
+
+    def set_speculation(self, msg: p.SetSpeculation) -> None:
+        length = msg.draft_length
+        if length is not None:
+            length = max(1, int(length))
+            drafter = self.engine.drafter if self.engine is not None else None
+            if drafter is not None:
+                length = min(length, drafter.max_draft_length)
+        self.control.draft_length = length
+        self.control.enabled = bool(msg.enabled)
+
+    # -- the main loop ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        import torch
+
+        self.send(p.Ready(pid=os.getpid(), torch=torch.__version__, cuda=bool(torch.cuda.is_available())))
+        handlers = {p.Load: self.load, p.Generate: self.generate, p.Inspect: self.inspect,
+                    p.CreateDemo: self.create_demo, p.Unload: self.unload}
+        while True:
+            msg = self.requests.get()
+            if isinstance(msg, p.Shutdown):
+                return 0
+            handler = handlers.get(type(msg))
+            if handler is None:
+                self.send(p.Error(p.BAD_INPUT, f"the worker does not take {msg.TYPE} requests", during="request"))
+                continue
+            try:
+                handler(msg)
+            except BaseException as exc:  # noqa: BLE001 - every failure becomes an event
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                self.report(exc, msg)
+
+    def report(self, exc: BaseException, msg) -> None:
+        kind = error_kind(exc)
+        during = {p.Load: "load", p.Generate: "generate", p.Inspect: "inspect",
+                  p.CreateDemo: "demo"}.get(type(msg), "request")
+        details = "" if kind == p.BAD_INPUT else traceback.format_exc()
+        text = str(exc) or type(exc).__name__
+        if kind == p.CRASH:
+            text = f"{type(exc).__name__}: {text}"
+        self.send(p.Error(kind, text, during=during, request_id=getattr(msg, "request_id", None), details=details))
+        if kind == p.OUT_OF_MEMORY:
+            self._free()
+        if during == "load":
+            self.engine = None
+            self._free()
+
+    def _free(self) -> None:
+        gc.collect()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def _resolve(self, name: str) -> Path:
+        path = Path(name).expanduser()
+        if path.is_dir():
+            return path
+        try:
+            from flashdesk.engine.models import resolve_model_path
+        except ImportError:
+            raise FileNotFoundError(f"{name}: no such model folder") from None
+        return Path(resolve_model_path(name))
+
+    def inspect(self, msg: p.Inspect) -> None:
+        """The doctor's check of the target and drafter, with the memory plan of both."""
+        from flashdesk.engine.checkpoint import inspect_checkpoint
+
+        target = self._resolve(msg.target)
+        report = inspect_checkpoint(target, msg.context, self._resolve(msg.draft) if msg.draft else None)
+        total = report.memory.total if report.memory else None
+        context = report.memory.context if report.memory else msg.context
+        self.send(p.Inspected(str(target), msg.draft, list(report.lines), list(report.problems), total, context))
+
+    def create_demo(self, msg: p.CreateDemo) -> None:
+        from flashdesk.engine.demo import create_demo
+
+        target, draft = create_demo(msg.folder)
+        self.send(p.DemoCreated(str(target), str(draft)))
+
+    def unload(self, msg: p.Unload) -> None:
+        self.engine = None
+        self._free()
+        self.send(p.Unloaded())
+
+    def load(self, msg: p.Load) -> None:
+        import torch
+
+        from flashdesk.engine.errors import FlashDeskError
+        from flashdesk.engine.generation import Engine
+
+        self.engine = None
+        self._free()
+        started = time.perf_counter()
+        self.send(p.LoadProgress("resolve", 0.05, "finding the model files"))
+        target = self._resolve(msg.target)
+        draft = self._resolve(msg.draft) if msg.draft else None
+        cpu = msg.device == "cpu" or (msg.device == "auto" and not torch.cuda.is_available())
+        if cpu:
+            torch.set_num_threads(_cpu_threads(target))
+        self.send(p.LoadProgress("weights", -1.0, f"loading {model_name(target)}"
+                                 + (" and its drafter" if draft else "")))
+        engine = Engine.load(target, msg.device, msg.dtype, msg.kv_dtype, msg.context, draft)
+        if engine.tokenizer is None:
+            raise FlashDeskError(f"{target} has no tokenizer (tokenizer.json and a chat template): "
+                                 "the app needs one to turn messages into tokens")
+        self.send(p.LoadProgress("ready", 1.0, "loaded"))
+        self.engine = engine
+        model = engine.model
+        device = model.device
+        uuid, device_name, memory = None, "CPU", _rss()
+        if device.type == "cuda":
+            props = torch.cuda.get_device_properties(device)
+            device_name = props.name
+            uuid = f"GPU-{props.uuid}" if getattr(props, "uuid", None) else None
+            memory = int(torch.cuda.memory_allocated(device))
+        block = engine.drafter.cfg.block_size if engine.drafter is not None else None
+        self.send(p.Loaded(
+            target=str(target), draft=str(draft) if draft else None, name=model_name(target),
+            device=str(device), device_name=device_name, device_uuid=uuid,
+            dtype=str(model.dtype).removeprefix("torch."), kv_dtype=engine.kv_dtype,
+            context_limit=engine.context_limit, block_size=block, memory_bytes=memory,
+            seconds=time.perf_counter() - started, layers=model.cfg.num_layers, vocab=model.cfg.vocab_size,
+            sampling_defaults=sampling_defaults(target)))
+
+    def generate(self, msg: p.Generate) -> None:
+        from flashdesk.engine.chat import build_prompt_ids
+        from flashdesk.engine.errors import FlashDeskError
+        from flashdesk.engine.generation import FinishEvent, GenerationRequest
+        from flashdesk.engine.sampling import SamplingParams
+        from flashdesk.engine.stats import SpecStats, StepRecord
+
+        engine = self.engine
+        if engine is None:
+            raise FlashDeskError("no model is loaded")
+        rid = msg.request_id
+        prompt = build_prompt_ids(engine.tokenizer, msg.messages, enable_thinking=msg.thinking)
+        room = engine.context_limit - len(prompt)
+        if room < 1:
+            raise FlashDeskError(f"the conversation is {len(prompt)} tokens long, at or over the context "
+                                 f"limit of {engine.context_limit}: start a new conversation or shorten it")
+        request = GenerationRequest(prompt, max(1, min(msg.max_tokens, room)),
+                                    SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed), msg.ignore_eos)
+        eos = set() if msg.ignore_eos else engine.eos
+        tracker = OriginTracker(engine.tokenizer, eos)
+        stats = SpecStats()
+        tokens: list[int] = []
+        answer: list[str] = []
+        thought: list[str] = []
+        prefill = 0.0
+        started = time.perf_counter()
+        with self.state_lock:
+            self.active, self.step = rid, 0
+            if rid in self.cancels:  # cancelled while it waited in the queue
+                self.active = None
+                self.cancels.pop(rid)
+                self.send(p.Finished(rid, "cancelled", "", "", [], len(prompt), 0.0, 0.0, {}, -1, None))
+                return
+        self.send(p.Started(rid, len(prompt)))
+        events = engine.generate(request, self.control)
+        index = 0
+        try:
+            for event in events:
+                if isinstance(event, FinishEvent):
+                    self.send(p.Finished(rid, event.finish_reason, event.text, event.thought, event.token_ids,
+                                         len(prompt), prefill, time.perf_counter() - started,
+                                         {**stats.summary(), "prompt_tokens": len(prompt),
+                                          "prefill_seconds": prefill}, index))
+                    return
+                index = event.index
+                if index == 0:
+                    prefill = event.seconds
+                else:
+                    stats.add(StepRecord(tuple(event.draft), event.accepted, tuple(event.emitted),
+                                         event.draft_seconds, event.verify_seconds))
+                tokens += event.emitted
+                answer.append(event.answer)
+                thought.append(event.thought)
+                self.send(p.Step(rid, index, list(event.emitted), list(event.draft), event.accepted, event.answer,
+                                 event.thought, tracker.spans(event.emitted, event.accepted, event.answer),
+                                 event.seconds, event.draft_seconds, event.verify_seconds,
+                                 time.perf_counter() - started, stats.summary() if index else None))
+                with self.state_lock:
+                    self.step = index + 1
+                if self.step_delay:
+                    time.sleep(self.step_delay)
+                with self.state_lock:
+                    cancelled = rid in self.cancels
+                if cancelled or self.stopping.is_set():
+                    self.send(p.Finished(rid, "cancelled", "".join(answer), "".join(thought), tokens, len(prompt),
+                                         prefill, time.perf_counter() - started,
+                                         {**stats.summary(), "prompt_tokens": len(prompt),
+                                          "prefill_seconds": prefill}, index, self.cancels.get(rid)))
+                    return
+        finally:
+            events.close()
+            with self.state_lock:
+                self.active = None
+                self.cancels.pop(rid, None)
+
+
+def _cpu_threads(target: Path) -> int:
+    explicit = os.environ.get("FLASHDESK_CPU_THREADS")
+    if explicit:
+        return max(1, int(explicit))
+    size = sum(f.stat().st_size for f in target.glob("*.safetensors"))
+    import torch
+
+    return 1 if size < SMALL_MODEL_BYTES else torch.get_num_threads()
+
+
+def _rss() -> int:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # noqa: BLE001 - memory is informative only
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _protocol_stream():
+    """Keep the real stdout for protocol lines; send fd 1 (stray prints) to stderr."""
+    fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return os.fdopen(fd, "w", encoding="utf-8", buffering=1)
+
+
+def main() -> int:
+    out = _protocol_stream()
+    try:
+        worker = Worker(out)
+    except BaseException as exc:  # noqa: BLE001 - a broken torch install is reported, not a traceback
+        out.write(p.encode(p.Error(p.CRASH, f"the engine cannot start: {type(exc).__name__}: {exc}",
+                                   during="startup", details=traceback.format_exc())) + "\n")
+        out.flush()
+        return 1
+    reader = threading.Thread(target=worker.read, args=(_lines(sys.stdin.buffer),), daemon=True)
+    reader.start()
+    return worker.run()
+
+
+def _lines(stream):
+    for raw in stream:
+        line = raw.decode("utf-8", errors="replace").strip()
+        if line:
+            yield line
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stderr.flush()
+    os._exit(code)  # not sys.exit: the reader thread may hold stdin's lock while Python finalizes

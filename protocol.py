@@ -1,0 +1,265 @@
+"""The worker protocol: typed messages between the app and the engine process, one JSON object a line.
+
+Why here, at the package root (`flashdesk.protocol`): both sides import it and neither may import
+the other (the app never imports the engine or torch, the engine never imports Qt), so the
+message definitions sit beside them. This module imports only the standard library.
+
+Every message is a small dataclass; `encode()` writes `{"type": <name>, ...fields}` and `decode()`
+reads it back, ignoring fields it does not know, so either side can add an optional field first.
+Requests go from the app to the worker, events from the worker to the app.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
+
+PROTOCOL_VERSION = 1
+
+# Error kinds (Error.kind): what the window tells the user.
+OUT_OF_MEMORY = "out_of_memory"  # CUDA or host memory ran out; the worker stays up
+BAD_INPUT = "bad_input"  # a folder, setting or prompt the engine refuses, with its reason
+CRASH = "crash"  # anything else: a bug or a driver fault
+
+# Origins of answer text (Step.spans): an accepted draft token, or a token the target chose.
+DRAFT = "d"
+TARGET = "t"
+
+_REGISTRY: dict[str, type] = {}
+
+
+def message(name: str):
+    """Register a dataclass as the message `name`."""
+
+    def register(cls):
+        cls.TYPE = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return register
+
+
+class ProtocolError(ValueError):
+    """A line that is not a known message."""
+
+
+def encode(msg: Any) -> str:
+    """One JSON line (no newline) for a registered message."""
+    return json.dumps({"type": msg.TYPE, **asdict(msg)}, ensure_ascii=False, separators=(",", ":"))
+
+
+def decode(line: str | bytes) -> Any:
+    """The message a line holds; unknown fields are dropped, missing optional ones defaulted."""
+    try:
+        data = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"not JSON: {exc}: {line[:200]!r}") from exc
+    if not isinstance(data, dict) or data.get("type") not in _REGISTRY:
+        raise ProtocolError(f"unknown message: {str(line)[:200]}")
+    cls = _REGISTRY[data["type"]]
+    known = {f.name for f in fields(cls)}
+    kwargs = {k: v for k, v in data.items() if k in known}
+    missing = [f.name for f in fields(cls) if f.name not in kwargs
+               and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ProtocolError(f"{data['type']} message lacks {', '.join(missing)}")
+    return cls(**kwargs)
+
+
+# --- requests: app -> worker -------------------------------------------------------------------
+
+@message("inspect")
+@dataclass
+class Inspect:
+    """Check model folders as the loader would and estimate memory, loading no weights."""
+
+    target: str
+    draft: str | None = None
+    context: int | None = None
+
+
+@message("create_demo")
+@dataclass
+class CreateDemo:
+    """Write the tiny random demo target and drafter under `folder` (if not there yet)."""
+
+    folder: str
+
+
+@message("load")
+@dataclass
+class Load:
+    target: str
+    draft: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    kv_dtype: str = "auto"
+    context: int | None = None
+
+
+@message("generate")
+@dataclass
+class Generate:
+    """A chat turn: `messages` are {"role": system|user|assistant, "content": str} dicts."""
+
+    request_id: str
+    messages: list[dict]
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    max_tokens: int = 1024
+    thinking: bool = False
+    ignore_eos: bool = False  # for tests and benchmarks: run to max_tokens
+
+
+@message("cancel")
+@dataclass
+class Cancel:
+    """Stop the generation `request_id` after the step that is running."""
+
+    request_id: str
+
+
+@message("set_speculation")
+@dataclass
+class SetSpeculation:
+    """Speculation on/off and the draft length (None: block_size - 1); applies from the next step."""
+
+    enabled: bool
+    draft_length: int | None = None
+
+
+@message("unload")
+@dataclass
+class Unload:
+    pass
+
+
+@message("shutdown")
+@dataclass
+class Shutdown:
+    pass
+
+
+# --- events: worker -> app ---------------------------------------------------------------------
+
+@message("ready")
+@dataclass
+class Ready:
+    """The worker is up (torch imported) and reads requests."""
+
+    pid: int
+    protocol: int = PROTOCOL_VERSION
+    torch: str = ""
+    cuda: bool = False
+
+
+@message("inspected")
+@dataclass
+class Inspected:
+    target: str
+    draft: str | None
+    lines: list[str]  # the doctor's lines for the target, then the drafter's
+    problems: list[str]
+    memory_bytes: int | None = None  # device memory estimate at `context` (target + drafter)
+    context: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@message("demo_created")
+@dataclass
+class DemoCreated:
+    target: str
+    draft: str
+
+
+@message("load_progress")
+@dataclass
+class LoadProgress:
+    stage: str
+    fraction: float  # 0..1; -1 when the stage has no measurable progress
+    text: str = ""
+
+
+@message("loaded")
+@dataclass
+class Loaded:
+    target: str
+    draft: str | None
+    name: str  # a short model name for the window
+    device: str  # "cpu" or "cuda:0"
+    device_name: str
+    device_uuid: str | None  # NVML's "GPU-..." id of the CUDA device, to match telemetry to it
+    dtype: str
+    kv_dtype: str
+    context_limit: int
+    block_size: int | None  # the drafter's; None without one
+    memory_bytes: int  # what the load allocated on the device (CUDA) or the worker's RSS (CPU)
+    seconds: float
+    layers: int = 0
+    vocab: int = 0
+    sampling_defaults: dict = field(default_factory=dict)  # from generation_config.json
+
+
+@message("unloaded")
+@dataclass
+class Unloaded:
+    pass
+
+
+@message("started")
+@dataclass
+class Started:
+    request_id: str
+    prompt_tokens: int
+
+
+@message("step")
+@dataclass
+class Step:
+    """One engine step: index 0 is the prefill (which yields the first token)."""
+
+    request_id: str
+    index: int
+    emitted: list[int]
+    draft: list[int]  # empty when the step did not speculate
+    accepted: int
+    answer: str  # answer text completed by this step
+    thought: str  # thought text completed by this step
+    spans: list[list] = field(default_factory=list)  # [[chars, DRAFT|TARGET], ...] covering `answer`
+    seconds: float = 0.0  # the step's engine time (prefill time for index 0)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    elapsed: float = 0.0  # seconds since the worker started this request, when the step ended
+    stats: dict | None = None  # running speculation statistics (engine/stats.py summary)
+
+
+@message("finished")
+@dataclass
+class Finished:
+    request_id: str
+    reason: str  # "stop", "length", "cancelled"
+    text: str
+    thought: str
+    token_ids: list[int]
+    prompt_tokens: int
+    prefill_seconds: float
+    elapsed: float
+    stats: dict
+    last_step: int  # the index of the last step run
+    cancel_step: int | None = None  # the step that was running when the cancel arrived
+
+
+@message("error")
+@dataclass
+class Error:
+    kind: str  # OUT_OF_MEMORY, BAD_INPUT or CRASH
+    message: str
+    during: str = ""  # "load", "generate", "inspect", "demo", "request"
+    request_id: str | None = None
+    details: str = ""  # a traceback for crashes

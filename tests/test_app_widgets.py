@@ -1,0 +1,239 @@
+"""The window's parts on their own: Markdown and copy links, the message box keys, a message with its
+thought, colour by origin, the reply's statistics, the speculation panel, export, theme."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QGuiApplication
+
+from flashdesk import protocol as p
+from flashdesk.app.markdown import code_blocks, origin_html, with_copy_links
+from flashdesk.app.reply import Reply, footer_text
+from flashdesk.app.store import COMPLETE, INTERRUPTED, Conversation, Message
+
+MD = "Intro\n\n```python\nprint('hi')\n```\n\nMiddle\n\n~~~\nraw ``` inside\n~~~\n\n```js\nunclosed();"
+
+
+def test_code_blocks_and_copy_links() -> None:
+    blocks = code_blocks(MD)
+    assert [code for *_, code in blocks] == ["print('hi')", "raw ``` inside", "unclosed();"]
+    rendered, code = with_copy_links(MD)
+    assert code == ["print('hi')", "raw ``` inside", "unclosed();"]
+    assert rendered.count("](copy:") == 3 and "[Copy code](copy:0)" in rendered
+    assert with_copy_links("no code") == ("no code", [])
+
+
+def test_origin_html_marks_draft_characters() -> None:
+    html = origin_html("ab<c>\nd", [[2, "d"], [3, "t"]], "#0f0", "#000")
+    assert html.count("<span") == 1 and ">ab</span>" in html
+    assert "&lt;c&gt;" in html and "<br>" in html and html.endswith("d</div>")
+
+
+def _message(role: str = "assistant", content: str = "", **kw) -> Message:
+    return Message(kw.pop("id", 1), 1, role, content, kw.pop("state", COMPLETE), time.time(), time.time(), **kw)
+
+
+def test_message_thought_is_collapsible_with_its_duration(qtbot) -> None:
+    from flashdesk.app.message_widget import MessageWidget
+
+    w = MessageWidget(_message(content="**Answer**", thought="Let me think about it.", thought_seconds=2.46))
+    qtbot.addWidget(w)
+    w.show()
+    assert w.thought_toggle.isVisible() and w.thought_toggle.text() == "▸ Thought for 2.5 s"
+    assert not w.thought_view.isVisible()
+    w.thought_toggle.click()
+    assert w.thought_view.isVisible() and "Let me think" in w.thought_view.toPlainText()
+    assert w.thought_toggle.text().startswith("▾")
+    w.thought_toggle.click()
+    assert not w.thought_view.isVisible()
+    assert w.body.toPlainText() == "Answer"  # Markdown rendered
+    # while the model thinks, the thought is open and says so
+    w.show_stream("", "Hmm", 0.8, [], thinking=True)
+    assert w.thought_view.isVisible() and w.thought_toggle.text() == "▾ Thinking… 0.8 s"
+
+
+def test_copy_buttons(qtbot) -> None:
+    from flashdesk.app.message_widget import MessageWidget
+
+    w = MessageWidget(_message(content=MD))
+    qtbot.addWidget(w)
+    w.show()
+    assert "Copy code" in w.body.toPlainText()
+    w.body.anchorClicked.emit(QUrl("copy:0"))
+    assert QGuiApplication.clipboard().text() == "print('hi')"
+    w.body.anchorClicked.emit(QUrl("copy:2"))
+    assert QGuiApplication.clipboard().text() == "unclosed();"
+    w.copy_button.click()
+    assert QGuiApplication.clipboard().text() == MD
+
+
+def test_message_body_grows_with_its_text(qtbot) -> None:
+    from flashdesk.app.message_widget import MessageWidget
+
+    w = MessageWidget(_message(content="short"))
+    qtbot.addWidget(w)
+    w.resize(500, 200)
+    w.show()
+    short = w.body.height()
+    w.show_message(_message(content="\n\n".join(f"Paragraph {i} of a long reply." for i in range(30))))
+    assert w.body.height() > 10 * short
+    assert w.body.document().size().height() <= w.body.height()
+
+
+def test_colour_by_origin(qtbot) -> None:
+    from flashdesk.app.message_widget import MessageWidget
+
+    stats = {"tokens": 3, "origins": [[4, "t"], [6, "d"]]}
+    w = MessageWidget(_message(content="The cat sat", stats=stats), colour_by_origin=False)
+    qtbot.addWidget(w)
+    w.show()
+    assert "background-color" not in w.body.toHtml()
+    w.set_colour_by_origin(True)
+    assert w.body.toPlainText() == "The cat sat" and "background-color" in w.body.toHtml()
+
+
+def test_interrupted_and_failed_states(qtbot) -> None:
+    from flashdesk.app.message_widget import MessageWidget
+    from flashdesk.app.store import FAILED
+
+    w = MessageWidget(_message(content="half", state=INTERRUPTED))
+    qtbot.addWidget(w)
+    w.show()
+    assert "Interrupted" in w.status.text() and w.status.isVisible()
+    w.show_message(_message(content="", state=FAILED, stats={"tokens": 0, "error": "CUDA out of memory"}))
+    assert w.status.text() == "This reply failed: CUDA out of memory"
+
+
+def test_composer_keys(qtbot) -> None:
+    from flashdesk.app.composer import Composer
+
+    c = Composer()
+    qtbot.addWidget(c)
+    c.show()
+    sent, stops = [], []
+    c.send_requested.connect(sent.append)
+    c.stop_requested.connect(lambda: stops.append(1))
+    qtbot.keyClicks(c.edit, "line one")
+    qtbot.keyClick(c.edit, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.keyClicks(c.edit, "line two")
+    assert c.edit.toPlainText() == "line one\nline two" and sent == []
+    qtbot.keyClick(c.edit, Qt.Key.Key_Return)
+    assert sent == ["line one\nline two"] and c.edit.toPlainText() == ""
+    qtbot.keyClick(c.edit, Qt.Key.Key_Return)  # empty: nothing sent
+    assert len(sent) == 1
+    qtbot.keyClick(c.edit, Qt.Key.Key_Escape)
+    assert stops == []  # nothing to stop
+    c.set_busy(True)
+    assert c.button.text() == "Stop"
+    qtbot.keyClick(c.edit, Qt.Key.Key_Escape)
+    c.button.click()
+    assert stops == [1, 1]
+    c.set_busy(False)
+    c.set_can_send(False, "Loading the model…")
+    assert not c.button.isEnabled() and c.edit.placeholderText() == "Loading the model…"
+
+
+def _step(index, emitted, draft, accepted, answer, elapsed, thought="", stats=None, seconds=0.01):
+    step = p.Step("r", index, emitted, draft, accepted, answer, thought, [[len(answer), p.TARGET]] if answer else [],
+                  seconds, 0.0, seconds, elapsed, stats)
+    step.received = 100.0 + elapsed
+    return step
+
+
+def test_reply_statistics_and_energy() -> None:
+    r = Reply("r", 7, sent_at=99.9, energy_start_mj=1_000_000)
+    r.prompt_tokens = 50
+    r.add_steps([_step(0, [5], [], 0, "", 0.1, thought="Hm", seconds=0.1)])
+    r.add_steps([_step(1, [6, 7, 8], [6, 7, 9], 2, "Hi there", 0.2, stats={"mean_acceptance_length": 3.0}),
+                 _step(2, [9], [1, 2, 3], 0, "!", 0.3, stats={"mean_acceptance_length": 2.0, "drafted": 6,
+                                                             "accepted": 2, "acceptance_rate": 1 / 3})])
+    assert r.text == "Hi there!" and r.thought_text == "Hm" and r.tokens == 5
+    assert r.live_tokens_per_second() == pytest.approx(4 / 0.2)
+    r.finish(p.Finished("r", "stop", "Hi there!", "Hm", [5, 6, 7, 8, 9], 50, 0.1, 0.4,
+                        {"mean_acceptance_length": 2.0, "drafted": 6, "accepted": 2, "acceptance_rate": 1 / 3}, 2),
+             energy_end_mj=1_025_000)
+    s = r.stats()
+    assert s["ttft_seconds"] == pytest.approx(0.2)  # sent at 99.9, the first token arrived at 100.1
+    assert s["decode_tokens_per_second"] == pytest.approx(4 / 0.2)
+    assert s["prefill_tokens_per_second"] == pytest.approx(500)
+    assert s["energy_joules"] == pytest.approx(25.0) and s["joules_per_token"] == pytest.approx(5.0)
+    assert s["draft_lengths"] == [3] and s["finish_reason"] == "stop"
+    text = footer_text(s)
+    assert "5 tokens" in text and "20.0 tok/s" in text and "τ 2.00" in text and "5.00 J/token" in text
+
+
+def test_spec_panel(qtbot) -> None:
+    from flashdesk.app.spec_panel import SpecPanel
+
+    panel = SpecPanel()
+    qtbot.addWidget(panel)
+    panel.show()
+    assert not panel.enabled.isEnabled()  # no drafter loaded
+    changes = []
+    panel.speculation_changed.connect(lambda on, n: changes.append((on, n)))
+    panel.set_block_size(16, enabled=True, length=None)
+    assert panel.length.maximum() == 15 and panel.length.value() == 15 and panel.enabled.isChecked()
+    assert changes == []  # setting up the panel is not a user's change
+    panel.length.setValue(4)
+    panel.enabled.setChecked(False)
+    assert changes == [(True, 4), (False, 4)]
+    panel.show_stats({"mean_acceptance_length": 2.5, "acceptance_rate": 0.375, "drafted": 8, "accepted": 3,
+                      "per_position_acceptance": [0.75, 0.5, 0.25, 0.0], "accepted_histogram": [1, 0, 1, 0, 0]},
+                     "This reply, live.")
+    assert panel.tau.text() == "τ = 2.50 tokens/step" and panel.rate.text() == "38%" and panel.counts.text() == "3 / 8"
+    assert list(panel.positions.bars.opts["height"]) == [0.75, 0.5, 0.25, 0.0]
+    assert list(panel.histogram.bars.opts["x"]) == [0, 1, 2, 3, 4]
+    panel.show_stats(None, "No reply yet.")
+    assert panel.tau.text() == "τ n/a" and panel.rate.text() == "n/a"
+
+
+def test_export() -> None:
+    from flashdesk.app.export import to_json, to_markdown
+
+    conv = Conversation(1, "Sky", 0.0, 0.0, "Be brief.", {"temperature": 0.0})
+    msgs = [_message("user", "Why is the sky blue?", id=1),
+            _message("assistant", "Rayleigh scattering.", id=2, thought="Physics.", thought_seconds=1.0,
+                     stats={"tokens": 3, "decode_tokens_per_second": 10.0, "joules_per_token": None})]
+    md = to_markdown(conv, msgs)
+    assert md.startswith("# Sky\n") and "> Be brief." in md and "## You" in md and "## Assistant" in md
+    assert "<details><summary>Thought (1.0 s)</summary>" in md and "10.0 tok/s" in md
+    data = json.loads(to_json(conv, msgs))
+    assert data["conversation"]["system_prompt"] == "Be brief."
+    assert data["messages"][1]["thought"] == "Physics." and data["messages"][1]["stats"]["tokens"] == 3
+
+
+def test_dark_theme_follows_the_override(qtbot, monkeypatch) -> None:
+    from PySide6.QtGui import QPalette
+    from PySide6.QtWidgets import QApplication
+
+    from flashdesk.app import theme
+
+    app = QApplication.instance()
+    old = app.palette()
+    try:
+        monkeypatch.setenv("FLASHDESK_THEME", "dark")
+        theme.apply(app)
+        assert app.palette().color(QPalette.ColorRole.Window).lightness() < 80
+        assert theme.colors()["plot_bg"] == "#1e1f22"
+        monkeypatch.setenv("FLASHDESK_THEME", "light")
+        theme.apply(app)
+        assert app.palette().color(QPalette.ColorRole.Window).lightness() > 180
+    finally:
+        app.setPalette(old)
+
+
+def test_app_modules_do_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, os; os.environ['QT_QPA_PLATFORM'] = 'offscreen';"
+            "import flashdesk.app.main, flashdesk.app.main_window;"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'triton')"
+            " or m.startswith('flashdesk.engine'));"
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr

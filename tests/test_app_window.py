@@ -1,0 +1,315 @@
+"""The real window against the real engine process running the demo model (offscreen).
+
+Each test opens a window on its own data folder, as a user would start the app; the worker is a
+real `python -m flashdesk.engine.worker` process. FLASHDESK_WORKER_STEP_DELAY slows the tiny model
+down so a test can act in the middle of a reply.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QApplication
+
+from flashdesk.app.engine_session import EngineSession
+from flashdesk.app.main_window import MainWindow
+from flashdesk.app.store import CANCELLED, COMPLETE, INTERRUPTED, Store
+from flashdesk.app.telemetry import TelemetrySampler
+from test_telemetry import NVMLError, fake_nvml, until
+
+LOAD_MS = 90_000
+REPLY_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[Path, Path]:
+    from flashdesk.engine.demo import create_demo
+
+    return create_demo(tmp_path_factory.mktemp("demo-model"))
+
+
+@pytest.fixture
+def open_window(qtbot, monkeypatch, tmp_path):
+    """open_window(data_dir=None, demo=None, delay=None, nvml=None) -> a shown MainWindow."""
+    windows: list[MainWindow] = []
+
+    def make(data_dir: Path | None = None, demo=None, delay: float | None = None, nvml=None,
+             wait: bool = True) -> MainWindow:
+        data_dir = data_dir or tmp_path / "data"
+        data_dir.mkdir(exist_ok=True)
+        monkeypatch.setenv("FLASHDESK_DATA_DIR", str(data_dir))
+        store = Store(data_dir / "flashdesk.db")
+        if demo is not None:
+            store.set_setting("model", {"target": str(demo[0]), "draft": str(demo[1]), "device": "cpu",
+                                        "context": 4096, "kv_dtype": "auto", "dtype": "auto", "demo": True})
+        session = EngineSession(env={"FLASHDESK_WORKER_STEP_DELAY": str(delay)} if delay else None)
+        sampler = TelemetrySampler(nvml or fake_nvml(init_error=NVMLError("NVML Shared Library Not Found")),
+                                   interval=0.2)
+        window = MainWindow(store, session, sampler)
+        qtbot.addWidget(window)
+        window.show()
+        window.activateWindow()
+        QTest.qWaitForWindowActive(window)
+        windows.append(window)
+        if wait and store.setting("model"):
+            until(lambda: session.state == "ready", timeout_ms=LOAD_MS)
+        return window
+
+    yield make
+    for window in windows:
+        window.close()
+        window.store.close()
+
+
+def greedy(window: MainWindow, max_tokens: int) -> None:
+    """Start a conversation that decodes greedily (the same reply every time)."""
+    window.new_conversation()
+    window.controller.update_settings("", {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": max_tokens,
+                                           "thinking": False})
+
+
+def send(qtbot, window: MainWindow, text: str) -> None:
+    window.composer.edit.setFocus()
+    qtbot.keyClicks(window.composer.edit, text)
+    qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
+    assert window.controller.busy, "Enter did not send"
+
+
+def wait_idle(qtbot, window: MainWindow) -> None:
+    until(lambda: not window.controller.busy, timeout_ms=REPLY_MS)
+
+
+def messages(window: MainWindow):
+    return window.store.messages(window.controller.conversation.id)
+
+
+def test_send_streams_is_stored_while_streaming_and_survives_a_restart(qtbot, open_window, demo, tmp_path) -> None:
+    w = open_window(demo=demo, delay=0.02)
+    assert w.windowTitle() == "FlashDesk — New conversation"
+    greedy(w, max_tokens=240)
+    w.spec.length.setValue(3)  # four tokens a step at most: the reply takes a few saves
+    seen: list[str] = []
+    w.controller.reply_progress.connect(lambda r: seen.append(r.text))
+    send(qtbot, w, "Hello there")
+    assert w.composer.button.text() == "Stop"
+
+    db = sqlite3.connect(tmp_path / "data" / "flashdesk.db")
+    partial = "SELECT content FROM messages WHERE role = 'assistant' AND state = 'streaming' AND content != ''"
+    until(lambda: db.execute(partial).fetchone() is not None, timeout_ms=REPLY_MS)
+    db.close()
+    wait_idle(qtbot, w)
+
+    assert len(seen) >= 3 and all(a == b[:len(a)] for a, b in zip(seen, seen[1:]))  # it streamed, growing
+    user, reply = messages(w)
+    assert (user.role, user.content, reply.role, reply.state) == ("user", "Hello there", "assistant", COMPLETE)
+    assert reply.content == seen[-1] and reply.content.strip()
+    assert reply.stats["tokens"] == 240 and reply.stats["decode_tokens_per_second"] > 0
+    assert reply.stats["ttft_seconds"] > 0 and reply.stats["mean_acceptance_length"] >= 1
+    widget = w.chat.widget(reply.id)
+    assert widget.message.content == reply.content
+    assert "240 tokens" in widget.footer.text() and "tok/s" in widget.footer.text()
+    assert "J/token n/a" in widget.footer.text()  # CPU: no energy counter
+    assert w.windowTitle() == "FlashDesk — Hello there"
+    assert w.conversations.list.currentItem().text() == "Hello there"
+    assert w.composer.button.text() == "Send"
+    assert w.telemetry.text("tps_message").endswith("tok/s")
+    assert w.spec.tau.text().endswith("tokens/step")
+    w.close()
+
+    again = open_window(delay=None)  # the same data folder, the model remembered
+    assert [c.title for c in again.store.conversations()][:1] == ["Hello there"]
+    assert again.windowTitle() == "FlashDesk — Hello there"
+    stored = messages(again)
+    assert [m.content for m in stored] == ["Hello there", reply.content]
+    assert again.chat.widget(stored[1].id).message.content == reply.content
+    assert again.spec.tau.text() == w.spec.tau.text()  # the last reply's statistics, from the store
+
+
+def test_escape_stops_within_one_step(qtbot, open_window, demo) -> None:
+    w = open_window(demo=demo, delay=0.03)
+    greedy(w, max_tokens=1000)
+    finished = []
+    w.session.finished.connect(finished.append)
+    send(qtbot, w, "Count to a thousand")
+    until(lambda: w.controller.reply is not None and w.controller.reply.tokens >= 5, timeout_ms=REPLY_MS)
+    w.chat.setFocus()  # Esc works wherever the focus is, not only in the message box
+    QTest.keyClick(w.chat, Qt.Key.Key_Escape)
+    wait_idle(qtbot, w)
+    assert QApplication.activeWindow() is w  # nothing flashed up as a window of its own meanwhile
+    done = finished[-1]
+    assert done.reason == "cancelled"
+    assert done.cancel_step is not None and done.last_step <= done.cancel_step  # the step in flight, no more
+    reply = messages(w)[-1]
+    assert reply.state == CANCELLED and 0 < reply.stats["tokens"] < 1000
+    assert reply.content == done.text
+    assert w.chat.widget(reply.id).status.text() == "Stopped."
+
+
+def test_speculation_changes_mid_reply_take_effect_and_change_nothing(qtbot, open_window, demo) -> None:
+    w = open_window(demo=demo, delay=0.02)
+    greedy(w, max_tokens=140)
+    finished, drafts = [], []
+    w.session.finished.connect(finished.append)
+    w.session.steps.connect(lambda steps: drafts.extend(len(s.draft) for s in steps if s.index > 0))
+
+    w.spec.enabled.setChecked(False)
+    send(qtbot, w, "Hello")
+    wait_idle(qtbot, w)
+    plain = finished[-1]
+    assert set(drafts) == {0}
+
+    drafts.clear()
+    w.spec.enabled.setChecked(True)
+    w.spec.length.setValue(3)
+    w.regenerate_last()
+    until(lambda: 3 in drafts, timeout_ms=REPLY_MS)
+    w.spec.enabled.setChecked(False)
+    mark = len(drafts)
+    until(lambda: 0 in drafts[mark:], timeout_ms=REPLY_MS)
+    w.spec.enabled.setChecked(True)
+    w.spec.length.setValue(6)
+    until(lambda: 6 in drafts, timeout_ms=REPLY_MS)
+    wait_idle(qtbot, w)
+
+    spec = finished[-1]
+    assert spec.token_ids == plain.token_ids and spec.text == plain.text
+    order = [n for i, n in enumerate(drafts) if i == 0 or n != drafts[i - 1]]
+    assert order.index(3) < order.index(0) < order.index(6), order
+    reply = messages(w)[-1]
+    assert {3, 6} <= set(reply.stats["draft_lengths"]) and reply.stats["accepted"] > 0
+    assert w.store.setting("speculation") == {"enabled": True, "draft_length": 6}
+
+
+def test_killed_worker_keeps_the_partial_reply_and_restarts(qtbot, open_window, demo) -> None:
+    w = open_window(demo=demo, delay=0.03)
+    greedy(w, max_tokens=1000)
+    send(qtbot, w, "Tell me a story")
+    until(lambda: w.controller.reply is not None and w.controller.reply.tokens >= 8, timeout_ms=REPLY_MS)
+    w.session.client.kill()
+    until(w.crash_banner.isVisible, timeout_ms=REPLY_MS)
+    assert not w.controller.busy
+    text = w.crash_banner.label.text()
+    assert "engine stopped" in text and "SIGKILL" in text and "kept" in text
+    reply = messages(w)[-1]
+    assert reply.state == INTERRUPTED and reply.content.strip()
+    widget = w.chat.widget(reply.id)
+    assert widget.message.content == reply.content and "Interrupted" in widget.status.text()
+    assert not w.composer.button.isEnabled()
+
+    qtbot.mouseClick(w.crash_banner.button, Qt.MouseButton.LeftButton)
+    until(lambda: w.session.state == "ready", timeout_ms=LOAD_MS)
+    assert not w.crash_banner.isVisible()
+    w.controller.update_settings("", {"temperature": 0.0, "max_tokens": 10})
+    send(qtbot, w, "Second question")
+    wait_idle(qtbot, w)
+    last = messages(w)
+    assert [m.state for m in last[-2:]] == [COMPLETE, COMPLETE] and last[-1].stats["tokens"] == 10
+    assert last[1].content == reply.content  # the interrupted reply is still there
+
+
+def test_corrupt_database_is_moved_aside_and_reported(qtbot, open_window, tmp_path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "flashdesk.db").write_bytes(b"not sqlite" * 500)
+    w = open_window(data_dir=data)
+    assert w.notice_box is not None
+    until(w.notice_box.isVisible, timeout_ms=5000)
+    assert "moved" in w.notice_box.text()
+    assert any(p.name.startswith("flashdesk.db.corrupt-") for p in data.iterdir())
+    assert w.pages.currentIndex() == 0  # no model configured: the setup page
+
+
+def test_first_run_demo_and_memory_plan(qtbot, open_window, tmp_path) -> None:
+    w = open_window()
+    assert w.pages.currentIndex() == 0 and w.windowTitle() == "FlashDesk"
+    assert "meaningless" in w.setup.demo_text.text()
+    qtbot.mouseClick(w.setup.demo_button, Qt.MouseButton.LeftButton)
+    until(lambda: w.session.state == "ready", timeout_ms=LOAD_MS)
+    assert (tmp_path / "data" / "demo" / "target" / "model.safetensors").is_file()
+    assert w.pages.currentIndex() == 1
+    assert w.demo_banner.isVisible() and "meaningless" in w.demo_banner.label.text()
+    assert "Demo model" in w.model_label.text()
+    assert w.spec.length.maximum() == 15 and w.spec.enabled.isEnabled()
+
+    w.show_setup()
+    assert w.setup.target.text().endswith("target")
+    qtbot.mouseClick(w.setup.check_button, Qt.MouseButton.LeftButton)
+    until(lambda: "memory" in w.setup.plan.toPlainText(), timeout_ms=LOAD_MS)
+    plan = w.setup.plan.toPlainText()
+    assert "drafter" in plan and "verdict    ok" in plan
+    w.setup.target.setText(str(tmp_path / "nowhere"))
+    qtbot.mouseClick(w.setup.check_button, Qt.MouseButton.LeftButton)
+    until(lambda: "Not usable" in w.setup.status.text(), timeout_ms=LOAD_MS)
+
+
+def test_conversations_edit_regenerate_export(qtbot, open_window, demo, tmp_path) -> None:
+    w = open_window(demo=demo, nvml=fake_nvml())
+    greedy(w, max_tokens=12)
+    send(qtbot, w, "First question")
+    wait_idle(qtbot, w)
+    first_conv = w.controller.conversation.id
+    user, reply = messages(w)
+
+    # regenerate: the same greedy reply again, in a new message
+    w.chat.widget(reply.id).regen_button.click()
+    wait_idle(qtbot, w)
+    user2, reply2 = messages(w)
+    assert user2.id == user.id and reply2.id != reply.id and reply2.content == reply.content
+
+    # edit and resend the user message: everything after it is replaced
+    widget = w.chat.widget(user.id)
+    widget.edit_button.click()
+    assert widget.editor.isVisible()
+    widget.editor.setPlainText("Second question")
+    widget.edit_send.click()
+    wait_idle(qtbot, w)
+    got = messages(w)
+    assert [m.content for m in got][0] == "Second question" and len(got) == 2 and got[1].state == COMPLETE
+    assert got[1].content != reply.content
+
+    # system prompt and sampling belong to the conversation
+    w.edit_settings()
+    dialog = w.settings_dialog
+    dialog.system.setPlainText("Answer in French.")
+    dialog.max_tokens.setValue(5)
+    dialog.accept()
+    assert w.controller.conversation.system_prompt == "Answer in French."
+    assert w.controller.sampling()["max_tokens"] == 5
+
+    # export
+    w.export_to(tmp_path / "c.md", "md")
+    w.export_to(tmp_path / "c.json", "json")
+    md = (tmp_path / "c.md").read_text()
+    assert md.startswith("# First question") and "Answer in French." in md and "Second question" in md
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["format"] == "flashdesk-conversation" and [m["role"] for m in data["messages"]] == ["user", "assistant"]
+    assert data["messages"][1]["stats"]["tokens"] == 12
+
+    # new, search, rename (F2), delete (Delete key)
+    w.new_conversation()
+    assert w.windowTitle() == "FlashDesk — New conversation"
+    send(qtbot, w, "Pasta recipes")
+    wait_idle(qtbot, w)
+    assert [c.title for c in w.store.conversations()] == ["Pasta recipes", "First question"]
+    qtbot.keyClicks(w.conversations.search, "pasta")
+    assert w.conversations.list.count() == 1
+    w.conversations.search.clear()
+    item = w.conversations.list.currentItem()
+    item.setText("Italian food")  # what the inline editor does on Enter after F2
+    assert w.store.conversation(w.controller.conversation.id).title == "Italian food"
+    assert w.windowTitle() == "FlashDesk — Italian food"
+    w.conversations.confirm_delete = lambda title: True
+    w.conversations.list.setFocus()
+    QTest.keyClick(w.conversations.list, Qt.Key.Key_Delete)
+    assert [c.title for c in w.store.conversations()] == ["First question"]
+    assert w.controller.conversation.id == first_conv
+
+    # the telemetry panel shows the fake card's fixed readings
+    until(lambda: w.telemetry.text("power") == "288 W of 450 W", timeout_ms=5000)
+    assert w.telemetry.text("gpu_name") == "NVIDIA GeForce RTX 4090"
+    assert w.telemetry.text("worker_vram") == "0.00 GiB"  # the demo worker holds nothing on the GPU
