@@ -77,25 +77,24 @@ def load_prompts(path: str | Path | None) -> list[dict]:
     return prompts
 
 
-def run_mode(engine: Engine, prompts: list[list[int]], max_new: int, draft_length: int) -> ModeResult:
-    """Decode every prompt greedily in one mode (draft_length 0 = plain AR) and total the steps."""
-    name = "AR" if draft_length == 0 else f"DFlash K={draft_length}"
-    result = ModeResult(name, draft_length)
-    control = SpecControl(enabled=draft_length > 0, draft_length=draft_length or None)
-    for ids in prompts:
-        finish = [e for e in engine.generate(GenerationRequest(ids, max_new), control)
-                  if isinstance(e, FinishEvent)][0]
-        s = finish.stats
-        result.decode_tokens += s["decode_tokens"]
-        result.decode_seconds += s["decode_seconds"]
-        result.drafted += s["drafted"]
-        result.accepted += s["accepted"]
-        result.speculative_steps += s["speculative_steps"]
-        result.speculative_emitted += s["speculative_emitted"]
-        result.per_prompt.append({"tokens": len(finish.token_ids), "decode_tokens_per_second":
-                                  s["decode_tokens_per_second"], "acceptance_rate": s["acceptance_rate"],
-                                  "token_ids": finish.token_ids})
-    return result
+def mode_name(draft_length: int) -> str:
+    return "AR" if draft_length == 0 else f"DFlash K={draft_length}"
+
+
+def run_ours(engine: Engine, ids: list[int], max_new: int, result: ModeResult) -> None:
+    """Decode one prompt greedily in one mode (draft length 0 = plain AR) and add up its steps."""
+    control = SpecControl(enabled=result.draft_length > 0, draft_length=result.draft_length or None)
+    finish = [e for e in engine.generate(GenerationRequest(ids, max_new), control) if isinstance(e, FinishEvent)][0]
+    s = finish.stats
+    result.decode_tokens += s["decode_tokens"]
+    result.decode_seconds += s["decode_seconds"]
+    result.drafted += s["drafted"]
+    result.accepted += s["accepted"]
+    result.speculative_steps += s["speculative_steps"]
+    result.speculative_emitted += s["speculative_emitted"]
+    result.per_prompt.append({"tokens": len(finish.token_ids), "decode_tokens_per_second":
+                              s["decode_tokens_per_second"], "acceptance_rate": s["acceptance_rate"],
+                              "token_ids": finish.token_ids})
 
 
 def _sync(device) -> float:
@@ -122,40 +121,28 @@ def reference_models(model_dir: str, draft_dir: str, device, dtype):
     return target, drafter
 
 
-def compare(model_dir, draft_dir, engine: Engine, prompts, max_new, draft_lengths, ours: dict) -> dict:
-    """Time transformers' generate (AR) and dflash_generate (each K) on the same prompts."""
+def run_transformers(target, ids: list[int], max_new: int, stop: list[int], result: ModeResult) -> None:
+    """transformers' greedy generate: decode time = the whole call minus a 1-token call (the prefill)."""
+    device = target.device
+    x = torch.tensor([ids], device=device)
+    with torch.inference_mode():
+        t0 = _sync(device)
+        target.generate(x, max_new_tokens=1, do_sample=False, eos_token_id=stop, pad_token_id=0)
+        t1 = _sync(device)
+        seq = target.generate(x, max_new_tokens=max_new, do_sample=False, eos_token_id=stop, pad_token_id=0)
+        t2 = _sync(device)
+    result.decode_tokens += seq.shape[1] - len(ids) - 1  # all but the prefill's token
+    result.decode_seconds += max((t2 - t1) - (t1 - t0), 1e-9)
+
+
+def run_reference(target, drafter, ids: list[int], max_new: int, stop: list[int], result: ModeResult) -> None:
+    """z-lab's dflash_generate; its own timer starts after the prefill."""
     import dflash.model as dflash_model
 
-    device, dtype = engine.model.device, engine.model.dtype
-    target, drafter = reference_models(model_dir, draft_dir, device, dtype)
-    if device.type != "cuda":
-        dflash_model._cuda_time = time.perf_counter  # its timer calls torch.cuda.synchronize
-    stop = sorted(engine.eos)
-    out = {}
-    tokens = seconds = 0.0
-    with torch.inference_mode():
-        for ids in prompts:
-            x = torch.tensor([ids], device=device)
-            t0 = _sync(device)
-            target.generate(x, max_new_tokens=1, do_sample=False, eos_token_id=stop, pad_token_id=0)
-            t1 = _sync(device)
-            seq = target.generate(x, max_new_tokens=max_new, do_sample=False, eos_token_id=stop, pad_token_id=0)
-            t2 = _sync(device)
-            tokens += seq.shape[1] - len(ids) - 1  # decode tokens: all but the prefill's
-            seconds += max((t2 - t1) - (t1 - t0), 1e-9)
-    out["transformers_ar"] = {"tokens_per_second": tokens / seconds,
-                              "ours_over_it": ours["AR"] / (tokens / seconds)}
-    for k in draft_lengths:
-        tokens = seconds = 0.0
-        for ids in prompts:
-            res = dflash_model.dflash_generate(drafter, target, torch.tensor([ids], device=device), max_new, stop,
-                                               block_size=k + 1, return_stats=True)
-            decode_seconds = res.time_per_output_token * res.num_output_tokens
-            tokens += res.num_output_tokens - 1
-            seconds += decode_seconds
-        tps = tokens / seconds if seconds > 0 else 0.0
-        out[f"zlab_dflash_k{k}"] = {"tokens_per_second": tps, "ours_over_it": ours[f"DFlash K={k}"] / tps}
-    return out
+    res = dflash_model.dflash_generate(drafter, target, torch.tensor([ids], device=target.device), max_new, stop,
+                                       block_size=result.draft_length + 1, return_stats=True)
+    result.decode_tokens += res.num_output_tokens - 1
+    result.decode_seconds += res.time_per_output_token * res.num_output_tokens
 
 
 def run_bench(args) -> int:
@@ -170,10 +157,29 @@ def run_bench(args) -> int:
     items = load_prompts(args.prompts)
     prompts = [build_prompt_ids(engine.tokenizer, messages_from(p["prompt"]), enable_thinking=False)
                for p in items]
-    warm = GenerationRequest(prompts[0], 4)
-    for control in (SpecControl(False), SpecControl(True, lengths[0])):
-        list(engine.generate(warm, control))  # first-call costs (allocator, kernels) out of the numbers
-    modes = [run_mode(engine, prompts, args.max_new_tokens, k) for k in [0, *lengths]]
+    modes = [ModeResult(mode_name(k), k) for k in [0, *lengths]]
+    runners = [lambda ids, m=m: run_ours(engine, ids, args.max_new_tokens, m) for m in modes]
+    references = []
+    if args.compare:
+        target, drafter = reference_models(args.model, args.draft, engine.model.device, engine.model.dtype)
+        if engine.model.device.type != "cuda":
+            import dflash.model as dflash_model
+
+            dflash_model._cuda_time = time.perf_counter  # its timer calls torch.cuda.synchronize
+        stop = sorted(engine.eos)
+        references = [ModeResult("transformers generate (AR)", 0)] + [
+            ModeResult(f"z-lab dflash_generate K={k}", k) for k in lengths]
+        runners.append(lambda ids, m=references[0]: run_transformers(target, ids, args.max_new_tokens, stop, m))
+        runners += [lambda ids, m=m: run_reference(target, drafter, ids, args.max_new_tokens, stop, m)
+                    for m in references[1:]]
+    for run in runners:  # warm-up: first-call costs (allocator, lazy init) out of the numbers
+        run(prompts[0][:8])
+    for m in modes + references:
+        m.decode_tokens, m.decode_seconds, m.per_prompt = 0, 0.0, []
+        m.drafted = m.accepted = m.speculative_steps = m.speculative_emitted = 0
+    for ids in prompts:  # every mode on one prompt before the next: drift in machine load hits all alike
+        for run in runners:
+            run(ids)
     baseline = modes[0].tokens_per_second
     report = {
         "model": str(args.model), "draft": str(args.draft), "prompts": len(prompts),
@@ -181,12 +187,14 @@ def run_bench(args) -> int:
         "device": str(engine.model.device), "dtype": str(engine.model.dtype).removeprefix("torch."),
         "kv_dtype": engine.kv_dtype, "modes": [m.as_dict(baseline) for m in modes],
     }
-    identical = all(m.per_prompt[i]["token_ids"] == modes[0].per_prompt[i]["token_ids"]
-                    for m in modes for i in range(len(prompts)))
-    report["outputs_identical"] = identical
-    if args.compare:
-        report["compare"] = compare(args.model, args.draft, engine, prompts, args.max_new_tokens, lengths,
-                                    {m.name: m.tokens_per_second for m in modes})
+    report["outputs_identical"] = all(m.per_prompt[i]["token_ids"] == modes[0].per_prompt[i]["token_ids"]
+                                      for m in modes for i in range(len(prompts)))
+    if references:
+        ours = {m.draft_length: m.tokens_per_second for m in modes}
+        report["compare"] = {
+            ("transformers_ar" if i == 0 else f"zlab_dflash_k{m.draft_length}"):
+                {"tokens_per_second": m.tokens_per_second, "ours_over_it": ours[m.draft_length] / m.tokens_per_second}
+            for i, m in enumerate(references)}
     print(json.dumps(report) if args.json else format_report(report))
     return 0
 

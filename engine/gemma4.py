@@ -72,7 +72,6 @@ class _Layer:
                          "pre_feedforward_layernorm_2"):
                 self.norms[name] = w.pop(p + name + ".weight").float()
             self.router = w.pop(p + "router.proj.weight")
-            # norm(x) * scale * hidden**-0.5 as transformers does it, folded into one vector
             self.router_scale = w.pop(p + "router.scale")
             self.per_expert_scale = w.pop(p + "router.per_expert_scale")
             self.experts_gate_up = w.pop(p + "experts.gate_up_proj")

@@ -6,6 +6,7 @@ The CLI, the worker process, the benchmarks and the tests all drive generation t
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +110,8 @@ class Engine:
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         kv = resolve_kv_dtype(kv_dtype, dev, torch_dtype)
+        if dev.type == "cpu":
+            torch.set_num_threads(cpu_threads(Path(model_dir)))
         if dev.type == "cuda":  # refuse before loading a byte when it cannot fit; else pick the context
             cfg = load_config(model_dir)
             draft_cfg = load_draft_config(draft_dir) if draft_dir else None
@@ -177,6 +180,20 @@ class Engine:
             index += 1
         summary = {"prompt_tokens": len(prompt), "prefill_seconds": prefill_seconds, **stats.summary()}
         yield FinishEvent(finish, tokens, "".join(text.answer), "".join(text.thought), summary)
+
+
+SMALL_MODEL_BYTES = 64 << 20
+
+
+def cpu_threads(model_dir: Path) -> int:
+    """Threads for torch on the CPU: one for tiny models (demo, tests), where splitting 64-wide
+    matmuls costs more than it saves and, on a busy machine, every waiting thread stalls each op;
+    all cores otherwise. FLASHDESK_CPU_THREADS overrides."""
+    explicit = os.environ.get("FLASHDESK_CPU_THREADS")
+    if explicit:
+        return max(1, int(explicit))
+    size = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    return 1 if size < SMALL_MODEL_BYTES else (os.cpu_count() or 1)
 
 
 def _has_tokenizer(folder: Path) -> bool:

@@ -32,7 +32,6 @@ from pathlib import Path
 
 from flashdesk import protocol as p
 
-SMALL_MODEL_BYTES = 64 << 20  # below this, one CPU thread is fastest (and immune to busy machines)
 
 
 def error_kind(exc: BaseException) -> str:
@@ -254,9 +253,6 @@ class Worker:
         self.send(p.LoadProgress("resolve", 0.05, "finding the model files"))
         target = self._resolve(msg.target)
         draft = self._resolve(msg.draft) if msg.draft else None
-        cpu = msg.device == "cpu" or (msg.device == "auto" and not torch.cuda.is_available())
-        if cpu:
-            torch.set_num_threads(_cpu_threads(target))
         self.send(p.LoadProgress("weights", -1.0, f"loading {model_name(target)}"
                                  + (" and its drafter" if draft else "")))
         engine = Engine.load(target, msg.device, msg.dtype, msg.kv_dtype, msg.context, draft)
@@ -356,16 +352,6 @@ class Worker:
             with self.state_lock:
                 self.active = None
                 self.cancels.pop(rid, None)
-
-
-def _cpu_threads(target: Path) -> int:
-    explicit = os.environ.get("FLASHDESK_CPU_THREADS")
-    if explicit:
-        return max(1, int(explicit))
-    size = sum(f.stat().st_size for f in target.glob("*.safetensors"))
-    import torch
-
-    return 1 if size < SMALL_MODEL_BYTES else torch.get_num_threads()
 
 
 def _rss() -> int:
