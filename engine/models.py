@@ -7,6 +7,16 @@ are shared with every other Hugging Face tool; HF_HOME / HF_HUB_CACHE, HF_ENDPOI
 are read when a function runs (not when huggingface_hub was imported), and only the files the
 engine reads are fetched.
 
+The weights (`*.safetensors`, gigabytes each) are the exception to "through huggingface_hub":
+huggingface_hub 2.x resumes a dropped connection within one run but deletes its partial file when
+the run itself ends (Ctrl-C, a killed process, the network gone for good), so the next run would
+start a 5 GB shard from zero. FlashDesk downloads those files itself, with huggingface_hub's
+helpers for everything but the transfer (`hf_hub_url`, `get_hf_file_metadata`, its HTTP session
+and headers, its file lock): the bytes go to `blobs/{etag}.incomplete`, which is kept between runs
+and continued with an HTTP Range request, and the finished file is placed exactly where
+huggingface_hub would put it (`blobs/{etag}`, `snapshots/{commit}/{name}` a relative link to it;
+`refs/{revision}` is written by the snapshot_download that fetches the small files first).
+
 The check after a download is the loader's own header reader (`weights.read_header`) matched
 against the index, plus, for files in the cache, the size the Hub listed and the sha256 the Hub
 named the blob by: a truncated or corrupted file is named before the engine ever opens it.
@@ -19,6 +29,8 @@ import json
 import os
 import re
 import sys
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -32,6 +44,9 @@ ENGINE_FILES = ["config.json", "generation_config.json", "*.safetensors", "model
                 "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                 "chat_template.jinja", "chat_template.json"]
 SKIPPED_FILES = ["*/*"]
+# Downloaded by FlashDesk itself so that an interrupted download continues on the next run (see the
+# module docstring); everything else goes through huggingface_hub's snapshot_download.
+RESUMABLE_FILES = ["*.safetensors"]
 INDEX_FILE, SINGLE_FILE = "model.safetensors.index.json", "model.safetensors"
 TARGET_ARCHS = ("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM")
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -174,12 +189,16 @@ def cache_problems(repo_id: str, snapshot: Path) -> list[Problem]:
     return problems
 
 
-def hash_problems(snapshot: Path, show_progress: bool = True) -> list[Problem]:
-    """sha256 of every cached file whose blob is named by its sha256 (the Hub's LFS files)."""
+def hash_problems(snapshot: Path, show_progress: bool = True,
+                  verified: frozenset[str] = frozenset()) -> list[Problem]:
+    """sha256 of every cached file whose blob is named by its sha256 (the Hub's LFS files).
+
+    `verified`: sha256s already checked while this run downloaded them (not read a second time).
+    """
     from huggingface_hub.utils import tqdm
 
     files = [(p, Path(os.path.realpath(p)).name) for p in sorted(snapshot.iterdir()) if p.is_file()]
-    files = [(p, digest) for p, digest in files if SHA256.fullmatch(digest)]
+    files = [(p, digest) for p, digest in files if SHA256.fullmatch(digest) and digest not in verified]
     problems = []
     with tqdm(total=sum(p.stat().st_size for p, _ in files), unit="B", unit_scale=True,
               desc="Checking sha256", disable=not show_progress or None) as bar:
@@ -300,47 +319,300 @@ def _download_error(repo_id: str, exc: Exception) -> FlashDeskError:
         return FlashDeskError(f"cannot reach {hub_endpoint()} to download {repo_id}: check the connection "
                               f"(HF_ENDPOINT, proxy settings) ({first})")
     return FlashDeskError(f"download of {repo_id} stopped: {type(exc).__name__}: {first}. Run the same command "
-                          "again to continue: files already downloaded are kept")
+                          "again to continue: files already downloaded are kept, and a weights file cut off "
+                          "half-way continues where it stopped")
 
 
-def _fetch(repo_id: str, filename: str | None = None, revision: str | None = None, force: bool = False) -> Path:
-    """snapshot_download (filename None) or hf_hub_download into the cache; errors as FlashDeskError."""
+def _fetch(repo_id: str, filename: str | None = None, revision: str | None = None, force: bool = False,
+           skip: list[str] = ()) -> Path:
+    """snapshot_download (filename None) or hf_hub_download into the cache; errors as FlashDeskError.
+
+    `skip`: more patterns snapshot_download leaves out (the files `_fetch_resumable` downloads).
+    """
     import httpx2
     from huggingface_hub import hf_hub_download, snapshot_download
 
     common = dict(cache_dir=hub_cache_dir(), endpoint=hub_endpoint(), force_download=force)
     try:
         if filename is None:
-            return Path(snapshot_download(repo_id, allow_patterns=ENGINE_FILES, ignore_patterns=SKIPPED_FILES,
-                                          **common))
+            return Path(snapshot_download(repo_id, allow_patterns=ENGINE_FILES,
+                                          ignore_patterns=SKIPPED_FILES + list(skip), **common))
         return Path(hf_hub_download(repo_id, filename, revision=revision, **common))
     except (OSError, ValueError, httpx2.HTTPError) as exc:  # HfHubHTTPError and friends are OSErrors
         raise _download_error(repo_id, exc) from exc
+
+
+# --- resumable download of the weights ---------------------------------------------------------
+
+RETRY_WAIT_S = 1.0  # pause before continuing after a dropped connection (huggingface_hub's too)
+MAX_TRIES = 5  # attempts in a row that bring no new byte before this run gives up on a file
+
+
+def _is_resumable(filename: str) -> bool:
+    from huggingface_hub.utils import filter_repo_objects
+
+    return bool(list(filter_repo_objects([filename], allow_patterns=RESUMABLE_FILES,
+                                         ignore_patterns=SKIPPED_FILES)))
+
+
+def _fetch_resumable(repo_id: str, snapshot: Path, only: list[str] | None = None, replace: bool = False,
+                     fresh: bool = False, show_progress: bool = True,
+                     log: Callable[[str], None] = print) -> set[str]:
+    """Download the weights of the snapshot's commit that are not in it yet (or `only` those), continuing
+    any partial file an earlier run left. Returns the sha256s verified on the way.
+
+    `replace`: download even the files already there (`--force`, or a repair of a damaged file);
+    `fresh`: and from zero, not continuing a partial file (`--force`).
+
+    The file list is the tree listing snapshot_download cached on disk for this commit; without one
+    (the Hub unreachable and an older snapshot on disk) nothing is downloaded and the check after
+    the download names what is missing.
+    """
+    import httpx2
+    from huggingface_hub import get_cached_repo_tree, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError
+    from huggingface_hub.utils import filter_repo_objects
+
+    commit = snapshot.name
+    if only is None:
+        try:
+            tree = get_cached_repo_tree(repo_id, revision=commit, cache_dir=hub_cache_dir())
+        except (CachedRepoTreeNotFoundError, OSError, ValueError):
+            return set()
+        only = list(filter_repo_objects([f.path for f in tree], allow_patterns=RESUMABLE_FILES,
+                                        ignore_patterns=SKIPPED_FILES))
+    todo = [name for name in only if replace or not (snapshot / name).is_file()]
+    if not todo:
+        return set()
+    storage = snapshot.parent.parent  # models--{org}--{name}
+    try:
+        metadata = {}
+        for name in todo:
+            url = hf_hub_url(repo_id, name, revision=commit, endpoint=hub_endpoint())
+            meta = get_hf_file_metadata(url, endpoint=hub_endpoint())
+            if not meta.etag:
+                raise FlashDeskError(f"{hub_endpoint()} sent no ETag for {repo_id}/{name}: is HF_ENDPOINT a "
+                                     "Hugging Face Hub?")
+            metadata[name] = (url, meta)
+        _remove_stale_partials(storage, keep={meta.etag for _, meta in metadata.values()}, log=log)
+        verified = set()
+        for name, (url, meta) in metadata.items():
+            if _download_resumable(storage, commit, name, url, meta.etag, meta.size, replace, fresh,
+                                   show_progress, log):
+                verified.add(meta.etag)
+        return verified
+    except (OSError, ValueError, httpx2.HTTPError) as exc:
+        raise _download_error(repo_id, exc) from exc
+
+
+def _lock_path(storage: Path, etag: str) -> Path:
+    """The lock huggingface_hub takes for this blob (`{cache}/.locks/{repo folder}/{etag}.lock`)."""
+    return storage.parent / ".locks" / storage.name / f"{etag}.lock"
+
+
+def _remove_stale_partials(storage: Path, keep: set[str], log: Callable[[str], None]) -> None:
+    """Delete `blobs/{etag}.incomplete` files of this repository whose etag is no longer wanted (the
+    file changed on the Hub since): they can never be continued. One in use elsewhere is left alone."""
+    from filelock import Timeout
+    from huggingface_hub.utils import WeakFileLock
+
+    blobs = storage / "blobs"
+    if not blobs.is_dir():
+        return
+    for partial in sorted(blobs.glob("*.incomplete")):
+        etag = partial.name.removesuffix(".incomplete")
+        if etag in keep or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", etag):
+            continue  # ours to continue, or not ours (huggingface_hub's own are {etag}.{uuid}.incomplete)
+        try:
+            with WeakFileLock(_lock_path(storage, etag), timeout=0.5):
+                size = partial.stat().st_size
+                partial.unlink()
+            log(f"Removed an outdated partial download ({_size(size)}, {partial.name}): the file changed on "
+                "the Hub since")
+        except (Timeout, OSError):
+            pass
+
+
+def _download_resumable(storage: Path, commit: str, filename: str, url: str, etag: str, size: int | None,
+                        replace: bool, fresh: bool, show_progress: bool, log: Callable[[str], None]) -> bool:
+    """Download one file into `blobs/{etag}` through `blobs/{etag}.incomplete`, continuing what is
+    there, and link it from the snapshot. True when its sha256 was checked and matches the etag."""
+    from huggingface_hub.utils import WeakFileLock
+
+    blob = storage / "blobs" / etag
+    partial = blob.with_name(f"{etag}.incomplete")
+    pointer = storage / "snapshots" / commit / filename
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    lock = _lock_path(storage, etag)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    verified = False
+    with WeakFileLock(lock):  # the same lock as huggingface_hub: one writer per blob, in any process
+        if replace or not blob.is_file():
+            if fresh:
+                partial.unlink(missing_ok=True)
+            verified = _download_to_partial(url, partial, etag, size, filename, show_progress, log)
+            os.replace(partial, blob)
+        _link(blob, pointer)
+    return verified
+
+
+def _download_to_partial(url: str, partial: Path, etag: str, size: int | None, filename: str,
+                         show_progress: bool, log: Callable[[str], None]) -> bool:
+    """Bring `partial` to the whole file: an HTTP Range request from its current size, repeated after
+    a dropped connection (at most MAX_TRIES times in a row without progress); from zero if it is
+    longer than the file, or from the whole body the server sends when it ignores the Range (HTTP
+    200). True when the sha256 was checked.
+
+    A sha256 that differs after continuing a partial file means the bytes kept on disk were bad:
+    the file is downloaded again from zero, once. A sha256 that differs after a download from zero
+    is left for the check after the download to name (as with files huggingface_hub downloads).
+    """
+    import httpx2
+    from huggingface_hub import constants, get_session
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, tqdm
+
+    check_sha = SHA256.fullmatch(etag) is not None
+    have = partial.stat().st_size if partial.is_file() else 0
+    if size is not None and have > size:
+        log(f"{filename}: the partial download is larger than the file ({have} > {size} bytes); starting over")
+        partial.unlink()
+        have = 0
+    resumed = have > 0
+    if resumed:
+        log(f"{filename}: continuing a partial download at {have} of {size} bytes")
+    sha = hashlib.sha256()
+    if check_sha and have:
+        with partial.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                sha.update(chunk)
+    desc = filename if len(filename) <= 40 else f"(…){filename[-40:]}"
+    with tqdm(total=size, initial=have, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
+              disable=not show_progress or None) as bar:
+
+        def restart(why: str) -> None:
+            nonlocal have, sha
+            log(f"{filename}: {why}; downloading it from the start")
+            partial.unlink(missing_ok=True)
+            have, sha = 0, hashlib.sha256()
+            bar.reset(total=size)
+
+        tries = 0
+        while True:
+            while size is None or have < size:
+                tries += 1
+                if tries > MAX_TRIES:
+                    raise OSError(f"{filename}: no progress after {MAX_TRIES} attempts ({have} of {size} bytes "
+                                  "kept for the next run)")
+                headers = build_hf_headers()
+                headers["Accept-Encoding"] = "identity"  # byte offsets must be those of the file itself
+                if have:
+                    headers["Range"] = f"bytes={have}-"
+                try:
+                    with get_session().stream("GET", url, headers=headers,
+                                              timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
+                        if have and response.status_code == 416:
+                            restart("the server refused to continue the partial download")
+                            continue
+                        hf_raise_for_status(response)
+                        if have and response.status_code == 200:  # Range ignored: this is the whole file
+                            restart("the server ignored the request to continue at byte "
+                                    f"{have} (HTTP 200, not 206)")
+                        elif have and not _continues_at(response, have):
+                            restart(f"the server did not continue at byte {have} (HTTP {response.status_code}, "
+                                    f"Content-Range {response.headers.get('Content-Range')!r})")
+                            continue
+                        if size is None:
+                            length = response.headers.get("Content-Length")
+                            size = have + int(length) if length and length.isdigit() else None
+                            bar.total = size
+                        too_long = False
+                        with partial.open("ab") as f:
+                            for chunk in response.iter_bytes():
+                                if size is not None and have + len(chunk) > size:
+                                    too_long = True
+                                    break
+                                f.write(chunk)
+                                f.flush()  # on disk as it arrives: kept even if the process is killed
+                                if check_sha:
+                                    sha.update(chunk)
+                                have += len(chunk)
+                                bar.update(len(chunk))
+                                tries = 0
+                        if too_long:
+                            partial.unlink()
+                            raise OSError(f"{filename}: the server sent more than the {size} bytes the Hub "
+                                          "listed; the partial download was removed")
+                    if size is None:
+                        size = have  # no length known: the server's end of the body is the end of the file
+                except httpx2.TransportError as exc:  # refused, reset, cut or timed out
+                    if tries >= MAX_TRIES:
+                        raise
+                    log(f"{filename}: connection lost at {have} of {size} bytes ({type(exc).__name__}); "
+                        "continuing")
+                    time.sleep(RETRY_WAIT_S)
+            if not check_sha or sha.hexdigest() == etag:
+                return check_sha
+            if not resumed:
+                return False  # bad bytes from the server: the check after the download names the file
+            resumed, tries = False, 0
+            restart("its sha256 differs from the Hub's after continuing the partial download")
+
+
+def _continues_at(response, offset: int) -> bool:
+    """Whether a response to `Range: bytes={offset}-` is the file from `offset` on (206, Content-Range)."""
+    if response.status_code != 206:
+        return False
+    match = re.fullmatch(r"\s*bytes\s+(\d+)-\d+/(\d+|\*)\s*", response.headers.get("Content-Range", ""))
+    return match is not None and int(match.group(1)) == offset
+
+
+def _link(blob: Path, pointer: Path) -> None:
+    """`pointer` (in snapshots/) a relative symlink to `blob`, as huggingface_hub makes it; where the
+    file system has no symlinks, the blob itself is moved there (huggingface_hub does the same)."""
+    target = os.path.relpath(blob, pointer.parent)
+    if pointer.is_symlink() and os.readlink(pointer) == target:
+        return
+    tmp = pointer.with_name(f".{pointer.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        os.symlink(target, tmp)
+    except OSError:
+        os.replace(blob, pointer)
+        return
+    os.replace(tmp, pointer)
 
 
 def pull(repo_id: str, force: bool = False, repair: Callable[[str, list[Problem]], bool] = lambda r, p: False,
          show_progress: bool = True, log: Callable[[str], None] = print) -> ModelEntry:
     """Download `repo_id`'s engine files, check them, and re-download damaged ones if `repair` agrees.
 
-    An interrupted file is resumed by huggingface_hub within the run (HTTP Range after a dropped
-    connection); files finished by an earlier run are kept, so running `pull` again continues.
+    The small files go through huggingface_hub's snapshot_download (which also records the commit
+    and its file list); then the weights through `_fetch_resumable`, so an interrupted weights file
+    continues where it stopped, within the run and on the next run. Finished files are kept.
     """
     log(f"Pulling {repo_id} from {hub_endpoint()} into {hub_cache_dir()}")
-    snapshot = _fetch(repo_id, force=force)
-    problems = _check_download(repo_id, snapshot, show_progress)
+    snapshot = _fetch(repo_id, force=force, skip=RESUMABLE_FILES)
+    verified = _fetch_resumable(repo_id, snapshot, replace=force, fresh=force, show_progress=show_progress,
+                                log=log)
+    problems = _check_download(repo_id, snapshot, show_progress, verified)
     if problems and repair(repo_id, problems):
         for p in problems:
             log(f"Re-downloading {repo_id}/{p.file} ({p.message})")
-            _fetch(repo_id, p.file, revision=snapshot.name, force=True)
-        problems = _check_download(repo_id, snapshot, show_progress)
+            if _is_resumable(p.file):
+                verified |= _fetch_resumable(repo_id, snapshot, only=[p.file], replace=True,
+                                             show_progress=show_progress, log=log)
+            else:
+                _fetch(repo_id, p.file, revision=snapshot.name, force=True)
+        problems = _check_download(repo_id, snapshot, show_progress, verified)
     size = sum(p.stat().st_size for p in snapshot.iterdir() if p.is_file())
     return ModelEntry(repo_id, snapshot, model_kind(snapshot), size, problems)
 
 
-def _check_download(repo_id: str, snapshot: Path, show_progress: bool) -> list[Problem]:
+def _check_download(repo_id: str, snapshot: Path, show_progress: bool,
+                    verified: set[str] = frozenset()) -> list[Problem]:
     problems = cache_problems(repo_id, snapshot)
     problems += check_folder(snapshot)
-    problems += hash_problems(snapshot, show_progress)
+    problems += hash_problems(snapshot, show_progress, frozenset(verified))
     seen, unique = set(), []
     for p in problems:  # one line per file: the first finding is the clearest
         if p.file not in seen:
@@ -393,7 +665,7 @@ def run_models(args) -> int:
             entry = pull(repo_id, force=args.force, repair=ask, log=lambda s: print(s, file=sys.stderr))
         except KeyboardInterrupt:
             print(f"\n{repo_id}: interrupted; run the same command again to continue (finished files are "
-                  "kept)", file=sys.stderr)
+                  "kept, and a weights file cut off half-way continues where it stopped)", file=sys.stderr)
             return 130
         if entry.complete:
             print(f"{repo_id}: complete, {_size(entry.size)} in {entry.path}")

@@ -12,9 +12,11 @@ snapshot_download / hf_hub_download use (read from huggingface_hub 2.4's source)
 - `GET /{repo}/resolve/{rev}/{path}` (http_get), with `Range: bytes=N-` answered by 206.
 
 Faults, to test the client's recovery: `drop_once(path)` sends half of a file then closes the
-connection (once); `fail_gets(path)` answers that file's GETs with 500 until cleared;
-`corrupt(repo, path, data)` serves other bytes under the real file's ETag and size. Every request
-is logged as (method, url path, Range header).
+connection (once); `stall_once(path, n)` sends the first n bytes then sends nothing more until
+`release()` (or 30 s), for a test to interrupt the client mid-file; `fail_gets(path)` answers that
+file's GETs with 500 until cleared; `ignore_range = True` answers a `Range` request with the whole
+file (200), as some proxies and CDNs do; `corrupt(repo, path, data)` serves other bytes under the
+real file's ETag and size. Every request is logged as (method, url path, Range header).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class FakeHub:
         self.dropping: set[str] = set()
         self.failing: set[str] = set()
         self.corrupted: dict[tuple[str, str], bytes] = {}
+        self.stalling: dict[str, int] = {}
+        self.released = threading.Event()
+        self.ignore_range = False
         self.lock = threading.Lock()
         hub = self
 
@@ -68,6 +73,14 @@ class FakeHub:
     def drop_once(self, path: str) -> None:
         self.dropping.add(path)
 
+    def stall_once(self, path: str, after: int) -> None:
+        """The next GET of `path` sends its first `after` body bytes, then waits for `release()`."""
+        self.released.clear()
+        self.stalling[path] = after
+
+    def release(self) -> None:
+        self.released.set()
+
     def fail_gets(self, path: str, failing: bool = True) -> None:
         """Answer GETs of `path` with 500 (after any pending drop_once) until called with False."""
         (self.failing.add if failing else self.failing.discard)(path)
@@ -89,6 +102,7 @@ class FakeHub:
         return [item for item in out if path is None or item[0] == path]
 
     def close(self) -> None:
+        self.release()
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=5)
@@ -166,14 +180,25 @@ class _Handler(BaseHTTPRequestHandler):
         with self.fake.lock:
             drop = file in self.fake.dropping
             self.fake.dropping.discard(file)
-        if not drop and file in self.fake.failing:
+            stall = self.fake.stalling.pop(file, None)
+        if not drop and stall is None and file in self.fake.failing:
             return self._send(500, b"server error", {"X-Repo-Commit": sha})
         data = self.fake.corrupted.get((repo_id, file), data)
         start = 0
-        byte_range = self.headers.get("Range")
+        byte_range = None if self.fake.ignore_range else self.headers.get("Range")
         if byte_range:
             start = int(byte_range.split("=", 1)[1].split("-", 1)[0])
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        if stall is not None:  # part of the body, then silence: the client is interrupted meanwhile
+            self.send_response(206 if byte_range else 200)
+            for key, value in {**headers, "Content-Length": str(len(data) - start)}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(data[start:start + stall])
+            self.wfile.flush()
+            self.fake.released.wait(timeout=30)
+            self.close_connection = True
+            return
         if drop:  # announce the whole file, send half, hang up: a connection cut mid-download
             self.send_response(200)
             for key, value in {**headers, "Content-Length": str(len(data))}.items():
