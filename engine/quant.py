@@ -104,8 +104,8 @@ class PackedModule:
 def plan(dense: dict[str, tuple[int, ...]], entries: dict[str, TensorEntry],
          quant: QuantConfig | None) -> tuple[dict, list[PackedModule]]:
     """The tensors the checkpoint must hold, given which modules its key names say are packed."""
-    any_entry = next(iter(entries.values()), None)
-    prefix = any_entry.name[:len(any_entry.name) - len(next(iter(entries)))] if any_entry else ""
+    short, entry = next(iter(entries.items()), ("", None))
+    prefix = entry.name.removesuffix(short) if entry else ""  # the layout prefix, e.g. model.language_model.
     specs: dict = {}
     modules: list[PackedModule] = []
     for name, shape in dense.items():

@@ -17,6 +17,7 @@ from flashdesk.engine.gemma4 import Gemma4
 from flashdesk.engine.sampling import SamplingParams, draw, make_generator, probabilities, sample, verify_draft
 
 PREFILL_CHUNK = 1024  # prompt tokens per forward: bounds activation memory on long prompts
+PENDING_LIMIT = 256  # plain steps whose target features wait for the drafter before being folded in
 
 
 @dataclass
@@ -79,15 +80,21 @@ class Decoder:
             logits, taps = self._forward([self.last], "last")
             if taps is not None:
                 self.pending.append(taps)
+                if len(self.pending) >= PENDING_LIMIT:  # speculation off for long: keep memory bounded
+                    self._flush_pending()
             self.last = int(sample(logits[-1], self.sampling, self.generator))
             return StepResult([self.last], [], 0, 0.0, self._now() - t0)
         return self._speculative_step(k, remaining)
 
-    def _speculative_step(self, k: int, remaining: int) -> StepResult:
-        t0 = self._now()
+    def _flush_pending(self) -> None:
+        """Turn the target features gathered since the last draft into the drafter's context K/V."""
         if self.pending:
             self.drafter.add_context(self.ctx, torch.cat(self.pending))
             self.pending = []
+
+    def _speculative_step(self, k: int, remaining: int) -> StepResult:
+        t0 = self._now()
+        self._flush_pending()
         draft_logits = self.drafter.draft_logits(self.ctx, self.last, k)
         if self.sampling.greedy:
             draft_probs, draft = None, draft_logits.argmax(dim=-1)

@@ -142,3 +142,25 @@ def test_cli_refuses_bad_draft_options(spec_pair, capsys):
     assert "--draft-length must be 1..15" in capsys.readouterr().err
     assert main(["generate", "--model", str(target_dir), "--prompt-ids", "2,3", "--no-speculate"]) == 2
     assert "need --draft" in capsys.readouterr().err
+
+
+def test_long_stretches_without_speculation_fold_features_in_early(spec_pair, monkeypatch):
+    """With speculation off the target's features are folded into the drafter's context every few
+    steps (bounded memory), and switching it back on later is still exact."""
+    import flashdesk.engine.speculative as speculative
+
+    monkeypatch.setattr(speculative, "PENDING_LIMIT", 4)
+    engine = spec_pair[0]
+    prompt, max_new = PROMPTS[1], 60
+    plain, _ = our_trace(engine, prompt, max_new, SpecControl(enabled=False))
+    control = SpecControl(False, 5)
+    tokens, accepted = [], 0
+    for event in engine.generate(GenerationRequest(prompt, max_new), control):
+        if isinstance(event, FinishEvent):
+            break
+        tokens += event.emitted
+        accepted += event.accepted
+        if event.index == 20:
+            control.enabled = True
+    assert tokens == plain.token_ids
+    assert accepted > 0  # the drafter's context was complete: its drafts still get accepted
