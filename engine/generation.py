@@ -183,6 +183,7 @@ class Engine:
 
 
 SMALL_MODEL_BYTES = 64 << 20
+DEFAULT_CPU_THREADS = torch.get_num_threads()  # torch's own choice, before any load changes it
 
 
 def cpu_threads(model_dir: Path) -> int:
@@ -193,7 +194,7 @@ def cpu_threads(model_dir: Path) -> int:
     if explicit:
         return max(1, int(explicit))
     size = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    return 1 if size < SMALL_MODEL_BYTES else (os.cpu_count() or 1)
+    return 1 if size < SMALL_MODEL_BYTES else DEFAULT_CPU_THREADS
 
 
 def _has_tokenizer(folder: Path) -> bool:
