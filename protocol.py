@@ -131,6 +131,25 @@ class SetSpeculation:
     draft_length: int | None = None
 
 
+@message("pull")
+@dataclass
+class Pull:
+    """Download the Hub model `repo_id` into the Hugging Face cache (no model needs to be loaded).
+
+    Answered by PullProgress events, then Pulled, PullCancelled or an Error (during "pull").
+    """
+
+    repo_id: str
+
+
+@message("cancel_pull")
+@dataclass
+class CancelPull:
+    """Stop the download of `repo_id` (running or queued); the bytes already on disk are kept."""
+
+    repo_id: str
+
+
 @message("unload")
 @dataclass
 class Unload:
@@ -206,6 +225,40 @@ class Loaded:
     sampling_defaults: dict = field(default_factory=dict)  # from generation_config.json
 
 
+@message("pull_progress")
+@dataclass
+class PullProgress:
+    """Bytes of `repo_id` on disk out of all its engine files (at most about 10 a second).
+
+    `total_bytes` is 0 while the file list is not known yet; `file` is the file being downloaded.
+    """
+
+    repo_id: str
+    file: str
+    done_bytes: int
+    total_bytes: int
+
+
+@message("pulled")
+@dataclass
+class Pulled:
+    """`repo_id` is complete and checked in the cache: `folder` is its snapshot."""
+
+    repo_id: str
+    folder: str
+    size: int = 0
+
+
+@message("pull_cancelled")
+@dataclass
+class PullCancelled:
+    """The download stopped at the app's request; a later Pull continues from `done_bytes`."""
+
+    repo_id: str
+    done_bytes: int = 0
+    total_bytes: int = 0
+
+
 @message("unloaded")
 @dataclass
 class Unloaded:
@@ -260,6 +313,6 @@ class Finished:
 class Error:
     kind: str  # OUT_OF_MEMORY, BAD_INPUT or CRASH
     message: str
-    during: str = ""  # "load", "generate", "inspect", "demo", "request"
+    during: str = ""  # "load", "generate", "inspect", "demo", "pull", "request"
     request_id: str | None = None
     details: str = ""  # a traceback for crashes

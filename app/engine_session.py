@@ -23,6 +23,9 @@ class EngineSession(QObject):
     loaded = Signal(object)  # protocol.Loaded
     inspected = Signal(object)
     demo_created = Signal(object)
+    pull_progress = Signal(object)  # protocol.PullProgress
+    pulled = Signal(object)  # protocol.Pulled
+    pull_cancelled = Signal(object)  # protocol.PullCancelled
     started = Signal(object)
     steps = Signal(list)
     finished = Signal(object)
@@ -72,6 +75,19 @@ class EngineSession(QObject):
 
     def create_demo(self, folder: str) -> None:
         self._send(p.CreateDemo(folder))
+
+    def pull(self, repo_id: str) -> None:
+        """Download a Hub model into the cache (the worker needs no model loaded for it)."""
+        self._send(p.Pull(repo_id))
+
+    def cancel_pull(self, repo_id: str) -> None:
+        """Stop the download of `repo_id`: dropped if it still waits here, else the worker stops it."""
+        waiting = [m for m in self._waiting if isinstance(m, p.Pull) and m.repo_id == repo_id]
+        if waiting:
+            self._waiting = [m for m in self._waiting if m not in waiting]
+            self.pull_cancelled.emit(p.PullCancelled(repo_id))
+        elif self.client.running:
+            self.client.send(p.CancelPull(repo_id))
 
     def load(self, settings: dict) -> None:
         self.load_settings = dict(settings)
@@ -139,6 +155,12 @@ class EngineSession(QObject):
             self.inspected.emit(msg)
         elif isinstance(msg, p.DemoCreated):
             self.demo_created.emit(msg)
+        elif isinstance(msg, p.PullProgress):
+            self.pull_progress.emit(msg)
+        elif isinstance(msg, p.Pulled):
+            self.pulled.emit(msg)
+        elif isinstance(msg, p.PullCancelled):
+            self.pull_cancelled.emit(msg)
         elif isinstance(msg, p.Started):
             self.started.emit(msg)
         elif isinstance(msg, p.Finished):

@@ -42,6 +42,8 @@ class MainWindow(QMainWindow):
         self.setObjectName("flashdeskMainWindow")
         self.store = store
         self._shown: int | None = None  # the conversation whose messages the chat view shows
+        self._downloads: list[str] = []  # Hub ids still to download, after the one in flight
+        self.downloading: str | None = None  # the Hub id the engine is downloading
         self.session = session or EngineSession(self)
         self.session.setParent(self)
         self.sampler = sampler or TelemetrySampler(parent=self)
@@ -160,6 +162,9 @@ class MainWindow(QMainWindow):
         s.inspected.connect(lambda m: self.setup.show_plan(m.lines, m.problems))
         s.inspected.connect(lambda _m: self.setup.set_busy(None))
         s.demo_created.connect(self._demo_created)
+        s.pull_progress.connect(self._pull_progress)
+        s.pulled.connect(self._pulled)
+        s.pull_cancelled.connect(self._pull_cancelled)
         s.error.connect(self._engine_error)
         s.died.connect(self._died)
         self.crash_banner.action.connect(self.restart_engine)
@@ -191,6 +196,8 @@ class MainWindow(QMainWindow):
         self.setup.check_requested.connect(self.check_model)
         self.setup.load_requested.connect(self.load_model)
         self.setup.demo_requested.connect(self.start_demo)
+        self.setup.download_requested.connect(self.download_models)
+        self.setup.download_cancel_requested.connect(self.cancel_download)
         self.setup.cancel_requested.connect(self.show_chat)
 
     def _menus(self) -> None:
@@ -287,6 +294,51 @@ class MainWindow(QMainWindow):
         self.session.load(sel)
         self.show_chat()
 
+    def download_models(self, repo_ids: list[str]) -> None:
+        """Download the Hub ids one after the other in the engine process, then check the selection."""
+        if not repo_ids or self.downloading:
+            return
+        self._downloads = list(repo_ids)
+        self.setup.set_downloading(True)
+        self._next_download()
+
+    def _next_download(self) -> None:
+        if not self._downloads:
+            self.downloading = None
+            self.setup.set_downloading(False)
+            self.check_model(self.setup.selection())  # the memory check, now that the files are here
+            return
+        self.downloading = self._downloads.pop(0)
+        self.setup.show_download(self.downloading, "", 0, 0)
+        self.session.pull(self.downloading)
+
+    def cancel_download(self) -> None:
+        if self.downloading:
+            self._downloads.clear()
+            self.setup.cancel_download_button.setEnabled(False)
+            self.setup.status.setText(f"Stopping the download of {self.downloading}…")
+            self.session.cancel_pull(self.downloading)
+
+    def _pull_progress(self, msg: p.PullProgress) -> None:
+        if msg.repo_id == self.downloading:
+            self.setup.show_download(msg.repo_id, msg.file, msg.done_bytes, msg.total_bytes)
+
+    def _pulled(self, msg: p.Pulled) -> None:
+        if msg.repo_id == self.downloading:
+            self.engine_label.setText(f"Downloaded {msg.repo_id} into {msg.folder}")
+            self._next_download()
+
+    def _pull_cancelled(self, msg: p.PullCancelled) -> None:
+        if msg.repo_id != self.downloading:
+            return
+        self.downloading = None
+        self._downloads.clear()
+        self.setup.set_downloading(False)
+        kept = (f" ({msg.done_bytes / 1e6:.1f} of {msg.total_bytes / 1e6:.1f} MB kept)"
+                if msg.total_bytes else "")
+        self.setup.status.setText(f"Download of {msg.repo_id} cancelled{kept}. Download again to continue "
+                                  "where it stopped.")
+
     def start_demo(self) -> None:
         self.setup.set_busy("Creating the demo model…")
         self.session.create_demo(str(paths.demo_dir()))
@@ -340,6 +392,14 @@ class MainWindow(QMainWindow):
 
     def _engine_error(self, err: p.Error) -> None:
         title = ERROR_TITLES.get(err.kind, "Error")
+        if err.during == "pull" or (err.during == "startup" and self.downloading):
+            self.downloading = None
+            self._downloads.clear()
+            self.setup.show_error(f"Download failed: {err.message}")
+            return
+        if err.during == "inspect" and "models pull" in err.message and self.setup.hub_ids():
+            self.setup.show_error(f"{title}: {err.message}. Or press Download to download it from here.")
+            return
         if err.during in ("load", "inspect", "demo", "startup"):
             self.load_bar.hide()
             self.engine_label.setText(f"{title}: {err.message}")
@@ -355,6 +415,11 @@ class MainWindow(QMainWindow):
 
     def _died(self, reason: str) -> None:
         self.load_bar.hide()
+        if self.downloading:
+            self.downloading = None
+            self._downloads.clear()
+            self.setup.show_error(f"The engine stopped during the download: {reason} Download again to continue "
+                                  "where it stopped.")
         self.crash_banner.show_text(f"<b>The engine stopped.</b> {reason} Your conversation is kept, up to the last "
                                     "token received.", "Restart engine", "error")
         self.crash_banner.close_button.setVisible(False)

@@ -1,11 +1,16 @@
 """The model setup page: pick the target and the drafter, see the memory plan, load; or the demo.
 
 The check runs in the engine process (the loader's own checks, no weights read), so the window
-never imports torch. A model can be named by folder or by Hugging Face id (an id must already be in
-the local Hub cache: `flashdesk models pull ID`).
+never imports torch. A model can be named by folder or by Hugging Face id. An id that is not in
+the local Hub cache yet is downloaded by the engine process too (Download): the page shows the
+bytes on disk out of the model's total and the file in flight, and Cancel stops the download
+with the partial weights kept, so that the next Download continues them.
 """
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFontDatabase
@@ -18,6 +23,22 @@ DEMO_TEXT = ("<b>No model yet?</b> The demo creates a tiny random Gemma 4 model 
              "1 MB) in FlashDesk's data folder and runs them on the CPU. <b>They write meaningless text</b>: "
              "the demo shows how the app works (streaming, speculation statistics, telemetry), "
              "not what Gemma can do.")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as engine/models.py's REPO_ID
+
+
+def hub_id(text: str) -> str | None:
+    """`text` when it names a Hugging Face model (org/name) and no folder of that name exists."""
+    text = text.strip()
+    if not HUB_ID.fullmatch(text) or Path(text).expanduser().is_dir():
+        return None
+    return text
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 class SetupPage(QWidget):
@@ -25,14 +46,16 @@ class SetupPage(QWidget):
     load_requested = Signal(dict)  # the load settings
     demo_requested = Signal()
     cancel_requested = Signal()
+    download_requested = Signal(list)  # the Hub ids of the Model and Drafter fields to download
+    download_cancel_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("setupPage")
         title = QLabel("<h2>Set up a model</h2>")
         intro = QLabel("FlashDesk runs Gemma 4 (the target) and a DFlash drafter for speculative decoding. "
-                       "Choose their folders, or Hugging Face ids already downloaded with "
-                       "<code>flashdesk models pull</code>.")
+                       "Choose their folders, or type their Hugging Face ids (<code>org/name</code>) and "
+                       "press Download if they are not on this computer yet.")
         intro.setWordWrap(True)
 
         self.target = QLineEdit()
@@ -66,10 +89,21 @@ class SetupPage(QWidget):
         self.load_button = QPushButton("Load")
         self.load_button.setObjectName("loadButton")
         self.load_button.setDefault(True)
+        self.download_button = QPushButton("Download")
+        self.download_button.setObjectName("downloadButton")
+        self.download_button.setToolTip("Download the Hugging Face ids above into the Hugging Face cache (an "
+                                        "interrupted download continues; one already complete is only checked)")
+        self.download_button.hide()
+        self.cancel_download_button = QPushButton("Cancel download")
+        self.cancel_download_button.setObjectName("cancelDownloadButton")
+        self.cancel_download_button.hide()
+        self.downloading = False
         self.cancel_button = QPushButton("Back to the chat")
         self.cancel_button.setObjectName("backButton")
         buttons = QHBoxLayout()
         buttons.addWidget(self.check_button)
+        buttons.addWidget(self.download_button)
+        buttons.addWidget(self.cancel_download_button)
         buttons.addStretch(1)
         buttons.addWidget(self.cancel_button)
         buttons.addWidget(self.load_button)
@@ -118,6 +152,10 @@ class SetupPage(QWidget):
         self.demo_button.clicked.connect(self.demo_requested)
         self.cancel_button.clicked.connect(self.cancel_requested)
         self.target.returnPressed.connect(lambda: self.check_requested.emit(self.selection()))
+        self.download_button.clicked.connect(lambda: self.download_requested.emit(self.hub_ids()))
+        self.cancel_download_button.clicked.connect(self.download_cancel_requested)
+        self.target.textChanged.connect(self._update_download)
+        self.draft.textChanged.connect(self._update_download)
 
     def _with_browse(self, edit: QLineEdit, caption: str) -> QWidget:
         button = QPushButton("Browse…")
@@ -133,6 +171,39 @@ class SetupPage(QWidget):
         folder = QFileDialog.getExistingDirectory(self, caption, edit.text() or "")
         if folder:
             edit.setText(folder)
+
+    def hub_ids(self) -> list[str]:
+        """The Hugging Face ids in the Model and Drafter fields (not folders), each once."""
+        ids = [hub_id(edit.text()) for edit in (self.target, self.draft)]
+        return list(dict.fromkeys(i for i in ids if i))
+
+    def _update_download(self) -> None:
+        self.download_button.setVisible(bool(self.hub_ids()) and not self.downloading)
+
+    def set_downloading(self, on: bool) -> None:
+        """Downloading: a measured progress bar and Cancel; the fields and other actions wait."""
+        self.downloading = on
+        for w in (self.check_button, self.load_button, self.demo_button, self.target, self.draft):
+            w.setEnabled(not on)
+        self.cancel_download_button.setVisible(on)
+        self.cancel_download_button.setEnabled(on)
+        self._update_download()
+        self.progress.setVisible(on)
+        if on:
+            self.status.setStyleSheet("")
+            self.progress.setRange(0, 0)  # until the first sizes arrive
+
+    def show_download(self, repo_id: str, file: str, done: int, total: int) -> None:
+        """The bytes of `repo_id` on disk out of its total, and the file in flight."""
+        if total <= 0:
+            self.progress.setRange(0, 0)
+            self.status.setText(f"Downloading {repo_id}: the file list and the small files (config, "
+                                "tokenizer), then the weights…")
+            return
+        self.progress.setRange(0, 1000)
+        self.progress.setValue(min(1000, done * 1000 // total))
+        where = f" · {file}" if file else ""
+        self.status.setText(f"Downloading {repo_id}: {_size(done)} of {_size(total)}{where}")
 
     def selection(self) -> dict:
         return {"target": self.target.text().strip(), "draft": self.draft.text().strip() or None,
@@ -173,6 +244,8 @@ class SetupPage(QWidget):
                 self.progress.setValue(int(fraction * 100))
 
     def show_error(self, text: str) -> None:
+        if self.downloading:
+            self.set_downloading(False)
         self.set_busy(None)
         self.status.setStyleSheet(f"color: {theme.colors()['error']};")
         self.status.setText(text)

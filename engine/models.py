@@ -355,14 +355,18 @@ def _is_resumable(filename: str) -> bool:
                                          ignore_patterns=SKIPPED_FILES)))
 
 
+Progress = Callable[[str, int, int], None]  # (file, bytes done, bytes total) of one file
+
+
 def _fetch_resumable(repo_id: str, snapshot: Path, only: list[str] | None = None, replace: bool = False,
                      fresh: bool = False, show_progress: bool = True,
-                     log: Callable[[str], None] = print) -> set[str]:
+                     log: Callable[[str], None] = print, progress: Progress | None = None) -> set[str]:
     """Download the weights of the snapshot's commit that are not in it yet (or `only` those), continuing
     any partial file an earlier run left. Returns the sha256s verified on the way.
 
     `replace`: download even the files already there (`--force`, or a repair of a damaged file);
     `fresh`: and from zero, not continuing a partial file (`--force`).
+    `progress(file, done, total)`: called as the bytes of each file arrive.
 
     The file list is the tree listing snapshot_download cached on disk for this commit; without one
     (the Hub unreachable and an older snapshot on disk) nothing is downloaded and the check after
@@ -394,11 +398,16 @@ def _fetch_resumable(repo_id: str, snapshot: Path, only: list[str] | None = None
                 raise FlashDeskError(f"{hub_endpoint()} sent no ETag for {repo_id}/{name}: is HF_ENDPOINT a "
                                      "Hugging Face Hub?")
             metadata[name] = (url, meta)
+        if progress is not None:  # every file's size is known before the first byte: a stable total
+            for name, (_, meta) in metadata.items():
+                partial = storage / "blobs" / f"{meta.etag}.incomplete"
+                have = partial.stat().st_size if partial.is_file() and not fresh else 0
+                progress(name, min(have, meta.size or have), meta.size or 0)
         _remove_stale_partials(storage, keep={meta.etag for _, meta in metadata.values()}, log=log)
         verified = set()
         for name, (url, meta) in metadata.items():
             if _download_resumable(storage, commit, name, url, meta.etag, meta.size, replace, fresh,
-                                   show_progress, log):
+                                   show_progress, log, progress):
                 verified.add(meta.etag)
         return verified
     except (OSError, ValueError, httpx2.HTTPError) as exc:
@@ -434,7 +443,8 @@ def _remove_stale_partials(storage: Path, keep: set[str], log: Callable[[str], N
 
 
 def _download_resumable(storage: Path, commit: str, filename: str, url: str, etag: str, size: int | None,
-                        replace: bool, fresh: bool, show_progress: bool, log: Callable[[str], None]) -> bool:
+                        replace: bool, fresh: bool, show_progress: bool, log: Callable[[str], None],
+                        progress: Progress | None = None) -> bool:
     """Download one file into `blobs/{etag}` through `blobs/{etag}.incomplete`, continuing what is
     there, and link it from the snapshot. True when its sha256 was checked and matches the etag."""
     from huggingface_hub.utils import WeakFileLock
@@ -451,14 +461,14 @@ def _download_resumable(storage: Path, commit: str, filename: str, url: str, eta
         if replace or not blob.is_file():
             if fresh:
                 partial.unlink(missing_ok=True)
-            verified = _download_to_partial(url, partial, etag, size, filename, show_progress, log)
+            verified = _download_to_partial(url, partial, etag, size, filename, show_progress, log, progress)
             os.replace(partial, blob)
         _link(blob, pointer)
     return verified
 
 
 def _download_to_partial(url: str, partial: Path, etag: str, size: int | None, filename: str,
-                         show_progress: bool, log: Callable[[str], None]) -> bool:
+                         show_progress: bool, log: Callable[[str], None], progress: Progress | None = None) -> bool:
     """Bring `partial` to the whole file: an HTTP Range request from its current size, repeated after
     a dropped connection (at most MAX_TRIES times in a row without progress); from zero if it is
     longer than the file, or from the whole body the server sends when it ignores the Range (HTTP
@@ -486,6 +496,8 @@ def _download_to_partial(url: str, partial: Path, etag: str, size: int | None, f
         with partial.open("rb") as f:
             while chunk := f.read(1 << 24):
                 sha.update(chunk)
+    report = progress or (lambda file, done, total: None)
+    report(filename, have, size or 0)
     desc = filename if len(filename) <= 40 else f"(…){filename[-40:]}"
     with tqdm(total=size, initial=have, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
               disable=not show_progress or None) as bar:
@@ -496,11 +508,13 @@ def _download_to_partial(url: str, partial: Path, etag: str, size: int | None, f
             partial.unlink(missing_ok=True)
             have, sha = 0, hashlib.sha256()
             bar.reset(total=size)
+            report(filename, 0, size or 0)
 
         tries = 0
         while True:
             while size is None or have < size:
                 tries += 1
+                report(filename, have, size or 0)  # also lets the caller stop between attempts
                 if tries > MAX_TRIES:
                     raise OSError(f"{filename}: no progress after {MAX_TRIES} attempts ({have} of {size} bytes "
                                   "kept for the next run)")
@@ -526,6 +540,7 @@ def _download_to_partial(url: str, partial: Path, etag: str, size: int | None, f
                             length = response.headers.get("Content-Length")
                             size = have + int(length) if length and length.isdigit() else None
                             bar.total = size
+                            report(filename, have, size or 0)
                         too_long = False
                         with partial.open("ab") as f:
                             for chunk in response.iter_bytes():
@@ -539,12 +554,14 @@ def _download_to_partial(url: str, partial: Path, etag: str, size: int | None, f
                                 have += len(chunk)
                                 bar.update(len(chunk))
                                 tries = 0
+                                report(filename, have, size or 0)
                         if too_long:
                             partial.unlink()
                             raise OSError(f"{filename}: the server sent more than the {size} bytes the Hub "
                                           "listed; the partial download was removed")
                     if size is None:
                         size = have  # no length known: the server's end of the body is the end of the file
+                        report(filename, have, size)
                 except httpx2.TransportError as exc:  # refused, reset, cut or timed out
                     if tries >= MAX_TRIES:
                         raise
@@ -583,29 +600,61 @@ def _link(blob: Path, pointer: Path) -> None:
 
 
 def pull(repo_id: str, force: bool = False, repair: Callable[[str, list[Problem]], bool] = lambda r, p: False,
-         show_progress: bool = True, log: Callable[[str], None] = print) -> ModelEntry:
+         show_progress: bool = True, log: Callable[[str], None] = print,
+         progress: Progress | None = None) -> ModelEntry:
     """Download `repo_id`'s engine files, check them, and re-download damaged ones if `repair` agrees.
 
     The small files go through huggingface_hub's snapshot_download (which also records the commit
     and its file list); then the weights through `_fetch_resumable`, so an interrupted weights file
     continues where it stopped, within the run and on the next run. Finished files are kept.
+
+    `progress(file, done, total)`, when given, is called for each file: the small files once each
+    when snapshot_download has them, each weights file once with its size before any weights byte
+    is downloaded (so the sum of the totals is known early) and then as its bytes arrive. An
+    exception it raises stops the pull (a weights file cut off keeps its partial bytes for later).
     """
     log(f"Pulling {repo_id} from {hub_endpoint()} into {hub_cache_dir()}")
     snapshot = _fetch(repo_id, force=force, skip=RESUMABLE_FILES)
+    if progress is not None:
+        _report_small_files(repo_id, snapshot, progress)
     verified = _fetch_resumable(repo_id, snapshot, replace=force, fresh=force, show_progress=show_progress,
-                                log=log)
+                                log=log, progress=progress)
     problems = _check_download(repo_id, snapshot, show_progress, verified)
     if problems and repair(repo_id, problems):
         for p in problems:
             log(f"Re-downloading {repo_id}/{p.file} ({p.message})")
             if _is_resumable(p.file):
                 verified |= _fetch_resumable(repo_id, snapshot, only=[p.file], replace=True,
-                                             show_progress=show_progress, log=log)
+                                             show_progress=show_progress, log=log, progress=progress)
             else:
-                _fetch(repo_id, p.file, revision=snapshot.name, force=True)
+                path = _fetch(repo_id, p.file, revision=snapshot.name, force=True)
+                if progress is not None:
+                    progress(p.file, path.stat().st_size, path.stat().st_size)
         problems = _check_download(repo_id, snapshot, show_progress, verified)
     size = sum(p.stat().st_size for p in snapshot.iterdir() if p.is_file())
     return ModelEntry(repo_id, snapshot, model_kind(snapshot), size, problems)
+
+
+def _report_small_files(repo_id: str, snapshot: Path, progress: Progress) -> None:
+    """After snapshot_download: every engine file of the commit's listing at once, the ones in the
+    snapshot as finished (the small files it just brought or found, weights complete from before),
+    the weights still to come with their listed size, so that the sum of the totals is known before
+    the first weights byte. Without a cached listing, the files in the snapshot."""
+    from huggingface_hub import get_cached_repo_tree
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError
+    from huggingface_hub.utils import filter_repo_objects
+
+    try:
+        tree = get_cached_repo_tree(repo_id, revision=snapshot.name, cache_dir=hub_cache_dir())
+        listed = {entry.path: entry.size or 0 for entry in tree}
+    except (CachedRepoTreeNotFoundError, OSError, ValueError):
+        listed = {path.name: 0 for path in snapshot.iterdir()}
+    wanted = sorted(filter_repo_objects(list(listed), allow_patterns=ENGINE_FILES, ignore_patterns=SKIPPED_FILES),
+                    key=lambda name: (not _is_resumable(name), name))
+    for name in wanted:
+        path = snapshot / name
+        size = path.stat().st_size if path.is_file() else 0
+        progress(name, size, max(size, listed[name]))
 
 
 def _check_download(repo_id: str, snapshot: Path, show_progress: bool,

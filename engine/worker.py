@@ -32,6 +32,12 @@ from pathlib import Path
 
 from flashdesk import protocol as p
 
+PULL_HZ = 10  # PullProgress events a second at most
+
+
+class PullCancelledError(Exception):
+    """Raised from the download's progress callback when the app cancelled the pull."""
+
 
 
 def error_kind(exc: BaseException) -> str:
@@ -121,6 +127,8 @@ class Worker:
         self.step = 0  # the index of the step the active generation is running
         self.cancels: dict[str, int | None] = {}  # request id -> the step running when cancel came
         self.step_delay = float(os.environ.get("FLASHDESK_WORKER_STEP_DELAY") or 0)
+        self.pulls: dict[str, int] = {}  # repo id -> Pull requests of it queued or running
+        self.pull_cancels: set[str] = set()  # repo ids whose download was cancelled (running or queued)
 
     # -- I/O ------------------------------------------------------------------------------------
 
@@ -146,9 +154,16 @@ class Worker:
                     self.cancels[msg.request_id] = self.step if self.active == msg.request_id else None
             elif isinstance(msg, p.SetSpeculation):
                 self.set_speculation(msg)
+            elif isinstance(msg, p.CancelPull):
+                with self.state_lock:
+                    if msg.repo_id.strip() in self.pulls:  # running or queued; otherwise nothing to stop
+                        self.pull_cancels.add(msg.repo_id.strip())
             else:
                 if isinstance(msg, p.Shutdown):
                     self.stopping.set()
+                elif isinstance(msg, p.Pull):
+                    with self.state_lock:
+                        self.pulls[msg.repo_id.strip()] = self.pulls.get(msg.repo_id.strip(), 0) + 1
                 self.requests.put(msg)
         self.stopping.set()
         self.requests.put(p.Shutdown())
@@ -170,7 +185,7 @@ class Worker:
 
         self.send(p.Ready(pid=os.getpid(), torch=torch.__version__, cuda=bool(torch.cuda.is_available())))
         handlers = {p.Load: self.load, p.Generate: self.generate, p.Inspect: self.inspect,
-                    p.CreateDemo: self.create_demo, p.Unload: self.unload}
+                    p.CreateDemo: self.create_demo, p.Unload: self.unload, p.Pull: self.pull}
         while True:
             msg = self.requests.get()
             if isinstance(msg, p.Shutdown):
@@ -189,7 +204,7 @@ class Worker:
     def report(self, exc: BaseException, msg) -> None:
         kind = error_kind(exc)
         during = {p.Load: "load", p.Generate: "generate", p.Inspect: "inspect",
-                  p.CreateDemo: "demo"}.get(type(msg), "request")
+                  p.CreateDemo: "demo", p.Pull: "pull"}.get(type(msg), "request")
         details = "" if kind == p.BAD_INPUT else traceback.format_exc()
         text = str(exc) or type(exc).__name__
         if kind == p.CRASH:
@@ -235,6 +250,67 @@ class Worker:
 
         target, draft = create_demo(msg.folder)
         self.send(p.DemoCreated(str(target), str(draft)))
+
+    def pull(self, msg: p.Pull) -> None:
+        """Download a Hub model into the cache, with PullProgress at most PULL_HZ times a second.
+
+        Progress is the sum over the engine files of the bytes on disk (a partial weights file
+        counts), out of the sum of their sizes; both are known once the small files are in and the
+        weights' sizes were asked for. A CancelPull makes the next progress callback raise, which
+        ends the download where it is: the weights file in flight keeps its partial bytes, and the
+        next Pull continues it.
+        """
+        from flashdesk.engine.errors import FlashDeskError
+        from flashdesk.engine.models import REPO_ID, pull
+
+        repo_id = msg.repo_id.strip()
+        files: dict[str, tuple[int, int]] = {}
+        last: list[float | None] = [None]  # the first sum goes out a moment after the first report,
+        # when the small files are in and every weights file has reported its size
+
+        def totals() -> tuple[int, int]:
+            return sum(d for d, _ in files.values()), sum(t for _, t in files.values())
+
+        def cancelled() -> bool:
+            with self.state_lock:
+                return repo_id in self.pull_cancels or self.stopping.is_set()
+
+        def progress(file: str, done: int, total: int) -> None:
+            if cancelled():
+                raise PullCancelledError(repo_id)
+            files[file] = (done, max(total, done))
+            now = time.monotonic()
+            if last[0] is None:
+                last[0] = now
+            elif now - last[0] >= 1 / PULL_HZ:
+                last[0] = now
+                self.send(p.PullProgress(repo_id, file, *totals()))
+
+        try:
+            if not REPO_ID.fullmatch(repo_id):
+                raise FlashDeskError(f"{repo_id!r} is not a Hugging Face model id (they look like org/name)")
+            if cancelled():  # cancelled while it waited in the queue
+                self.send(p.PullCancelled(repo_id))
+                return
+            self.send(p.PullProgress(repo_id, "", 0, 0))
+            entry = pull(repo_id, show_progress=False, log=lambda s: print(s, file=sys.stderr, flush=True),
+                         progress=progress)
+        except PullCancelledError:
+            self.send(p.PullCancelled(repo_id, *totals()))
+            return
+        finally:
+            with self.state_lock:
+                self.pulls[repo_id] = self.pulls.get(repo_id, 1) - 1
+                if self.pulls[repo_id] <= 0:
+                    del self.pulls[repo_id]
+                    self.pull_cancels.discard(repo_id)
+        if entry.problems:
+            raise FlashDeskError(f"{repo_id} was downloaded but is not complete: "
+                                 + "; ".join(str(problem) for problem in entry.problems[:5])
+                                 + ". Download it again to fetch the missing or damaged files")
+        done, total = totals()
+        self.send(p.PullProgress(repo_id, "", max(done, total), max(done, total)))
+        self.send(p.Pulled(repo_id, str(entry.path), entry.size))
 
     def unload(self, msg: p.Unload) -> None:
         self.engine = None
