@@ -24,7 +24,7 @@ import time
 import pytest
 from fake_hub import FakeHub
 
-from flashdesk.engine import models
+from flashdesk.engine import hub_download, models
 from flashdesk.engine.cli import main
 from flashdesk.engine.errors import FlashDeskError
 
@@ -59,7 +59,7 @@ def hub(checkpoints, tmp_path, monkeypatch):
         monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
         monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
         monkeypatch.delenv("HF_TOKEN", raising=False)
-        monkeypatch.setattr(models, "RETRY_WAIT_S", 0.0)
+        monkeypatch.setattr(hub_download, "RETRY_WAIT_S", 0.0)
         yield server
 
 
