@@ -24,8 +24,8 @@ from flashdesk.engine.memory_plan import (GPU_KV_DTYPE, MemoryPlan, drafter_weig
                                           int4_weight_bytes, kv_cache_bytes, loaded_weight_bytes, longest_context,
                                           plan_memory, planned_weight_bytes)
 from flashdesk.engine.quant import parse_quant_config, plan
-from flashdesk.engine.weights import (DTYPE_SIZES, TOWER_PREFIXES, checkpoint_files, expected_shapes,
-                                      read_header, scan_checkpoint, validate)
+from flashdesk.engine.weights import (TOWER_PREFIXES, checkpoint_files, expected_shapes, read_header,
+                                      scan_checkpoint, stored_bytes, validate)
 
 DEFAULT_CONTEXT = 32768
 
@@ -143,8 +143,8 @@ def _check_weights(folder: Path, cfg: Gemma4Config, report: CheckpointReport) ->
         report.problem(_message(exc))
         return
     report.tensors = len(entries)
-    report.disk_bytes = sum(_stored_bytes(e) for e in entries.values())
-    report.tower_bytes = sum(_stored_bytes(e) for e in towers)
+    report.disk_bytes = sum(stored_bytes(e) for e in entries.values())
+    report.tower_bytes = sum(stored_bytes(e) for e in towers)
     report.loaded_bytes = planned_weight_bytes(specs, packed)
     report.quantized = bool(packed)
     dtypes = "+".join(sorted({e.dtype.lower() for e in entries.values()}))
@@ -155,13 +155,6 @@ def _check_weights(folder: Path, cfg: Gemma4Config, report: CheckpointReport) ->
     if towers:
         report.rows.append(("", f"vision/audio towers: {len(towers)} tensors, "
                                 f"{format_bytes(report.tower_bytes)} on disk, never loaded"))
-
-
-def _stored_bytes(entry) -> int:
-    numel = 1
-    for dim in entry.shape:
-        numel *= dim
-    return numel * DTYPE_SIZES.get(entry.dtype, 0)
 
 
 def _check_tokenizer(folder: Path, report: CheckpointReport) -> None:

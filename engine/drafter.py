@@ -106,11 +106,11 @@ class Drafter:
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
 
     @classmethod
-    def from_pretrained(cls, draft_dir: str | Path, target: Gemma4) -> "Drafter":
+    def from_pretrained(cls, draft_dir: str | Path, target: Gemma4, progress=None) -> "Drafter":
         cfg = load_draft_config(draft_dir)
         check_pair(target.cfg, cfg, f"drafter {draft_dir}")
         weights = load_weights(draft_dir, draft_expected_shapes(cfg), target.device, target.dtype,
-                               what="DFlash drafter")
+                               what="DFlash drafter", progress=progress)
         return cls(cfg, weights, target)
 
     @property

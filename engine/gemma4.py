@@ -96,7 +96,7 @@ class Gemma4:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype=torch.float32,
-                        quantize: str | None = None) -> "Gemma4":
+                        quantize: str | None = None, progress=None) -> "Gemma4":
         """Load bf16 or int4 (compressed-tensors) weights; `quantize="int4"` packs bf16 ones while loading."""
         cfg = load_config(model_dir)
         quant = parse_quant_config(read_json(Path(model_dir) / "config.json", "model config"))
@@ -108,7 +108,7 @@ class Gemma4:
         specs, packed = plan(expected_shapes(cfg), entries, quant)
         validate(entries, specs)
         transform = quantize_on_load() if quantize else None
-        weights = assemble(load_tensors(entries, torch.device(device), dtype, transform), packed)
+        weights = assemble(load_tensors(entries, torch.device(device), dtype, transform, progress), packed)
         return cls(cfg, weights, device, dtype)
 
     def new_cache(self, max_context: int, kv_dtype: str, slack: int = 16) -> KVCache:

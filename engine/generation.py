@@ -106,7 +106,9 @@ class Engine:
     @classmethod
     def load(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto", kv_dtype: str = "auto",
              context_limit: int | None = None, draft_dir: str | Path | None = None,
-             quantize: str | None = None) -> "Engine":
+             quantize: str | None = None, progress=None) -> "Engine":
+        """Load the target (and drafter) on the device. `progress(fraction)` follows the weights read:
+        the target takes 0..0.95 of the way, the drafter the rest."""
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         kv = resolve_kv_dtype(kv_dtype, dev, torch_dtype)
@@ -118,8 +120,9 @@ class Engine:
             free, _ = torch.cuda.mem_get_info(dev)
             context_limit = context_that_fits(model_dir, cfg, draft_cfg, kv, context_limit, quantize, free,
                                               torch_dtype.itemsize)
-        model = Gemma4.from_pretrained(model_dir, dev, torch_dtype, quantize)
-        drafter = Drafter.from_pretrained(draft_dir, model) if draft_dir else None
+        model = Gemma4.from_pretrained(model_dir, dev, torch_dtype, quantize,
+                                       _share(progress, 0.0, 0.95 if draft_dir else 1.0))
+        drafter = Drafter.from_pretrained(draft_dir, model, _share(progress, 0.95, 0.05)) if draft_dir else None
         tokenizer = load_tokenizer(model_dir) if _has_tokenizer(Path(model_dir)) else None
         eos = eos_ids(model_dir) or set(model.cfg.eos_token_ids)
         limit = min(context_limit or model.cfg.max_position_embeddings, model.cfg.max_position_embeddings)
@@ -180,6 +183,13 @@ class Engine:
             index += 1
         summary = {"prompt_tokens": len(prompt), "prefill_seconds": prefill_seconds, **stats.summary()}
         yield FinishEvent(finish, tokens, "".join(text.answer), "".join(text.thought), summary)
+
+
+def _share(progress, base: float, share: float):
+    """A load_tensors byte callback that reports progress(base .. base + share)."""
+    if progress is None:
+        return None
+    return lambda done, total: progress(base + share * done / max(total, 1))
 
 
 SMALL_MODEL_BYTES = 64 << 20

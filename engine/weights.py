@@ -182,13 +182,15 @@ def validate(entries: dict[str, TensorEntry], expected: dict, what: str = "Gemma
 
 
 def load_tensors(entries: dict[str, TensorEntry], device: torch.device, dtype: torch.dtype,
-                 transform=None) -> dict[str, torch.Tensor]:
+                 transform=None, progress=None) -> dict[str, torch.Tensor]:
     """Stream validated tensors to `device` one at a time: floats as `dtype`, integers as stored.
 
     `transform(name, tensor)` may replace each tensor as it arrives (on-load quantization), so the
-    unconverted tensor never accumulates.
+    unconverted tensor never accumulates. `progress(done_bytes, total_bytes)` follows the bytes read.
     """
     weights: dict = {}
+    total = sum(stored_bytes(e) for e in entries.values())
+    done = 0
     by_file: dict[Path, list[str]] = {}
     for short, entry in entries.items():
         by_file.setdefault(entry.file, []).append(short)
@@ -199,6 +201,9 @@ def load_tensors(entries: dict[str, TensorEntry], device: torch.device, dtype: t
                     tensor = f.get_tensor(entries[short].name)
                     tensor = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype)
                     weights[short] = transform(short, tensor) if transform else tensor
+                    if progress:
+                        done += stored_bytes(entries[short])
+                        progress(done, total)
         except CheckpointError:
             raise
         except Exception as exc:  # safetensors raises its own error types for damaged data
@@ -207,8 +212,16 @@ def load_tensors(entries: dict[str, TensorEntry], device: torch.device, dtype: t
 
 
 def load_weights(model_dir: str | Path, expected: dict, device: torch.device, dtype: torch.dtype,
-                 what: str = "Gemma 4 text model") -> dict[str, torch.Tensor]:
+                 what: str = "Gemma 4 text model", progress=None) -> dict[str, torch.Tensor]:
     """Validate the whole checkpoint, then stream its tensors to `device` one at a time as `dtype`."""
     entries = scan_checkpoint(model_dir)
     validate(entries, expected, what)
-    return load_tensors(entries, device, dtype)
+    return load_tensors(entries, device, dtype, progress=progress)
+
+
+def stored_bytes(entry: TensorEntry) -> int:
+    """Bytes a tensor takes in its file."""
+    numel = 1
+    for dim in entry.shape:
+        numel *= dim
+    return numel * DTYPE_SIZES.get(entry.dtype, 0)

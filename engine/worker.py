@@ -329,9 +329,17 @@ class Worker:
         self.send(p.LoadProgress("resolve", 0.05, "finding the model files"))
         target = self._resolve(msg.target)
         draft = self._resolve(msg.draft) if msg.draft else None
-        self.send(p.LoadProgress("weights", -1.0, f"loading {model_name(target)}"
-                                 + (" and its drafter" if draft else "")))
-        engine = Engine.load(target, msg.device, msg.dtype, msg.kv_dtype, msg.context, draft)
+        text = f"loading {model_name(target)}" + (" and its drafter" if draft else "")
+        self.send(p.LoadProgress("weights", 0.05, text))
+        last = [0.0]
+
+        def progress(fraction: float) -> None:  # 5%..95% of the bar follows the bytes read, ~10 Hz
+            now = time.perf_counter()
+            if now - last[0] >= 0.1 or fraction >= 1.0:
+                last[0] = now
+                self.send(p.LoadProgress("weights", 0.05 + 0.9 * fraction, text))
+
+        engine = Engine.load(target, msg.device, msg.dtype, msg.kv_dtype, msg.context, draft, progress=progress)
         if engine.tokenizer is None:
             raise FlashDeskError(f"{target} has no tokenizer (tokenizer.json and a chat template): "
                                  "the app needs one to turn messages into tokens")

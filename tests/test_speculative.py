@@ -164,3 +164,15 @@ def test_long_stretches_without_speculation_fold_features_in_early(spec_pair, mo
             control.enabled = True
     assert tokens == plain.token_ids
     assert accepted > 0  # the drafter's context was complete: its drafts still get accepted
+
+
+def test_loading_reports_progress_through_the_weights(spec_pair):
+    from flashdesk.engine.generation import Engine
+
+    target_dir, draft_dir = spec_pair[1]
+    seen = []
+    Engine.load(target_dir, device="cpu", draft_dir=draft_dir, progress=seen.append)
+    assert len(seen) > 20  # one report per tensor read
+    assert seen == sorted(seen) and 0 < seen[0] < 0.1
+    assert seen[-1] == pytest.approx(1.0)
+    assert any(0.9 < f < 0.96 for f in seen)  # the target ends at 95%, the drafter takes the rest
