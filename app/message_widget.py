@@ -48,6 +48,8 @@ class TextBlock(QTextBrowser):
     def set_markdown(self, text: str) -> None:
         markdown, self.code = with_copy_links(text)
         self.document().setMarkdown(markdown, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+        # with code blocks the body is a Tab stop: Tab walks its Copy code links, Enter copies
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus if self.code else Qt.FocusPolicy.ClickFocus)
         self._style_code()
         self._fit()
 

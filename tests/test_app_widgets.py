@@ -71,6 +71,31 @@ def test_copy_buttons(qtbot) -> None:
     assert QGuiApplication.clipboard().text() == MD
 
 
+def test_copy_code_links_work_from_the_keyboard(qtbot) -> None:
+    from PySide6.QtTest import QTest
+
+    from flashdesk.app.message_widget import MessageWidget
+
+    w = MessageWidget(_message(content=MD))
+    qtbot.addWidget(w)
+    w.show()
+    QGuiApplication.clipboard().setText("")
+    assert w.body.focusPolicy() == Qt.FocusPolicy.StrongFocus
+    w.activateWindow()
+    w.body.setFocus()
+    for _ in range(100):  # polled: qtbot's waits can return early after an app event loop ran
+        if w.body.hasFocus():
+            break
+        QTest.qWait(10)
+    assert w.body.hasFocus()
+    QTest.keyClick(w.body, Qt.Key.Key_Tab)  # to the first link
+    QTest.keyClick(w.body, Qt.Key.Key_Return)
+    assert QGuiApplication.clipboard().text() == "print('hi')"
+    QTest.keyClick(w.body, Qt.Key.Key_Tab)
+    QTest.keyClick(w.body, Qt.Key.Key_Return)
+    assert QGuiApplication.clipboard().text() == "raw ``` inside"
+
+
 def test_message_body_grows_with_its_text(qtbot) -> None:
     from flashdesk.app.message_widget import MessageWidget
 
