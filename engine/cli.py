@@ -172,3 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     except (FlashDeskError, ValueError) as exc:
         print(f"flashdesk {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\nflashdesk {args.command}: interrupted", file=sys.stderr)
+        return 130
