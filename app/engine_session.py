@@ -144,35 +144,20 @@ class EngineSession(QObject):
         self.ready.emit(msg)
 
     def _event(self, msg) -> None:
-        if isinstance(msg, p.LoadProgress):
-            self.load_progress.emit(msg)
-        elif isinstance(msg, p.Loaded):
+        """Update the session's state for the events that change it, then pass each one on."""
+        if isinstance(msg, p.Loaded):
             self.info = msg
             self._set_state(READY)
             self.client.send(p.SetSpeculation(*self.speculation))
-            self.loaded.emit(msg)
-        elif isinstance(msg, p.Inspected):
-            self.inspected.emit(msg)
-        elif isinstance(msg, p.DemoCreated):
-            self.demo_created.emit(msg)
-        elif isinstance(msg, p.PullProgress):
-            self.pull_progress.emit(msg)
-        elif isinstance(msg, p.Pulled):
-            self.pulled.emit(msg)
-        elif isinstance(msg, p.PullCancelled):
-            self.pull_cancelled.emit(msg)
-        elif isinstance(msg, p.Started):
-            self.started.emit(msg)
-        elif isinstance(msg, p.Finished):
-            self.finished.emit(msg)
-        elif isinstance(msg, p.Error):
-            if msg.during in ("load", "startup"):
-                self.info = None
-                self._set_state(IDLE)
-            self.error.emit(msg)
-        elif isinstance(msg, p.Unloaded):
+        elif isinstance(msg, p.Unloaded) or (isinstance(msg, p.Error) and msg.during in ("load", "startup")):
             self.info = None
             self._set_state(IDLE)
+        signal = {p.LoadProgress: self.load_progress, p.Loaded: self.loaded, p.Inspected: self.inspected,
+                  p.DemoCreated: self.demo_created, p.PullProgress: self.pull_progress, p.Pulled: self.pulled,
+                  p.PullCancelled: self.pull_cancelled, p.Started: self.started, p.Finished: self.finished,
+                  p.Error: self.error}.get(type(msg))
+        if signal is not None:
+            signal.emit(msg)
 
     def _died(self, reason: str) -> None:
         self.death = reason

@@ -158,7 +158,7 @@ def run_bench(args) -> int:
     prompts = [build_prompt_ids(engine.tokenizer, messages_from(p["prompt"]), enable_thinking=False)
                for p in items]
     modes = [ModeResult(mode_name(k), k) for k in [0, *lengths]]
-    runners = [lambda ids, m=m: run_ours(engine, ids, args.max_new_tokens, m) for m in modes]
+    runs = [(m, lambda ids, m: run_ours(engine, ids, args.max_new_tokens, m)) for m in modes]
     references = []
     if args.compare:
         target, drafter = reference_models(args.model, args.draft, engine.model.device, engine.model.dtype)
@@ -169,17 +169,14 @@ def run_bench(args) -> int:
         stop = sorted(engine.eos)
         references = [ModeResult("transformers generate (AR)", 0)] + [
             ModeResult(f"z-lab dflash_generate K={k}", k) for k in lengths]
-        runners.append(lambda ids, m=references[0]: run_transformers(target, ids, args.max_new_tokens, stop, m))
-        runners += [lambda ids, m=m: run_reference(target, drafter, ids, args.max_new_tokens, stop, m)
-                    for m in references[1:]]
-    for run in runners:  # warm-up: first-call costs (allocator, lazy init) out of the numbers
-        run(prompts[0][:8])
-    for m in modes + references:
-        m.decode_tokens, m.decode_seconds, m.per_prompt = 0, 0.0, []
-        m.drafted = m.accepted = m.speculative_steps = m.speculative_emitted = 0
+        runs.append((references[0], lambda ids, m: run_transformers(target, ids, args.max_new_tokens, stop, m)))
+        runs += [(m, lambda ids, m: run_reference(target, drafter, ids, args.max_new_tokens, stop, m))
+                 for m in references[1:]]
+    for result, run in runs:  # warm-up into throwaway results: first-call costs stay out of the numbers
+        run(prompts[0][:8], ModeResult(result.name, result.draft_length))
     for ids in prompts:  # every mode on one prompt before the next: drift in machine load hits all alike
-        for run in runners:
-            run(ids)
+        for result, run in runs:
+            run(ids, result)
     baseline = modes[0].tokens_per_second
     report = {
         "model": str(args.model), "draft": str(args.draft), "prompts": len(prompts),

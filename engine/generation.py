@@ -128,7 +128,9 @@ class Engine:
         limit = min(context_limit or model.cfg.max_position_embeddings, model.cfg.max_position_embeddings)
         return cls(model, tokenizer, eos, kv, limit, drafter)
 
-    def check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
+    def check_request(self, prompt: list[int], max_new_tokens: int) -> None:
+        """Refuse a request the model cannot run: empty, out of vocabulary, or over the context."""
+        prompt_len = len(prompt)
         if prompt_len == 0:
             raise ValueError("the prompt is empty: give at least one token")
         if max_new_tokens < 1:
@@ -138,6 +140,10 @@ class Engine:
                 f"the prompt of {prompt_len} tokens plus {max_new_tokens} new tokens needs "
                 f"{prompt_len + max_new_tokens} positions, over the context limit of {self.context_limit}; "
                 "shorten the prompt or lower max new tokens")
+        vocab = self.model.cfg.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
 
     def generate(self, request: GenerationRequest,
                  control: SpecControl | None = None) -> Iterator[StepEvent | FinishEvent]:
@@ -147,11 +153,7 @@ class Engine:
         start of every step, so it can be changed while the generation runs.
         """
         prompt = list(request.prompt_ids)
-        self.check_fits(len(prompt), request.max_new_tokens)
-        vocab = self.model.cfg.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        self.check_request(prompt, request.max_new_tokens)
         eos = set() if request.ignore_eos else self.eos
         decoder = Decoder(self.model, self.drafter, len(prompt) + request.max_new_tokens, self.kv_dtype,
                           request.sampling, eos)
