@@ -289,7 +289,7 @@ class Step:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     elapsed: float = 0.0  # seconds since the worker started this request, when the step ended
-    stats: dict | None = None  # running speculation statistics (engine/stats.py summary)
+    stats: dict | None = None  # running speculation statistics (engine/decode/stats.py summary)
 
 
 @message("finished")

@@ -23,7 +23,7 @@ DEMO_TEXT = ("<b>No model yet?</b> The demo creates a tiny random Gemma 4 model 
              "1 MB) in FlashDesk's data folder and runs them on the CPU. <b>They write meaningless text</b>: "
              "the demo shows how the app works (streaming, speculation statistics, telemetry), "
              "not what Gemma can do.")
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as engine/models.py's REPO_ID
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as engine/hub/models.py's REPO_ID
 
 
 def hub_id(text: str) -> str | None:

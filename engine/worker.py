@@ -62,7 +62,7 @@ class OriginTracker:
     """
 
     def __init__(self, tokenizer, eos: set[int]):
-        from flashdesk.engine.chat import ANSWER, ChannelSplitter
+        from flashdesk.engine.decode.chat import ANSWER, ChannelSplitter
 
         self.answer_channel = ANSWER
         self.splitter = ChannelSplitter(tokenizer)
@@ -114,7 +114,7 @@ def sampling_defaults(folder: Path) -> dict:
 
 class Worker:
     def __init__(self, out):
-        from flashdesk.engine.speculative import SpecControl
+        from flashdesk.engine.decode.speculative import SpecControl
 
         self.out = out
         self.write_lock = threading.Lock()
@@ -230,14 +230,14 @@ class Worker:
         if path.is_dir():
             return path
         try:
-            from flashdesk.engine.models import resolve_model_path
+            from flashdesk.engine.hub.models import resolve_model_path
         except ImportError:
             raise FileNotFoundError(f"{name}: no such model folder") from None
         return Path(resolve_model_path(name))
 
     def inspect(self, msg: p.Inspect) -> None:
         """The doctor's check of the target and drafter, with the memory plan of both."""
-        from flashdesk.engine.checkpoint import inspect_checkpoint
+        from flashdesk.engine.loading.checkpoint import inspect_checkpoint
 
         target = self._resolve(msg.target)
         report = inspect_checkpoint(target, msg.context, self._resolve(msg.draft) if msg.draft else None)
@@ -246,7 +246,7 @@ class Worker:
         self.send(p.Inspected(str(target), msg.draft, list(report.lines), list(report.problems), total, context))
 
     def create_demo(self, msg: p.CreateDemo) -> None:
-        from flashdesk.engine.demo import create_demo
+        from flashdesk.engine.hub.demo import create_demo
 
         target, draft = create_demo(msg.folder)
         self.send(p.DemoCreated(str(target), str(draft)))
@@ -261,7 +261,7 @@ class Worker:
         next Pull continues it.
         """
         from flashdesk.engine.errors import FlashDeskError
-        from flashdesk.engine.models import REPO_ID, pull
+        from flashdesk.engine.hub.models import REPO_ID, pull
 
         repo_id = msg.repo_id.strip()
         files: dict[str, tuple[int, int]] = {}
@@ -321,7 +321,7 @@ class Worker:
         import torch
 
         from flashdesk.engine.errors import FlashDeskError
-        from flashdesk.engine.generation import Engine
+        from flashdesk.engine.decode.generation import Engine
 
         self.engine = None
         self._free()
@@ -363,11 +363,11 @@ class Worker:
             sampling_defaults=sampling_defaults(target)))
 
     def generate(self, msg: p.Generate) -> None:
-        from flashdesk.engine.chat import build_prompt_ids
+        from flashdesk.engine.decode.chat import build_prompt_ids
         from flashdesk.engine.errors import FlashDeskError
-        from flashdesk.engine.generation import FinishEvent, GenerationRequest
-        from flashdesk.engine.sampling import SamplingParams
-        from flashdesk.engine.stats import SpecStats, StepRecord
+        from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest
+        from flashdesk.engine.decode.sampling import SamplingParams
+        from flashdesk.engine.decode.stats import SpecStats, StepRecord
 
         engine = self.engine
         if engine is None:

@@ -1,12 +1,16 @@
 """Attention of a block of queries over the cached keys: causal, optionally sliding-window, GQA.
 
-The plain-torch reference below is the definition; a Triton kernel for decode/verify (1..16 queries
-over an fp8 or bf16 cache) will sit behind `attention()` and be checked against it.
+The plain-torch reference below is the definition. `attention()` takes keys and values given
+explicitly (prefill chunks, the drafter) and runs the Triton flash-attention kernel on the Triton
+path; decode and verify steps read the KV cache in place through `attention_triton.decode_attention`
+(chosen by the cache, which knows its layout).
 """
 
 from __future__ import annotations
 
 import torch
+
+from flashdesk.kernels.backend import use_triton
 
 SCORE_BUDGET_BYTES = 256 << 20  # peak score memory of one attention call; longer blocks go in passes
 SCORE_MATRICES_AT_PEAK = 2.5  # fp32 scores and their softmax alive together, plus the cast probabilities
@@ -50,5 +54,9 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos
 
 
 def attention(q, k, v, q_pos, k_pos, window, scale, causal=True):
-    """Dispatcher: the reference everywhere for now."""
+    """Dispatcher: Triton's prefill kernel on the Triton path, the reference otherwise."""
+    if use_triton(q):
+        from flashdesk.kernels.attention_triton import prefill_attention
+
+        return prefill_attention(q, k, v, q_pos, k_pos, window, scale, causal)
     return attention_reference(q, k, v, q_pos, k_pos, window, scale, causal)

@@ -1,9 +1,9 @@
 """Linear layers: y = x @ W.T for every weight format the engine keeps in memory.
 
-A weight is a dense tensor, an `Int4Weight` (dequantized per call by the plain-torch path; a
-Triton W4A16 kernel will read it packed), or a tuple of those whose outputs are concatenated (a
+A weight is a dense tensor, an `Int4Weight` (read packed by the Triton W4A16 kernels, dequantized
+per call by the plain-torch reference), or a tuple of those whose outputs are concatenated (a
 fused projection whose parts could not be concatenated, e.g. one quantized and one not). The
-model calls `linear()` and never looks at the format.
+model calls `linear()` and never looks at the format; `kernels.backend` picks Triton or torch.
 """
 
 from __future__ import annotations
@@ -11,15 +11,27 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from flashdesk.kernels.backend import use_triton
 from flashdesk.kernels.int4 import Int4Weight
 
 
-def linear(x: torch.Tensor, weight) -> torch.Tensor:
-    if isinstance(weight, tuple):
-        return torch.cat([linear(x, part) for part in weight], dim=-1)
+def linear_reference(x: torch.Tensor, weight) -> torch.Tensor:
     if isinstance(weight, Int4Weight):
         return F.linear(x, weight.dequantize(x.dtype))
     return F.linear(x, weight)
+
+
+def linear(x: torch.Tensor, weight) -> torch.Tensor:
+    """x [..., K] @ W.T -> [..., N]."""
+    if isinstance(weight, tuple):
+        return torch.cat([linear(x, part) for part in weight], dim=-1)
+    if not use_triton(x):
+        return linear_reference(x, weight)
+    from flashdesk.kernels.linear_triton import dense_linear, w4a16_linear
+
+    rows = x.reshape(-1, x.shape[-1])
+    y = w4a16_linear(rows, weight) if isinstance(weight, Int4Weight) else dense_linear(rows, weight)
+    return y.view(*x.shape[:-1], y.shape[-1])
 
 
 def concat_rows(parts: list):

@@ -2,9 +2,9 @@
 
 Expert e computes down_e(gelu_tanh(gate_e x) * up_e x), with gate and up stacked in one
 [E, 2I, D] tensor (gate rows first). The reference loops over the experts that were hit, reading
-each expert's weights once; when the (token, expert) pairs' weights are small (tiny models, the
-CPU) one batched matmul over gathered weights does the same with far fewer ops. A fused Triton
-kernel will replace both on the GPU.
+each expert's weights once (one host sync per call, for the counts); when the (token, expert)
+pairs' weights are small (tiny models, the CPU) one batched matmul over gathered weights does the
+same with far fewer ops and no sync. On the Triton path int4 experts go through the fused kernel (`moe_triton`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flashdesk.kernels.int4 import as_dense
+from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.int4 import Int4Weight, as_dense
 from flashdesk.kernels.linear import linear
 
 
@@ -52,7 +53,12 @@ def moe_gathered(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top
 
 
 def moe(x, gate_up, down, top_idx, top_w):
-    """Dispatcher: gathered for small weight volumes, the per-expert loop otherwise."""
+    """Dispatcher: the fused Triton kernel for int4 experts on the Triton path; in torch, gathered
+    for small weight volumes, the per-expert loop otherwise (prefill of big models)."""
+    if use_triton(x) and isinstance(gate_up, Int4Weight) and isinstance(down, Int4Weight):
+        from flashdesk.kernels.moe_triton import fused_moe
+
+        return fused_moe(x, gate_up, down, top_idx, top_w)
     per_pair = (gate_up.shape[1] * gate_up.shape[2] + down.shape[1] * down.shape[2]) * x.element_size()
     if top_idx.numel() * per_pair <= GATHER_LIMIT_BYTES:
         return moe_gathered(x, gate_up, down, top_idx, top_w)

@@ -10,7 +10,10 @@ Sections:
 1. environment: torch, CUDA, GPU, triton.
 2. tiny model on the device vs the CPU (fp32 logits), bf16 and fp8 KV on the device, greedy output
    with DFlash equal to without, int4 weights.
-3. full-size Gemma 4 26B-A4B (random int4 weights, bf16 embedding) + the full-size drafter (random):
+3. `flashdesk bench --synthetic --json`, all 30 layers: prefill 1024 / 8192, AR, verify 1..16 and
+   draft (+ int4 draft) steps at 4K context, each against the bytes it reads and the card's copy
+   bandwidth (its table is printed, its JSON kept under "synthetic_bench").
+4. full-size Gemma 4 26B-A4B (random int4 weights, bf16 embedding) + the full-size drafter (random):
    memory held vs the memory plan, prefill speed, AR decode step, DFlash step at K = 4, 8, 15, for
    fp8 and bf16 KV; speedup projected from the measured step times at acceptance lengths 1..8.
 """
@@ -70,8 +73,8 @@ def random_target(cfg, device, dtype, int4: bool, seed: int = 0):
     """A Gemma4 with random weights straight on the device (no files): int4 where the real one is."""
     import torch
 
-    from flashdesk.engine.gemma4 import Gemma4
-    from flashdesk.engine.weights import expected_shapes
+    from flashdesk.engine.model.gemma4 import Gemma4
+    from flashdesk.engine.loading.weights import expected_shapes
     from flashdesk.kernels.int4 import Int4Weight
 
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -94,7 +97,7 @@ def random_target(cfg, device, dtype, int4: bool, seed: int = 0):
 def random_drafter(dcfg, target, seed: int = 1):
     import torch
 
-    from flashdesk.engine.drafter import Drafter, draft_expected_shapes
+    from flashdesk.engine.model.drafter import Drafter, draft_expected_shapes
 
     gen = torch.Generator(device=target.device).manual_seed(seed)
     weights = {name: (torch.ones(shape, device=target.device) if name.endswith("norm.weight") else
@@ -142,9 +145,9 @@ def section_tiny_correctness(device, smoke: bool):
     """The tiny model on the device against the same weights on the CPU, and exactness checks."""
     import torch
 
-    from flashdesk.engine.config import parse_config, parse_draft_config
-    from flashdesk.engine.generation import Engine, FinishEvent, GenerationRequest
-    from flashdesk.engine.speculative import SpecControl
+    from flashdesk.engine.model.config import parse_config, parse_draft_config
+    from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest
+    from flashdesk.engine.decode.speculative import SpecControl
 
     cfg, dcfg = parse_config(SMOKE_TARGET), parse_draft_config(SMOKE_DRAFTER)
     out = {}
@@ -197,10 +200,10 @@ def section_full_size(device, smoke: bool, kv_dtypes):
     """Full-size shapes with random weights: memory against the plan, and step timings."""
     import torch
 
-    from flashdesk.engine.config import parse_config, parse_draft_config
-    from flashdesk.engine.memory_plan import drafter_weight_bytes, int4_weight_bytes
-    from flashdesk.engine.speculative import Decoder, SpecControl
-    from flashdesk.engine.sampling import SamplingParams
+    from flashdesk.engine.model.config import parse_config, parse_draft_config
+    from flashdesk.engine.loading.memory_plan import drafter_weight_bytes, int4_weight_bytes
+    from flashdesk.engine.decode.speculative import Decoder, SpecControl
+    from flashdesk.engine.decode.sampling import SamplingParams
 
     cfg = parse_config(SMOKE_TARGET if smoke else REAL_TARGET)
     dcfg = parse_draft_config(SMOKE_DRAFTER if smoke else REAL_DRAFTER)
@@ -244,6 +247,44 @@ def section_full_size(device, smoke: bool, kv_dtypes):
     return out
 
 
+def section_synthetic_bench(device, smoke: bool):
+    """`flashdesk bench --synthetic --json` through the CLI: all 30 layers on the GPU (prefill 1024 and
+    8192, AR, verify 1..16, draft at 4K context, time vs bytes read vs the card's copy bandwidth);
+    --smoke runs the same code with the smoke shapes on the CPU."""
+    import contextlib
+    import gc
+    import io
+
+    import torch
+
+    from flashdesk.engine.tools import bench_synthetic
+    from flashdesk.engine.tools.cli import main as cli_main
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    argv = ["bench", "--synthetic", "--json", "--device", device.type]
+    if smoke:
+        argv += ["--layers", "6", "--context", "24", "--prefill-lengths", "8,16"]
+        shapes = bench_synthetic.shapes(SMOKE_TARGET, SMOKE_DRAFTER)
+    else:
+        argv += ["--layers", "30", "--context", "4096", "--repeats", "3"]  # ~1 min with the torch reference path
+        shapes = contextlib.nullcontext()
+    captured = io.StringIO()
+    try:
+        with shapes, contextlib.redirect_stdout(captured):
+            code = cli_main(argv)
+    finally:
+        lines = captured.getvalue().strip().splitlines()
+        print("\n".join(lines[:-1] if lines and lines[-1].startswith("{") else lines), flush=True)
+    if code != 0 or not lines or not lines[-1].startswith("{"):
+        return {"ok": False, "error": f"flashdesk bench --synthetic exited {code}", "argv": argv}
+    report = json.loads(lines[-1])
+    steps = report["steps"]
+    ok = all(step["seconds"] and step["bytes"] for step in steps if "skipped" not in step.get("note", ""))
+    return {"ok": ok, "argv": argv, "report": report}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -257,6 +298,7 @@ def main() -> int:
     results = {}
     sections = [("environment", lambda: section_environment(device)),
                 ("tiny_correctness", lambda: section_tiny_correctness(device, smoke)),
+                ("synthetic_bench", lambda: section_synthetic_bench(device, smoke)),
                 ("full_size", lambda: section_full_size(device, smoke,
                                                         ("float32",) if device.type == "cpu" else ("fp8", "bfloat16")))]
     for name, run in sections:

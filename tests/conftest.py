@@ -8,6 +8,10 @@ import os
 import tempfile
 
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
+# Triton kernels run through Triton's interpreter on CPU tensors (the tests choose them explicitly
+# with flashdesk.kernels.backend.kernels("triton")); this must be set before triton is imported.
+os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when it is unset
 # The app's database and demo models go to a throwaway folder, never the user's data folder.
 os.environ.setdefault("FLASHDESK_DATA_DIR", tempfile.mkdtemp(prefix="flashdesk-test-data-"))
 
@@ -19,7 +23,7 @@ import pytest  # noqa: E402
 def spec_pair(tmp_path_factory):
     """A tiny target and a drafter trained on it: (our engine, our engine's folder pair, the
     transformers target, z-lab's reference drafter), the references loaded from the same files."""
-    from flashdesk.engine.generation import Engine
+    from flashdesk.engine.decode.generation import Engine
     from tiny_checkpoints import write_checkpoint
     from tiny_drafter import load_reference_drafter, write_drafter
 

@@ -28,7 +28,7 @@ REPLY_MS = 60_000
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> tuple[Path, Path]:
-    from flashdesk.engine.demo import create_demo
+    from flashdesk.engine.hub.demo import create_demo
 
     return create_demo(tmp_path_factory.mktemp("demo-model"))
 

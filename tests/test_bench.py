@@ -2,7 +2,7 @@
 
 import json
 
-from flashdesk.engine.cli import main
+from flashdesk.engine.tools.cli import main
 
 
 def test_bench_compares_modes_and_references(spec_pair, tmp_path, capsys):

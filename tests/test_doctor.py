@@ -12,14 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from flashdesk.engine.checkpoint import describe_checkpoint, inspect_checkpoint
-from flashdesk.engine.memory_plan import (WORKSPACE_FIXED_BYTES, format_bytes, kv_cache_bytes, loaded_weight_bytes,
+from flashdesk.engine.loading.checkpoint import describe_checkpoint, inspect_checkpoint
+from flashdesk.engine.loading.memory_plan import (WORKSPACE_FIXED_BYTES, format_bytes, kv_cache_bytes, loaded_weight_bytes,
                                           workspace_bytes)
-from flashdesk.engine.speculative import PREFILL_CHUNK
-from flashdesk.engine.cli import main
-from flashdesk.engine.config import parse_config
-from flashdesk.engine.gemma4 import Gemma4
-from flashdesk.engine.weights import TOWER_PREFIXES
+from flashdesk.engine.decode.speculative import PREFILL_CHUNK
+from flashdesk.engine.tools.cli import main
+from flashdesk.engine.model.config import parse_config
+from flashdesk.engine.model.gemma4 import Gemma4
+from flashdesk.engine.loading.weights import TOWER_PREFIXES
 from tiny_checkpoints import TINY_TEXT_CONFIG, write_checkpoint
 
 WINDOW = TINY_TEXT_CONFIG["sliding_window"]

@@ -6,8 +6,8 @@ import shutil
 import pytest
 import torch
 
-from flashdesk.engine.config import load_draft_config
-from flashdesk.engine.drafter import Drafter
+from flashdesk.engine.model.config import load_draft_config
+from flashdesk.engine.model.drafter import Drafter
 from flashdesk.engine.errors import CheckpointError, ConfigError
 from tiny_drafter import write_drafter
 

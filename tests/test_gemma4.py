@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flashdesk.engine.gemma4 import Gemma4
+from flashdesk.engine.model.gemma4 import Gemma4
 from tiny_checkpoints import TINY_TEXT_CONFIG, write_checkpoint
 
 WINDOW = TINY_TEXT_CONFIG["sliding_window"]

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from flashdesk.engine.cli import main
-from flashdesk.engine.generation import Engine, FinishEvent, GenerationRequest, StepEvent
+from flashdesk.engine.tools.cli import main
+from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest, StepEvent
 from tiny_checkpoints import write_checkpoint
 
 
@@ -116,7 +116,7 @@ def test_stop_strings_end_the_answer_before_them(model_dir):
 
 def test_thought_is_separated_from_the_answer(model_dir):
     """A reply shaped like Gemma's thinking output, pushed through the engine's text path."""
-    from flashdesk.engine.generation import _TextOutput
+    from flashdesk.engine.decode.generation import _TextOutput
 
     folder, _ = model_dir
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from flashdesk.engine.errors import CheckpointError, ConfigError
-from flashdesk.engine.gemma4 import Gemma4
-from flashdesk.engine.generation import Engine, FinishEvent, GenerationRequest
-from flashdesk.engine.speculative import SpecControl
+from flashdesk.engine.model.gemma4 import Gemma4
+from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest
+from flashdesk.engine.decode.speculative import SpecControl
 from flashdesk.kernels.int4 import Int4Weight, quantize_int4
 from tiny_checkpoints import write_checkpoint
 from tiny_drafter import PROMPTS, write_drafter
@@ -130,8 +130,8 @@ def test_on_load_quantization_quality_against_bf16(tmp_path, monkeypatch):
     margins, so any perturbation flips experts and swamps the measurement (as for the fp8 KV test).
     Random tiny models are far more sensitive than trained ones (attention at scale 1.0 over 16-dim
     heads is nearly one-hot), so the absolute bounds are loose; they catch a broken packing."""
-    import flashdesk.engine.gemma4 as gemma4
-    from flashdesk.engine.quant import quantize_on_load
+    import flashdesk.engine.model.gemma4 as gemma4
+    from flashdesk.engine.loading.quant import quantize_on_load
 
     write_checkpoint(tmp_path, "conditional", seed=9, tokenizer=False, enable_moe_block=False)
     dense = Gemma4.from_pretrained(tmp_path)

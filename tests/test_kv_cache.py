@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from flashdesk.engine.gemma4 import Gemma4
-from flashdesk.engine.kv_cache import FP8, FP8_MAX, dequantize, quantize
+from flashdesk.engine.model.gemma4 import Gemma4
+from flashdesk.engine.model.kv_cache import FP8, FP8_MAX, dequantize, quantize
 from tiny_checkpoints import TINY_TEXT_CONFIG, write_checkpoint
 
 WINDOW = TINY_TEXT_CONFIG["sliding_window"]

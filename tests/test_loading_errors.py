@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from flashdesk.engine.config import load_config, parse_config
+from flashdesk.engine.model.config import load_config, parse_config
 from flashdesk.engine.errors import CheckpointError, ConfigError
-from flashdesk.engine.gemma4 import Gemma4
+from flashdesk.engine.model.gemma4 import Gemma4
 from tiny_checkpoints import write_checkpoint
 
 

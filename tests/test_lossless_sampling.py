@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from flashdesk.engine.generation import FinishEvent, GenerationRequest
-from flashdesk.engine.sampling import SamplingParams, draw, make_generator, probabilities, verify_draft
-from flashdesk.engine.speculative import SpecControl
+from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest
+from flashdesk.engine.decode.sampling import SamplingParams, draw, make_generator, probabilities, verify_draft
+from flashdesk.engine.decode.speculative import SpecControl
 
 
 
@@ -42,7 +42,7 @@ def first_two_tokens(verify, p_logits, q_logits, params, n, seed):
     counts = torch.zeros(vocab * vocab)
     for _ in range(n):
         draft = draw(q, gen)
-        accepted, bonus = verify(draft, q, p_logits, params, gen)
+        accepted, bonus = (int(x) for x in verify(draft, q, p_logits, params, gen))
         emitted = draft[:accepted].tolist() + [bonus]
         second = emitted[1] if len(emitted) > 1 else int(draw(p[1], gen))
         counts[emitted[0] * vocab + second] += 1

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from flashdesk.engine.cli import main
-from flashdesk.engine.config import parse_draft_config
-from flashdesk.engine.gemma4 import Gemma4
-from flashdesk.engine.memory_plan import (MIN_USEFUL_CONTEXT, OutOfMemoryPlan, check_fits, drafter_context_bytes,
+from flashdesk.engine.tools.cli import main
+from flashdesk.engine.model.config import parse_draft_config
+from flashdesk.engine.model.gemma4 import Gemma4
+from flashdesk.engine.loading.memory_plan import (MIN_USEFUL_CONTEXT, OutOfMemoryPlan, check_fits, drafter_context_bytes,
                                           drafter_weight_bytes, int4_weight_bytes, longest_context, plan_memory,
                                           target_weight_bytes, workspace_bytes)
 from flashdesk.kernels.int4 import Int4Weight

@@ -24,8 +24,8 @@ import time
 import pytest
 from fake_hub import FakeHub
 
-from flashdesk.engine import hub_download, models
-from flashdesk.engine.cli import main
+from flashdesk.engine.hub import hub_download, models
+from flashdesk.engine.tools.cli import main
 from flashdesk.engine.errors import FlashDeskError
 
 TARGET, DRAFT = models.DEFAULT_REPOS

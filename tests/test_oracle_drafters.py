@@ -7,8 +7,8 @@ checked against values computed by hand.
 import pytest
 import torch
 
-from flashdesk.engine.generation import GenerationRequest
-from flashdesk.engine.speculative import SpecControl
+from flashdesk.engine.decode.generation import GenerationRequest
+from flashdesk.engine.decode.speculative import SpecControl
 
 PROMPT = [2, 105, 300, 301, 302, 106, 107, 105, 481, 107]
 

@@ -107,8 +107,8 @@ def test_kernels_do_not_import_engine_or_app() -> None:
 
 def test_engine_modules_do_not_load_qt(tmp_path: Path) -> None:
     modules = sorted(
-        "flashdesk.engine" + ("" if p.stem == "__init__" else "." + p.stem)
-        for p in (ROOT / "engine").glob("*.py")
+        ".".join(("flashdesk", *p.relative_to(ROOT).with_suffix("").parts)).removesuffix(".__init__")
+        for p in (ROOT / "engine").rglob("*.py")
     )
     code = (
         "import importlib, sys\n"
@@ -125,7 +125,7 @@ def test_engine_modules_do_not_load_qt(tmp_path: Path) -> None:
 
 
 def test_environment_report_rows() -> None:
-    from flashdesk.engine.doctor import environment_report, format_report
+    from flashdesk.engine.tools.doctor import environment_report, format_report
 
     rows = environment_report()
     labels = [label for label, _ in rows]
@@ -143,7 +143,7 @@ def test_environment_report_survives_broken_probes(monkeypatch: pytest.MonkeyPat
     """A missing pynvml, a broken triton and a GPU whose memory query fails are text, not errors."""
     import torch
 
-    from flashdesk.engine import doctor
+    from flashdesk.engine.tools import doctor
 
     real_import = doctor._import
 
@@ -180,7 +180,7 @@ def test_environment_report_survives_broken_probes(monkeypatch: pytest.MonkeyPat
 
 
 def test_environment_report_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flashdesk.engine import doctor
+    from flashdesk.engine.tools import doctor
 
     real_import = doctor._import
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flashdesk.engine.sampling import SamplingParams, make_generator, probabilities, sample
+from flashdesk.engine.decode.sampling import SamplingParams, make_generator, probabilities, sample
 
 dflash_model = pytest.importorskip("dflash.model", reason="z-lab's dflash is a test dependency "
                                    "(packaging/setup.sh --tests installs it)")

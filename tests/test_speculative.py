@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from flashdesk.engine.generation import Engine, FinishEvent, GenerationRequest, StepEvent
-from flashdesk.engine.speculative import SpecControl
+from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest, StepEvent
+from flashdesk.engine.decode.speculative import SpecControl
 from tiny_checkpoints import TINY_TEXT_CONFIG
 from tiny_drafter import PROMPTS, TINY_DRAFT_CONFIG
 
@@ -106,7 +106,7 @@ def test_block_shrinks_at_max_tokens_and_nothing_leaks(spec_pair):
 
 
 def cli_json(capsys, *argv):
-    from flashdesk.engine.cli import main
+    from flashdesk.engine.tools.cli import main
 
     assert main(["generate", *map(str, argv), "--json"]) == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -134,7 +134,7 @@ def test_cli_reports_drafts_and_acceptance(spec_pair, capsys):
 
 
 def test_cli_refuses_bad_draft_options(spec_pair, capsys):
-    from flashdesk.engine.cli import main
+    from flashdesk.engine.tools.cli import main
 
     target_dir, draft_dir = spec_pair[1]
     assert main(["generate", "--model", str(target_dir), "--draft", str(draft_dir), "--prompt-ids", "2,3",
@@ -147,7 +147,7 @@ def test_cli_refuses_bad_draft_options(spec_pair, capsys):
 def test_long_stretches_without_speculation_fold_features_in_early(spec_pair, monkeypatch):
     """With speculation off the target's features are folded into the drafter's context every few
     steps (bounded memory), and switching it back on later is still exact."""
-    import flashdesk.engine.speculative as speculative
+    import flashdesk.engine.decode.speculative as speculative
 
     monkeypatch.setattr(speculative, "PENDING_LIMIT", 4)
     engine = spec_pair[0]
@@ -167,7 +167,7 @@ def test_long_stretches_without_speculation_fold_features_in_early(spec_pair, mo
 
 
 def test_loading_reports_progress_through_the_weights(spec_pair):
-    from flashdesk.engine.generation import Engine
+    from flashdesk.engine.decode.generation import Engine
 
     target_dir, draft_dir = spec_pair[1]
     seen = []

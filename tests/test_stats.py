@@ -2,7 +2,7 @@
 
 import pytest
 
-from flashdesk.engine.stats import SpecStats, StepRecord, summarize
+from flashdesk.engine.decode.stats import SpecStats, StepRecord, summarize
 
 KEYS = {"steps", "decode_tokens", "decode_seconds", "decode_tokens_per_second", "speculative_steps",
         "drafted", "accepted", "acceptance_rate", "speculative_emitted", "mean_acceptance_length",

@@ -54,14 +54,14 @@ def test_protocol_imports_no_torch_and_no_qt(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> tuple[Path, Path]:
-    from flashdesk.engine.demo import create_demo
+    from flashdesk.engine.hub.demo import create_demo
 
     return create_demo(tmp_path_factory.mktemp("demo"))
 
 
 def test_demo_model_is_a_complete_checkpoint_pair(demo, tmp_path: Path) -> None:
-    from flashdesk.engine.checkpoint import inspect_checkpoint
-    from flashdesk.engine.demo import create_demo, is_complete
+    from flashdesk.engine.loading.checkpoint import inspect_checkpoint
+    from flashdesk.engine.hub.demo import create_demo, is_complete
 
     target, drafter = demo
     report = inspect_checkpoint(target, 4096)
@@ -78,8 +78,8 @@ def test_demo_model_is_a_complete_checkpoint_pair(demo, tmp_path: Path) -> None:
 def test_demo_drafter_is_accepted_sometimes(demo) -> None:
     """The hand-built drafter proposes repetitions: greedy decoding of the random target repeats
     itself, so drafts are accepted, and the output is the same as without speculation."""
-    from flashdesk.engine.generation import Engine, GenerationRequest
-    from flashdesk.engine.speculative import SpecControl
+    from flashdesk.engine.decode.generation import Engine, GenerationRequest
+    from flashdesk.engine.decode.speculative import SpecControl
 
     target, drafter = demo
     engine = Engine.load(target, device="cpu", draft_dir=drafter)
@@ -178,8 +178,8 @@ def test_inspect_load_generate(worker: WorkerProcess, demo) -> None:
     assert done.stats["mean_acceptance_length"] == steps[-1].stats["mean_acceptance_length"]
 
     # the same as the engine's own generate, token for token
-    from flashdesk.engine.chat import build_prompt_ids
-    from flashdesk.engine.generation import Engine, GenerationRequest
+    from flashdesk.engine.decode.chat import build_prompt_ids
+    from flashdesk.engine.decode.generation import Engine, GenerationRequest
 
     engine = Engine.load(demo[0], device="cpu")
     ids = build_prompt_ids(engine.tokenizer, HELLO, enable_thinking=False)

@@ -4,7 +4,7 @@ huggingface_hub 2.x resumes a dropped connection within one run but deletes its 
 the run itself ends, so a 5 GB shard would start from zero after a Ctrl-C. Here the bytes go to
 `blobs/{etag}.incomplete`, kept between runs and continued with an HTTP Range request, and the
 finished file is placed exactly where huggingface_hub would put it (`blobs/{etag}`, with
-`snapshots/{commit}/{name}` a relative link to it). `engine/models.py` uses this for `*.safetensors`.
+`snapshots/{commit}/{name}` a relative link to it). `engine/hub/models.py` uses this for `*.safetensors`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Callable
 from flashdesk.engine.errors import FlashDeskError
 
 # Downloaded here so that an interrupted download continues on the next run; everything else goes
-# through huggingface_hub's snapshot_download (engine/models.py).
+# through huggingface_hub's snapshot_download (engine/hub/models.py).
 RESUMABLE_FILES = ["*.safetensors"]
 SKIPPED_FILES = ["*/*"]  # only the top level of a repository is the checkpoint
 SHA256 = re.compile(r"[0-9a-f]{64}")

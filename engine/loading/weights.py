@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from flashdesk.engine.config import Gemma4Config
+from flashdesk.engine.model.config import Gemma4Config
 from flashdesk.engine.errors import CheckpointError
 
 INDEX_FILE = "model.safetensors.index.json"

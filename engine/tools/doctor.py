@@ -161,6 +161,44 @@ def _module_version(module: str, dist: str, missing_hint: str) -> str:
     return str(version)
 
 
+def _kernels() -> str:
+    """Which implementation runs the kernels on the default device, as generate --json names it."""
+    torch = _import("torch")
+    from flashdesk.kernels.backend import describe
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = describe(device)
+    if name == "torch" and device.type == "cpu":
+        return "torch (the CPU default; FLASHDESK_KERNELS=triton with TRITON_INTERPRET=1 interprets the Triton kernels)"
+    return f"{name} on {device.type}"
+
+
+def _cuda_graphs() -> str:
+    """Capture and replay one Triton kernel as a CUDA graph: what each decode step will do."""
+    torch = _import("torch")
+    from flashdesk.engine.model.cuda_graphs import graphs_wanted
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    wanted, note = graphs_wanted(device)
+    if not wanted:
+        return note
+    from flashdesk.kernels.norm import rms_norm
+
+    x = torch.randn(4, 256, device=device, dtype=torch.bfloat16)
+    expected = rms_norm(x, None, 1e-6)  # also compiles the kernel outside the capture
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            y = rms_norm(x, None, 1e-6)
+        graph.replay()
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001
+        return f"capture failed ({_err(exc)}): decode and verify steps run eagerly"
+    if not torch.equal(y, expected):
+        return "a replayed graph gave different numbers: decode and verify steps run eagerly"
+    return "on: decode and verify steps are captured once per block length and replayed"
+
+
 def environment_report() -> list[Row]:
     """(label, text) rows: Python, platform, torch, CUDA and each GPU, NVML, triton, flash-attn."""
     rows: list[Row] = []
@@ -169,6 +207,8 @@ def environment_report() -> list[Row]:
     rows += _probe("torch", _torch_rows)
     rows += _probe("NVML", _nvml_rows)
     rows += _probe("triton", lambda: _module_version("triton", "triton", " (GPU kernels fall back to plain torch)"))
+    rows += _probe("kernels", _kernels)
+    rows += _probe("CUDA graphs", _cuda_graphs)
     rows += _probe(
         "flash-attn",
         lambda: _module_version("flash_attn", "flash-attn", " (optional: pip install 'flashdesk[flash]', GPU only)"),
@@ -189,7 +229,7 @@ def run_doctor(model_dir: str | None, context: int | None = None, draft_dir: str
     and memory plan at `context` tokens.
 
     Returns 0, or 1 when the model check found a problem (the returned lines carry `problems`)."""
-    from flashdesk.engine.checkpoint import describe_checkpoint
+    from flashdesk.engine.loading.checkpoint import describe_checkpoint
 
     print(format_report(environment_report()))
     if model_dir is None:

@@ -12,6 +12,12 @@ cost 4 bytes per 256 or 512 bytes of data.
 Every write is read back through the same quantization before use, so a token attends to the same
 key values whether it was processed alone (AR) or inside a verify block: speculation cannot change
 the numbers the model sees.
+
+`attend()` is the model's one entry: on the Triton path a decode or verify block (up to slack + 1
+tokens) is written by one kernel and attended in place, addressed by slot, with the block's start
+read from `position` on the device, so the step has no host-side shapes and can be a CUDA graph.
+Longer blocks (prefill chunks) read the visible keys before writing, since a chunk may overwrite
+ring slots its own first queries still need.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from flashdesk.kernels.attention import attention
+from flashdesk.kernels.backend import use_triton
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -82,6 +91,7 @@ class KVCache:
         ]
         self.length = 0
         self._written = 0  # one past the last position ever written since the last rollback point
+        self.position = torch.zeros(1, dtype=torch.int32, device=device)  # `length`, where step kernels read it
 
     def nbytes(self) -> int:
         return sum(store.nbytes() for store in self.layers)
@@ -95,9 +105,7 @@ class KVCache:
         store = self.layers[layer]
         t = k.shape[0]
         end = start + t
-        if start != self.length or end > self.max_context:
-            raise IndexError(f"KV write at {start}..{end} does not follow length {self.length} "
-                             f"within the context limit {self.max_context}")
+        self._check_write(start, t)
         dtype = self.compute_dtype
         kq, ks = quantize(k, store.k.dtype)
         vq, vs = quantize(v, store.v.dtype)
@@ -125,10 +133,38 @@ class KVCache:
             store.k_scale[slots] = ks
             store.v_scale[slots] = vs
 
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+               scale: float) -> torch.Tensor:
+        """Store the block's K/V [T, Hkv, Dh] at positions length.. and attend its queries [T, Hq, Dh]
+        (at `positions`) over every key each may see under the layer's window. Returns [T, Hq, Dh]."""
+        store = self.layers[layer]
+        t = k.shape[0]
+        if use_triton(k) and t <= self.slack + 1:
+            from flashdesk.kernels.attention_triton import decode_attention
+            from flashdesk.kernels.kv_write import kv_write
+
+            self._check_write(self.length, t)
+            kv_write(k, v, store.k, store.v, store.k_scale, store.v_scale, self.position, store.capacity)
+            return decode_attention(q, store.k, store.v, store.k_scale, store.v_scale, self.position,
+                                    store.layout.window, store.capacity, scale, self.max_context)
+        keys, values, key_pos = self.update(layer, self.length, k, v)
+        return attention(q, keys, values, positions, key_pos, store.layout.window, scale)
+
+    def _check_write(self, start: int, t: int) -> None:
+        if start != self.length or start + t > self.max_context:
+            raise IndexError(f"KV write at {start}..{start + t} does not follow length {self.length} "
+                             f"within the context limit {self.max_context}")
+
     def advance(self, t: int) -> None:
         """Commit t positions after every layer has been updated for them."""
         self.length += t
         self._written = max(self._written, self.length)
+        self.position.fill_(self.length)
+
+    def reset(self) -> None:
+        """Forget everything: the next forward starts a new sequence (the buffers are reused)."""
+        self.length = self._written = 0
+        self.position.fill_(0)
 
     def rollback(self, length: int) -> None:
         """Forget positions >= length (rejected draft tokens). O(1): nothing is copied."""
@@ -139,6 +175,7 @@ class KVCache:
                              f"only {self.slack + 1} beyond the window")
         self.length = length
         self._written = length
+        self.position.fill_(length)
 
     def visible(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What a query at position `length` would attend to from the past: (K, V, positions)."""

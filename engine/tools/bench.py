@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from flashdesk.engine.chat import build_prompt_ids, messages_from
+from flashdesk.engine.decode.chat import build_prompt_ids, messages_from
 from flashdesk.engine.errors import FlashDeskError
-from flashdesk.engine.generation import Engine, FinishEvent, GenerationRequest
-from flashdesk.engine.speculative import SpecControl
+from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest
+from flashdesk.engine.decode.speculative import SpecControl
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "bench_prompts.jsonl"
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "bench_prompts.jsonl"
 
 
 @dataclass
@@ -146,7 +146,8 @@ def run_reference(target, drafter, ids: list[int], max_new: int, stop: list[int]
 
 
 def run_bench(args) -> int:
-    engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, None, args.draft)
+    engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, None, args.draft,
+                         draft_quantize=getattr(args, "draft_quantize", None))
     if engine.tokenizer is None:
         raise FlashDeskError(f"{args.model} has no tokenizer: bench needs one to apply the chat template")
     longest = engine.drafter.max_draft_length

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from flashdesk.engine.errors import CheckpointError, ConfigError
-from flashdesk.engine.weights import TensorEntry, TensorSpec
+from flashdesk.engine.loading.weights import TensorEntry, TensorSpec
 from flashdesk.kernels.int4 import Int4Weight, quantize_int4
 
 EXPERT_TENSORS = {"experts.gate_up_proj": ("gate_proj", "up_proj"), "experts.down_proj": ("down_proj",)}

@@ -14,15 +14,18 @@ from typing import Iterator
 
 import torch
 
-from flashdesk.engine.chat import ANSWER, ChannelSplitter, StopStrings, eos_ids, load_tokenizer
-from flashdesk.engine.config import load_config, load_draft_config
+from flashdesk.engine.decode.chat import ANSWER, ChannelSplitter, StopStrings, eos_ids, load_tokenizer
+from flashdesk.engine.model.config import load_config, load_draft_config
 from flashdesk.engine.errors import ContextOverflowError
-from flashdesk.engine.gemma4 import Gemma4
-from flashdesk.engine.drafter import Drafter
-from flashdesk.engine.memory_plan import context_that_fits
-from flashdesk.engine.sampling import SamplingParams
-from flashdesk.engine.speculative import Decoder, SpecControl, StepResult
-from flashdesk.engine.stats import SpecStats, StepRecord
+from flashdesk.engine.model.cuda_graphs import StepGraphs, graphs_wanted
+from flashdesk.engine.model.gemma4 import Gemma4
+from flashdesk.engine.model.kv_cache import KVCache
+from flashdesk.engine.model.drafter import Drafter
+from flashdesk.engine.loading.memory_plan import context_that_fits
+from flashdesk.engine.decode.sampling import SamplingParams
+from flashdesk.engine.decode.speculative import Decoder, SpecControl, StepResult
+from flashdesk.engine.decode.stats import SpecStats, StepRecord
+from flashdesk.kernels.backend import describe
 
 
 @dataclass(frozen=True)
@@ -102,11 +105,32 @@ class Engine:
                  drafter: Drafter | None = None):
         self.model, self.tokenizer, self.eos = model, tokenizer, eos
         self.kv_dtype, self.context_limit, self.drafter = kv_dtype, context_limit, drafter
+        self.graphs_on, self.graphs_note = graphs_wanted(model.device)
+        self._cache: KVCache | None = None  # with CUDA graphs: one cache for every generation
+        self._graphs: StepGraphs | None = None
+
+    def cuda_graphs(self) -> str:
+        """In words: whether decode and verify steps run as CUDA graphs (and why not)."""
+        if self._graphs is not None and self._graphs.error:
+            return f"capture failed, steps run eagerly ({self._graphs.error})"
+        return self.graphs_note
+
+    def _step_state(self) -> tuple[KVCache | None, StepGraphs | None]:
+        """The cache and graphs a generation reuses on the GPU: graphs hold the cache's addresses,
+        so it is allocated once at the context limit (the memory plan counted it) and kept."""
+        if not self.graphs_on:
+            return None, None
+        if self._cache is None:
+            slack = max(16, self.drafter.cfg.block_size) if self.drafter else 16
+            self._cache = self.model.new_cache(self.context_limit, self.kv_dtype, slack=slack)
+            taps = self.drafter.cfg.target_layer_ids if self.drafter else ()
+            self._graphs = StepGraphs(self.model, self._cache, taps)
+        return self._cache, self._graphs
 
     @classmethod
     def load(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto", kv_dtype: str = "auto",
              context_limit: int | None = None, draft_dir: str | Path | None = None,
-             quantize: str | None = None, progress=None) -> "Engine":
+             quantize: str | None = None, progress=None, draft_quantize: str | None = None) -> "Engine":
         """Load the target (and drafter) on the device. `progress(fraction)` follows the weights read:
         the target takes 0..0.95 of the way, the drafter the rest."""
         dev = resolve_device(device)
@@ -122,7 +146,8 @@ class Engine:
                                               torch_dtype.itemsize)
         model = Gemma4.from_pretrained(model_dir, dev, torch_dtype, quantize,
                                        _share(progress, 0.0, 0.95 if draft_dir else 1.0))
-        drafter = Drafter.from_pretrained(draft_dir, model, _share(progress, 0.95, 0.05)) if draft_dir else None
+        drafter = (Drafter.from_pretrained(draft_dir, model, _share(progress, 0.95, 0.05), draft_quantize)
+                   if draft_dir else None)
         tokenizer = load_tokenizer(model_dir) if _has_tokenizer(Path(model_dir)) else None
         eos = eos_ids(model_dir) or set(model.cfg.eos_token_ids)
         limit = min(context_limit or model.cfg.max_position_embeddings, model.cfg.max_position_embeddings)
@@ -155,8 +180,9 @@ class Engine:
         prompt = list(request.prompt_ids)
         self.check_request(prompt, request.max_new_tokens)
         eos = set() if request.ignore_eos else self.eos
+        cache, graphs = self._step_state()
         decoder = Decoder(self.model, self.drafter, len(prompt) + request.max_new_tokens, self.kv_dtype,
-                          request.sampling, eos)
+                          request.sampling, eos, cache, graphs)
         text = _TextOutput(self.tokenizer, request.stop_strings)
         tokens: list[int] = []
         stats = SpecStats()
@@ -183,7 +209,8 @@ class Engine:
                 break
             result = decoder.step(request.max_new_tokens - len(tokens), control)
             index += 1
-        summary = {"prompt_tokens": len(prompt), "prefill_seconds": prefill_seconds, **stats.summary()}
+        summary = {"prompt_tokens": len(prompt), "prefill_seconds": prefill_seconds, **stats.summary(),
+                   "kernels": describe(self.model.device), "cuda_graphs": self.cuda_graphs()}
         yield FinishEvent(finish, tokens, "".join(text.answer), "".join(text.thought), summary)
 
 

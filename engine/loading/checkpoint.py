@@ -17,14 +17,14 @@ from pathlib import Path
 
 import torch
 
-from flashdesk.engine.config import DraftConfig, Gemma4Config, check_pair, load_config, load_draft_config, read_json
-from flashdesk.engine.drafter import draft_expected_shapes
+from flashdesk.engine.model.config import DraftConfig, Gemma4Config, check_pair, load_config, load_draft_config, read_json
+from flashdesk.engine.model.drafter import draft_expected_shapes
 from flashdesk.engine.errors import FlashDeskError
-from flashdesk.engine.memory_plan import (GPU_KV_DTYPE, MemoryPlan, drafter_weight_bytes, format_bytes,
+from flashdesk.engine.loading.memory_plan import (GPU_KV_DTYPE, MemoryPlan, drafter_weight_bytes, format_bytes,
                                           int4_weight_bytes, kv_cache_bytes, loaded_weight_bytes, longest_context,
                                           plan_memory, planned_weight_bytes)
-from flashdesk.engine.quant import parse_quant_config, plan
-from flashdesk.engine.weights import (TOWER_PREFIXES, checkpoint_files, expected_shapes, read_header,
+from flashdesk.engine.loading.quant import parse_quant_config, plan
+from flashdesk.engine.loading.weights import (TOWER_PREFIXES, checkpoint_files, expected_shapes, read_header,
                                       scan_checkpoint, stored_bytes, validate)
 
 DEFAULT_CONTEXT = 32768

@@ -7,6 +7,11 @@ after `target_layer_ids`, projected by `fc` + `hidden_norm`; each layer turns th
 once per accepted token and keeps it (sliding layers in a ring). The block's own K/V are never kept.
 Sliding layers are causal within their window; full layers see all context and the whole block.
 (MODEL-SPEC.md section 4.)
+
+`quantize="int4"` packs every drafter linear (fc, q, kv, o, gate_up, down) to symmetric int4 (group 32)
+as it loads, and drafts with an int4 copy of the target's embedding as the head, quantized once at
+load (0.37 GB + scales instead of the 1.48 GB bf16 head of Gemma 4 26B-A4B). Only the proposals
+change: the target keeps its bf16 head and verifies every token, so greedy output stays identical.
 """
 
 from __future__ import annotations
@@ -17,17 +22,49 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from flashdesk.engine.config import SLIDING, DraftConfig, check_pair, load_draft_config
-from flashdesk.engine.gemma4 import Gemma4, apply_rope
-from flashdesk.engine.weights import load_weights
+from flashdesk.engine.model.config import SLIDING, DraftConfig, check_pair, load_draft_config
+from flashdesk.engine.model.gemma4 import Gemma4, apply_rope
+from flashdesk.engine.loading.quant import quantize_on_load
+from flashdesk.engine.loading.weights import load_tensors, scan_checkpoint, validate
 from flashdesk.kernels.attention import attention
-from flashdesk.kernels.linear import linear
+from flashdesk.kernels.int4 import Int4Weight, quantize_int4
+from flashdesk.kernels.linear import concat_rows, linear
+
+QUANTIZATIONS = (None, "int4")  # None: the checkpoint's weights in the target's dtype (bf16)
+GROUP_SIZE = 32
+HEAD_CHUNK_ROWS = 32768  # the int4 head is quantized and applied this many vocab rows at a time
 
 
 def qwen_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Qwen3 RMSNorm: normalize in fp32, cast back, then scale (the cast comes before the weight)."""
     xf = x.float()
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def check_draft_quantize(quantize: str | None) -> None:
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"unknown drafter quantization {quantize!r}: the choice is int4 "
+                         "(or none for the checkpoint's bf16)")
+
+
+def weight_nbytes(weight) -> int:
+    """Bytes of a dense tensor, an Int4Weight or a tuple of them (what one use of it reads)."""
+    if isinstance(weight, tuple):
+        return sum(weight_nbytes(part) for part in weight)
+    if isinstance(weight, Int4Weight):
+        return weight.nbytes()
+    return weight.numel() * weight.element_size()
+
+
+def quantize_head(embed: torch.Tensor, group_size: int = GROUP_SIZE) -> Int4Weight:
+    """An int4 copy of the (tied) embedding as a head, quantized in row chunks to bound the
+    temporary memory (the whole-matrix fp32 absmax of a 262k vocabulary would be gigabytes)."""
+    if embed.shape[-1] % group_size:
+        raise ValueError(f"the target's hidden size {embed.shape[-1]} is not a multiple of {group_size}: "
+                         "its head cannot be quantized to int4 for the drafter")
+    parts = [quantize_int4(embed[i:i + HEAD_CHUNK_ROWS], group_size)
+             for i in range(0, embed.shape[0], HEAD_CHUNK_ROWS)]
+    return concat_rows(parts) if len(parts) > 1 else parts[0]
 
 
 def draft_expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
@@ -80,10 +117,19 @@ class DraftContext:
 class Drafter:
     """The DFlash draft model bound to its target (whose embedding is its input and its head)."""
 
-    def __init__(self, cfg: DraftConfig, weights: dict[str, torch.Tensor], target: Gemma4):
-        self.cfg, self.target = cfg, target
+    def __init__(self, cfg: DraftConfig, weights: dict, target: Gemma4, quantize: str | None = None):
+        """`weights` may hold dense tensors or Int4Weights (from_pretrained quantizes while loading);
+        with quantize="int4" the dense linears left are quantized here and the head becomes int4."""
+        check_draft_quantize(quantize)
+        self.cfg, self.target, self.quantize = cfg, target, quantize
         self.device, self.dtype = target.device, target.dtype
         w = weights  # taken over and emptied, as Gemma4 does
+        if quantize:  # what from_pretrained's on-load transform did not pack yet (the target's rule)
+            for name, tensor in w.items():
+                if isinstance(tensor, torch.Tensor) and tensor.dim() == 2 and tensor.shape[-1] % GROUP_SIZE == 0:
+                    w[name] = quantize_int4(tensor, GROUP_SIZE)
+        # the drafter's head: the target's tied embedding itself, or an int4 copy of it for drafting only
+        self.head = quantize_head(target.embed) if quantize else target.embed
         self.fc = w.pop("fc.weight")
         self.hidden_norm = w.pop("hidden_norm.weight")
         self.norm = w.pop("norm.weight")
@@ -94,9 +140,9 @@ class Drafter:
             self.layers.append({
                 "in_norm": get("input_layernorm.weight"), "post_norm": get("post_attention_layernorm.weight"),
                 "q": get("self_attn.q_proj.weight"), "q_norm": get("self_attn.q_norm.weight"),
-                "kv": torch.cat([get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")]),
+                "kv": concat_rows([get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")]),
                 "k_norm": get("self_attn.k_norm.weight"), "o": get("self_attn.o_proj.weight"),
-                "gate_up": torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
+                "gate_up": concat_rows([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
                 "down": get("mlp.down_proj.weight"),
             })
         exponents = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim
@@ -106,12 +152,24 @@ class Drafter:
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
 
     @classmethod
-    def from_pretrained(cls, draft_dir: str | Path, target: Gemma4, progress=None) -> "Drafter":
+    def from_pretrained(cls, draft_dir: str | Path, target: Gemma4, progress=None,
+                        quantize: str | None = None) -> "Drafter":
+        """Load the drafter in the target's dtype, or with quantize="int4" packing each linear as it
+        arrives (the bf16 drafter is never whole on the device)."""
+        check_draft_quantize(quantize)
         cfg = load_draft_config(draft_dir)
         check_pair(target.cfg, cfg, f"drafter {draft_dir}")
-        weights = load_weights(draft_dir, draft_expected_shapes(cfg), target.device, target.dtype,
-                               what="DFlash drafter", progress=progress)
-        return cls(cfg, weights, target)
+        entries = scan_checkpoint(draft_dir)
+        validate(entries, draft_expected_shapes(cfg), "DFlash drafter")
+        transform = quantize_on_load(GROUP_SIZE) if quantize else None
+        weights = load_tensors(entries, target.device, target.dtype, transform, progress)
+        return cls(cfg, weights, target, quantize)
+
+    def nbytes(self) -> int:
+        """Weight bytes one draft step reads: fc and hidden_norm (context), every layer, the final
+        norm and the head (the whole vocabulary); the few embedding rows of the block are not counted."""
+        total = sum(weight_nbytes(t) for t in (self.fc, self.hidden_norm, self.norm, self.head))
+        return total + sum(weight_nbytes(t) for layer in self.layers for t in layer.values())
 
     @property
     def max_draft_length(self) -> int:
@@ -144,15 +202,21 @@ class Drafter:
         ctx.length += c
 
     @torch.inference_mode()
-    def draft_logits(self, ctx: DraftContext, anchor: int, k: int) -> torch.Tensor:
-        """Logits [k, vocab] (fp32, softcapped) for the k tokens after `anchor`, which sits at ctx.length."""
+    def draft_logits(self, ctx: DraftContext, anchor: int | torch.Tensor, k: int) -> torch.Tensor:
+        """Logits [k, vocab] (fp32, softcapped) for the k tokens after `anchor`, which sits at ctx.length.
+
+        `anchor` is a token id or a one-element long tensor on the device; a tensor is never read
+        back to the host (no sync)."""
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         t = k + 1
         start = ctx.length
         positions = torch.arange(start, start + t, device=self.device)
         cos, sin = self._rope(positions)
         ids = torch.full((t,), cfg.mask_token_id, dtype=torch.long, device=self.device)
-        ids[0] = anchor
+        if isinstance(anchor, torch.Tensor):
+            ids[:1] = anchor.reshape(1)  # a device-side copy
+        else:
+            ids[0] = anchor
         h = F.embedding(ids, self.target.embed) * self.embed_scale
         for i, layer in enumerate(self.layers):
             sliding = cfg.layer_kinds[i] == SLIDING
@@ -171,8 +235,16 @@ class Drafter:
             gate, up = linear(qwen_rms_norm(h, layer["post_norm"], eps), layer["gate_up"]).chunk(2, dim=-1)
             h = h + linear(F.silu(gate) * up, layer["down"])
         h = qwen_rms_norm(h[1:], self.norm, eps)
-        logits = linear(h, self.target.embed).float() * cfg.output_multiplier
+        logits = self._head(h).float() * cfg.output_multiplier
         if cfg.final_logit_softcapping:
             cap = cfg.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        """h @ head.T; the int4 head in vocab chunks, so a plain-torch dequantization stays small."""
+        if not isinstance(self.head, Int4Weight) or self.head.shape[0] <= HEAD_CHUNK_ROWS:
+            return linear(h, self.head)
+        rows = self.head.shape[0]
+        return torch.cat([linear(h, self.head[i:i + HEAD_CHUNK_ROWS]) for i in range(0, rows, HEAD_CHUNK_ROWS)],
+                         dim=-1)

@@ -7,7 +7,7 @@ are shared with every other Hugging Face tool; HF_HOME / HF_HUB_CACHE, HF_ENDPOI
 are read when a function runs (not when huggingface_hub was imported), and only the files the
 engine reads are fetched.
 
-The weights (`*.safetensors`, gigabytes each) are the exception: `engine/hub_download.py` fetches
+The weights (`*.safetensors`, gigabytes each) are the exception: `engine/hub/hub_download.py` fetches
 them itself so that an interrupted download continues on the next run, and places them exactly
 where huggingface_hub would.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from flashdesk.engine.errors import CheckpointError, FlashDeskError
-from flashdesk.engine.hub_download import (RESUMABLE_FILES, SHA256, SKIPPED_FILES, Progress, _download_error, _fetch_resumable,
+from flashdesk.engine.hub.hub_download import (RESUMABLE_FILES, SHA256, SKIPPED_FILES, Progress, _download_error, _fetch_resumable,
                                            _is_resumable, _size, hub_cache_dir, hub_endpoint)
 
 DEFAULT_REPOS = ("cyankiwi/gemma-4-26B-A4B-it-AWQ-4bit", "z-lab/gemma-4-26B-A4B-it-DFlash")
@@ -97,7 +97,7 @@ def check_folder(folder: str | Path) -> list[Problem]:
     Per shard: present, header intact and every tensor's bytes inside the file (`read_header`),
     the tensors the index places in it present and no others.
     """
-    from flashdesk.engine.weights import read_header  # imports torch: only when checking
+    from flashdesk.engine.loading.weights import read_header  # imports torch: only when checking
 
     folder = Path(folder)
     problems = []

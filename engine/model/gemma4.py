@@ -15,22 +15,22 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from flashdesk.engine.config import Gemma4Config, load_config, read_json
-from flashdesk.engine.kv_cache import CacheLayout, KVCache
-from flashdesk.engine.quant import assemble, parse_quant_config, plan, quantize_on_load
-from flashdesk.engine.weights import expected_shapes, load_tensors, scan_checkpoint, validate
-from flashdesk.kernels.attention import attention
+from flashdesk.engine.model.config import Gemma4Config, load_config, read_json
+from flashdesk.engine.model.kv_cache import CacheLayout, KVCache
+from flashdesk.engine.loading.quant import assemble, parse_quant_config, plan, quantize_on_load
+from flashdesk.engine.loading.weights import expected_shapes, load_tensors, scan_checkpoint, validate
 from flashdesk.kernels.linear import concat_rows, linear
 from flashdesk.kernels.moe import moe
+from flashdesk.kernels.norm import rms_norm
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """Gemma 4 RMSNorm: in fp32, times the weight as is (no 1 + w), one cast back."""
-    xf = x.float()
-    y = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
-    if weight is not None:
-        y = y * weight
-    return y.to(x.dtype)
+def ordered_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over the last dimension in a fixed order, one element at a time: a torch reduction may
+    split a row differently with more rows, which would break batch invariance."""
+    total = x[..., 0]
+    for i in range(1, x.shape[-1]):
+        total = total + x[..., i]
+    return total
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -131,17 +131,24 @@ class Gemma4:
 
         logits_rows: "all" for every row (verification), "last" for the last one (prefill/decode).
         """
+        out = self.compute(ids, cache, taps, logits_rows)
+        cache.advance(ids.shape[0])
+        return out
+
+    def compute(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = (),
+                logits_rows: str = "all") -> ForwardOutput:
+        """`forward` without committing: writes K/V at cache.length.. and returns the outputs. It
+        reads the start position from the device (`cache.position`) and decides nothing from tensor
+        values, so a decode or verify block can be captured once as a CUDA graph and replayed."""
         cfg = self.cfg
-        start = cache.length
-        positions = torch.arange(start, start + ids.shape[0], device=self.device)
+        positions = cache.position + torch.arange(ids.shape[0], device=self.device)
         rope = self._rope_tables(positions)
         h = F.embedding(ids, self.embed) * self.embed_scale
         tapped = {}
         for i, layer in enumerate(self.layers):
-            h = self._layer(i, layer, h, positions, rope[layer.spec.kind], cache, start)
+            h = self._layer(i, layer, h, positions, rope[layer.spec.kind], cache)
             if i in taps:
                 tapped[i] = h
-        cache.advance(ids.shape[0])
         if logits_rows == "last":
             h = h[-1:]
         h = rms_norm(h, self.final_norm, cfg.rms_norm_eps)
@@ -151,7 +158,7 @@ class Gemma4:
             logits = torch.tanh(logits / cap) * cap
         return ForwardOutput(logits, torch.cat([tapped[t] for t in taps], dim=-1) if taps else None)
 
-    def _layer(self, i: int, L: _Layer, h, positions, rope, cache: KVCache, start: int):
+    def _layer(self, i: int, L: _Layer, h, positions, rope, cache: KVCache):
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         spec, t = L.spec, h.shape[0]
         residual = h
@@ -164,9 +171,7 @@ class Gemma4:
         q = apply_rope(rms_norm(q, L.norms["self_attn.q_norm"], eps), cos, sin)
         k = apply_rope(rms_norm(k_raw, L.norms["self_attn.k_norm"], eps), cos, sin)
         v = rms_norm(v_raw, None, eps)
-        keys, values, key_pos = cache.update(i, start, k, v)
-        window = cfg.sliding_window if spec.sliding else None
-        a = attention(q, keys, values, positions, key_pos, window, scale=1.0)
+        a = cache.attend(i, q, k, v, positions, scale=1.0)
         a = linear(a.reshape(t, -1), L.o_proj)
         h = residual + rms_norm(a, L.norms["post_attention_layernorm"], eps)
 
@@ -186,6 +191,6 @@ class Gemma4:
         r = rms_norm(residual, None, cfg.rms_norm_eps) * L.router_scale * (cfg.hidden_size ** -0.5)
         probs = torch.softmax(linear(r, L.router), dim=-1, dtype=torch.float32)
         top_w, top_idx = torch.topk(probs, cfg.top_k_experts, dim=-1)
-        top_w = top_w / top_w.sum(dim=-1, keepdim=True) * L.per_expert_scale[top_idx]
+        top_w = top_w / ordered_sum(top_w).unsqueeze(-1) * L.per_expert_scale[top_idx]
         x = rms_norm(residual, L.norms["pre_feedforward_layernorm_2"], cfg.rms_norm_eps)
         return moe(x, L.experts_gate_up, L.experts_down, top_idx, top_w)

@@ -36,21 +36,36 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
     gen.add_argument("--draft-length", type=int, help="tokens drafted per step, 1..block_size-1 (default: all)")
     gen.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
+    gen.add_argument("--draft-quantize", choices=["int4"],
+                     help="draft with int4 drafter weights and an int4 copy of the head (output unchanged)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with ids, text, steps, stats")
 
-    bench = sub.add_parser("bench", help="AR vs DFlash at several draft lengths, side by side")
-    bench.add_argument("--model", required=True)
-    bench.add_argument("--draft", required=True)
+    bench = sub.add_parser("bench", help="AR vs DFlash at several draft lengths, side by side; --synthetic: "
+                           "full-size step timings vs bytes read, random weights, no files")
+    bench.add_argument("--model", help="folder of the Gemma 4 target (required unless --synthetic)")
+    bench.add_argument("--draft", help="folder of the DFlash drafter (required unless --synthetic)")
     bench.add_argument("--prompts", help="JSON lines with \"prompt\" and \"category\", or one prompt per line "
                        "(default: a built-in mix of code, math, chat, summarizing, translation)")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--draft-lengths", default="4,8,15")
+    bench.add_argument("--draft-quantize", choices=["int4"],
+                       help="draft with int4 drafter weights and an int4 copy of the head (output unchanged)")
     bench.add_argument("--compare", action="store_true",
                        help="also time transformers' generate and z-lab's reference loop on the same files")
     bench.add_argument("--device", default="auto")
     bench.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     bench.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16", "float32", "fp8"])
     bench.add_argument("--json", action="store_true")
+    bench.add_argument("--synthetic", action="store_true",
+                       help="time prefill, AR, verify(1..16) and draft steps of the full-size model with random "
+                       "weights made on the device, against the bytes each step reads")
+    bench.add_argument("--layers", type=int, default=30, help="--synthetic: keep the first N decoder layers")
+    bench.add_argument("--context", type=int,
+                       help="--synthetic: context fill for ar/verify/draft (default 4096 on a GPU, 256 on the CPU)")
+    bench.add_argument("--prefill-lengths", default="1024,8192",
+                       help="--synthetic: token counts of the prefill-1024 and prefill-8192 steps (shrink on the CPU)")
+    bench.add_argument("--repeats", type=int,
+                       help="--synthetic: timed repeats per step (default 5 on a GPU, 1 on the CPU)")
 
     doc = sub.add_parser("doctor", help="check this machine (and a model folder) for FlashDesk")
     doc.add_argument("--model", help="also check this checkpoint folder")
@@ -74,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _resolve_models(args) -> None:
     """--model / --draft may name a pulled Hub id: replace it by its cached folder (disk only)."""
-    from flashdesk.engine.models import resolve_model_path
+    from flashdesk.engine.hub.models import resolve_model_path
 
     for attr in ("model", "draft"):
         if getattr(args, attr, None):
@@ -97,17 +112,19 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def run_generate(args) -> int:
-    from flashdesk.engine.chat import build_prompt_ids, messages_from
-    from flashdesk.engine.generation import Engine, FinishEvent, GenerationRequest
-    from flashdesk.engine.sampling import SamplingParams
-    from flashdesk.engine.speculative import SpecControl
+    from flashdesk.engine.decode.chat import build_prompt_ids, messages_from
+    from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest
+    from flashdesk.engine.decode.sampling import SamplingParams
+    from flashdesk.engine.decode.speculative import SpecControl
 
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     prompt_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     if (args.draft_length is not None or args.no_speculate) and not args.draft:
         raise ValueError("--draft-length and --no-speculate need --draft")
+    if args.draft_quantize and not args.draft:
+        raise ValueError("--draft-quantize needs --draft")
     engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, args.context, args.draft,
-                         args.quantize)
+                         args.quantize, draft_quantize=args.draft_quantize)
     control = None
     if engine.drafter is not None:
         longest = engine.drafter.max_draft_length
@@ -153,20 +170,27 @@ def run_generate(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "bench" and not args.synthetic and not (args.model and args.draft):
+        parser.error("bench: the following arguments are required: --model, --draft (or use --synthetic)")
     try:
         if args.command == "models":
-            from flashdesk.engine.models import run_models
+            from flashdesk.engine.hub.models import run_models
 
             return run_models(args)
         _resolve_models(args)
         if args.command == "generate":
             return run_generate(args)
+        if args.command == "bench" and args.synthetic:
+            from flashdesk.engine.tools.bench_synthetic import run_synthetic_bench
+
+            return run_synthetic_bench(args)
         if args.command == "bench":
-            from flashdesk.engine.bench import run_bench
+            from flashdesk.engine.tools.bench import run_bench
 
             return run_bench(args)
-        from flashdesk.engine.doctor import run_doctor
+        from flashdesk.engine.tools.doctor import run_doctor
 
         return run_doctor(args.model, args.context, args.draft)
     except (FlashDeskError, ValueError) as exc:

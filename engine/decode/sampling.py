@@ -77,28 +77,31 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 
 
 def verify_draft(draft: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
-                 params: SamplingParams, generator: torch.Generator | None) -> tuple[int, int]:
-    """Accept a prefix of draft [k] against target logits [k+1, V]; return (accepted, next token).
+                 params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept a prefix of draft [k] against target logits [k+1, V]: (accepted, next token) as
+    0-dim device tensors, computed without reading anything back to the host.
 
     Greedy: the longest prefix that equals the target's argmax, then the target's own token.
     Sampling (draft_probs [k, V] = q, the drafter's filtered distribution): accept d_i with
     probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection draw from the residual
-    norm(max(p - q, 0)); if all are accepted draw from p at the last row. Lossless: the output is
-    distributed exactly as the target's own samples (Leviathan et al. 2023; dflash's loop).
+    norm(max(p - q, 0)); if all are accepted draw from p at the last row (q is taken as 0 there).
+    Lossless: the output is distributed exactly as the target's own samples (Leviathan et al. 2023;
+    dflash's loop).
     """
     k = draft.shape[0]
     if params.greedy:
         best = target_logits.argmax(dim=-1)
-        accepted = int((draft == best[:k]).int().cumprod(0).sum())
-        return accepted, int(best[accepted])
+        accepted = (draft == best[:k]).int().cumprod(0).sum()
+        return accepted, best.index_select(0, accepted.view(1)).view(())
     p = probabilities(target_logits, params)
     rows = torch.arange(k, device=draft.device)
     p_d, q_d = p[rows, draft], draft_probs[rows, draft]
     u = torch.rand(k, generator=generator, device=draft.device)
-    accepted = int((u * q_d < p_d).int().cumprod(0).sum())
-    if accepted == k:
-        return k, int(draw(p[k], generator))
-    residual = (p[accepted] - draft_probs[accepted]).clamp_min(0)
+    accepted = (u * q_d < p_d).int().cumprod(0).sum()
+    at = accepted.view(1)
+    q_rows = torch.cat([draft_probs, torch.zeros_like(draft_probs[:1])])
+    p_row = p.index_select(0, at)[0]
+    residual = (p_row - q_rows.index_select(0, at)[0]).clamp_min(0)
     total = residual.sum()
-    residual = residual / total if total > 0 else p[accepted]
-    return accepted, int(draw(residual, generator))
+    residual = torch.where(total > 0, residual / total, p_row)
+    return accepted, draw(residual, generator)

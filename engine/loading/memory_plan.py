@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 from pathlib import Path
 
-from flashdesk.engine.config import SLIDING, DraftConfig, Gemma4Config, read_json
+from flashdesk.engine.model.config import SLIDING, DraftConfig, Gemma4Config, read_json
 from flashdesk.engine.errors import FlashDeskError
-from flashdesk.engine.kv_cache import FP8, STORAGE_DTYPES
-from flashdesk.engine.quant import parse_quant_config, plan
-from flashdesk.engine.speculative import PREFILL_CHUNK
-from flashdesk.engine.weights import expected_shapes, scan_checkpoint
+from flashdesk.engine.model.kv_cache import FP8, STORAGE_DTYPES
+from flashdesk.engine.loading.quant import parse_quant_config, plan
+from flashdesk.engine.decode.speculative import PREFILL_CHUNK
+from flashdesk.engine.loading.weights import expected_shapes, scan_checkpoint
 from flashdesk.kernels.attention import MASK_BYTES_PER_ENTRY, SCORE_MATRICES_AT_PEAK, query_rows_per_pass
 
 MIN_USEFUL_CONTEXT = 2048

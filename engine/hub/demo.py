@@ -17,7 +17,7 @@ layer every mask position's query reads QUERY and every key reads MARK, so all m
 attend to the anchor, and the values copy half of the anchor's embedding into the residual, whose
 logits through the tied head favour the anchor. The other layers are identities (zero weights).
 
-    python -m flashdesk.engine.demo FOLDER     # writes FOLDER/target and FOLDER/drafter
+    python -m flashdesk.engine.hub.demo FOLDER     # writes FOLDER/target and FOLDER/drafter
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from flashdesk.engine.config import parse_config, parse_draft_config
-from flashdesk.engine.drafter import draft_expected_shapes
-from flashdesk.engine.weights import expected_shapes
+from flashdesk.engine.model.config import parse_config, parse_draft_config
+from flashdesk.engine.model.drafter import draft_expected_shapes
+from flashdesk.engine.loading.weights import expected_shapes
 
-TOKENIZER_ASSETS = Path(__file__).resolve().parent.parent / "assets" / "demo_tokenizer"
+TOKENIZER_ASSETS = Path(__file__).resolve().parents[2] / "assets" / "demo_tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 MARKER = "flashdesk-demo.json"  # written last: a folder without it is incomplete
 DEMO_VERSION = 1
@@ -227,7 +227,7 @@ def create_demo(folder: str | Path, force: bool = False) -> tuple[Path, Path]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m flashdesk.engine.demo FOLDER", file=sys.stderr)
+        print("usage: python -m flashdesk.engine.hub.demo FOLDER", file=sys.stderr)
         return 2
     target, drafter = create_demo(argv[0])
     print(f"target  {target}\ndrafter {drafter}")

@@ -1,0 +1,1 @@
+"""Running a generation: sampling, the speculative decode loop, chat text, statistics."""

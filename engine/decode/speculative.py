@@ -1,0 +1,162 @@
+"""The decode loop, one step at a time: plain autoregressive, or DFlash draft -> verify -> accept.
+
+Speculation on or off and the draft length are read from a `SpecControl` at the start of every
+step, so another thread can change them while a generation runs. Greedy output is the same either
+way; with sampling the output distribution is the same (sampling.verify_draft).
+
+A step never waits on the device until its one read: the tokens it emits, fetched by
+`read_to_host` (which also carries the draft and the accepted count, for the statistics). The last
+token stays on the device as the next step's input, acceptance is computed on the device, and step
+times come from CUDA events read after that one read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from flashdesk.engine.model.drafter import Drafter
+from flashdesk.engine.model.gemma4 import Gemma4
+from flashdesk.engine.model.kv_cache import KVCache
+from flashdesk.engine.decode.sampling import SamplingParams, draw, make_generator, probabilities, sample, verify_draft
+
+PREFILL_CHUNK = 1024  # prompt tokens per forward: bounds activation memory on long prompts
+PENDING_LIMIT = 256  # plain steps whose target features wait for the drafter before being folded in
+
+
+def read_to_host(t: torch.Tensor) -> list[int]:
+    """The one device-to-host read of a step (tests watch that nothing else reads)."""
+    return t.tolist()
+
+
+@dataclass
+class SpecControl:
+    """Speculation settings a running generation picks up from its next step."""
+
+    enabled: bool = True
+    draft_length: int | None = None  # None: the drafter's block_size - 1
+
+
+@dataclass(frozen=True)
+class StepResult:
+    emitted: list[int]  # ids appended by this step (cut after an EOS, and at max tokens)
+    draft: list[int]  # the drafted ids (empty for a plain step)
+    accepted: int  # how many drafted ids agreed with the target
+    draft_seconds: float
+    verify_seconds: float  # the target's pass (a plain step is all verify)
+
+
+class _StepClock:
+    """Marks times inside a step without waiting for the device: CUDA events on a GPU (read once the
+    step's tokens have arrived, so the wait is already over), the wall clock on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self, i: int) -> float:
+        """Time from mark i to mark i + 1 (call after the step's read)."""
+        a, b = self.marks[i], self.marks[i + 1]
+        return a.elapsed_time(b) / 1000 if self.cuda else b - a
+
+
+class Decoder:
+    """The state of one generation: target KV cache, drafter context, the token still to be run."""
+
+    def __init__(self, model: Gemma4, drafter: Drafter | None, max_context: int, kv_dtype: str,
+                 sampling: SamplingParams, eos: set[int], cache: KVCache | None = None, graphs=None):
+        """`cache`: reuse this one (reset) instead of allocating; `graphs`: a StepGraphs over that
+        cache, which runs the decode and verify forwards as CUDA graphs."""
+        self.model, self.drafter, self.sampling, self.eos = model, drafter, sampling, eos
+        slack = max(16, drafter.cfg.block_size) if drafter else 16
+        if cache is None:
+            cache = model.new_cache(max_context, kv_dtype, slack=slack)
+        cache.reset()
+        self.cache, self.graphs = cache, graphs
+        self.ctx = drafter.new_context(max_context) if drafter else None
+        self.taps = drafter.cfg.target_layer_ids if drafter else ()
+        self.pending: list[torch.Tensor] = []  # target features not yet in the drafter's context
+        self.generator = make_generator(sampling, model.device)
+        self.last: torch.Tensor | None = None  # [1]: sampled, not yet run through the target
+
+    def _forward(self, ids: torch.Tensor, rows: str):
+        if self.graphs is not None and self.graphs.covers(ids.shape[0]):
+            out = self.graphs.run(ids)
+            self.cache.advance(ids.shape[0])
+        else:
+            out = self.model.forward(ids, self.cache, taps=self.taps, logits_rows=rows)
+        return out.logits, out.taps
+
+    def prefill(self, prompt: list[int]) -> int:
+        ids = torch.tensor(prompt, dtype=torch.long, device=self.model.device)
+        for begin in range(0, len(prompt), PREFILL_CHUNK):
+            logits, taps = self._forward(ids[begin:begin + PREFILL_CHUNK], "last")
+            if taps is not None:
+                self.pending.append(taps)
+        self.last = sample(logits[-1:], self.sampling, self.generator)
+        return read_to_host(self.last)[0]
+
+    def step(self, remaining: int, control: SpecControl | None) -> StepResult:
+        """Produce at most `remaining` (>= 1) tokens after the last one."""
+        k = 0
+        if self.drafter is not None and (control is None or control.enabled):
+            wanted = control.draft_length if control and control.draft_length else self.drafter.max_draft_length
+            k = max(0, min(wanted, self.drafter.max_draft_length, remaining))
+        if k == 0:
+            return self._plain_step()
+        return self._speculative_step(k, remaining)
+
+    def _plain_step(self) -> StepResult:
+        clock = _StepClock(self.model.device)
+        clock.mark()
+        logits, taps = self._forward(self.last, "last")
+        self.last = sample(logits[-1:], self.sampling, self.generator)
+        clock.mark()
+        token = read_to_host(self.last)
+        if taps is not None:
+            self.pending.append(taps)
+            if len(self.pending) >= PENDING_LIMIT:  # speculation off for long: keep memory bounded
+                self._flush_pending()
+        return StepResult(token, [], 0, 0.0, clock.seconds(0))
+
+    def _flush_pending(self) -> None:
+        """Turn the target features gathered since the last draft into the drafter's context K/V."""
+        if self.pending:
+            self.drafter.add_context(self.ctx, torch.cat(self.pending))
+            self.pending = []
+
+    def _speculative_step(self, k: int, remaining: int) -> StepResult:
+        clock = _StepClock(self.model.device)
+        clock.mark()
+        self._flush_pending()
+        draft_logits = self.drafter.draft_logits(self.ctx, self.last, k)
+        if self.sampling.greedy:
+            draft_probs, draft = None, draft_logits.argmax(dim=-1)
+        else:
+            draft_probs = probabilities(draft_logits, self.sampling)
+            draft = draw(draft_probs, self.generator)
+        clock.mark()
+        start = self.cache.length
+        logits, taps = self._forward(torch.cat([self.last, draft]), "all")
+        accepted_t, bonus_t = verify_draft(draft, draft_probs, logits, self.sampling, self.generator)
+        clock.mark()
+        *draft_ids, accepted, bonus = read_to_host(torch.cat([draft, accepted_t.view(1), bonus_t.view(1)]))
+        emitted = (draft_ids[:accepted] + [bonus])[:remaining]
+        for i, token in enumerate(emitted):
+            if token in self.eos:
+                emitted = emitted[:i + 1]
+                break
+        self.cache.rollback(start + len(emitted))  # keep the anchor and the accepted drafts
+        self.pending.append(taps[:len(emitted)])
+        self.last = bonus_t.view(1)  # when the step was cut short, the generation ends here anyway
+        return StepResult(emitted, draft_ids, accepted, clock.seconds(0), clock.seconds(1))

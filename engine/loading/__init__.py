@@ -1,0 +1,1 @@
+"""Reading checkpoints into memory: safetensors, the int4 formats, and whether it all fits."""

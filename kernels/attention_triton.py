@@ -1,0 +1,472 @@
+"""Triton attention: decode/verify over the KV cache in place, flash-attention prefill, the cache write.
+
+Decode/verify (`decode_attention`, 1..16 queries): a program owns a fixed 16-row tile of (query
+head, query) rows that share one KV head (GQA: a decode step's 8 heads of a full layer read the
+keys once), padding rows masked. Every row is reduced on its own in a fixed order, so a query's
+bits never depend on how many queries came with it or where its row sits in the tile (batch
+invariance: a verify block computes exactly what plain decoding computes). Keys are read where the
+cache stores them (slot = position % capacity) in chunks of BLOCK_N aligned to absolute positions,
+and a chunk with no visible key for a row leaves that row's running (max, sum, acc) bit for bit as
+it was. The keys are cut into splits of `split` positions aligned at 0 (flash-decoding): program
+(row tile, j) reduces one split into fp32 partials and a second kernel combines each row's non-empty
+splits in position order. The grid depends on shapes and the static context size only, and the
+block's start is read on the device, so one captured CUDA graph replays at every length.
+
+fp8 e4m3 is handled as raw bytes with our own bit-level codec: Triton's fp8e4nv type does not exist
+below sm_89 (RTX 3090), and the encoder rounds exactly as torch does (nearest even, NaN past 464,
+as c10's Float8_e4m3fn), so the Triton cache write is bit-identical to the torch one. Scales are
+factored out of the dots: scores times the key's scale, probabilities times the value's scale.
+
+Prefill (`prefill_attention`): flash-attention over explicit K/V with positions, BLOCK_M queries x
+BLOCK_N keys per step, key range found by binary search on the increasing key positions.
+
+Tensor-core operands are q's dtype (bf16; fp8 keys convert to bf16 exactly), fp32 under the
+interpreter, whose bf16 dot is broken.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from flashdesk.kernels.backend import CompileSpec, interpreted
+
+BLOCK_T = 16  # query rows of a decode tile; verify blocks never exceed it
+MIN_SPLIT = 256  # positions per flash-decoding split, at least
+MAX_SPLITS = 64  # splits of a full layer: bounds the fp32 partials (<= 32 MB at T=16, D=512)
+COMBINE_BLOCK_D = 64  # columns per combine program: 16 heads x D/64 programs
+COMBINE_WARPS = 4
+LOG2E = math.log2(math.e)
+
+
+class DecodeConfig(NamedTuple):
+    block_n: int
+    num_warps: int
+
+
+class PrefillConfig(NamedTuple):
+    block_m: int
+    block_n: int
+    num_warps: int
+
+
+def decode_config(head_dim: int) -> DecodeConfig:
+    """16-key chunks: wider ones put the real head dims (256, 512) near 255 registers on some cards."""
+    return DecodeConfig(16, 8 if head_dim >= 128 else 4)
+
+
+def prefill_config(head_dim: int) -> PrefillConfig:
+    if head_dim >= 512:
+        return PrefillConfig(16, 32, 8)
+    if head_dim >= 256:
+        return PrefillConfig(32, 32, 8)
+    if head_dim >= 128:
+        return PrefillConfig(32, 32, 4)
+    return PrefillConfig(32, 16, 4)
+
+
+def decode_split(head_dim: int, window: int | None, max_context: int) -> int:
+    """Positions per split, from the layer's static shape only (never from the current length)."""
+    block_n = decode_config(head_dim).block_n
+    per_split = MIN_SPLIT if window is not None else max(MIN_SPLIT, triton.cdiv(max_context, MAX_SPLITS))
+    return triton.cdiv(per_split, block_n) * block_n
+
+
+def decode_num_splits(window: int | None, max_context: int, split: int) -> int:
+    """Grid columns: every split of the context, or for a ring only as many as one block can touch."""
+    splits = triton.cdiv(max_context, split)
+    if window is None:
+        return splits
+    return min(splits, triton.cdiv(window + BLOCK_T - 1, split) + 1)
+
+
+# ----------------------------------------------------------------------------- fp8 e4m3 codec
+
+@triton.jit
+def _e4m3_encode(y):
+    """fp32 -> e4m3fn byte, rounding to nearest even, saturating to NaN past 464 (torch's rule)."""
+    bits = y.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    mag = bits & 0x7FFFFFFF
+    odd = (mag >> 20) & 1
+    normal = (mag - (120 << 23) + 0x7FFFF + odd) >> 20
+    # below 2**-6: adding 2**14 rounds the value to a multiple of 2**-9 (the subnormal step), RNE
+    sub = (mag.to(tl.float32, bitcast=True) + 16384.0).to(tl.int32, bitcast=True) - (141 << 23)
+    code = tl.where(mag < (121 << 23), sub, normal)
+    code = tl.where(mag >= (1087 << 20), 0x7F, code)
+    return (code | sign).to(tl.uint8)
+
+
+@triton.jit
+def _e4m3_as_f16(b):
+    """e4m3fn byte -> fp16 of value * 2**-8, exactly: fp16 is e4m3 with one more exponent bit (bias
+    15, not 7), subnormals included; the 2**8 goes into the scale. The NaN code is never written."""
+    x = b.to(tl.uint16)
+    return (((x & 0x7F) << 7) | ((x & 0x80) << 8)).to(tl.float16, bitcast=True)
+
+
+# ----------------------------------------------------------------------------- cache write
+
+@triton.jit
+def _quantize_row(x_ptr, c_ptr, s_ptr, d, FP8: tl.constexpr):
+    x = tl.load(x_ptr + d)
+    if FP8:
+        x = x.to(tl.float32)
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), 0), 1e-12), 448.0)  # IEEE, as torch divides
+        tl.store(c_ptr + d, _e4m3_encode(tl.math.div_rn(x, scale)))
+        tl.store(s_ptr, scale)
+    else:
+        tl.store(c_ptr + d, x.to(c_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _kv_write_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, ks_ptr, vs_ptr, start_ptr, capacity,
+                     stride_kt, stride_kh, stride_vt, stride_vh,
+                     HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
+    """Program (t, h): quantize K and V of token t, head h, and store them at the token's slot."""
+    t, h = tl.program_id(0), tl.program_id(1)
+    slot = (tl.load(start_ptr).to(tl.int32) + t) % capacity
+    d = tl.arange(0, D)
+    row = slot * HKV + h
+    _quantize_row(k_ptr + t * stride_kt + h * stride_kh, ck_ptr + row * D, ks_ptr + row, d, FP8)
+    _quantize_row(v_ptr + t * stride_vt + h * stride_vh, cv_ptr + row * D, vs_ptr + row, d, FP8)
+
+
+def kv_write_triton(k, v, cache_k, cache_v, k_scale, v_scale, start: torch.Tensor, capacity: int) -> None:
+    """Store K/V [T, Hkv, D] (any row strides) at slots (start + t) % capacity of contiguous caches;
+    T <= capacity (the caller keeps the newest positions)."""
+    t, hkv, d = k.shape
+    fp8 = k_scale is not None
+    _check_rows(k, v)
+    _check_contiguous(cache_k, cache_v, *((k_scale, v_scale) if fp8 else ()))
+    ck, cv = (cache_k.view(torch.uint8), cache_v.view(torch.uint8)) if fp8 else (cache_k, cache_v)
+    ks, vs = (k_scale, v_scale) if fp8 else (k, v)  # unused pointers without scales
+    _kv_write_kernel[(t, hkv)](k, v, ck, cv, ks, vs, start, capacity,
+                               k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                               HKV=hkv, D=d, FP8=fp8, num_warps=kv_write_warps(d))
+
+
+def kv_write_warps(head_dim: int) -> int:
+    return 2 if head_dim >= 512 else 1
+
+
+# ----------------------------------------------------------------------------- decode / verify
+
+@triton.jit
+def _load_kv(ptr, s_ptr, slot, ok, kv_head, d, HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
+    """A chunk [BLOCK_N, D] as stored (fp8 as exact fp16) and its per-key scale (1.0 unless fp8)."""
+    row = slot * HKV + kv_head
+    x = tl.load(ptr + row[:, None] * D + d[None, :], mask=ok[:, None], other=0)
+    if FP8:
+        x = _e4m3_as_f16(x)
+        scale = tl.load(s_ptr + row, mask=ok, other=0.0) * 256.0
+    else:
+        scale = tl.full(slot.shape, 1.0, tl.float32)
+    return x, scale
+
+
+@triton.jit(do_not_specialize=["T"])
+def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, l_ptr, acc_ptr,
+                         T, capacity, window, split, qk_scale,
+                         HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+                         BLOCK_N: tl.constexpr, FP8: tl.constexpr, DOT_FP32: tl.constexpr):
+    """Program (kv head x row block, j): 16 (query head, query) rows sharing one KV head, over split
+    lo // split + j, into partials. Row r is query r % T of head kv_head * GROUP + r // T."""
+    pid, j = tl.program_id(0), tl.program_id(1)
+    row_blocks = tl.cdiv(GROUP * T, BLOCK_T)
+    kv_head = pid // row_blocks
+    start = tl.load(start_ptr).to(tl.int32)
+    hi = start + T - 1  # last key position of the block
+    lo = tl.maximum(start - window + 1, 0)  # first key position of the block
+    split_lo = (lo // split + j) * split
+    if split_lo <= hi:  # splits past the block's end do nothing: the grid is fixed, the length is not
+        r = (pid % row_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
+        row_ok = r < GROUP * T
+        t = r % T
+        head = kv_head * GROUP + r // T
+        q_pos = start + t
+        d = tl.arange(0, D)
+        q = tl.load(q_ptr + (t * HQ + head)[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+        if DOT_FP32:
+            q = q.to(tl.float32)
+        m = tl.full([BLOCK_T], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_T], tl.float32)
+        acc = tl.zeros([BLOCK_T, D], tl.float32)
+        first = tl.maximum(split_lo, lo // BLOCK_N * BLOCK_N)
+        for c in range(first, tl.minimum(split_lo + split, hi + 1), BLOCK_N):
+            k_pos = c + tl.arange(0, BLOCK_N)
+            k_ok = (k_pos >= lo) & (k_pos <= hi)
+            slot = k_pos % capacity
+            k, k_scale = _load_kv(k_ptr, ks_ptr, slot, k_ok, kv_head, d, HQ // GROUP, D, FP8)
+            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * (k_scale * qk_scale)[None, :]
+            delta = q_pos[:, None] - k_pos[None, :]
+            visible = (delta >= 0) & (delta < window) & k_ok[None, :] & row_ok[:, None]
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            base = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: -inf - -inf would be NaN
+            alpha = tl.where(m_new > m, tl.exp2(m - base), 1.0)  # exactly 1 when a chunk adds nothing
+            p = tl.exp2(s - base[:, None])  # exactly 0 where masked
+            l = l * alpha + tl.sum(p, 1)
+            v, v_scale = _load_kv(v_ptr, vs_ptr, slot, k_ok, kv_head, d, HQ // GROUP, D, FP8)
+            p = p * v_scale[None, :]
+            acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
+            m = m_new
+        part = (j * T + t) * HQ + head
+        tl.store(m_ptr + part, m, mask=row_ok)
+        tl.store(l_ptr + part, l, mask=row_ok)
+        tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["T"])
+def _decode_combine_kernel(m_ptr, l_ptr, acc_ptr, start_ptr, o_ptr, T, window, split,
+                           HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Program (head, column block): each row sums its non-empty split partials in position order."""
+    head, col = tl.program_id(0), tl.program_id(1)
+    start = tl.load(start_ptr).to(tl.int32)
+    hi = start + T - 1
+    lo = tl.maximum(start - window + 1, 0)
+    splits = hi // split - lo // split + 1
+    rows = tl.arange(0, BLOCK_T)
+    row_ok = rows < T
+    d = col * BLOCK_D + tl.arange(0, BLOCK_D)
+    top = tl.full([BLOCK_T], float("-inf"), tl.float32)
+    for j in range(0, splits):
+        top = tl.maximum(top, tl.load(m_ptr + (j * T + rows) * HQ + head, mask=row_ok, other=float("-inf")))
+    num = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+    den = tl.zeros([BLOCK_T], tl.float32)
+    for j in range(0, splits):
+        part = (j * T + rows) * HQ + head
+        m = tl.load(m_ptr + part, mask=row_ok, other=float("-inf"))
+        seen = m > float("-inf")  # an empty split adds nothing, not even a zero
+        w = tl.exp2(m - tl.where(seen, top, 0.0))
+        acc = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=seen[:, None], other=0.0)
+        num = tl.where(seen[:, None], num + w[:, None] * acc, num)
+        den = tl.where(seen, den + w * tl.load(l_ptr + part, mask=seen, other=0.0), den)
+    out = num / tl.where(row_ok, den, 1.0)[:, None]  # padding rows: nothing to normalize
+    tl.store(o_ptr + (rows * HQ + head)[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+def _check_rows(*tensors):
+    for x in tensors:
+        if x.stride(-1) != 1:
+            raise ValueError("attention tensors need a contiguous last (head) dimension")
+
+
+def _check_contiguous(*tensors):
+    if not all(x.is_contiguous() for x in tensors):
+        raise ValueError("KV caches and their scales must be contiguous [capacity, Hkv, D] / [capacity, Hkv]")
+
+
+def _device_start(start, device) -> torch.Tensor:
+    """The block's first position as a 1-element int32 device tensor (a Python int is copied over)."""
+    if isinstance(start, torch.Tensor):
+        return start.reshape(1).to(device=device, dtype=torch.int32)
+    return torch.tensor([start], dtype=torch.int32, device=device)
+
+
+def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, k_scale, v_scale, start,
+                     window: int | None, capacity: int, scale: float, max_context: int,
+                     split: int | None = None) -> torch.Tensor:
+    """q [T <= 16, Hq, D] at positions start..start+T-1 over the cache, whose K/V already hold them.
+
+    cache_k/v contiguous [capacity, Hkv, D] (bf16/fp32, or fp8 with fp32 scales [capacity, Hkv]);
+    a query at p sees positions max(0, p - window + 1)..p (all up to p without a window), read at
+    slot position % capacity. `split` overrides the positions per split (a multiple of the chunk
+    size; tests). No host sync when `start` is a device tensor. Returns [T, Hq, D] in q's dtype.
+    """
+    t, hq, d = q.shape
+    hkv = cache_k.shape[1]
+    if t > BLOCK_T or hq % hkv or d & (d - 1):
+        raise ValueError(f"decode attention takes <= {BLOCK_T} queries, Hq a multiple of Hkv, a power-of-two head dim")
+    w = max_context if window is None else min(window, max_context)
+    if capacity < min(w + t - 1, max_context):
+        raise ValueError(f"a ring of {capacity} slots cannot hold a window of {w} plus {t} new positions")
+    fp8 = k_scale is not None
+    _check_contiguous(cache_k, cache_v, *((k_scale, v_scale) if fp8 else ()))
+    cfg = decode_config(d)
+    split = split or decode_split(d, window, max_context)
+    if split % cfg.block_n:
+        raise ValueError(f"split {split} is not a multiple of the chunk size {cfg.block_n}")
+    splits = decode_num_splits(window, max_context, split)
+    start = _device_start(start, q.device)
+    q = q.contiguous()
+    m = torch.empty((splits, t, hq), dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    acc = torch.empty((splits, t, hq, d), dtype=torch.float32, device=q.device)
+    ck, cv = (cache_k.view(torch.uint8), cache_v.view(torch.uint8)) if fp8 else (cache_k, cache_v)
+    ks, vs = (k_scale, v_scale) if fp8 else (m, m)  # unused pointers without scales
+    _decode_split_kernel[(hkv * triton.cdiv(hq // hkv * t, BLOCK_T), splits)](
+        q, ck, cv, ks, vs, start, m, l, acc, t, capacity, w, split, scale * LOG2E,
+        HQ=hq, GROUP=hq // hkv, D=d, BLOCK_T=BLOCK_T, BLOCK_N=cfg.block_n, FP8=fp8,
+        DOT_FP32=interpreted(), num_warps=cfg.num_warps)
+    out = torch.empty_like(q)
+    block_d = min(d, COMBINE_BLOCK_D)
+    _decode_combine_kernel[(hq, d // block_d)](m, l, acc, start, out, t, w, split,
+                                               HQ=hq, D=d, BLOCK_D=block_d, BLOCK_T=BLOCK_T, num_warps=COMBINE_WARPS)
+    return out
+
+
+# ----------------------------------------------------------------------------- prefill
+
+@triton.jit
+def _lower_bound(pos_ptr, n, target):
+    """First index i in [0, n) with pos[i] >= target (pos increasing); n when there is none."""
+    lo = n * 0
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        below = tl.load(pos_ptr + mid) < target
+        lo = tl.where(below, mid + 1, lo)
+        hi = tl.where(below, hi, mid)
+    return lo
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_pos_ptr, k_pos_ptr, T, S, window, qk_scale,
+                    HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, DOT_FP32: tl.constexpr):
+    """Program (query tile, head): online softmax over the keys any of its queries may see."""
+    pid_m, head = tl.program_id(0), tl.program_id(1)
+    kv_row = head // GROUP
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < T
+    q_pos = tl.load(q_pos_ptr + rows, mask=row_ok, other=0).to(tl.int32)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + (rows * HQ + head)[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    first = S * 0
+    last = S
+    if WINDOWED:
+        first = _lower_bound(k_pos_ptr, S, tl.min(tl.where(row_ok, q_pos, 1 << 30), 0) - window + 1)
+    if CAUSAL:
+        last = _lower_bound(k_pos_ptr, S, tl.max(tl.where(row_ok, q_pos, -(1 << 30)), 0) + 1)
+    elif WINDOWED:
+        last = _lower_bound(k_pos_ptr, S, tl.max(tl.where(row_ok, q_pos, -(1 << 30)), 0) + window)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for n in range(first, last, BLOCK_N):
+        idx = n + tl.arange(0, BLOCK_N)
+        k_ok = idx < last
+        k_pos = tl.load(k_pos_ptr + idx, mask=k_ok, other=0).to(tl.int32)
+        kv = (idx * (HQ // GROUP) + kv_row)[:, None] * D + d[None, :]
+        k = tl.load(k_ptr + kv, mask=k_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * qk_scale
+        delta = q_pos[:, None] - k_pos[None, :]
+        allowed = k_ok[None, :] & row_ok[:, None]
+        if CAUSAL:
+            allowed = allowed & (delta >= 0)
+        if WINDOWED:
+            allowed = allowed & (delta < window)
+            if not CAUSAL:
+                allowed = allowed & (-delta < window)
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        base = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - base)
+        p = tl.exp2(s - base[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + kv, mask=k_ok[:, None], other=0.0)
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
+        m = m_new
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]  # a query with no key at all (or a padding row) gives 0
+    tl.store(o_ptr + (rows * HQ + head)[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+                      window: int | None, scale: float, causal: bool = True) -> torch.Tensor:
+    """attention_reference's function without its [T, S] scores: q [T, Hq, D], k/v [S, Hkv, D],
+    key positions increasing. A query that sees no key gets 0 (the reference gives NaN)."""
+    t, hq, d = q.shape
+    s, hkv = k.shape[0], k.shape[1]
+    if hq % hkv or d & (d - 1):
+        raise ValueError("prefill attention needs Hq a multiple of Hkv and a power-of-two head dim")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # views of a fused projection: one copy
+    out = torch.empty_like(q)
+    if t == 0:
+        return out
+    cfg = prefill_config(d)
+    _prefill_kernel[(triton.cdiv(t, cfg.block_m), hq)](
+        q, k, v, out, q_pos.to(torch.int64), k_pos.to(torch.int64), t, s, window or 0, scale * LOG2E,
+        HQ=hq, GROUP=hq // hkv, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
+        WINDOWED=window is not None, DOT_FP32=interpreted(), num_warps=cfg.num_warps)
+    return out
+
+
+# ----------------------------------------------------------------------------- compile specs
+
+HQ_TARGET = 16
+TARGET_LAYERS = ((256, 8, 1024), (512, 2, None))  # (head dim, KV heads, window) of sliding and full layers
+DRAFTER = (128, 32, 8)  # head dim, query heads, KV heads
+
+
+def _spec(name: str, fn, types: dict[str, str], consts: dict, num_warps: int) -> CompileSpec:
+    """A spec whose signature lists every argument in the kernel's order, constexprs included."""
+    types = {**types, **dict.fromkeys(consts, "constexpr")}
+    if set(types) != set(fn.arg_names):
+        raise ValueError(f"{name}: signature misnames {sorted(set(types) ^ set(fn.arg_names))}")
+    return CompileSpec(name, fn, {arg: types[arg] for arg in fn.arg_names}, consts, num_warps=num_warps)
+
+
+def _decode_specs(d: int, hkv: int, window: int | None) -> list[CompileSpec]:
+    cfg = decode_config(d)
+    kind = "sliding" if window else "full"
+    specs = []
+    for fp8 in (True, False):
+        cache = "*u8" if fp8 else "*bf16"
+        types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "ks_ptr": "*fp32", "vs_ptr": "*fp32",
+                 "start_ptr": "*i32", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "qk_scale": "fp32",
+                 **dict.fromkeys(("T", "capacity", "window", "split"), "i32")}
+        consts = {"HQ": HQ_TARGET, "GROUP": HQ_TARGET // hkv, "D": d, "BLOCK_T": BLOCK_T, "BLOCK_N": cfg.block_n,
+                  "FP8": fp8, "DOT_FP32": False}
+        specs.append(_spec(f"decode_split[D={d},{kind},{'fp8' if fp8 else 'bf16'}]", _decode_split_kernel,
+                           types, consts, cfg.num_warps))
+    types = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "start_ptr": "*i32", "o_ptr": "*bf16",
+             **dict.fromkeys(("T", "window", "split"), "i32")}
+    consts = {"HQ": HQ_TARGET, "D": d, "BLOCK_D": COMBINE_BLOCK_D, "BLOCK_T": BLOCK_T}
+    specs.append(_spec(f"decode_combine[D={d}]", _decode_combine_kernel, types, consts, COMBINE_WARPS))
+    return specs
+
+
+def _prefill_spec(d: int, hq: int, hkv: int, causal: bool, windowed: bool) -> CompileSpec:
+    cfg = prefill_config(d)
+    types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "q_pos_ptr": "*i64",
+             "k_pos_ptr": "*i64", "qk_scale": "fp32", **dict.fromkeys(("T", "S", "window"), "i32")}
+    consts = {"HQ": hq, "GROUP": hq // hkv, "D": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+              "CAUSAL": causal, "WINDOWED": windowed, "DOT_FP32": False}
+    name = f"prefill[D={d},{'causal' if causal else 'bidirectional'},{'window' if windowed else 'full'}]"
+    return _spec(name, _prefill_kernel, types, consts, cfg.num_warps)
+
+
+def compile_specs() -> list[CompileSpec]:
+    """Decode/verify (fp8 and bf16 caches) and combine for both layer kinds; prefill for the target
+    (causal; sliding and full) and the drafter (bidirectional full layers, causal sliding layers)."""
+    specs = []
+    for d, hkv, window in TARGET_LAYERS:
+        specs += _decode_specs(d, hkv, window)
+        specs.append(_prefill_spec(d, HQ_TARGET, hkv, causal=True, windowed=window is not None))
+    d, hq, hkv = DRAFTER
+    specs += [_prefill_spec(d, hq, hkv, causal=False, windowed=False),
+              _prefill_spec(d, hq, hkv, causal=True, windowed=True)]
+    return specs
+
+
+def kv_write_specs() -> list[CompileSpec]:
+    """The cache write for both layer kinds, fp8 and bf16 storage, bf16 K/V in."""
+    specs = []
+    for d, hkv, _ in TARGET_LAYERS:
+        for fp8 in (True, False):
+            cache, scales = ("*u8", "*fp32") if fp8 else ("*bf16", "*bf16")
+            types = {"k_ptr": "*bf16", "v_ptr": "*bf16", "ck_ptr": cache, "cv_ptr": cache, "ks_ptr": scales,
+                     "vs_ptr": scales, "start_ptr": "*i32",
+                     **dict.fromkeys(("capacity", "stride_kt", "stride_kh", "stride_vt", "stride_vh"), "i32")}
+            specs.append(_spec(f"kv_write[D={d},{'fp8' if fp8 else 'bf16'}]", _kv_write_kernel, types,
+                               {"HKV": hkv, "D": d, "FP8": fp8}, kv_write_warps(d)))
+    return specs

@@ -1,0 +1,95 @@
+"""Which implementation runs the kernels: Triton or plain torch, chosen once per process.
+
+Default: Triton on CUDA tensors, torch elsewhere. `FLASHDESK_KERNELS=triton|torch` overrides it;
+with `TRITON_INTERPRET=1 FLASHDESK_KERNELS=triton` the Triton kernels run on CPU tensors through
+Triton's interpreter, which is how the tests check them without a GPU. Every dispatcher in
+`flashdesk.kernels` asks `use_triton(tensor)`; `describe()` names the choice for `doctor` and
+`generate --json`.
+
+`CompileSpec` is how each Triton module lists the specializations the engine launches for the
+real model shapes, so `python -m flashdesk.kernels.check` can compile all of them for every card.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+CHOICES = ("triton", "torch")
+_override: str | None = None
+
+
+def _choice() -> str | None:
+    if _override is not None:
+        return _override
+    value = os.environ.get("FLASHDESK_KERNELS", "").strip().lower()
+    if value and value not in CHOICES:
+        raise ValueError(f"FLASHDESK_KERNELS={value!r}: use triton or torch")
+    return value or None
+
+
+def interpreted() -> bool:
+    """Triton kernels run on the CPU through Triton's interpreter (set before triton is imported)."""
+    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def use_triton(x: torch.Tensor | torch.device) -> bool:
+    """Whether kernels on this tensor's device run as Triton (else the torch reference)."""
+    device = x if isinstance(x, torch.device) else x.device
+    choice = _choice()
+    if choice == "torch":
+        return False
+    if choice == "triton":
+        if device.type != "cuda" and not interpreted():
+            raise RuntimeError("FLASHDESK_KERNELS=triton on CPU tensors needs TRITON_INTERPRET=1 "
+                               "(set before triton is imported)")
+        return True
+    return device.type == "cuda" and triton_available()
+
+
+def describe(device: torch.device | str) -> str:
+    """'triton', 'triton (interpreter)' or 'torch': what runs the kernels on this device."""
+    device = torch.device(device)
+    if not use_triton(device):
+        return "torch"
+    return "triton (interpreter)" if device.type != "cuda" else "triton"
+
+
+@contextmanager
+def kernels(choice: str):
+    """Run a block with one implementation (tests compare both in one process)."""
+    global _override
+    if choice not in CHOICES:
+        raise ValueError(f"unknown kernels {choice!r}: use triton or torch")
+    previous, _override = _override, choice
+    try:
+        yield
+    finally:
+        _override = previous
+
+
+@dataclass(frozen=True)
+class CompileSpec:
+    """One specialization of a Triton kernel, as the engine launches it for the real model.
+
+    signature: every argument of the jitted function by name -> Triton type ("*bf16", "*fp8e4nv",
+    "*i32", "*fp32", "i32", "fp32", "constexpr"); constexprs: values of the constexpr arguments.
+    """
+
+    name: str
+    fn: object
+    signature: dict[str, str]
+    constexprs: dict[str, object] = field(default_factory=dict)
+    num_warps: int = 4
+    num_stages: int = 2

@@ -1,0 +1,328 @@
+"""Compile every Triton kernel specialization for each card and report registers, shared memory
+and spills, so a kernel that fails or spills on one architecture is caught here, without a GPU.
+
+    python -m flashdesk.kernels.check --arch sm_86,sm_89,sm_90,sm_120 [--json] [--kernel SUBSTR]
+
+Each module in SPEC_MODULES lists its specializations with `compile_specs()` (backend.CompileSpec).
+Every spec is compiled for every arch to a cubin with `triton.compile` (no GPU or driver needed);
+the wheel's own `cuobjdump --dump-resource-usage` then reads registers and per-thread local memory.
+Spills land in the stack frame (cuobjdump's STACK; its LOCAL stays 0), so `local_bytes` is
+STACK + LOCAL, and ptxas's own "bytes spill stores" tells a spill from a local array. Shared
+memory is mostly dynamic (Triton's `metadata.shared`), so `shared_bytes` adds it to the static
+SHARED and is checked against the card's per-block limit, which Triton only checks at launch.
+
+Compiles run in freshly spawned processes with the interpreter off: with TRITON_INTERPRET set,
+`triton.jit` returns the interpreter's function, and running the interpreter patches
+triton.language for good. Triton's cache and temp files go to a folder removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import inspect
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager, redirect_stdout
+from multiprocessing import get_context
+
+SPEC_MODULES = (
+    "flashdesk.kernels.linear_triton",
+    "flashdesk.kernels.moe_triton",
+    "flashdesk.kernels.attention_triton",
+    "flashdesk.kernels.kv_write",
+)
+ARCHS = ("sm_86", "sm_89", "sm_90", "sm_120")
+# Opt-in shared memory per block (CUDA programming guide, "Technical Specifications").
+SHARED_LIMIT = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448,
+                120: 101376}
+
+
+def capability(arch: str | int) -> int:
+    """'sm_86', 'sm86', 'sm_90a' or 86 -> 86."""
+    text = str(arch).strip().lower().removeprefix("sm").lstrip("_").removesuffix("a")
+    if not text.isdigit():
+        raise ValueError(f"unknown arch {arch!r}: use e.g. sm_86")
+    return int(text)
+
+
+def check(archs=ARCHS, kernel_filter: str | None = None, modules=SPEC_MODULES,
+          workers: int | None = None) -> list[dict]:
+    """Compile each spec of `modules` whose name contains `kernel_filter` for every arch.
+
+    A module is "pkg.mod" (its compile_specs) or "pkg.mod:function". Returns one row per
+    (kernel, arch): kernel, module, arch, ok, error, registers, shared_bytes, local_bytes,
+    stack_bytes, spill_stores, seconds (of one compile); a module that cannot be imported or
+    listed gives one row with arch "all". ok is False on a compile error, local memory
+    (local_bytes > 0: spills) or shared memory over the card's per-block limit; error says which.
+    """
+    caps = [capability(a) for a in archs]
+    workers = workers or os.cpu_count() or 1
+    with tempfile.TemporaryDirectory(prefix="flashdesk-check-") as tmp, _worker_env(tmp), \
+            ProcessPoolExecutor(workers, mp_context=get_context("spawn"),
+                                initializer=_init_worker) as pool:
+        listings = [(module, _submit(pool, _list_specs, module)) for module in modules]
+        entries = []  # rows of failed modules and (module, name, cap, future) in report order
+        for module, future in listings:
+            listing, died = _outcome(future)
+            names, error = listing or ([], died)
+            if error:
+                entries.append(_row(module, module, "all", error=error))
+                continue
+            entries += [(module, name, cap, _submit(pool, _compile, module, index, name, cap))
+                        for index, name in enumerate(names)
+                        if not kernel_filter or kernel_filter in name for cap in caps]
+        return [entry if isinstance(entry, dict) else _compiled(*entry) for entry in entries]
+
+
+def _compiled(module: str, name: str, cap: int, future: Future) -> dict:
+    row, died = _outcome(future)
+    return row or _row(name, module, f"sm_{cap}", error=died)
+
+
+def _submit(pool: ProcessPoolExecutor, fn, *args) -> Future:
+    """pool.submit, but a pool broken by a dead worker gives a failed future, not a raise."""
+    try:
+        return pool.submit(fn, *args)
+    except BrokenProcessPool as exc:
+        future = Future()
+        future.set_exception(exc)
+        return future
+
+
+def _outcome(future: Future) -> tuple:
+    """(result, None), or (None, error) if the worker died (a crash in the compiler or in an
+    imported module breaks the pool, so the compiles after it fail too)."""
+    try:
+        return future.result(), None
+    except Exception as exc:  # noqa: BLE001 - the workers catch their own errors
+        return None, f"compile worker died: {_describe(exc)}"
+
+
+def _row(kernel, module, arch, error=None, **usage) -> dict:
+    row = {"kernel": kernel, "module": module, "arch": arch, "ok": error is None, "error": error,
+           "registers": None, "shared_bytes": None, "local_bytes": None, "stack_bytes": None,
+           "spill_stores": None, "seconds": None}
+    row.update(usage)
+    return row
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text if len(text) <= 4000 else text[:4000] + " ..."
+
+
+@contextmanager
+def _worker_env(tmp: str):
+    """Environment the spawned workers start with (they copy it at spawn): no interpreter, and
+    Triton's cache, home and temp files under `tmp`."""
+    os.makedirs(os.path.join(tmp, "tmp"))
+    values = {"TRITON_INTERPRET": "0", "TRITON_DUMP_PTXAS_LOG": "1",
+              "TRITON_CACHE_DIR": os.path.join(tmp, "cache"), "TRITON_HOME": tmp,
+              "TMPDIR": os.path.join(tmp, "tmp"),
+              "TRITON_DEFAULT_FP_FUSION": os.environ.get("TRITON_DEFAULT_FP_FUSION", "1")}
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _init_worker() -> None:
+    """Keep the parent's stdout clean (--json): Triton prints failing PTX there, ptxas may too."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the worker
+
+
+@functools.lru_cache(maxsize=None)
+def _specs(module: str) -> tuple:
+    name, _, attr = module.partition(":")
+    provider = getattr(importlib.import_module(name), attr or "compile_specs")
+    return tuple(provider())
+
+
+def _list_specs(module: str) -> tuple[list[str], str | None]:
+    """Worker: the spec names, or the error (as text: any exception must reach the parent)."""
+    try:
+        return [spec.name for spec in _specs(module)], None
+    except Exception as exc:  # noqa: BLE001 - a missing or broken module is its row
+        return [], _describe(exc)
+
+
+def _compile(module: str, index: int, name: str, cap: int) -> dict:
+    """Worker: compile one spec for one arch and read its resource usage from the cubin."""
+    arch = f"sm_{cap}"
+    try:
+        spec = _specs(module)[index]  # imports the module on this worker's first compile
+        if spec.name != name:
+            raise RuntimeError(f"{module} listed {name!r} but now has {spec.name!r} there")
+        start = time.perf_counter()
+        with redirect_stdout(io.StringIO()) as log:  # TRITON_DUMP_PTXAS_LOG prints there
+            compiled = _triton_compile(spec, cap)
+        usage = _resource_usage(compiled.asm["cubin"])
+        seconds = round(time.perf_counter() - start, 2)
+    except Exception as exc:  # noqa: BLE001 - every failure is reported as this spec's row
+        return _row(name, module, arch, error=_describe(exc))
+    shared = usage["SHARED"] + int(compiled.metadata.shared)
+    local = usage["STACK"] + usage["LOCAL"]
+    spills = re.search(r"(\d+) bytes spill stores", log.getvalue())
+    spill_stores = int(spills.group(1)) if spills else None
+    error = None
+    if local:
+        error = f"local memory: {local} bytes per thread ({spill_stores} bytes of spill stores)"
+    elif shared > SHARED_LIMIT.get(cap, shared):
+        error = f"shared memory {shared} bytes is over {arch}'s {SHARED_LIMIT[cap]} bytes per block"
+    return _row(name, module, arch, error=error, registers=usage["REG"], shared_bytes=shared,
+                local_bytes=local, stack_bytes=usage["STACK"], spill_stores=spill_stores,
+                seconds=seconds)
+
+
+def _triton_compile(spec, cap: int):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature, constexprs = _full_signature(spec)
+    source = ASTSource(fn=spec.fn, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", cap, 32),
+                          options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+
+
+def _full_signature(spec) -> tuple[dict, dict]:
+    """Every argument in order, constexprs as "constexpr" with their values, defaults filled in:
+    ASTSource ignores Python defaults, and a missing value fails deep in codegen on a None."""
+    from triton.runtime.jit import JITFunction
+
+    fn = spec.fn
+    if not isinstance(fn, JITFunction):
+        raise TypeError(f"{spec.name}: fn is {type(fn).__name__}, not a triton.jit function "
+                        "(was TRITON_INTERPRET set when its module was imported?)")
+    unknown = (set(spec.signature) | set(spec.constexprs)) - set(fn.arg_names)
+    if unknown:
+        raise ValueError(f"{spec.name}: no argument(s) {sorted(unknown)} "
+                         f"in {fn.__name__}{_args(fn)}")
+    signature, constexprs, missing = {}, dict(spec.constexprs), []
+    for param in fn.params:
+        kind = spec.signature.get(param.name)
+        if param.name in constexprs or (kind is None and param.is_constexpr) or kind == "constexpr":
+            if param.name not in constexprs and param.has_default:
+                constexprs[param.name] = param.default
+            kind = "constexpr" if param.name in constexprs else None
+        if kind is None:
+            missing.append(param.name)
+        signature[param.name] = kind
+    if missing:
+        raise ValueError(f"{spec.name}: no type or constexpr value for {missing} "
+                         f"in {fn.__name__}{_args(fn)}")
+    return signature, constexprs
+
+
+def _args(fn) -> str:
+    return str(inspect.signature(fn.fn))
+
+
+def _cuobjdump() -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+
+
+def _resource_usage(cubin: bytes) -> dict[str, int]:
+    """REG, STACK, SHARED, LOCAL of the cubin, each the max over its functions."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        text = subprocess.run([_cuobjdump(), "--dump-resource-usage", file.name], check=True,
+                              capture_output=True, text=True).stdout
+    return parse_resource_usage(text)
+
+
+def parse_resource_usage(text: str) -> dict[str, int]:
+    """Parse `cuobjdump --dump-resource-usage`: per function "REG:28 STACK:0 SHARED:0 LOCAL:0"."""
+    usage = {"REG": 0, "STACK": 0, "SHARED": 0, "LOCAL": 0}
+    functions = 0
+    for line in text.splitlines():
+        fields = dict(re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", line))
+        if "REG" in fields:
+            functions += 1
+            for key, value in fields.items():
+                usage[key] = max(usage[key], int(value))
+    if not functions:
+        raise RuntimeError(f"no function in cuobjdump's resource usage:\n{text}")
+    return usage
+
+
+def format_table(rows: list[dict], wall: float | None = None) -> str:
+    """Kernel x arch table plus a one-line summary."""
+    width = max([len("kernel")] + [len(r["kernel"]) for r in rows])
+    lines = [f"{'kernel':<{width}}  {'arch':<7} {'regs':>5} {'shared':>8} {'local':>6} "
+             f"{'secs':>6}  status"]
+    for r in rows:
+        cells = [_cell(r[k]) for k in ("registers", "shared_bytes", "local_bytes", "seconds")]
+        status = "ok" if r["ok"] else "FAIL " + _headline(r["error"])
+        lines.append(f"{r['kernel']:<{width}}  {r['arch']:<7} {cells[0]:>5} {cells[1]:>8} "
+                     f"{cells[2]:>6} {cells[3]:>6}  {status}")
+    lines.append(_summary(rows, wall))
+    return "\n".join(lines)
+
+
+def _headline(error: str) -> str:
+    """First and last line: a CompilationError's first line is only where, its last one what."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    text = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _cell(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def _summary(rows: list[dict], wall: float | None) -> str:
+    spills = sum(1 for r in rows if (r["local_bytes"] or 0) > 0)
+    failed = sum(1 for r in rows if not r["ok"])
+    compile_s = sum(r["seconds"] or 0 for r in rows)
+    text = (f"{len(rows)} rows: {len(rows) - failed} ok, {failed} failed "
+            f"({spills} spilling); {compile_s:.1f} s of compiles")
+    return text + (f", {wall:.1f} s wall" if wall is not None else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashdesk.kernels.check",
+                                     description="Compile the Triton kernels for each card and "
+                                     "fail on compile errors, spills or too much shared memory.")
+    parser.add_argument("--arch", default=",".join(ARCHS),
+                        help="comma-separated archs (default: %(default)s)")
+    parser.add_argument("--kernel", help="only kernels whose name contains this")
+    parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    parser.add_argument("--module", action="append",
+                        help="spec module (pkg.mod or pkg.mod:function) instead of the engine's")
+    parser.add_argument("--workers", type=int, help="parallel compiles (default: all cores)")
+    args = parser.parse_args(argv)
+    archs = [a for a in args.arch.split(",") if a.strip()]
+    start = time.perf_counter()
+    rows = check(archs, args.kernel, tuple(args.module or SPEC_MODULES), args.workers)
+    wall = time.perf_counter() - start
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(format_table(rows, wall))
+    return 0 if rows and all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""Triton linear layers: y = x @ W.T with W packed int4 (W4A16) or dense bf16/fp32.
+
+One kernel serves every case. A program owns a [BLOCK_M, BLOCK_N] output tile and walks one
+chunk of K in BLOCK_K steps; each step loads the weight tile with wide loads along K (a packed
+row's K/8 int32 words are contiguous; the pipeliner turns them into 16-byte async copies),
+dequantizes it in registers and feeds `tl.dot` with fp32 accumulation.
+
+- 1..16 rows (decode, verify; bandwidth-bound): BLOCK_M is always 16 with masked rows, and the
+  tiles and the K split come from the weight's shape alone, so row r gets the same bits in an
+  m-row call as alone (batch invariance: a tensor-core row never mixes with other rows). Where
+  the N tiles alone would not fill the GPU, K is cut into SPLIT chunks: each writes fp32
+  partials [SPLIT, M, N] and a second kernel adds them in chunk order. No atomics, no host sync,
+  grids from shapes only: a captured launch replays.
+- more rows (prefill, compute-bound): 128x128 tiles over the whole K; the dense case is torch.
+
+The tensor-core operands are x's dtype; under the interpreter (whose bf16 dot is broken) fp32.
+A dequantized bf16 weight equals the torch reference's bf16 dequantization bit for bit, since
+(q - zero) * scale is computed exactly in fp32 and rounded once.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from flashdesk.kernels.backend import CompileSpec, interpreted
+from flashdesk.kernels.int4 import Int4Weight
+
+SMALL_M = 16  # rows per tile of the batch-invariant path; calls with more rows take the prefill path
+TARGET_PROGRAMS = 512  # ~4 resident tiles per SM on 82..170-SM cards: enough loads in flight
+SUM_BLOCK = 1024
+
+
+@triton.jit
+def _groups(scale_ptr, zero_ptr, offs_n, n_mask, k0,
+            K: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Scales and zeros (as stored) of the tile at column k0: [BLOCK_N, 1] when the tile lies in
+    one group, else [BLOCK_N, groups in the tile] or, for a group size that is not a power of
+    two, [BLOCK_N, BLOCK_K // 8] (one per word; GROUP is a multiple of 8)."""
+    if GROUP % BLOCK_K == 0 or GROUP == K:
+        g = (offs_n * (K // GROUP) + tl.minimum(k0, K - 1) // GROUP)[:, None]  # k0 may be one step past K
+        mask = n_mask[:, None]
+    elif BLOCK_K % GROUP == 0 and (GROUP & (GROUP - 1)) == 0:
+        offs_g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        g = offs_n[:, None] * (K // GROUP) + offs_g[None, :]
+        mask = n_mask[:, None] & (offs_g < K // GROUP)[None, :]
+    else:
+        offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        g = offs_n[:, None] * (K // GROUP) + (offs_w // (GROUP // 8))[None, :]
+        mask = n_mask[:, None] & (offs_w < K // 8)[None, :]
+    scale = tl.load(scale_ptr + g, mask=mask, other=0.0)
+    if HAS_ZERO:
+        zero = tl.load(zero_ptr + g, mask=mask, other=0)
+    else:
+        zero = tl.zeros_like(g).to(tl.int8)
+    return scale, zero
+
+
+@triton.jit
+def _per_word(t, BLOCK_K: tl.constexpr):
+    """A [BLOCK_N, groups] tile of `_groups` repeated to one value per word (one per row stays)."""
+    if t.shape[1] != 1 and t.shape[1] != BLOCK_K // 8:
+        per_group: tl.constexpr = BLOCK_K // 8 // t.shape[1]
+        t = tl.reshape(tl.broadcast_to(t[:, :, None], (t.shape[0], t.shape[1], per_group)), (t.shape[0], BLOCK_K // 8))
+    return t
+
+
+@triton.jit
+def _plane(words, j: tl.constexpr, scale16, neg_bias, one):
+    """(q - zero) * scale for nibble j of every word, exactly (fp32).
+
+    The nibble moved under the bits of 1.0 (`one`) reads as f = 1 + nibble/16, with no
+    int-to-float conversion; then f * 16 scale - (24 + zero) scale = (nibble - 8 - zero) scale,
+    both products exact for a bf16/fp16 scale, so the one fma rounds nothing."""
+    if j <= 4:
+        bits = words << (19 - 4 * j)
+    else:
+        bits = words >> (4 * j - 19)
+    f = ((bits & 0x780000) | one).to(tl.float32, bitcast=True)
+    return tl.fma(f, scale16, neg_bias)
+
+
+@triton.jit
+def _int4_tile(w_ptr, offs_n, n_mask, k0, scale, zero, one, K: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """The dequantized fp32 weight tile [BLOCK_N, BLOCK_K] at column k0."""
+    offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    mask = n_mask[:, None] & (offs_w < K // 8)[None, :]
+    words = tl.load(w_ptr + offs_n[:, None] * (K // 8) + offs_w[None, :], mask=mask, other=0)
+    scale = _per_word(scale, BLOCK_K).to(tl.float32)
+    s16, nb = scale * 16.0, -(_per_word(zero, BLOCK_K).to(tl.float32) + 24.0) * scale
+    # Nested joins keep a word's 8 values in one thread; the (a, b, c) index of the result is
+    # nibble 4a + 2b + c, so the reshape lays them out along K in order.
+    even = tl.join(tl.join(_plane(words, 0, s16, nb, one), _plane(words, 4, s16, nb, one)),
+                   tl.join(_plane(words, 2, s16, nb, one), _plane(words, 6, s16, nb, one)))
+    odd = tl.join(tl.join(_plane(words, 1, s16, nb, one), _plane(words, 5, s16, nb, one)),
+                  tl.join(_plane(words, 3, s16, nb, one), _plane(words, 7, s16, nb, one)))
+    return tl.reshape(tl.join(even, odd), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count: M = 1 is not special
+def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, M, N,
+                   K: tl.constexpr, K_CHUNK: tl.constexpr, GROUP: tl.constexpr,
+                   INT4: tl.constexpr, HAS_ZERO: tl.constexpr, DOT_FP32: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[s, m, n] = sum over k in chunk s of x[m, k] * w[n, k]; grid (N tiles, chunks, M tiles)."""
+    pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask, n_mask = offs_m < M, offs_n < N
+    dot_ty = tl.float32 if DOT_FP32 else x_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    k_start = pid_s * K_CHUNK
+    # the bits of 1.0, from a value the compiler cannot see (N >= 0), so that it stays in a
+    # register and `(bits & mask) | one` compiles to one LOP3 instead of two
+    one = 0x3F800000 | (N >> 31)
+    if INT4:  # scales and zeros are fetched one step ahead: their small loads cannot go async
+        scale, zero = _groups(scale_ptr, zero_ptr, offs_n, n_mask, k_start, K, GROUP, HAS_ZERO, BLOCK_K)
+    for k0 in range(k_start, tl.minimum(k_start + K_CHUNK, K), BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        if INT4:
+            cur_scale, cur_zero = scale, zero
+            if GROUP != K:
+                scale, zero = _groups(scale_ptr, zero_ptr, offs_n, n_mask, k0 + BLOCK_K, K, GROUP, HAS_ZERO, BLOCK_K)
+            w = _int4_tile(w_ptr, offs_n, n_mask, k0, cur_scale, cur_zero, one, K, BLOCK_N, BLOCK_K)
+        else:
+            w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :],
+                        other=0.0)
+        acc = tl.dot(x.to(dot_ty), tl.trans(w.to(dot_ty)), acc, input_precision="ieee")
+    out = out_ptr + pid_s * M * N + offs_m[:, None] * N + offs_n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, out_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """out = part[0] + part[1] + ... in that order (the fixed order keeps rows batch invariant)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT):
+        acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+class Tiles(NamedTuple):
+    """One launch configuration; every field is a function of the weight's (N, K, group) only."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split: int  # K chunks (1: no split)
+    k_chunk: int  # columns per chunk, a multiple of block_k
+    num_warps: int
+    num_stages: int
+
+
+def small_tiles(n: int, k: int, group: int | None) -> Tiles:
+    """The 1..16-row configuration; `group` None for a dense weight.
+
+    Chunks of >= 2 K steps are added until about TARGET_PROGRAMS tiles are in flight: a narrow N
+    (router, o_proj, down) would otherwise leave most SMs idle while one reads the whole K."""
+    block_n, block_k = 64, (128 if k >= 256 else 32)
+    k_steps = triton.cdiv(k, block_k)
+    wanted = triton.cdiv(TARGET_PROGRAMS, triton.cdiv(n, block_n))
+    steps_per_chunk = max(2, triton.cdiv(k_steps, wanted))
+    split = triton.cdiv(k_steps, steps_per_chunk)
+    return Tiles(SMALL_M, block_n, block_k, split, steps_per_chunk * block_k, 4, 3)
+
+
+def prefill_tiles(n: int, k: int, group: int | None) -> Tiles:
+    """The >16-row int4 configuration: 128x128 output tiles over the whole K, 32 columns a step
+    (one group-32 scale per row and step; the dequantization is shared by 128 rows)."""
+    return Tiles(128, 128, 32, 1, triton.cdiv(k, 32) * 32, 8, 3)
+
+
+def _check(x: torch.Tensor, n: int, k: int) -> None:
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x {tuple(x.shape)} does not match a weight with {k} inputs")
+    if k % 8:
+        raise ValueError(f"input size {k} is not a multiple of 8")
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, n: int, group: int,
+            int4: bool, has_zero: bool, tiles: Tiles) -> torch.Tensor:
+    m, k = x.shape
+    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    if m == 0:
+        return out
+    part = out if tiles.split == 1 else torch.empty(tiles.split, m, n, device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(n, tiles.block_n), tiles.split, triton.cdiv(m, tiles.block_m))
+    _linear_kernel[grid](x, w, scale, zero, part, m, n, K=k, K_CHUNK=tiles.k_chunk, GROUP=group, INT4=int4,
+                         HAS_ZERO=has_zero, DOT_FP32=interpreted(), BLOCK_M=tiles.block_m,
+                         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
+                         num_stages=tiles.num_stages)
+    if tiles.split > 1:
+        _sum_splits_kernel[(triton.cdiv(m * n, SUM_BLOCK),)](part, out, m * n, SPLIT=tiles.split, BLOCK=SUM_BLOCK,
+                                                             num_warps=4, num_stages=2)
+    return out
+
+
+def w4a16_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    """x [M, K] @ w.dequantize().T -> [M, N] in x's dtype, fp32 accumulation.
+
+    Rows 1..16 are batch invariant (row r is bit-identical to the same row computed alone)."""
+    n, k = w.shape
+    _check(x, n, k)
+    tiles = (small_tiles if x.shape[0] <= SMALL_M else prefill_tiles)(n, k, w.group_size)
+    packed = w.packed.contiguous()
+    zero = packed.view(torch.int8) if w.zero is None else w.zero.contiguous()  # an unread int8 stand-in
+    return _launch(x.contiguous(), packed, w.scale.contiguous(), zero, n, w.group_size, True, w.zero is not None,
+                   tiles)
+
+
+def dense_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ w.T for a dense [N, K] weight: the batch-invariant kernel for 1..16 rows, torch beyond."""
+    n, k = w.shape
+    _check(x, n, k)
+    if x.shape[0] > SMALL_M:
+        return F.linear(x, w)
+    w = w.contiguous()
+    return _launch(x.contiguous(), w, w, w, n, 0, False, False, small_tiles(n, k, None))
+
+
+# --- compile specs: the real model's shapes -------------------------------------------------------
+
+HIDDEN = 2816
+# (N, K) of the target's int4 linears: qkv sliding / full (k == v, and k != v), o_proj sliding /
+# full, dense MLP gate_up / down; and the drafter's when it is quantized on load (fc, q, kv, o,
+# gate_up, down, head chunks).
+TARGET_INT4 = [(8192, HIDDEN), (8704, HIDDEN), (9216, HIDDEN), (HIDDEN, 4096), (HIDDEN, 8192),
+               (4224, HIDDEN), (HIDDEN, 2112)]
+DRAFTER = [(HIDDEN, 5 * HIDDEN), (4096, HIDDEN), (2048, HIDDEN), (HIDDEN, 4096), (11264, HIDDEN),
+           (HIDDEN, 5632)]
+DRAFTER_INT4 = DRAFTER + [(32768, HIDDEN)]
+# Dense: the tied head, the router, the bf16 drafter, and target layers a checkpoint leaves unquantized.
+DENSE = [(262144, HIDDEN), (128, HIDDEN)] + DRAFTER + TARGET_INT4
+GROUPS = (32, 128, None)  # None: channel-wise (group == K)
+
+
+def _kernel_spec(n: int, k: int, group: int, int4: bool, has_zero: bool, tiles: Tiles, kind: str) -> CompileSpec:
+    out = "*bf16" if tiles.split == 1 else "*fp32"
+    signature = {"x_ptr": "*bf16", "w_ptr": "*i32" if int4 else "*bf16", "scale_ptr": "*bf16",
+                 "zero_ptr": "*i8" if int4 else "*bf16", "out_ptr": out, "M": "i32", "N": "i32"}
+    constexprs = {"K": k, "K_CHUNK": tiles.k_chunk, "GROUP": group, "INT4": int4, "HAS_ZERO": has_zero,
+                  "DOT_FP32": False, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k}
+    signature.update({name: "constexpr" for name in constexprs})
+    name = f"linear_{kind}_{'w4' if int4 else 'bf16'}_n{n}_k{k}_g{group}{'_zero' if has_zero else ''}"
+    return CompileSpec(name, _linear_kernel, signature, constexprs, tiles.num_warps, tiles.num_stages)
+
+
+def _sum_spec(split: int) -> CompileSpec:
+    signature = {"part_ptr": "*fp32", "out_ptr": "*bf16", "MN": "i32", "SPLIT": "constexpr", "BLOCK": "constexpr"}
+    return CompileSpec(f"linear_sum_splits_{split}", _sum_splits_kernel, signature,
+                       {"SPLIT": split, "BLOCK": SUM_BLOCK})
+
+
+def compile_specs() -> list[CompileSpec]:
+    """Every specialization launched for the real shapes, bf16 activations, each listed once."""
+    specs: dict[tuple, CompileSpec] = {}
+
+    def add(spec: CompileSpec) -> None:
+        key = (tuple(sorted(spec.signature.items())), tuple(sorted(spec.constexprs.items())), spec.fn)
+        specs.setdefault(key, spec)
+
+    for n, k in TARGET_INT4 + DRAFTER_INT4:
+        for group in sorted({g or k for g in GROUPS if k % (g or k) == 0}):
+            for has_zero in (False, True):
+                for kind, choose in (("small", small_tiles), ("prefill", prefill_tiles)):
+                    add(_kernel_spec(n, k, group, True, has_zero, choose(n, k, group), kind))
+    for n, k in DENSE:
+        add(_kernel_spec(n, k, 0, False, False, small_tiles(n, k, None), "small"))
+    for split in sorted({small_tiles(n, k, None).split for n, k in TARGET_INT4 + DRAFTER_INT4 + DENSE} - {1}):
+        add(_sum_spec(split))
+    return list(specs.values())

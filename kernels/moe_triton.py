@@ -1,0 +1,266 @@
+"""Fused W4A16 mixture of experts in Triton: the same function as `moe.moe_reference`.
+
+Three launches, all with grids that depend only on shapes (CUDA-graph friendly, no host sync):
+1. gate_up + GeGLU: one program per (slot, block of I). A slot is one distinct expert hit by the
+   call; the (token, expert) pairs are sorted by expert on the device, so a slot owns a contiguous
+   range of pairs. The program reads its expert's gate and up tiles and applies them to every pair
+   of the slot, BLOCK_M pairs at a time; h = gelu_tanh(gate) * up is stored per pair in x's dtype
+   (the reference rounds h to x's dtype too), at the pair's sorted position.
+2. down + routing weight: one program per (slot, block of D); y = down_e h times the pair's weight,
+   fp32, stored at the pair's original (t, k) position.
+3. out[t] = sum over k = 0..K-1 of y[t, k] in that fixed order, cast to x's dtype.
+
+Batch invariance (1..16 tokens): the small path uses a fixed BLOCK_M with masked rows and no
+tl.dot; each row accumulates x * w elementwise into a [BLOCK_M, BLOCK_N, BLOCK_K] fp32 tile over the
+reduction dim in a fixed order and reduces BLOCK_K once at the end, so a row's bits depend only on
+its own inputs and the constexpr tile shape, never on how many rows share the tile. Prefill (more
+than 16 tokens) uses tl.dot on BLOCK_M = 64 tiles for throughput; it is not batch invariant.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from flashdesk.kernels.backend import CompileSpec, interpreted
+from flashdesk.kernels.int4 import Int4Weight
+
+SMALL_T = 16  # up to this many tokens: the batch-invariant path (decode, verify)
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) per kernel and path, none spilling on sm_86/89/90/120.
+# The small path's BLOCK_M is 4, not 16: at decode every slot holds one pair and at verify a few, so
+# a 16-row tile would spend 4-16x the FMAs (and registers) on masked rows; a slot with more pairs
+# loops over row tiles, re-reading its weight tile from L2. Untuned: no GPU was at hand.
+SMALL_GATE_UP = (4, 8, 64, 4)
+SMALL_DOWN = (4, 16, 64, 4)
+LARGE_GATE_UP = (64, 32, 64, 8)
+LARGE_DOWN = (64, 64, 64, 8)
+SUM_BLOCK = 256
+NUM_STAGES = 2
+
+
+@triton.jit
+def _gelu_tanh(g):
+    """0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))); tanh from exp(-2|u|), which never overflows."""
+    u = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+    e = tl.exp(-2.0 * tl.abs(u))
+    t = (1.0 - e) / (1.0 + e)
+    return 0.5 * g * (1.0 + tl.where(u < 0, -t, t))
+
+
+@triton.jit
+def _int4(packed_ptr, scale_ptr, zero_ptr, n, k, mask, KDIM: tl.constexpr, GROUP: tl.constexpr,
+          HAS_ZERO: tl.constexpr):
+    """Dequantized fp32 w[n, k] of one expert (n, k broadcastable index tensors)."""
+    words = tl.load(packed_ptr + n * (KDIM // 8) + k // 8, mask=mask, other=0)
+    q = ((words >> ((k % 8) * 4)) & 0xF) - 8
+    group = n * (KDIM // GROUP) + k // GROUP
+    if HAS_ZERO:
+        q = q - tl.load(zero_ptr + group, mask=mask, other=0).to(tl.int32)
+    return q.to(tl.float32) * tl.load(scale_ptr + group, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _dot(a, b, acc, DOT_FP32: tl.constexpr):
+    """acc + a @ b: fp32 operands when asked (interpreter, fp32 activations), else a's dtype."""
+    if DOT_FP32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b.to(a.dtype), acc)
+
+
+@triton.jit
+def _slot(slot_begin_ptr, slot_end_ptr, slot_expert_ptr):
+    """This program's slot: its pair range [begin, end) (empty past the distinct experts), expert."""
+    slot = tl.program_id(0)
+    begin = tl.load(slot_begin_ptr + slot)
+    end = tl.load(slot_end_ptr + slot)
+    expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
+    return begin, end, expert
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, packed_ptr, scale_ptr, zero_ptr, pair_ptr, slot_begin_ptr, slot_end_ptr,
+                    slot_expert_ptr, h_ptr, D: tl.constexpr, I: tl.constexpr, GROUP: tl.constexpr,
+                    TOP_K: tl.constexpr, HAS_ZERO: tl.constexpr, USE_DOT: tl.constexpr,
+                    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    """h[pair] = gelu_tanh(gate_e x) * up_e x for one slot's pairs and one block of I."""
+    begin, end, expert = _slot(slot_begin_ptr, slot_end_ptr, slot_expert_ptr)
+    packed_ptr += expert * (2 * I * (D // 8))
+    scale_ptr += expert * (2 * I * (D // GROUP))
+    if HAS_ZERO:
+        zero_ptr += expert * (2 * I * (D // GROUP))
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < I
+    for m0 in range(begin, end, BLOCK_M):
+        rows = m0 + tl.arange(0, BLOCK_M)
+        m_mask = rows < end
+        tokens = (tl.load(pair_ptr + rows, mask=m_mask, other=0) // TOP_K).to(tl.int64)
+        if USE_DOT:
+            gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        else:
+            gate3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+            up3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = k < D
+            x = tl.load(x_ptr + tokens[:, None] * D + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            if USE_DOT:
+                w_mask = k_mask[:, None] & n_mask[None, :]
+                wg = _int4(packed_ptr, scale_ptr, zero_ptr, n[None, :], k[:, None], w_mask, D, GROUP, HAS_ZERO)
+                wu = _int4(packed_ptr, scale_ptr, zero_ptr, I + n[None, :], k[:, None], w_mask, D, GROUP, HAS_ZERO)
+                gate = _dot(x, wg, gate, DOT_FP32)
+                up = _dot(x, wu, up, DOT_FP32)
+            else:
+                w_mask = n_mask[:, None] & k_mask[None, :]
+                wg = _int4(packed_ptr, scale_ptr, zero_ptr, n[:, None], k[None, :], w_mask, D, GROUP, HAS_ZERO)
+                wu = _int4(packed_ptr, scale_ptr, zero_ptr, I + n[:, None], k[None, :], w_mask, D, GROUP, HAS_ZERO)
+                xf = x.to(tl.float32)[:, None, :]
+                gate3 += xf * wg[None, :, :]
+                up3 += xf * wu[None, :, :]
+        if not USE_DOT:
+            gate = tl.sum(gate3, axis=2)
+            up = tl.sum(up3, axis=2)
+        h = _gelu_tanh(gate) * up
+        tl.store(h_ptr + rows[:, None].to(tl.int64) * I + n[None, :], h.to(h_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _down_kernel(h_ptr, packed_ptr, scale_ptr, zero_ptr, pair_ptr, weight_ptr, slot_begin_ptr, slot_end_ptr,
+                 slot_expert_ptr, y_ptr, D: tl.constexpr, I: tl.constexpr, GROUP: tl.constexpr,
+                 HAS_ZERO: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[pair] = weight[pair] * down_e h[pair] (fp32) for one slot's pairs and one block of D."""
+    begin, end, expert = _slot(slot_begin_ptr, slot_end_ptr, slot_expert_ptr)
+    packed_ptr += expert * (D * (I // 8))
+    scale_ptr += expert * (D * (I // GROUP))
+    if HAS_ZERO:
+        zero_ptr += expert * (D * (I // GROUP))
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < D
+    for m0 in range(begin, end, BLOCK_M):
+        rows = m0 + tl.arange(0, BLOCK_M)
+        m_mask = rows < end
+        if USE_DOT:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        else:
+            acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = k < I
+            h = tl.load(h_ptr + rows[:, None].to(tl.int64) * I + k[None, :], mask=m_mask[:, None] & k_mask[None, :],
+                        other=0.0)
+            if USE_DOT:
+                w = _int4(packed_ptr, scale_ptr, zero_ptr, n[None, :], k[:, None], k_mask[:, None] & n_mask[None, :],
+                          I, GROUP, HAS_ZERO)
+                acc = _dot(h, w, acc, DOT_FP32)
+            else:
+                w = _int4(packed_ptr, scale_ptr, zero_ptr, n[:, None], k[None, :], n_mask[:, None] & k_mask[None, :],
+                          I, GROUP, HAS_ZERO)
+                acc3 += h.to(tl.float32)[:, None, :] * w[None, :, :]
+        if not USE_DOT:
+            acc = tl.sum(acc3, axis=2)
+        pairs = tl.load(pair_ptr + rows, mask=m_mask, other=0)
+        y = acc * tl.load(weight_ptr + pairs, mask=m_mask, other=0.0)[:, None]
+        tl.store(y_ptr + pairs[:, None].to(tl.int64) * D + n[None, :], y, mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _sum_top_k_kernel(y_ptr, out_ptr, D: tl.constexpr, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t] = y[t, 0] + y[t, 1] + ... + y[t, K-1] in that order, cast to out's dtype."""
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = n < D
+    acc = tl.load(y_ptr + t * TOP_K * D + n, mask=mask, other=0.0)
+    for k in tl.static_range(1, TOP_K):
+        acc += tl.load(y_ptr + (t * TOP_K + k) * D + n, mask=mask, other=0.0)
+    tl.store(out_ptr + t * D + n, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _zero_arg(w: Int4Weight) -> torch.Tensor:
+    """The zero-point pointer argument; symmetric weights pass `packed` (never read)."""
+    return w.packed if w.zero is None else w.zero
+
+
+def _route(top_idx: torch.Tensor, n_experts: int):
+    """Group the (token, expert) pairs by expert on the device, without a host sync.
+
+    Returns pair ids in expert order, and per slot s < min(E, T*K): its pair range [begin, end)
+    in that order and its expert; slots past the number of distinct experts get begin = end.
+    """
+    flat = top_idx.reshape(-1)
+    n_pairs = flat.numel()
+    experts, order = torch.sort(flat, stable=True)
+    new = torch.ones_like(experts, dtype=torch.bool)
+    new[1:] = experts[1:] != experts[:-1]
+    slot_of = torch.cumsum(new, 0) - 1  # nondecreasing slot index of each sorted pair
+    slots = torch.arange(min(n_experts, n_pairs), device=flat.device, dtype=slot_of.dtype)
+    begin = torch.searchsorted(slot_of, slots)
+    end = torch.searchsorted(slot_of, slots, right=True)
+    expert = experts[begin.clamp(max=n_pairs - 1)]
+    return [t.to(torch.int32) for t in (order, begin, end, expert)]
+
+
+def fused_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, top_idx: torch.Tensor,
+              top_w: torch.Tensor) -> torch.Tensor:
+    """x [T, D], gate_up [E, 2I, D], down [E, D, I] int4, top_idx/top_w [T, K] -> [T, D] in x's dtype."""
+    n_tokens, top_k = top_idx.shape
+    n_experts, two_i, d = gate_up.shape
+    inter = two_i // 2
+    if n_tokens == 0:
+        return torch.empty_like(x)
+    x = x.contiguous()
+    pairs, begin, end, expert = _route(top_idx, n_experts)
+    weight = top_w.reshape(-1).to(torch.float32).contiguous()
+    small = n_tokens <= SMALL_T
+    common = dict(USE_DOT=not small, DOT_FP32=interpreted() or x.dtype == torch.float32)
+    bm, bn, bk, warps = SMALL_GATE_UP if small else LARGE_GATE_UP
+    h = torch.empty(n_tokens * top_k, inter, device=x.device, dtype=x.dtype)
+    _gate_up_kernel[(begin.numel(), triton.cdiv(inter, bn))](
+        x, gate_up.packed, gate_up.scale, _zero_arg(gate_up), pairs, begin, end, expert, h,
+        D=d, I=inter, GROUP=gate_up.group_size, TOP_K=top_k, HAS_ZERO=gate_up.zero is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=NUM_STAGES, **common)
+    bm, bn, bk, warps = SMALL_DOWN if small else LARGE_DOWN
+    y = torch.empty(n_tokens * top_k, d, device=x.device, dtype=torch.float32)
+    _down_kernel[(begin.numel(), triton.cdiv(d, bn))](
+        h, down.packed, down.scale, _zero_arg(down), pairs, weight, begin, end, expert, y,
+        D=d, I=inter, GROUP=down.group_size, HAS_ZERO=down.zero is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=NUM_STAGES, **common)
+    out = torch.empty(n_tokens, d, device=x.device, dtype=x.dtype)
+    _sum_top_k_kernel[(n_tokens, triton.cdiv(d, SUM_BLOCK))](y, out, D=d, TOP_K=top_k, BLOCK=SUM_BLOCK, num_warps=4,
+                                                            num_stages=NUM_STAGES)
+    return out
+
+
+# Real shapes: Gemma 4 26B-A4B experts, bf16 activations, int4 group 32.
+REAL_D, REAL_I, REAL_TOP_K, REAL_GROUP = 2816, 704, 8, 32
+
+
+def compile_specs() -> list[CompileSpec]:
+    """Every specialization fused_moe launches for the real model: both paths, sym and asym."""
+    specs = []
+    pointers = {"packed_ptr": "*i32", "scale_ptr": "*bf16", "pair_ptr": "*i32", "slot_begin_ptr": "*i32",
+                "slot_end_ptr": "*i32", "slot_expert_ptr": "*i32"}
+    for has_zero in (False, True):
+        zero = {"zero_ptr": "*i8" if has_zero else "*i32"}
+        for small in (True, False):
+            path = "small" if small else "large"
+            flags = dict(GROUP=REAL_GROUP, HAS_ZERO=has_zero, USE_DOT=not small, DOT_FP32=False, D=REAL_D, I=REAL_I)
+            bm, bn, bk, warps = SMALL_GATE_UP if small else LARGE_GATE_UP
+            sig = {"x_ptr": "*bf16", **pointers, **zero, "h_ptr": "*bf16"}
+            consts = dict(flags, TOP_K=REAL_TOP_K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+            specs.append(_spec(f"moe_gate_up_{path}_{'asym' if has_zero else 'sym'}", _gate_up_kernel, sig, consts,
+                               warps))
+            bm, bn, bk, warps = SMALL_DOWN if small else LARGE_DOWN
+            sig = {"h_ptr": "*bf16", **pointers, **zero, "weight_ptr": "*fp32", "y_ptr": "*fp32"}
+            consts = dict(flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+            specs.append(_spec(f"moe_down_{path}_{'asym' if has_zero else 'sym'}", _down_kernel, sig, consts, warps))
+    specs.append(_spec("moe_sum_top_k", _sum_top_k_kernel, {"y_ptr": "*fp32", "out_ptr": "*bf16"},
+                       dict(D=REAL_D, TOP_K=REAL_TOP_K, BLOCK=SUM_BLOCK), 4))
+    return specs
+
+
+def _spec(name, fn, pointer_sig, consts, warps) -> CompileSpec:
+    """A CompileSpec with the signature in the kernel's argument order, constexprs marked."""
+    sig = {arg: pointer_sig[arg] if arg in pointer_sig else "constexpr" for arg in fn.arg_names}
+    return CompileSpec(name, fn, sig, consts, num_warps=warps, num_stages=NUM_STAGES)

@@ -1,0 +1,207 @@
+"""Triton attention and KV-cache write under the interpreter, against the plain-torch definitions.
+
+The decode kernel must also be batch invariant: a query's output is bit-identical whether it was
+computed alone (plain decoding, start = p) or inside a verify block, with rings that wrap and key
+ranges that cross chunk and split boundaries.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from flashdesk.kernels.attention import attention_reference  # noqa: E402
+from flashdesk.kernels.attention_triton import compile_specs, decode_attention, prefill_attention  # noqa: E402
+from flashdesk.kernels.backend import kernels  # noqa: E402
+from flashdesk.kernels.kv_write import FP8, compile_specs as kv_write_specs, kv_write  # noqa: E402
+
+SCALE = 0.3
+SLACK = 16
+MAX_CONTEXT = 100
+
+
+class Cache:
+    """One layer's cache as the engine keeps it: [capacity, Hkv, D] (+ fp32 scales when fp8)."""
+
+    def __init__(self, capacity, hkv, d, dtype):
+        self.capacity = capacity
+        self.k = torch.zeros(capacity, hkv, d, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.k_scale = torch.ones(capacity, hkv) if dtype == FP8 else None
+        self.v_scale = torch.ones(capacity, hkv) if dtype == FP8 else None
+
+    def clone(self):
+        other = Cache.__new__(Cache)
+        other.__dict__ = {name: x.clone() if isinstance(x, torch.Tensor) else x for name, x in self.__dict__.items()}
+        return other
+
+    def write(self, k, v, start, triton=True):
+        with kernels("triton" if triton else "torch"):
+            kv_write(k, v, self.k, self.v, self.k_scale, self.v_scale, torch.tensor([start], dtype=torch.int32),
+                     self.capacity)
+
+    def read(self, positions):
+        """Dequantized K, V at these positions (from their ring slots)."""
+        slots = positions % self.capacity
+        k, v = self.k[slots].float(), self.v[slots].float()
+        if self.k_scale is not None:
+            k, v = k * self.k_scale[slots, :, None], v * self.v_scale[slots, :, None]
+        return k, v
+
+    def bytes(self):
+        return [x.view(torch.uint8) if x.dtype == FP8 else x for x in (self.k, self.v, self.k_scale, self.v_scale)
+                if x is not None]
+
+    def attend(self, q, start, window, split):
+        return decode_attention(q, self.k, self.v, self.k_scale, self.v_scale, torch.tensor([start], dtype=torch.int32),
+                                window, self.capacity, SCALE, MAX_CONTEXT, split=split)
+
+
+def reference(cache, q, start, window):
+    """attention_reference over the dequantized keys each query of the block may see."""
+    end = start + q.shape[0]
+    lo = 0 if window is None else max(0, start - window + 1)
+    k, v = cache.read(torch.arange(lo, end))
+    return attention_reference(q.float(), k, v, torch.arange(start, end), torch.arange(lo, end), window, SCALE)
+
+
+def same_bytes(a: Cache, b: Cache) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.bytes(), b.bytes()))
+
+
+# ----------------------------------------------------------------------------- cache write
+
+def test_fp8_write_rounds_like_torch():
+    """Every e4m3 value, every midpoint between neighbours (ties go to even) and one ulp either side,
+    subnormals, signed zeros and the top of the range, in head vectors whose amax is 448 (scale 1,
+    so the kernel's own rounding is compared), then random vectors of very different magnitudes:
+    byte for byte what torch writes."""
+    codes = torch.arange(256, dtype=torch.uint8).view(FP8).float()
+    values = codes[torch.isfinite(codes)].unique()
+    mids = (values[1:] + values[:-1]) / 2
+    up, down = torch.tensor(float("inf")), torch.tensor(float("-inf"))
+    extra = torch.tensor([2.0 ** -10, 3 * 2.0 ** -11, 2.0 ** -12, 1e-30, -1e-30, 0.0, -0.0, 447.9, 440.0, 2.0 ** -7])
+    edge = torch.cat([values, mids, mids.nextafter(up), mids.nextafter(down), extra])
+    edge = torch.cat([edge, torch.zeros(-len(edge) % 30)]).view(-1, 15)
+    heads = torch.cat([edge, torch.full((len(edge), 1), 448.0)], dim=1)
+    gen = torch.Generator().manual_seed(0)
+    magnitudes = torch.tensor([1e-20, 1e-3, 1.0, 7.0, 3e4])[torch.randint(0, 5, (12,), generator=gen)]
+    heads = torch.cat([heads, torch.randn(12, 16, generator=gen) * magnitudes[:, None]])
+    k = heads.view(-1, 2, 16)
+    v = -k.flip(0)
+    t = k.shape[0]
+    ours, theirs = Cache(t + 5, 2, 16, FP8), Cache(t + 5, 2, 16, FP8)
+    ours.write(k, v, start=9)  # wraps around the ring
+    theirs.write(k, v, start=9, triton=False)
+    assert same_bytes(ours, theirs)
+    exact = len(values) // 30  # rows holding e4m3 values only: they come back exactly
+    assert torch.equal(ours.read(9 + torch.arange(exact))[0], k[:exact])
+
+
+@pytest.mark.parametrize("dtype, in_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                             (FP8, torch.float32), (FP8, torch.bfloat16)])
+def test_kv_write_equals_reference(dtype, in_dtype):
+    """Bit-identical caches from the Triton and torch writes of K/V sliced out of a fused projection,
+    also for a block longer than the ring (only its newest `capacity` positions are kept)."""
+    gen = torch.Generator().manual_seed(1)
+    ours, theirs = Cache(12, 2, 32, dtype), Cache(12, 2, 32, dtype)
+    for start, t in ((0, 5), (5, 9), (14, 16)):
+        fused = (torch.randn(t, 3, 2, 32, generator=gen) * 4).to(in_dtype)
+        k, v = fused[:, 1], fused[:, 2]
+        ours.write(k, v, start)
+        theirs.write(k, v, start, triton=False)
+        assert same_bytes(ours, theirs)
+
+
+# ----------------------------------------------------------------------------- decode / verify
+
+SCENARIOS = {  # (dtype, Hq, Hkv, D, window, split): a full layer (4:2) and a wrapping ring (4:1)
+    "full-fp32": (torch.float32, 4, 2, 32, None, 32),
+    "full-fp8": (FP8, 4, 2, 32, None, 32),
+    "ring-fp32": (torch.float32, 4, 1, 16, 8, 16),
+    "ring-fp8": (FP8, 4, 1, 16, 8, 16),
+}
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_decode_matches_reference_and_is_batch_invariant(name):
+    """A verify block of 16 and one of 5 after a history written in pieces: close to the reference,
+    and each probed query bit-identical to plain decoding at its position (start = p, cache written
+    only up to p). The full layer's queries 60..75 straddle the split boundary at 64 (split 32); the
+    ring's (capacity 24, window 8) wrap, read splits 3..5 (split 16), and every probe's window
+    crosses a split boundary."""
+    dtype, hq, hkv, d, window, split = SCENARIOS[name]
+    start = 60 if window is None else 70
+    probes = (start, start + 4, start + 15) if window is None else (start, start + 10, start + 15)
+    gen = torch.Generator().manual_seed(2)
+    end = start + 16
+    k = torch.randn(end, hkv, d, generator=gen) * 2
+    v = torch.randn(end, hkv, d, generator=gen)
+    q = torch.randn(end, hq, d, generator=gen)
+    cache = Cache(MAX_CONTEXT if window is None else window + SLACK, hkv, d, dtype)
+    for lo in range(0, start, 16):
+        cache.write(k[lo:min(lo + 16, start)], v[lo:min(lo + 16, start)], lo, triton=False)
+    history = cache.clone()
+
+    cache.write(k[start:end], v[start:end], start)
+    block = cache.attend(q[start:end], start, window, split)
+    tol = 1e-5 if dtype == torch.float32 else 1e-4  # fp8: the same dequantized keys, scale folded differently
+    torch.testing.assert_close(block, reference(cache, q[start:end], start, window), atol=tol, rtol=tol)
+    short = cache.attend(q[start + 3:start + 8], start + 3, window, split)
+    assert torch.equal(short, block[3:8])
+
+    for p in probes:
+        alone = history.clone()
+        alone.write(k[start:p + 1], v[start:p + 1], start)
+        out = alone.attend(q[p:p + 1], p, window, split)
+        assert torch.equal(out[0], block[p - start]), f"query at {p} differs from its verify-block row"
+
+
+def test_decode_bf16_cache_default_split():
+    """bf16 queries over a bf16 cache with the default split: close to the reference."""
+    gen = torch.Generator().manual_seed(3)
+    cache = Cache(MAX_CONTEXT, 2, 16, torch.bfloat16)
+    k, v = torch.randn(40, 2, 16, generator=gen).bfloat16(), torch.randn(40, 2, 16, generator=gen).bfloat16()
+    cache.write(k, v, 0)
+    q = torch.randn(3, 4, 16, generator=gen).bfloat16()
+    out = decode_attention(q, cache.k, cache.v, None, None, 37, None, MAX_CONTEXT, SCALE, MAX_CONTEXT)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), reference(cache, q, 37, None), atol=2e-2, rtol=2e-2)
+
+
+# ----------------------------------------------------------------------------- prefill
+
+@pytest.mark.parametrize("causal, window, hkv, d", [(True, None, 2, 32), (True, 8, 1, 16),
+                                                    (False, None, 2, 16), (False, 8, 1, 32)])
+def test_prefill_matches_reference(causal, window, hkv, d):
+    """Queries in two tiles over keys whose positions have gaps; GQA 4:2 and 4:1."""
+    gen = torch.Generator().manual_seed(4)
+    k_pos = torch.cumsum(torch.randint(1, 3, (70,), generator=gen), 0)  # increasing, with gaps
+    q_pos = k_pos[-40:] if causal else torch.arange(int(k_pos[-1]) - 45, int(k_pos[-1]) - 5, dtype=torch.int64)
+    q = torch.randn(40, 4, d, generator=gen)
+    k, v = torch.randn(70, hkv, d, generator=gen), torch.randn(70, hkv, d, generator=gen)
+    out = prefill_attention(q, k, v, q_pos, k_pos, window, SCALE, causal)
+    ref = attention_reference(q, k, v, q_pos, k_pos, window, SCALE, causal)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_strided_bf16_queries():
+    """Queries sliced out of a fused projection (row stride > Hq * D), bf16 in and out."""
+    gen = torch.Generator().manual_seed(5)
+    fused = torch.randn(20, 3 * 4 * 16, generator=gen).bfloat16()
+    q = fused[:, :64].view(20, 4, 16)
+    k, v = torch.randn(20, 2, 16, generator=gen).bfloat16(), torch.randn(20, 2, 16, generator=gen).bfloat16()
+    pos = torch.arange(20)
+    out = prefill_attention(q, k, v, pos, pos, None, SCALE)
+    ref = attention_reference(q.float(), k.float(), v.float(), pos, pos, None, SCALE)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_compile_specs_name_every_argument():
+    for spec in compile_specs() + kv_write_specs():
+        assert list(spec.signature) == spec.fn.arg_names, spec.name
+        assert all(spec.signature[name] == "constexpr" for name in spec.constexprs), spec.name

@@ -1,0 +1,147 @@
+"""kernels/check.py: compiling specs to cubins for several cards and reading their resource usage.
+
+The kernels here are tiny on purpose; the check's spawned workers import this module by name
+(`test_kernels_check:good_specs`) with the interpreter off, so they compile real cubins.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from flashdesk.kernels import check as kcheck  # noqa: E402
+from flashdesk.kernels.backend import CompileSpec  # noqa: E402
+
+HERE = __name__
+
+
+@triton.jit
+def _scale(x, y, n, factor, BLOCK: tl.constexpr, SHIFT: tl.constexpr = 1.0):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y + offs, tl.load(x + offs, mask=mask) * factor + SHIFT, mask=mask)
+
+
+@triton.jit
+def _spill(x, y, N: tl.constexpr):
+    # One warp holding 4096 doubles: 256 registers' worth per thread, live across the sum.
+    offs = tl.arange(0, N)
+    values = tl.load(x + offs)
+    tl.store(y + offs, values - tl.sum(values, axis=0))
+
+
+def good_specs():
+    # SHIFT is left to its default: the check fills it in as a launch would.
+    return [CompileSpec("tiny_scale", _scale, {"x": "*fp32", "y": "*fp32", "n": "i32",
+                                               "factor": "fp32", "BLOCK": "constexpr"},
+                        {"BLOCK": 256})]
+
+
+def spill_specs():
+    return [CompileSpec("spill_fp64_w1", _spill, {"x": "*fp64", "y": "*fp64"}, {"N": 4096},
+                        num_warps=1)]
+
+
+def bad_specs():
+    return [CompileSpec("bad_signature", _scale, {"x": "*fp32", "y": "*fp32"}, {"BLOCK": 256}),
+            CompileSpec("bad_type", _scale, {"x": "*fp33", "y": "*fp32", "n": "i32",
+                                             "factor": "fp32"}, {"BLOCK": 256})]
+
+
+def broken_specs():
+    raise RuntimeError("compile_specs blew up")
+
+
+def crashing_specs():
+    os._exit(3)  # only ever called in a check worker: stands in for a segfaulting compiler
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """One check run (a pool start costs seconds) over good, bad, broken and missing modules."""
+    before = os.environ.get("TRITON_INTERPRET")
+    modules = (f"{HERE}:good_specs", f"{HERE}:bad_specs", f"{HERE}:broken_specs",
+               "flashdesk.kernels.no_such_module")
+    result = kcheck.check(["sm_86", "sm_120"], modules=modules)
+    assert os.environ.get("TRITON_INTERPRET") == before  # the workers' env did not leak
+    return result
+
+
+def _by_kernel(rows, kernel):
+    return [r for r in rows if r["kernel"] == kernel]
+
+
+def test_tiny_kernel_compiles_for_sm86_and_sm120(rows):
+    tiny = _by_kernel(rows, "tiny_scale")
+    assert [r["arch"] for r in tiny] == ["sm_86", "sm_120"]
+    for r in tiny:
+        assert r["ok"] and r["error"] is None, r
+        assert r["registers"] > 0 and r["local_bytes"] == 0 and r["shared_bytes"] == 0
+        assert r["seconds"] >= 0
+
+
+def test_bad_signature_is_an_error_row(rows):
+    missing, bad_type = (_by_kernel(rows, k) for k in ("bad_signature", "bad_type"))
+    assert len(missing) == len(bad_type) == 2
+    assert all(not r["ok"] and r["registers"] is None for r in missing + bad_type)
+    assert "['n', 'factor']" in missing[0]["error"]
+    assert "fp33" in bad_type[0]["error"]
+
+
+def test_broken_or_missing_module_is_an_error_row(rows):
+    broken = _by_kernel(rows, f"{HERE}:broken_specs")
+    missing = _by_kernel(rows, "flashdesk.kernels.no_such_module")
+    assert len(broken) == len(missing) == 1
+    assert broken[0]["arch"] == "all" and "compile_specs blew up" in broken[0]["error"]
+    assert "ModuleNotFoundError" in missing[0]["error"]
+
+
+def test_a_dead_worker_is_an_error_row_not_a_crash():
+    rows = kcheck.check(["sm_86"], modules=(f"{HERE}:crashing_specs", f"{HERE}:good_specs"))
+    assert rows[0]["kernel"] == f"{HERE}:crashing_specs" and not rows[0]["ok"]
+    assert "compile worker died" in rows[0]["error"]
+    # The dead worker breaks the pool: good_specs fails too unless it finished first.
+    assert all(r["kernel"] in (f"{HERE}:good_specs", "tiny_scale") for r in rows[1:])
+
+
+def test_spilling_kernel_fails_the_cli(capsys):
+    code = kcheck.main(["--arch", "sm_86", "--json", "--kernel", "spill",
+                        "--module", f"{HERE}:good_specs", "--module", f"{HERE}:spill_specs"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert [r["kernel"] for r in out] == ["spill_fp64_w1"]  # --kernel filtered tiny_scale out
+    assert out[0]["local_bytes"] > 0 and not out[0]["ok"] and out[0]["spill_stores"] > 0
+
+
+def test_parse_resource_usage_takes_the_max_over_functions():
+    text = """Resource usage:
+ Common:
+  GLOBAL:0
+ Function helper:
+  REG:40 STACK:16 SHARED:0 LOCAL:0 CONSTANT[0]:384 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function kernel:
+  REG:28 STACK:0 SHARED:1024 LOCAL:8 CONSTANT[0]:392 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+    assert kcheck.parse_resource_usage(text) == {"REG": 40, "STACK": 16, "SHARED": 1024,
+                                                 "LOCAL": 8}
+    assert [kcheck.capability(a) for a in ("sm_86", "sm90a", 120, "SM_89")] == [86, 90, 120, 89]
+
+
+_MISSING = [m for m in kcheck.SPEC_MODULES if importlib.util.find_spec(m) is None]
+
+
+@pytest.mark.skipif(bool(_MISSING), reason=f"spec modules not written yet: {_MISSING}")
+def test_engine_kernels_compile_without_spills_on_every_card():
+    # TRITON_INTERPRET=1 stays in the environment on purpose: the check must not care.
+    result = subprocess.run([sys.executable, "-m", "flashdesk.kernels.check",
+                             "--arch", "sm_86,sm_89,sm_90,sm_120"],
+                            capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stdout + result.stderr

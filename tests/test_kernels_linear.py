@@ -1,0 +1,139 @@
+"""Triton linear kernels under the interpreter: W4A16 and dense against the torch reference, rows
+1..16 batch invariant bit for bit (with and without split K), and compile specs that name the
+kernels' real parameters."""
+
+import inspect
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+pytest.importorskip("triton")
+
+from flashdesk.kernels import linear_triton as lt  # noqa: E402
+from flashdesk.kernels.int4 import Int4Weight, pack_int4  # noqa: E402
+
+
+def random_int4(n, k, group, symmetric, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(-8, 8, (n, k), generator=gen)
+    scale = (torch.rand(n, k // group, generator=gen) * 0.1 + 0.01).to(dtype)
+    zero = None if symmetric else torch.randint(-8, 8, (n, k // group), generator=gen).to(torch.int8)
+    return Int4Weight(pack_int4(q), scale, zero, group)
+
+
+def randn(*shape, dtype=torch.float32, seed=1):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def reference(x, w):
+    return F.linear(x.float(), w.dequantize(torch.float32) if isinstance(w, Int4Weight) else w.float())
+
+
+# (N, K, group, symmetric): groups smaller than a K step (8, 16, 32), equal, larger, channel-wise and
+# not a power of two (40); split K (K >= 128 on these narrow N) and not; K = 320 ends in a partial
+# 128-column step.
+INT4_CASES = [(24, 64, 8, True), (40, 64, 64, False), (24, 128, 32, False), (128, 128, 8, False),
+              (40, 128, 128, True), (24, 512, 32, True), (40, 512, 512, False), (40, 320, 40, False),
+              (24, 320, 320, True), (24, 256, 16, False)]
+
+
+def case_id(case):
+    n, k, group, symmetric = case
+    return f"n{n}-k{k}-g{group}-{'sym' if symmetric else 'asym'}"
+
+
+def test_the_cases_cover_split_and_unsplit_launches():
+    splits = {lt.small_tiles(n, k, g).split > 1 for n, k, g, _ in INT4_CASES}
+    assert splits == {True, False}
+
+
+@pytest.mark.parametrize("case", INT4_CASES, ids=case_id)
+def test_w4a16_matches_the_dequantized_reference(case):
+    n, k, group, symmetric = case
+    w = random_int4(n, k, group, symmetric)
+    for m in (1, 16, 17):
+        x = randn(m, k, seed=m)
+        torch.testing.assert_close(lt.w4a16_linear(x, w), reference(x, w), rtol=1e-5, atol=5e-5)
+
+
+@pytest.mark.parametrize("case", [INT4_CASES[0], INT4_CASES[2], INT4_CASES[5], INT4_CASES[7]], ids=case_id)
+def test_w4a16_rows_are_batch_invariant(case):
+    n, k, group, symmetric = case
+    w = random_int4(n, k, group, symmetric)
+    x = randn(16, k)
+    full = lt.w4a16_linear(x, w)
+    for m in (1, 3):
+        assert torch.equal(lt.w4a16_linear(x[:m], w), full[:m])
+    for row in (5, 15):
+        assert torch.equal(lt.w4a16_linear(x[row:row + 1], w), full[row:row + 1])
+
+
+@pytest.mark.parametrize("m", [17, 40])
+def test_w4a16_prefill_path(m):
+    for case in (INT4_CASES[1], INT4_CASES[3]):
+        w = random_int4(*case)
+        x = randn(m, case[1])
+        torch.testing.assert_close(lt.w4a16_linear(x, w), reference(x, w), rtol=1e-5, atol=5e-5)
+
+
+def test_w4a16_bf16():
+    w = random_int4(40, 128, 32, False, dtype=torch.bfloat16)
+    for m in (3, 20):
+        x = randn(m, 128, dtype=torch.bfloat16)
+        out = lt.w4a16_linear(x, w)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.float(), reference(x, w), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("n,k", [(24, 64), (128, 128), (40, 512)])
+def test_dense_matches_and_is_batch_invariant(n, k):
+    w = randn(n, k, seed=7)
+    x = randn(16, k)
+    full = lt.dense_linear(x, w)
+    torch.testing.assert_close(full, reference(x, w), rtol=1e-5, atol=5e-5)
+    for m in (1, 3):
+        assert torch.equal(lt.dense_linear(x[:m], w), full[:m])
+    assert torch.equal(lt.dense_linear(x[9:10], w), full[9:10])
+    x = randn(40, k)
+    torch.testing.assert_close(lt.dense_linear(x, w), reference(x, w), rtol=1e-5, atol=5e-5)
+
+
+def test_dense_bf16():
+    w, x = randn(40, 128, dtype=torch.bfloat16, seed=7), randn(5, 128, dtype=torch.bfloat16)
+    out = lt.dense_linear(x, w)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), reference(x, w), rtol=1e-2, atol=1e-2)
+
+
+def test_empty_input():
+    w = random_int4(24, 64, 8, True)
+    assert lt.w4a16_linear(torch.zeros(0, 64), w).shape == (0, 24)
+
+
+@pytest.mark.parametrize("n,k", [(262144, 2816), (128, 2816), (2816, 2112), (8192, 2816), (24, 64)])
+def test_small_tiles_cover_k_in_whole_chunks(n, k):
+    for group in (None, 32, k):
+        tiles = lt.small_tiles(n, k, group)
+        assert tiles.block_m == lt.SMALL_M and tiles.k_chunk % tiles.block_k == 0
+        assert (tiles.split - 1) * tiles.k_chunk < k <= tiles.split * tiles.k_chunk  # no empty chunk
+
+
+def test_compile_specs_name_the_kernel_parameters():
+    specs = lt.compile_specs()
+    kernels = {spec.fn for spec in specs}
+    assert kernels == {lt._linear_kernel, lt._sum_splits_kernel}
+    names = {spec.name for spec in specs}
+    assert len(names) == len(specs)
+    for needle in ("small_w4_n8192_k2816_g32", "prefill_w4_n2816_k4096_g4096_zero", "small_bf16_n262144_k2816",
+                   "small_bf16_n128_k2816", "small_bf16_n11264_k2816"):
+        assert any(needle in name for name in names), needle
+    for spec in specs:
+        params = inspect.signature(spec.fn.fn).parameters
+        assert list(spec.signature) == list(params), spec.name
+        constexpr = {name for name, p in params.items() if "constexpr" in str(p.annotation)}
+        assert {name for name, ty in spec.signature.items() if ty == "constexpr"} == constexpr, spec.name
+        assert set(spec.constexprs) == constexpr, spec.name

@@ -1,0 +1,164 @@
+"""Fused int4 MoE Triton kernels under the interpreter: same function as moe_reference, batch
+invariant bit for bit, no host sync on the decode/verify path, compile specs that match the launches."""
+
+import os
+import sys
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from flashdesk.kernels import moe_triton  # noqa: E402
+from flashdesk.kernels.int4 import Int4Weight, pack_int4  # noqa: E402
+from flashdesk.kernels.moe import moe_reference  # noqa: E402
+from flashdesk.kernels.moe_triton import compile_specs, fused_moe  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not moe_triton.interpreted(), reason="needs TRITON_INTERPRET=1 before triton import")
+
+E, D, I = 8, 64, 32
+
+
+def random_int4(gen, shape, group, asym, dtype=torch.float32) -> Int4Weight:
+    """Random packed int4 [E, out, in] with group scales (and int8 zero points when asymmetric)."""
+    e, out, inp = shape
+    q = torch.randint(-8, 8, shape, generator=gen)
+    scale = (torch.rand(e, out, inp // group, generator=gen) * 0.05 + 0.01).to(dtype)
+    zero = torch.randint(-3, 4, (e, out, inp // group), generator=gen).to(torch.int8) if asym else None
+    return Int4Weight(pack_int4(q), scale, zero, group)
+
+
+def problem(seed, tokens, top_k, group, asym, dtype=torch.float32):
+    """x, gate_up, down, top_idx (distinct experts per token), top_w; group None = channel-wise."""
+    gen = torch.Generator().manual_seed(seed)
+    gate_up = random_int4(gen, (E, 2 * I, D), group or D, asym, dtype)
+    down = random_int4(gen, (E, D, I), group or I, asym, dtype)
+    x = torch.randn(tokens, D, generator=gen).to(dtype)
+    top_idx = torch.stack([torch.randperm(E, generator=gen)[:top_k] for _ in range(tokens)])
+    top_w = torch.rand(tokens, top_k, generator=gen)
+    return x, gate_up, down, top_idx, top_w
+
+
+CASES = [(1, 2, 8, False), (1, 3, None, True), (5, 3, 16, True), (5, 2, 8, False), (16, 2, None, True),
+         (16, 3, 8, False), (40, 2, 16, True), (40, 3, 8, False)]
+
+
+@pytest.mark.parametrize("tokens,top_k,group,asym", CASES)
+def test_matches_reference(tokens, top_k, group, asym):
+    args = problem(tokens * 10 + top_k, tokens, top_k, group, asym)
+    torch.testing.assert_close(fused_moe(*args), moe_reference(*args), rtol=1e-5, atol=1e-4)
+
+
+def _as_fp32(weight: Int4Weight) -> Int4Weight:
+    return Int4Weight(weight.packed, weight.scale.float(), weight.zero, weight.group_size)
+
+
+def test_bf16_as_accurate_as_reference():
+    """bf16 roundings differ from the reference's, so both are measured against the fp32 function."""
+    x, gate_up, down, top_idx, top_w = problem(7, 5, 2, 16, True, torch.bfloat16)
+    out = fused_moe(x, gate_up, down, top_idx, top_w)
+    assert out.dtype == torch.bfloat16
+    truth = moe_reference(x.float(), _as_fp32(gate_up), _as_fp32(down), top_idx, top_w)
+    reference_error = (moe_reference(x, gate_up, down, top_idx, top_w).float() - truth).abs().max()
+    assert (out.float() - truth).abs().max() <= 2 * reference_error
+
+
+def test_large_gelu_inputs_stay_finite():
+    """tanh via exp must not turn into inf/inf for |u| large."""
+    x, gate_up, down, top_idx, top_w = problem(3, 1, 2, 8, False)
+    x = x * 1e4
+    out = fused_moe(x, gate_up, down, top_idx, top_w)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, moe_reference(x, gate_up, down, top_idx, top_w), rtol=1e-4, atol=1e-2)
+
+
+@pytest.mark.parametrize("top_k,group,asym", [(3, 16, True), (2, None, False)])
+def test_batch_invariant(top_k, group, asym):
+    """A token's output has the same bits alone, among 5 or among 16 tokens sharing its experts."""
+    x, gate_up, down, top_idx, top_w = problem(11, 16, top_k, group, asym)
+    full = fused_moe(x, gate_up, down, top_idx, top_w)
+    for rows in ([0], [11], [3, 9, 15, 0, 7]):
+        part = fused_moe(x[rows], gate_up, down, top_idx[rows], top_w[rows])
+        assert torch.equal(part, full[rows]), rows
+
+
+def _no_sync(name):
+    original = getattr(torch.Tensor, name)
+
+    def guarded(self, *args, **kwargs):
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not caller.startswith("triton"):  # the interpreter itself copies tensors around
+            raise AssertionError(f"host sync: Tensor.{name} from {caller}")
+        return original(self, *args, **kwargs)
+    return guarded
+
+
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_no_host_sync(monkeypatch, tokens):
+    args = problem(5, tokens, 2, 8, True)
+    expected = moe_reference(*args)
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, _no_sync(name))
+    with pytest.raises(AssertionError, match="host sync"):
+        torch.ones(1).item()
+    out = fused_moe(*args)
+    monkeypatch.undo()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)
+
+
+class _Recorder:
+    """Stands in for a jitted kernel: records each launch's arguments instead of running it."""
+
+    def __init__(self, fn, launches):
+        self.fn, self.launches = fn, launches
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((self.fn, args, kwargs))
+
+
+TYPE = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int8: "*i8"}
+
+
+def _constexpr_names(fn):
+    return [name for name, ann in fn.fn.__annotations__.items() if "constexpr" in str(ann)]
+
+
+def _key(fn, signature, constexprs, num_warps, num_stages):
+    return fn, tuple(sorted(signature.items())), tuple(sorted(constexprs.items())), num_warps, num_stages
+
+
+def _launch_key(fn, args, kwargs):
+    """A launch as a (kernel, signature, constexprs, warps, stages) key comparable with a CompileSpec's."""
+    constexprs = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
+    signature = {name: TYPE[a.dtype] for name, a in zip(fn.arg_names, args)}
+    signature.update({name: "constexpr" for name in constexprs})
+    return _key(fn, signature, constexprs, kwargs["num_warps"], kwargs["num_stages"])
+
+
+def test_compile_specs_match_launches(monkeypatch):
+    """The real model's launches (both paths, sym and asym, bf16) are exactly the listed specs."""
+    specs = compile_specs()
+    for spec in specs:
+        assert list(spec.signature) == spec.fn.arg_names
+        assert [k for k, v in spec.signature.items() if v == "constexpr"] == _constexpr_names(spec.fn)
+        assert set(spec.constexprs) == set(_constexpr_names(spec.fn))
+    launches = []
+    for name in ("_gate_up_kernel", "_down_kernel", "_sum_top_k_kernel"):
+        monkeypatch.setattr(moe_triton, name, _Recorder(getattr(moe_triton, name), launches))
+    monkeypatch.setattr(moe_triton, "interpreted", lambda: False)
+    e, d, inter, top_k, group = 128, moe_triton.REAL_D, moe_triton.REAL_I, moe_triton.REAL_TOP_K, moe_triton.REAL_GROUP
+
+    def fake(out, inp, asym):  # shapes and dtypes only: the recorder reads no data
+        packed = torch.zeros(1, 1, 1, dtype=torch.int32).expand(e, out, inp // 8)
+        scale = torch.zeros(1, 1, 1, dtype=torch.bfloat16).expand(e, out, inp // group)
+        zero = torch.zeros(1, 1, 1, dtype=torch.int8).expand(e, out, inp // group) if asym else None
+        return Int4Weight(packed, scale, zero, group)
+
+    for asym in (False, True):
+        for tokens in (1, 16, 64):
+            x = torch.zeros(tokens, d, dtype=torch.bfloat16)
+            top_idx = torch.stack([torch.randperm(e)[:top_k] for _ in range(tokens)])
+            fused_moe(x, fake(2 * inter, d, asym), fake(d, inter, asym), top_idx, torch.rand(tokens, top_k))
+    launched = {_launch_key(fn, args, kwargs) for fn, args, kwargs in launches}
+    listed = {_key(s.fn, s.signature, s.constexprs, s.num_warps, s.num_stages) for s in specs}
+    assert launched == listed
