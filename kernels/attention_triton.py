@@ -9,7 +9,8 @@ cache stores them (slot = position % capacity) in chunks of BLOCK_N aligned to a
 and a chunk with no visible key for a row leaves that row's running (max, sum, acc) bit for bit as
 it was. The keys are cut into splits of `split` positions aligned at 0 (flash-decoding): program
 (row tile, j) reduces one split into fp32 partials and a second kernel combines each row's non-empty
-splits in position order. The grid depends on shapes and the static context size only, and the
+splits in position order; when the static context is a single split, the split kernel normalizes
+and writes the output itself. The grid depends on shapes and the static context size only, and the
 block's start is read on the device, so one captured CUDA graph replays at every length.
 
 fp8 e4m3 is handled as raw bytes with our own bit-level codec: Triton's fp8e4nv type does not exist
@@ -22,6 +23,10 @@ BLOCK_N keys per step, key range found by binary search on the increasing key po
 
 Tensor-core operands are q's dtype (bf16; fp8 keys convert to bf16 exactly), fp32 under the
 interpreter, whose bf16 dot is broken.
+
+The CPU tests run these kernels through Triton's interpreter, which pays per executed op and far more
+per nested @triton.jit call, per program: helpers are inlined in the loops, reductions are few,
+and tiny test heads (<= TINY_HEAD_DIM) take wider key chunks; a cache-write program takes many rows.
 """
 
 from __future__ import annotations
@@ -40,7 +45,10 @@ MIN_SPLIT = 256  # positions per flash-decoding split, at least
 MAX_SPLITS = 64  # splits of a full layer: bounds the fp32 partials (<= 32 MB at T=16, D=512)
 COMBINE_BLOCK_D = 64  # columns per combine program: 16 heads x D/64 programs
 COMBINE_WARPS = 4
+KV_WRITE_ELEMENTS = 1024  # values per cache-write program (rows of D), 8 a thread
+KV_WRITE_WARPS = 4
 LOG2E = math.log2(math.e)
+TINY_HEAD_DIM = 32  # up to this head dim, wider key chunks (the real heads are 128 and up)
 
 
 class DecodeConfig(NamedTuple):
@@ -55,18 +63,22 @@ class PrefillConfig(NamedTuple):
 
 
 def decode_config(head_dim: int) -> DecodeConfig:
-    """16-key chunks: wider ones put the real head dims (256, 512) near 255 registers on some cards."""
-    return DecodeConfig(16, 8 if head_dim >= 128 else 4)
+    """16-key chunks: wider ones put the real head dims (256, 512) near 255 registers on some cards.
+    Tiny heads (test models) take 64-key chunks: fewer steps, no more registers than D=128's."""
+    return DecodeConfig(64 if head_dim <= TINY_HEAD_DIM else 16, 8 if head_dim >= 128 else 4)
 
 
 def prefill_config(head_dim: int) -> PrefillConfig:
+    """Tiny heads (test models) take 64 x 64 tiles: fewer programs and steps, few registers."""
     if head_dim >= 512:
         return PrefillConfig(16, 32, 8)
     if head_dim >= 256:
         return PrefillConfig(32, 32, 8)
     if head_dim >= 128:
         return PrefillConfig(32, 32, 4)
-    return PrefillConfig(32, 16, 4)
+    if head_dim > TINY_HEAD_DIM:
+        return PrefillConfig(32, 16, 4)
+    return PrefillConfig(64, 64, 4)
 
 
 def decode_split(head_dim: int, window: int | None, max_context: int) -> int:
@@ -101,39 +113,36 @@ def _e4m3_encode(y):
     return (code | sign).to(tl.uint8)
 
 
-@triton.jit
-def _e4m3_as_f16(b):
-    """e4m3fn byte -> fp16 of value * 2**-8, exactly: fp16 is e4m3 with one more exponent bit (bias
-    15, not 7), subnormals included; the 2**8 goes into the scale. The NaN code is never written."""
-    x = b.to(tl.uint16)
-    return (((x & 0x7F) << 7) | ((x & 0x80) << 8)).to(tl.float16, bitcast=True)
-
-
 # ----------------------------------------------------------------------------- cache write
 
 @triton.jit
-def _quantize_row(x_ptr, c_ptr, s_ptr, d, FP8: tl.constexpr):
-    x = tl.load(x_ptr + d)
+def _quantize_rows(x_ptr, c_ptr, s_ptr, ok, FP8: tl.constexpr):
+    """Rows [ROWS, D] at x_ptr quantized to c_ptr, one scale per row at s_ptr (fp8); `ok` masks rows."""
+    x = tl.load(x_ptr, mask=ok[:, None], other=0.0)
     if FP8:
         x = x.to(tl.float32)
-        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), 0), 1e-12), 448.0)  # IEEE, as torch divides
-        tl.store(c_ptr + d, _e4m3_encode(tl.math.div_rn(x, scale)))
-        tl.store(s_ptr, scale)
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), 1), 1e-12), 448.0)  # IEEE, as torch divides
+        tl.store(c_ptr, _e4m3_encode(tl.math.div_rn(x, scale[:, None])), mask=ok[:, None])
+        tl.store(s_ptr, scale, mask=ok)
     else:
-        tl.store(c_ptr + d, x.to(c_ptr.dtype.element_ty))
+        tl.store(c_ptr, x.to(c_ptr.dtype.element_ty), mask=ok[:, None])
 
 
-@triton.jit
-def _kv_write_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, ks_ptr, vs_ptr, start_ptr, capacity,
+@triton.jit(do_not_specialize=["T"])
+def _kv_write_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, ks_ptr, vs_ptr, start_ptr, T, capacity,
                      stride_kt, stride_kh, stride_vt, stride_vh,
-                     HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
-    """Program (t, h): quantize K and V of token t, head h, and store them at the token's slot."""
-    t, h = tl.program_id(0), tl.program_id(1)
-    slot = (tl.load(start_ptr).to(tl.int32) + t) % capacity
-    d = tl.arange(0, D)
-    row = slot * HKV + h
-    _quantize_row(k_ptr + t * stride_kt + h * stride_kh, ck_ptr + row * D, ks_ptr + row, d, FP8)
-    _quantize_row(v_ptr + t * stride_vt + h * stride_vh, cv_ptr + row * D, vs_ptr + row, d, FP8)
+                     HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, ROWS: tl.constexpr):
+    """Program i: (token, head) rows i * ROWS.. of the block; quantize their K and V and store them
+    at the token's slot."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    ok = r < T * HKV
+    t = r // HKV
+    h = r % HKV
+    row = ((tl.load(start_ptr).to(tl.int32) + t) % capacity) * HKV + h
+    d = tl.arange(0, D)[None, :]
+    cache = row[:, None] * D + d
+    _quantize_rows(k_ptr + (t * stride_kt + h * stride_kh)[:, None] + d, ck_ptr + cache, ks_ptr + row, ok, FP8)
+    _quantize_rows(v_ptr + (t * stride_vt + h * stride_vh)[:, None] + d, cv_ptr + cache, vs_ptr + row, ok, FP8)
 
 
 def kv_write_triton(k, v, cache_k, cache_v, k_scale, v_scale, start: torch.Tensor, capacity: int) -> None:
@@ -145,39 +154,32 @@ def kv_write_triton(k, v, cache_k, cache_v, k_scale, v_scale, start: torch.Tenso
     _check_contiguous(cache_k, cache_v, *((k_scale, v_scale) if fp8 else ()))
     ck, cv = (cache_k.view(torch.uint8), cache_v.view(torch.uint8)) if fp8 else (cache_k, cache_v)
     ks, vs = (k_scale, v_scale) if fp8 else (k, v)  # unused pointers without scales
-    _kv_write_kernel[(t, hkv)](k, v, ck, cv, ks, vs, start, capacity,
-                               k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                               HKV=hkv, D=d, FP8=fp8, num_warps=kv_write_warps(d))
+    rows = kv_write_rows(d)
+    _kv_write_kernel[(triton.cdiv(t * hkv, rows),)](k, v, ck, cv, ks, vs, start, t, capacity,
+                                                    k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                                                    HKV=hkv, D=d, FP8=fp8, ROWS=rows, num_warps=KV_WRITE_WARPS)
 
 
-def kv_write_warps(head_dim: int) -> int:
-    return 2 if head_dim >= 512 else 1
+def kv_write_rows(head_dim: int) -> int:
+    """(token, head) rows per program: KV_WRITE_ELEMENTS values, 8 a thread (a whole block of a tiny model)."""
+    return max(1, KV_WRITE_ELEMENTS // head_dim)
 
 
 # ----------------------------------------------------------------------------- decode / verify
 
-@triton.jit
-def _load_kv(ptr, s_ptr, slot, ok, kv_head, d, HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
-    """A chunk [BLOCK_N, D] as stored (fp8 as exact fp16) and its per-key scale (1.0 unless fp8)."""
-    row = slot * HKV + kv_head
-    x = tl.load(ptr + row[:, None] * D + d[None, :], mask=ok[:, None], other=0)
-    if FP8:
-        x = _e4m3_as_f16(x)
-        scale = tl.load(s_ptr + row, mask=ok, other=0.0) * 256.0
-    else:
-        scale = tl.full(slot.shape, 1.0, tl.float32)
-    return x, scale
-
-
 @triton.jit(do_not_specialize=["T"])
-def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, l_ptr, acc_ptr,
+def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, l_ptr, acc_ptr, o_ptr,
                          T, capacity, window, split, qk_scale,
                          HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
-                         BLOCK_N: tl.constexpr, FP8: tl.constexpr, DOT_FP32: tl.constexpr):
+                         BLOCK_N: tl.constexpr, FP8: tl.constexpr, DOT_FP32: tl.constexpr,
+                         ONE_SPLIT: tl.constexpr, CAUSAL: tl.constexpr):
     """Program (kv head x row block, j): 16 (query head, query) rows sharing one KV head, over split
-    lo // split + j, into partials. Row r is query r % T of head kv_head * GROUP + r // T."""
+    lo // split + j, into partials (ONE_SPLIT: the only split, normalized into o). Row r is query
+    r % T of head kv_head * GROUP + r // T. Not CAUSAL (the drafter's full layers): every query
+    sees the whole block."""
     pid, j = tl.program_id(0), tl.program_id(1)
-    row_blocks = tl.cdiv(GROUP * T, BLOCK_T)
+    n_rows = GROUP * T  # (query head, query) rows of one KV head
+    row_blocks = (n_rows + BLOCK_T - 1) // BLOCK_T
     kv_head = pid // row_blocks
     start = tl.load(start_ptr).to(tl.int32)
     hi = start + T - 1  # last key position of the block
@@ -185,7 +187,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, 
     split_lo = (lo // split + j) * split
     if split_lo <= hi:  # splits past the block's end do nothing: the grid is fixed, the length is not
         r = (pid % row_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
-        row_ok = r < GROUP * T
+        row_ok = r < n_rows
         t = r % T
         head = kv_head * GROUP + r // T
         q_pos = start + t
@@ -194,31 +196,51 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, 
         if DOT_FP32:
             q = q.to(tl.float32)
         m = tl.full([BLOCK_T], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_T], tl.float32)
-        acc = tl.zeros([BLOCK_T, D], tl.float32)
+        l = tl.full([BLOCK_T], 0.0, tl.float32)
+        acc = tl.full([BLOCK_T, D], 0.0, tl.float32)
         first = tl.maximum(split_lo, lo // BLOCK_N * BLOCK_N)
         for c in range(first, tl.minimum(split_lo + split, hi + 1), BLOCK_N):
             k_pos = c + tl.arange(0, BLOCK_N)
             k_ok = (k_pos >= lo) & (k_pos <= hi)
-            slot = k_pos % capacity
-            k, k_scale = _load_kv(k_ptr, ks_ptr, slot, k_ok, kv_head, d, HQ // GROUP, D, FP8)
-            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * (k_scale * qk_scale)[None, :]
+            row = (k_pos % capacity) * (HQ // GROUP) + kv_head  # the key's ring slot, this KV head
+            kv = row[:, None] * D + d[None, :]
+            k = tl.load(k_ptr + kv, mask=k_ok[:, None], other=0)
+            if FP8:
+                # e4m3 byte -> fp16 of value * 2**-8, exactly: fp16 is e4m3 with one more exponent bit
+                # (bias 15, not 7), subnormals included; the 2**8 goes into the scales. NaN is never stored.
+                k = k.to(tl.uint16)
+                k = (((k & 0x7F) << 7) | ((k & 0x80) << 8)).to(tl.float16, bitcast=True)
+                k_scale = tl.load(ks_ptr + row, mask=k_ok, other=0.0) * 256.0 * qk_scale
+                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * k_scale[None, :]
+            else:
+                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * qk_scale
             delta = q_pos[:, None] - k_pos[None, :]
-            visible = (delta >= 0) & (delta < window) & k_ok[None, :] & row_ok[:, None]
-            s = tl.where(visible, s, float("-inf"))
+            # a query's visible keys lie in [lo, hi], so k_ok is implied; padding rows are never stored
+            if CAUSAL:
+                s = tl.where((delta >= 0) & (delta < window), s, float("-inf"))
+            else:
+                s = tl.where(k_ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
             base = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: -inf - -inf would be NaN
             alpha = tl.where(m_new > m, tl.exp2(m - base), 1.0)  # exactly 1 when a chunk adds nothing
             p = tl.exp2(s - base[:, None])  # exactly 0 where masked
             l = l * alpha + tl.sum(p, 1)
-            v, v_scale = _load_kv(v_ptr, vs_ptr, slot, k_ok, kv_head, d, HQ // GROUP, D, FP8)
-            p = p * v_scale[None, :]
+            v = tl.load(v_ptr + row[:, None] * D + d[None, :], mask=k_ok[:, None], other=0)
+            if FP8:  # as k
+                v = v.to(tl.uint16)
+                v = (((v & 0x7F) << 7) | ((v & 0x80) << 8)).to(tl.float16, bitcast=True)
+                p = p * (tl.load(vs_ptr + row, mask=k_ok, other=0.0) * 256.0)[None, :]
             acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
             m = m_new
-        part = (j * T + t) * HQ + head
-        tl.store(m_ptr + part, m, mask=row_ok)
-        tl.store(l_ptr + part, l, mask=row_ok)
-        tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+        if ONE_SPLIT:  # what the combine computes for one split (num = acc, den = l), without it
+            out = acc / tl.where(row_ok, l, 1.0)[:, None]  # padding rows: nothing to normalize
+            tl.store(o_ptr + (t * HQ + head)[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty),
+                     mask=row_ok[:, None])
+        else:
+            part = (j * T + t) * HQ + head
+            tl.store(m_ptr + part, m, mask=row_ok)
+            tl.store(l_ptr + part, l, mask=row_ok)
+            tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -236,8 +258,8 @@ def _decode_combine_kernel(m_ptr, l_ptr, acc_ptr, start_ptr, o_ptr, T, window, s
     top = tl.full([BLOCK_T], float("-inf"), tl.float32)
     for j in range(0, splits):
         top = tl.maximum(top, tl.load(m_ptr + (j * T + rows) * HQ + head, mask=row_ok, other=float("-inf")))
-    num = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
-    den = tl.zeros([BLOCK_T], tl.float32)
+    num = tl.full([BLOCK_T, BLOCK_D], 0.0, tl.float32)
+    den = tl.full([BLOCK_T], 0.0, tl.float32)
     for j in range(0, splits):
         part = (j * T + rows) * HQ + head
         m = tl.load(m_ptr + part, mask=row_ok, other=float("-inf"))
@@ -271,12 +293,12 @@ def _device_start(start, device) -> torch.Tensor:
 
 def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, k_scale, v_scale, start,
                      window: int | None, capacity: int, scale: float, max_context: int,
-                     split: int | None = None) -> torch.Tensor:
+                     split: int | None = None, causal: bool = True) -> torch.Tensor:
     """q [T <= 16, Hq, D] at positions start..start+T-1 over the cache, whose K/V already hold them.
 
     cache_k/v contiguous [capacity, Hkv, D] (bf16/fp32, or fp8 with fp32 scales [capacity, Hkv]);
     a query at p sees positions max(0, p - window + 1)..p (all up to p without a window), read at
-    slot position % capacity. `split` overrides the positions per split (a multiple of the chunk
+    slot position % capacity; with causal=False (no window) every query sees 0..start+T-1. `split` overrides the positions per split (a multiple of the chunk
     size; tests). No host sync when `start` is a device tensor. Returns [T, Hq, D] in q's dtype.
     """
     t, hq, d = q.shape
@@ -286,6 +308,8 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
     w = max_context if window is None else min(window, max_context)
     if capacity < min(w + t - 1, max_context):
         raise ValueError(f"a ring of {capacity} slots cannot hold a window of {w} plus {t} new positions")
+    if not causal and window is not None:
+        raise ValueError("non-causal decode attention takes no window")
     fp8 = k_scale is not None
     _check_contiguous(cache_k, cache_v, *((k_scale, v_scale) if fp8 else ()))
     cfg = decode_config(d)
@@ -293,18 +317,21 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
     if split % cfg.block_n:
         raise ValueError(f"split {split} is not a multiple of the chunk size {cfg.block_n}")
     splits = decode_num_splits(window, max_context, split)
+    one_split = splits == 1  # a short static context: the split kernel writes the output itself
     start = _device_start(start, q.device)
     q = q.contiguous()
+    out = torch.empty_like(q)
     m = torch.empty((splits, t, hq), dtype=torch.float32, device=q.device)
-    l = torch.empty_like(m)
-    acc = torch.empty((splits, t, hq, d), dtype=torch.float32, device=q.device)
+    l = m if one_split else torch.empty_like(m)  # unused pointers with one split
+    acc = m if one_split else torch.empty((splits, t, hq, d), dtype=torch.float32, device=q.device)
     ck, cv = (cache_k.view(torch.uint8), cache_v.view(torch.uint8)) if fp8 else (cache_k, cache_v)
     ks, vs = (k_scale, v_scale) if fp8 else (m, m)  # unused pointers without scales
     _decode_split_kernel[(hkv * triton.cdiv(hq // hkv * t, BLOCK_T), splits)](
-        q, ck, cv, ks, vs, start, m, l, acc, t, capacity, w, split, scale * LOG2E,
+        q, ck, cv, ks, vs, start, m, l, acc, out, t, capacity, w, split, scale * LOG2E,
         HQ=hq, GROUP=hq // hkv, D=d, BLOCK_T=BLOCK_T, BLOCK_N=cfg.block_n, FP8=fp8,
-        DOT_FP32=interpreted(), num_warps=cfg.num_warps)
-    out = torch.empty_like(q)
+        DOT_FP32=interpreted(), ONE_SPLIT=one_split, CAUSAL=causal, num_warps=cfg.num_warps)
+    if one_split:
+        return out
     block_d = min(d, COMBINE_BLOCK_D)
     _decode_combine_kernel[(hq, d // block_d)](m, l, acc, start, out, t, w, split,
                                                HQ=hq, D=d, BLOCK_D=block_d, BLOCK_T=BLOCK_T, num_warps=COMBINE_WARPS)
@@ -315,15 +342,16 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
 
 @triton.jit
 def _lower_bound(pos_ptr, n, target):
-    """First index i in [0, n) with pos[i] >= target (pos increasing); n when there is none."""
-    lo = n * 0
-    hi = n
+    """First index i in [0, n) with pos[i] >= target (pos increasing); n when there is none. The
+    search runs in int64, which the interpreter does not check for overflow at every step."""
+    hi = n.to(tl.int64)
+    lo = hi * 0
     while lo < hi:
         mid = (lo + hi) // 2
         below = tl.load(pos_ptr + mid) < target
         lo = tl.where(below, mid + 1, lo)
         hi = tl.where(below, hi, mid)
-    return lo
+    return lo.to(tl.int32)
 
 
 @triton.jit
@@ -349,8 +377,8 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_pos_ptr, k_pos_ptr, T, S, wind
     elif WINDOWED:
         last = _lower_bound(k_pos_ptr, S, tl.max(tl.where(row_ok, q_pos, -(1 << 30)), 0) + window)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    l = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, D], 0.0, tl.float32)
     for n in range(first, last, BLOCK_N):
         idx = n + tl.arange(0, BLOCK_N)
         k_ok = idx < last
@@ -405,6 +433,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: 
 HQ_TARGET = 16
 TARGET_LAYERS = ((256, 8, 1024), (512, 2, None))  # (head dim, KV heads, window) of sliding and full layers
 DRAFTER = (128, 32, 8)  # head dim, query heads, KV heads
+DRAFTER_WINDOW = 2048  # its sliding layers' window (context rings of window + block size)
 
 
 def _spec(name: str, fn, types: dict[str, str], consts: dict, num_warps: int) -> CompileSpec:
@@ -415,23 +444,26 @@ def _spec(name: str, fn, types: dict[str, str], consts: dict, num_warps: int) ->
     return CompileSpec(name, fn, {arg: types[arg] for arg in fn.arg_names}, consts, num_warps=num_warps)
 
 
-def _decode_specs(d: int, hkv: int, window: int | None) -> list[CompileSpec]:
+def _decode_specs(d: int, hkv: int, window: int | None, hq: int = HQ_TARGET, causal: bool = True,
+                  storage: tuple[bool, ...] = (True, False)) -> list[CompileSpec]:
     cfg = decode_config(d)
-    kind = "sliding" if window else "full"
+    kind = ("sliding" if window else "full") + ("" if causal else ",bidirectional")
     specs = []
-    for fp8 in (True, False):
-        cache = "*u8" if fp8 else "*bf16"
-        types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "ks_ptr": "*fp32", "vs_ptr": "*fp32",
-                 "start_ptr": "*i32", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "qk_scale": "fp32",
-                 **dict.fromkeys(("T", "capacity", "window", "split"), "i32")}
-        consts = {"HQ": HQ_TARGET, "GROUP": HQ_TARGET // hkv, "D": d, "BLOCK_T": BLOCK_T, "BLOCK_N": cfg.block_n,
-                  "FP8": fp8, "DOT_FP32": False}
-        specs.append(_spec(f"decode_split[D={d},{kind},{'fp8' if fp8 else 'bf16'}]", _decode_split_kernel,
-                           types, consts, cfg.num_warps))
+    for fp8 in storage:
+        for one_split in (False, True):  # one split: a context of at most MIN_SPLIT positions
+            cache = "*u8" if fp8 else "*bf16"
+            types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "ks_ptr": "*fp32", "vs_ptr": "*fp32",
+                     "start_ptr": "*i32", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "o_ptr": "*bf16",
+                     "qk_scale": "fp32", **dict.fromkeys(("T", "capacity", "window", "split"), "i32")}
+            consts = {"HQ": hq, "GROUP": hq // hkv, "D": d, "BLOCK_T": BLOCK_T,
+                      "BLOCK_N": cfg.block_n, "FP8": fp8, "DOT_FP32": False, "ONE_SPLIT": one_split,
+                      "CAUSAL": causal}
+            name = f"decode_split[D={d},{kind},{'fp8' if fp8 else 'bf16'}{',one split' if one_split else ''}]"
+            specs.append(_spec(name, _decode_split_kernel, types, consts, cfg.num_warps))
     types = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "start_ptr": "*i32", "o_ptr": "*bf16",
              **dict.fromkeys(("T", "window", "split"), "i32")}
-    consts = {"HQ": HQ_TARGET, "D": d, "BLOCK_D": COMBINE_BLOCK_D, "BLOCK_T": BLOCK_T}
-    specs.append(_spec(f"decode_combine[D={d}]", _decode_combine_kernel, types, consts, COMBINE_WARPS))
+    consts = {"HQ": hq, "D": d, "BLOCK_D": COMBINE_BLOCK_D, "BLOCK_T": BLOCK_T}
+    specs.append(_spec(f"decode_combine[D={d},HQ={hq}]", _decode_combine_kernel, types, consts, COMBINE_WARPS))
     return specs
 
 
@@ -447,12 +479,16 @@ def _prefill_spec(d: int, hq: int, hkv: int, causal: bool, windowed: bool) -> Co
 
 def compile_specs() -> list[CompileSpec]:
     """Decode/verify (fp8 and bf16 caches) and combine for both layer kinds; prefill for the target
-    (causal; sliding and full) and the drafter (bidirectional full layers, causal sliding layers)."""
+    (causal; sliding and full); the drafter's block (decode over its bf16 context, and prefill; its
+    full layers bidirectional, its sliding layers causal)."""
     specs = []
     for d, hkv, window in TARGET_LAYERS:
         specs += _decode_specs(d, hkv, window)
         specs.append(_prefill_spec(d, HQ_TARGET, hkv, causal=True, windowed=window is not None))
-    d, hq, hkv = DRAFTER
+    d, hq, hkv = DRAFTER  # its block over its context: bf16, causal sliding and bidirectional full layers
+    specs += _decode_specs(d, hkv, DRAFTER_WINDOW, hq, causal=True, storage=(False,))
+    specs += [spec for spec in _decode_specs(d, hkv, None, hq, causal=False, storage=(False,))
+              if not spec.name.startswith("decode_combine")]  # the same combine as the sliding layers'
     specs += [_prefill_spec(d, hq, hkv, causal=False, windowed=False),
               _prefill_spec(d, hq, hkv, causal=True, windowed=True)]
     return specs
@@ -466,7 +502,7 @@ def kv_write_specs() -> list[CompileSpec]:
             cache, scales = ("*u8", "*fp32") if fp8 else ("*bf16", "*bf16")
             types = {"k_ptr": "*bf16", "v_ptr": "*bf16", "ck_ptr": cache, "cv_ptr": cache, "ks_ptr": scales,
                      "vs_ptr": scales, "start_ptr": "*i32",
-                     **dict.fromkeys(("capacity", "stride_kt", "stride_kh", "stride_vt", "stride_vh"), "i32")}
+                     **dict.fromkeys(("T", "capacity", "stride_kt", "stride_kh", "stride_vt", "stride_vh"), "i32")}
             specs.append(_spec(f"kv_write[D={d},{'fp8' if fp8 else 'bf16'}]", _kv_write_kernel, types,
-                               {"HKV": hkv, "D": d, "FP8": fp8}, kv_write_warps(d)))
+                               {"HKV": hkv, "D": d, "FP8": fp8, "ROWS": kv_write_rows(d)}, KV_WRITE_WARPS))
     return specs

@@ -36,25 +36,23 @@ SUM_BLOCK = 1024
 
 
 @triton.jit
-def _groups(scale_ptr, zero_ptr, offs_n, n_mask, k0,
+def _groups(scale_ptr, zero_ptr, rows, k0,
             K: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, BLOCK_K: tl.constexpr):
     """Scales and zeros (as stored) of the tile at column k0: [BLOCK_N, 1] when the tile lies in
     one group, else [BLOCK_N, groups in the tile] or, for a group size that is not a power of
-    two, [BLOCK_N, BLOCK_K // 8] (one per word; GROUP is a multiple of 8)."""
+    two, [BLOCK_N, BLOCK_K // 8] (one per word; GROUP is a multiple of 8). Indices past K are
+    clamped (k0 may be one step past the end), so no load needs a mask."""
     if GROUP % BLOCK_K == 0 or GROUP == K:
-        g = (offs_n * (K // GROUP) + tl.minimum(k0, K - 1) // GROUP)[:, None]  # k0 may be one step past K
-        mask = n_mask[:, None]
+        g = (rows * (K // GROUP) + tl.minimum(k0, K - 1) // GROUP)[:, None]
     elif BLOCK_K % GROUP == 0 and (GROUP & (GROUP - 1)) == 0:
-        offs_g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-        g = offs_n[:, None] * (K // GROUP) + offs_g[None, :]
-        mask = n_mask[:, None] & (offs_g < K // GROUP)[None, :]
+        offs_g = tl.minimum(k0 // GROUP + tl.arange(0, BLOCK_K // GROUP), K // GROUP - 1)
+        g = rows[:, None] * (K // GROUP) + offs_g[None, :]
     else:
-        offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        g = offs_n[:, None] * (K // GROUP) + (offs_w // (GROUP // 8))[None, :]
-        mask = n_mask[:, None] & (offs_w < K // 8)[None, :]
-    scale = tl.load(scale_ptr + g, mask=mask, other=0.0)
+        offs_w = tl.minimum(k0 // 8 + tl.arange(0, BLOCK_K // 8), K // 8 - 1)
+        g = rows[:, None] * (K // GROUP) + (offs_w // (GROUP // 8))[None, :]
+    scale = tl.load(scale_ptr + g)
     if HAS_ZERO:
-        zero = tl.load(zero_ptr + g, mask=mask, other=0)
+        zero = tl.load(zero_ptr + g)
     else:
         zero = tl.zeros_like(g).to(tl.int8)
     return scale, zero
@@ -85,12 +83,14 @@ def _plane(words, j: tl.constexpr, scale16, neg_bias, one):
 
 
 @triton.jit
-def _int4_tile(w_ptr, offs_n, n_mask, k0, scale, zero, one, K: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr):
-    """The dequantized fp32 weight tile [BLOCK_N, BLOCK_K] at column k0."""
+def _int4_tile(w_ptr, rows, k0, scale, zero, one, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The dequantized fp32 weight tile [BLOCK_N, BLOCK_K] at column k0 (finite past K)."""
     offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    mask = n_mask[:, None] & (offs_w < K // 8)[None, :]
-    words = tl.load(w_ptr + offs_n[:, None] * (K // 8) + offs_w[None, :], mask=mask, other=0)
+    ptrs = w_ptr + rows[:, None] * (K // 8) + offs_w[None, :]
+    if K % BLOCK_K == 0:
+        words = tl.load(ptrs)
+    else:
+        words = tl.load(ptrs, mask=(offs_w < K // 8)[None, :], other=0)
     scale = _per_word(scale, BLOCK_K).to(tl.float32)
     s16, nb = scale * 16.0, -(_per_word(zero, BLOCK_K).to(tl.float32) + 24.0) * scale
     # Nested joins keep a word's 8 values in one thread; the (a, b, c) index of the result is
@@ -99,7 +99,27 @@ def _int4_tile(w_ptr, offs_n, n_mask, k0, scale, zero, one, K: tl.constexpr, BLO
                    tl.join(_plane(words, 2, s16, nb, one), _plane(words, 6, s16, nb, one)))
     odd = tl.join(tl.join(_plane(words, 1, s16, nb, one), _plane(words, 5, s16, nb, one)),
                   tl.join(_plane(words, 3, s16, nb, one), _plane(words, 7, s16, nb, one)))
-    return tl.reshape(tl.join(even, odd), (BLOCK_N, BLOCK_K))
+    return tl.reshape(tl.join(even, odd), (rows.shape[0], BLOCK_K))
+
+
+@triton.jit
+def _dense_tile(w_ptr, rows, offs_k, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The weight tile [BLOCK_N, BLOCK_K] at columns offs_k (zeros past K)."""
+    ptrs = w_ptr + rows[:, None] * K + offs_k[None, :]
+    if K % BLOCK_K == 0:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=(offs_k < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _x_tile(x_ptr, offs_m, offs_k, M, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The activation tile [BLOCK_M, BLOCK_K]: zeros in rows past M and columns past K."""
+    ptrs = x_ptr + offs_m[:, None] * K + offs_k[None, :]
+    if K % BLOCK_K == 0:
+        return tl.load(ptrs, mask=(offs_m < M)[:, None], other=0.0)
+    else:
+        return tl.load(ptrs, mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count: M = 1 is not special
@@ -107,11 +127,14 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, M, N,
                    K: tl.constexpr, K_CHUNK: tl.constexpr, GROUP: tl.constexpr,
                    INT4: tl.constexpr, HAS_ZERO: tl.constexpr, DOT_FP32: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[s, m, n] = sum over k in chunk s of x[m, k] * w[n, k]; grid (N tiles, chunks, M tiles)."""
+    """out[s, m, n] = sum over k in chunk s of x[m, k] * w[n, k]; grid (N tiles, chunks, M tiles).
+
+    Weight loads have no row mask: rows past N read row N - 1 and are never stored (fewer live
+    predicates; ptxas 13 spilled one across the loop). x is masked, so columns past K add 0."""
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask, n_mask = offs_m < M, offs_n < N
+    rows = tl.minimum(offs_n, N - 1)
     dot_ty = tl.float32 if DOT_FP32 else x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     k_start = pid_s * K_CHUNK
@@ -119,22 +142,20 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, M, N,
     # register and `(bits & mask) | one` compiles to one LOP3 instead of two
     one = 0x3F800000 | (N >> 31)
     if INT4:  # scales and zeros are fetched one step ahead: their small loads cannot go async
-        scale, zero = _groups(scale_ptr, zero_ptr, offs_n, n_mask, k_start, K, GROUP, HAS_ZERO, BLOCK_K)
+        scale, zero = _groups(scale_ptr, zero_ptr, rows, k_start, K, GROUP, HAS_ZERO, BLOCK_K)
     for k0 in range(k_start, tl.minimum(k_start + K_CHUNK, K), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
-        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        x = _x_tile(x_ptr, offs_m, offs_k, M, K, BLOCK_K)
         if INT4:
             cur_scale, cur_zero = scale, zero
             if GROUP != K:
-                scale, zero = _groups(scale_ptr, zero_ptr, offs_n, n_mask, k0 + BLOCK_K, K, GROUP, HAS_ZERO, BLOCK_K)
-            w = _int4_tile(w_ptr, offs_n, n_mask, k0, cur_scale, cur_zero, one, K, BLOCK_N, BLOCK_K)
+                scale, zero = _groups(scale_ptr, zero_ptr, rows, k0 + BLOCK_K, K, GROUP, HAS_ZERO, BLOCK_K)
+            w = _int4_tile(w_ptr, rows, k0, cur_scale, cur_zero, one, K, BLOCK_K)
         else:
-            w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :],
-                        other=0.0)
+            w = _dense_tile(w_ptr, rows, offs_k, K, BLOCK_K)
         acc = tl.dot(x.to(dot_ty), tl.trans(w.to(dot_ty)), acc, input_precision="ieee")
     out = out_ptr + pid_s * M * N + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
 
 
 @triton.jit
@@ -164,13 +185,16 @@ def small_tiles(n: int, k: int, group: int | None) -> Tiles:
     """The 1..16-row configuration; `group` None for a dense weight.
 
     Chunks of >= 2 K steps are added until about TARGET_PROGRAMS tiles are in flight: a narrow N
-    (router, o_proj, down) would otherwise leave most SMs idle while one reads the whole K."""
+    (router, o_proj, down) would otherwise leave most SMs idle while one reads the whole K.
+    int4 runs 8 warps and 2 stages: with 4 warps or 3 stages ptxas 13 (sm_90, sm_120) spills a
+    register or two around the loop."""
     block_n, block_k = 64, (128 if k >= 256 else 32)
     k_steps = triton.cdiv(k, block_k)
     wanted = triton.cdiv(TARGET_PROGRAMS, triton.cdiv(n, block_n))
     steps_per_chunk = max(2, triton.cdiv(k_steps, wanted))
     split = triton.cdiv(k_steps, steps_per_chunk)
-    return Tiles(SMALL_M, block_n, block_k, split, steps_per_chunk * block_k, 4, 3)
+    num_warps, num_stages = (4, 3) if group is None else (8, 2)
+    return Tiles(SMALL_M, block_n, block_k, split, steps_per_chunk * block_k, num_warps, num_stages)
 
 
 def prefill_tiles(n: int, k: int, group: int | None) -> Tiles:
@@ -179,11 +203,9 @@ def prefill_tiles(n: int, k: int, group: int | None) -> Tiles:
     return Tiles(128, 128, 32, 1, triton.cdiv(k, 32) * 32, 8, 3)
 
 
-def _check(x: torch.Tensor, n: int, k: int) -> None:
+def _check(x: torch.Tensor, k: int) -> None:
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"x {tuple(x.shape)} does not match a weight with {k} inputs")
-    if k % 8:
-        raise ValueError(f"input size {k} is not a multiple of 8")
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, n: int, group: int,
@@ -209,7 +231,7 @@ def w4a16_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 
     Rows 1..16 are batch invariant (row r is bit-identical to the same row computed alone)."""
     n, k = w.shape
-    _check(x, n, k)
+    _check(x, k)
     tiles = (small_tiles if x.shape[0] <= SMALL_M else prefill_tiles)(n, k, w.group_size)
     packed = w.packed.contiguous()
     zero = packed.view(torch.int8) if w.zero is None else w.zero.contiguous()  # an unread int8 stand-in
@@ -220,7 +242,7 @@ def w4a16_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
 def dense_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ w.T for a dense [N, K] weight: the batch-invariant kernel for 1..16 rows, torch beyond."""
     n, k = w.shape
-    _check(x, n, k)
+    _check(x, k)
     if x.shape[0] > SMALL_M:
         return F.linear(x, w)
     w = w.contiguous()

@@ -15,6 +15,11 @@ tl.dot; each row accumulates x * w elementwise into a [BLOCK_M, BLOCK_N, BLOCK_K
 reduction dim in a fixed order and reduces BLOCK_K once at the end, so a row's bits depend only on
 its own inputs and the constexpr tile shape, never on how many rows share the tile. Prefill (more
 than 16 tokens) uses tl.dot on BLOCK_M = 64 tiles for throughput; it is not batch invariant.
+
+Tiles come from the shapes alone (`tiles`): the real experts' configs below, and for a tiny expert
+(the CPU test models) the whole matrix as one tile. The CPU tests run these kernels through Triton's
+interpreter, which pays per executed op and far more per nested @triton.jit call, per program: so
+the int4 decoding and GeGLU are written inline and the int4 addressing is set up once per program.
 """
 
 import torch
@@ -25,55 +30,19 @@ from flashdesk.kernels.backend import CompileSpec, interpreted
 from flashdesk.kernels.int4 import Int4Weight
 
 SMALL_T = 16  # up to this many tokens: the batch-invariant path (decode, verify)
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) per kernel and path, none spilling on sm_86/89/90/120.
-# The small path's BLOCK_M is 4, not 16: at decode every slot holds one pair and at verify a few, so
-# a 16-row tile would spend 4-16x the FMAs (and registers) on masked rows; a slot with more pairs
-# loops over row tiles, re-reading its weight tile from L2. Untuned: no GPU was at hand.
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) per kernel and path for the real experts, none spilling on
+# sm_86/89/90/120. The small path's BLOCK_M is 4, not 16: at decode every slot holds one pair and at
+# verify a few, so a 16-row tile would spend 4-16x the FMAs (and registers) on masked rows; a slot
+# with more pairs loops over row tiles, re-reading its weight tile from L2. Untuned: no GPU was at hand.
 SMALL_GATE_UP = (4, 8, 64, 4)
 SMALL_DOWN = (4, 16, 64, 4)
 LARGE_GATE_UP = (64, 32, 64, 8)
 LARGE_DOWN = (64, 64, 64, 8)
+# A tiny expert (the test models) whose whole [BLOCK_M, N, K] small-path tile has at most this many
+# elements is one tile: a slot is one program of one step (no spills at D=64, I=24 on sm_86/89).
+WHOLE_EXPERT = 8192
 SUM_BLOCK = 256
 NUM_STAGES = 2
-
-
-@triton.jit
-def _gelu_tanh(g):
-    """0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))); tanh from exp(-2|u|), which never overflows."""
-    u = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-    e = tl.exp(-2.0 * tl.abs(u))
-    t = (1.0 - e) / (1.0 + e)
-    return 0.5 * g * (1.0 + tl.where(u < 0, -t, t))
-
-
-@triton.jit
-def _int4(packed_ptr, scale_ptr, zero_ptr, n, k, mask, KDIM: tl.constexpr, GROUP: tl.constexpr,
-          HAS_ZERO: tl.constexpr):
-    """Dequantized fp32 w[n, k] of one expert (n, k broadcastable index tensors)."""
-    words = tl.load(packed_ptr + n * (KDIM // 8) + k // 8, mask=mask, other=0)
-    q = ((words >> ((k % 8) * 4)) & 0xF) - 8
-    group = n * (KDIM // GROUP) + k // GROUP
-    if HAS_ZERO:
-        q = q - tl.load(zero_ptr + group, mask=mask, other=0).to(tl.int32)
-    return q.to(tl.float32) * tl.load(scale_ptr + group, mask=mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _dot(a, b, acc, DOT_FP32: tl.constexpr):
-    """acc + a @ b: fp32 operands when asked (interpreter, fp32 activations), else a's dtype."""
-    if DOT_FP32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b.to(a.dtype), acc)
-
-
-@triton.jit
-def _slot(slot_begin_ptr, slot_end_ptr, slot_expert_ptr):
-    """This program's slot: its pair range [begin, end) (empty past the distinct experts), expert."""
-    slot = tl.program_id(0)
-    begin = tl.load(slot_begin_ptr + slot)
-    end = tl.load(slot_end_ptr + slot)
-    expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
-    return begin, end, expert
 
 
 @triton.jit
@@ -83,46 +52,75 @@ def _gate_up_kernel(x_ptr, packed_ptr, scale_ptr, zero_ptr, pair_ptr, slot_begin
                     DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr):
     """h[pair] = gelu_tanh(gate_e x) * up_e x for one slot's pairs and one block of I."""
-    begin, end, expert = _slot(slot_begin_ptr, slot_end_ptr, slot_expert_ptr)
+    slot = tl.program_id(0)
+    begin = tl.load(slot_begin_ptr + slot)
+    end = tl.load(slot_end_ptr + slot)
+    expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
     packed_ptr += expert * (2 * I * (D // 8))
     scale_ptr += expert * (2 * I * (D // GROUP))
     if HAS_ZERO:
         zero_ptr += expert * (2 * I * (D // GROUP))
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < I
+    kk = tl.arange(0, BLOCK_K)
+    if USE_DOT:  # weight tiles [BLOCK_K, BLOCK_N], as tl.dot takes them
+        wn = n[None, :]
+        wk = kk[:, None]
+    else:  # [BLOCK_N, BLOCK_K], against [BLOCK_M, 1, BLOCK_K] rows
+        wn = n[:, None]
+        wk = kk[None, :]
+    # int4 addressing (int4.py) at k = 0, set up once: the up rows sit I rows below the gate rows
+    words = packed_ptr + wn * (D // 8) + wk // 8
+    shift = (wk & 7) << 2  # 4 * (k % 8)
+    gate_groups = wn * (D // GROUP)
+    up_groups = gate_groups + I * (D // GROUP)
+    n_ok = wn < I
     for m0 in range(begin, end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
-        m_mask = rows < end
-        tokens = (tl.load(pair_ptr + rows, mask=m_mask, other=0) // TOP_K).to(tl.int64)
+        m_ok = rows < end
+        tokens = (tl.load(pair_ptr + rows, mask=m_ok, other=0) // TOP_K).to(tl.int64)
+        x_rows = x_ptr + tokens[:, None] * D + kk[None, :]
         if USE_DOT:
-            gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            gate = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+            up = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         else:
-            gate3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-            up3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+            gate3 = tl.full([BLOCK_M, BLOCK_N, BLOCK_K], 0.0, tl.float32)
+            up3 = tl.full([BLOCK_M, BLOCK_N, BLOCK_K], 0.0, tl.float32)
         for k0 in range(0, D, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = k < D
-            x = tl.load(x_ptr + tokens[:, None] * D + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            x_ok, w_ok = m_ok[:, None], n_ok
+            if D % BLOCK_K:  # a K tail (tiny experts only)
+                x_ok = x_ok & (kk < D - k0)[None, :]
+                w_ok = w_ok & (wk < D - k0)
+            x = tl.load(x_rows + k0, mask=x_ok, other=0.0)
+            group = (k0 + wk) // GROUP
+            qg = ((tl.load(words + k0 // 8, mask=w_ok, other=0) >> shift) & 0xF) - 8
+            qu = ((tl.load(words + (I * (D // 8) + k0 // 8), mask=w_ok, other=0) >> shift) & 0xF) - 8
+            if HAS_ZERO:
+                qg -= tl.load(zero_ptr + gate_groups + group, mask=w_ok, other=0)
+                qu -= tl.load(zero_ptr + up_groups + group, mask=w_ok, other=0)
+            wg = qg.to(tl.float32) * tl.load(scale_ptr + gate_groups + group, mask=w_ok, other=0.0).to(tl.float32)
+            wu = qu.to(tl.float32) * tl.load(scale_ptr + up_groups + group, mask=w_ok, other=0.0).to(tl.float32)
             if USE_DOT:
-                w_mask = k_mask[:, None] & n_mask[None, :]
-                wg = _int4(packed_ptr, scale_ptr, zero_ptr, n[None, :], k[:, None], w_mask, D, GROUP, HAS_ZERO)
-                wu = _int4(packed_ptr, scale_ptr, zero_ptr, I + n[None, :], k[:, None], w_mask, D, GROUP, HAS_ZERO)
-                gate = _dot(x, wg, gate, DOT_FP32)
-                up = _dot(x, wu, up, DOT_FP32)
+                if DOT_FP32:  # the interpreter's bf16 dot is broken; fp32 activations stay fp32
+                    x = x.to(tl.float32)
+                    gate = tl.dot(x, wg, gate, input_precision="ieee")
+                    up = tl.dot(x, wu, up, input_precision="ieee")
+                else:
+                    gate = tl.dot(x, wg.to(x.dtype), gate)
+                    up = tl.dot(x, wu.to(x.dtype), up)
             else:
-                w_mask = n_mask[:, None] & k_mask[None, :]
-                wg = _int4(packed_ptr, scale_ptr, zero_ptr, n[:, None], k[None, :], w_mask, D, GROUP, HAS_ZERO)
-                wu = _int4(packed_ptr, scale_ptr, zero_ptr, I + n[:, None], k[None, :], w_mask, D, GROUP, HAS_ZERO)
                 xf = x.to(tl.float32)[:, None, :]
                 gate3 += xf * wg[None, :, :]
                 up3 += xf * wu[None, :, :]
         if not USE_DOT:
             gate = tl.sum(gate3, axis=2)
             up = tl.sum(up3, axis=2)
-        h = _gelu_tanh(gate) * up
+        # gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), tanh from exp(-2|u|): never overflows
+        u = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        e = tl.exp(-2.0 * tl.abs(u))
+        t = (1.0 - e) / (1.0 + e)
+        h = 0.5 * gate * (1.0 + tl.where(u < 0, -t, t)) * up
         tl.store(h_ptr + rows[:, None].to(tl.int64) * I + n[None, :], h.to(h_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & n_mask[None, :])
+                 mask=m_ok[:, None] & (n < I)[None, :])
 
 
 @triton.jit
@@ -131,38 +129,57 @@ def _down_kernel(h_ptr, packed_ptr, scale_ptr, zero_ptr, pair_ptr, weight_ptr, s
                  HAS_ZERO: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """y[pair] = weight[pair] * down_e h[pair] (fp32) for one slot's pairs and one block of D."""
-    begin, end, expert = _slot(slot_begin_ptr, slot_end_ptr, slot_expert_ptr)
+    slot = tl.program_id(0)
+    begin = tl.load(slot_begin_ptr + slot)
+    end = tl.load(slot_end_ptr + slot)
+    expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
     packed_ptr += expert * (D * (I // 8))
     scale_ptr += expert * (D * (I // GROUP))
     if HAS_ZERO:
         zero_ptr += expert * (D * (I // GROUP))
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < D
+    kk = tl.arange(0, BLOCK_K)
+    if USE_DOT:  # weight tiles oriented as in _gate_up_kernel
+        wn = n[None, :]
+        wk = kk[:, None]
+    else:
+        wn = n[:, None]
+        wk = kk[None, :]
+    words = packed_ptr + wn * (I // 8) + wk // 8
+    shift = (wk & 7) << 2  # 4 * (k % 8)
+    groups = wn * (I // GROUP)
+    n_ok = wn < D
     for m0 in range(begin, end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
-        m_mask = rows < end
+        m_ok = rows < end
+        h_rows = h_ptr + rows[:, None].to(tl.int64) * I + kk[None, :]
         if USE_DOT:
-            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
         else:
-            acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+            acc3 = tl.full([BLOCK_M, BLOCK_N, BLOCK_K], 0.0, tl.float32)
         for k0 in range(0, I, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = k < I
-            h = tl.load(h_ptr + rows[:, None].to(tl.int64) * I + k[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                        other=0.0)
+            h_ok, w_ok = m_ok[:, None], n_ok
+            if I % BLOCK_K:  # a K tail (tiny experts only)
+                h_ok = h_ok & (kk < I - k0)[None, :]
+                w_ok = w_ok & (wk < I - k0)
+            h = tl.load(h_rows + k0, mask=h_ok, other=0.0)
+            group = groups + (k0 + wk) // GROUP
+            q = ((tl.load(words + k0 // 8, mask=w_ok, other=0) >> shift) & 0xF) - 8
+            if HAS_ZERO:
+                q -= tl.load(zero_ptr + group, mask=w_ok, other=0)
+            w = q.to(tl.float32) * tl.load(scale_ptr + group, mask=w_ok, other=0.0).to(tl.float32)
             if USE_DOT:
-                w = _int4(packed_ptr, scale_ptr, zero_ptr, n[None, :], k[:, None], k_mask[:, None] & n_mask[None, :],
-                          I, GROUP, HAS_ZERO)
-                acc = _dot(h, w, acc, DOT_FP32)
+                if DOT_FP32:
+                    acc = tl.dot(h.to(tl.float32), w, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(h, w.to(h.dtype), acc)
             else:
-                w = _int4(packed_ptr, scale_ptr, zero_ptr, n[:, None], k[None, :], n_mask[:, None] & k_mask[None, :],
-                          I, GROUP, HAS_ZERO)
                 acc3 += h.to(tl.float32)[:, None, :] * w[None, :, :]
         if not USE_DOT:
             acc = tl.sum(acc3, axis=2)
-        pairs = tl.load(pair_ptr + rows, mask=m_mask, other=0)
-        y = acc * tl.load(weight_ptr + pairs, mask=m_mask, other=0.0)[:, None]
-        tl.store(y_ptr + pairs[:, None].to(tl.int64) * D + n[None, :], y, mask=m_mask[:, None] & n_mask[None, :])
+        pairs = tl.load(pair_ptr + rows, mask=m_ok, other=0)
+        y = acc * tl.load(weight_ptr + pairs, mask=m_ok, other=0.0)[:, None]
+        tl.store(y_ptr + pairs[:, None].to(tl.int64) * D + n[None, :], y, mask=m_ok[:, None] & (n < D)[None, :])
 
 
 @triton.jit
@@ -175,6 +192,17 @@ def _sum_top_k_kernel(y_ptr, out_ptr, D: tl.constexpr, TOP_K: tl.constexpr, BLOC
     for k in tl.static_range(1, TOP_K):
         acc += tl.load(y_ptr + (t * TOP_K + k) * D + n, mask=mask, other=0.0)
     tl.store(out_ptr + t * D + n, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def tiles(config: tuple, n: int, k: int, small: bool) -> tuple:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for an [N, K] expert matrix: the path's config, or for a
+    tiny expert the whole matrix (small path) or blocks no wider than it (tl.dot needs 16). From the
+    shapes only, so every token count of a path runs the same tiles (batch invariance)."""
+    bm, bn, bk, warps = config
+    whole_n, whole_k = triton.next_power_of_2(n), triton.next_power_of_2(k)
+    if small and bm * whole_n * whole_k <= WHOLE_EXPERT:
+        return bm, whole_n, whole_k, warps
+    return bm, min(bn, max(whole_n, 16)), min(bk, max(whole_k, 16)), warps
 
 
 def _zero_arg(w: Int4Weight) -> torch.Tensor:
@@ -214,13 +242,13 @@ def fused_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, top_idx: t
     weight = top_w.reshape(-1).to(torch.float32).contiguous()
     small = n_tokens <= SMALL_T
     common = dict(USE_DOT=not small, DOT_FP32=interpreted() or x.dtype == torch.float32)
-    bm, bn, bk, warps = SMALL_GATE_UP if small else LARGE_GATE_UP
+    bm, bn, bk, warps = tiles(SMALL_GATE_UP if small else LARGE_GATE_UP, inter, d, small)
     h = torch.empty(n_tokens * top_k, inter, device=x.device, dtype=x.dtype)
     _gate_up_kernel[(begin.numel(), triton.cdiv(inter, bn))](
         x, gate_up.packed, gate_up.scale, _zero_arg(gate_up), pairs, begin, end, expert, h,
         D=d, I=inter, GROUP=gate_up.group_size, TOP_K=top_k, HAS_ZERO=gate_up.zero is not None,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=NUM_STAGES, **common)
-    bm, bn, bk, warps = SMALL_DOWN if small else LARGE_DOWN
+    bm, bn, bk, warps = tiles(SMALL_DOWN if small else LARGE_DOWN, d, inter, small)
     y = torch.empty(n_tokens * top_k, d, device=x.device, dtype=torch.float32)
     _down_kernel[(begin.numel(), triton.cdiv(d, bn))](
         h, down.packed, down.scale, _zero_arg(down), pairs, weight, begin, end, expert, y,
@@ -246,12 +274,12 @@ def compile_specs() -> list[CompileSpec]:
         for small in (True, False):
             path = "small" if small else "large"
             flags = dict(GROUP=REAL_GROUP, HAS_ZERO=has_zero, USE_DOT=not small, DOT_FP32=False, D=REAL_D, I=REAL_I)
-            bm, bn, bk, warps = SMALL_GATE_UP if small else LARGE_GATE_UP
+            bm, bn, bk, warps = tiles(SMALL_GATE_UP if small else LARGE_GATE_UP, REAL_I, REAL_D, small)
             sig = {"x_ptr": "*bf16", **pointers, **zero, "h_ptr": "*bf16"}
             consts = dict(flags, TOP_K=REAL_TOP_K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
             specs.append(_spec(f"moe_gate_up_{path}_{'asym' if has_zero else 'sym'}", _gate_up_kernel, sig, consts,
                                warps))
-            bm, bn, bk, warps = SMALL_DOWN if small else LARGE_DOWN
+            bm, bn, bk, warps = tiles(SMALL_DOWN if small else LARGE_DOWN, REAL_D, REAL_I, small)
             sig = {"h_ptr": "*bf16", **pointers, **zero, "weight_ptr": "*fp32", "y_ptr": "*fp32"}
             consts = dict(flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
             specs.append(_spec(f"moe_down_{path}_{'asym' if has_zero else 'sym'}", _down_kernel, sig, consts, warps))

@@ -19,6 +19,23 @@ os.environ.setdefault("FLASHDESK_DATA_DIR", tempfile.mkdtemp(prefix="flashdesk-t
 import pytest  # noqa: E402
 
 
+def _interpret_without_overflow_checks() -> None:
+    """The interpreter checks every integer add and multiply for overflow, which makes it several
+    times slower; the tiny test shapes cannot overflow, and the GPU never checks."""
+    try:
+        import dataclasses
+
+        import triton.runtime.interpreter as interpreter
+
+        options = interpreter.interpreter_builder.options
+        interpreter.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    except Exception:  # noqa: BLE001 - another triton version: run with the checks
+        pass
+
+
+_interpret_without_overflow_checks()
+
+
 @pytest.fixture(scope="session")
 def spec_pair(tmp_path_factory):
     """A tiny target and a drafter trained on it: (our engine, our engine's folder pair, the

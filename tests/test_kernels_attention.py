@@ -119,24 +119,28 @@ def test_kv_write_equals_reference(dtype, in_dtype):
 
 # ----------------------------------------------------------------------------- decode / verify
 
-SCENARIOS = {  # (dtype, Hq, Hkv, D, window, split): a full layer (4:2) and a wrapping ring (4:1)
-    "full-fp32": (torch.float32, 4, 2, 32, None, 32),
-    "full-fp8": (FP8, 4, 2, 32, None, 32),
-    "ring-fp32": (torch.float32, 4, 1, 16, 8, 16),
-    "ring-fp8": (FP8, 4, 1, 16, 8, 16),
+SCENARIOS = {  # (dtype, Hq, Hkv, D, window, split): full layers (4:2) and wrapping rings (4:1)
+    "full-fp32": (torch.float32, 4, 2, 64, None, 32),
+    "full-fp8": (FP8, 4, 2, 64, None, 32),
+    "ring-fp32": (torch.float32, 4, 1, 16, 8, 64),
+    "ring-fp8": (FP8, 4, 1, 16, 8, 64),
+    "full-fp32-one-split": (torch.float32, 4, 2, 32, None, None),
+    "ring-fp8-one-split": (FP8, 4, 1, 16, 8, None),
 }
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_decode_matches_reference_and_is_batch_invariant(name):
-    """A verify block of 16 and one of 5 after a history written in pieces: close to the reference,
-    and each probed query bit-identical to plain decoding at its position (start = p, cache written
-    only up to p). The full layer's queries 60..75 straddle the split boundary at 64 (split 32); the
-    ring's (capacity 24, window 8) wrap, read splits 3..5 (split 16), and every probe's window
-    crosses a split boundary."""
+    """A verify block of 16 (queries 60..75) and one of 5 after a history written in pieces: close to
+    the reference, and the queries at 60, 64 and 75 bit-identical to plain decoding at their position
+    (start = p, cache written only up to p). Full layers with D=64 read 16-key chunks, as the real
+    heads do, over splits of 32: the block straddles the split boundary at 64. Rings (capacity 24,
+    window 8) wrap; with D=16 they read 64-key chunks, and over splits of 64 the probes' windows lie
+    before, across and after the boundary at 64. The default split is one split at this context: the
+    split kernel writes the output itself (no combine), over two 64-key chunks for the full layer."""
     dtype, hq, hkv, d, window, split = SCENARIOS[name]
-    start = 60 if window is None else 70
-    probes = (start, start + 4, start + 15) if window is None else (start, start + 10, start + 15)
+    start = 60
+    probes = (start, start + 4, start + 15)
     gen = torch.Generator().manual_seed(2)
     end = start + 16
     k = torch.randn(end, hkv, d, generator=gen) * 2
@@ -205,3 +209,17 @@ def test_compile_specs_name_every_argument():
     for spec in compile_specs() + kv_write_specs():
         assert list(spec.signature) == spec.fn.arg_names, spec.name
         assert all(spec.signature[name] == "constexpr" for name in spec.constexprs), spec.name
+
+
+@pytest.mark.parametrize("start", [0, 20])
+def test_bidirectional_decode_sees_the_whole_block(start):
+    """The drafter's full layers: every query of the block sees the context and the whole block."""
+    gen = torch.Generator().manual_seed(5)
+    cap, t = 40, 6
+    ck, cv = torch.randn(cap, 2, 16, generator=gen), torch.randn(cap, 2, 16, generator=gen)
+    q = torch.randn(t, 4, 16, generator=gen)
+    got = decode_attention(q, ck, cv, None, None, start, None, cap, 0.25, cap, causal=False)
+    positions = torch.arange(start, start + t)
+    expected = attention_reference(q, ck[:start + t], cv[:start + t], positions, torch.arange(start + t), None, 0.25,
+                                   causal=False)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

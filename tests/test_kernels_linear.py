@@ -89,7 +89,7 @@ def test_w4a16_bf16():
         torch.testing.assert_close(out.float(), reference(x, w), rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("n,k", [(24, 64), (128, 128), (40, 512)])
+@pytest.mark.parametrize("n,k", [(24, 64), (128, 128), (40, 320)])
 def test_dense_matches_and_is_batch_invariant(n, k):
     w = randn(n, k, seed=7)
     x = randn(16, k)
@@ -109,9 +109,13 @@ def test_dense_bf16():
     torch.testing.assert_close(out.float(), reference(x, w), rtol=1e-2, atol=1e-2)
 
 
-def test_empty_input():
+def test_empty_and_mismatched_input():
     w = random_int4(24, 64, 8, True)
     assert lt.w4a16_linear(torch.zeros(0, 64), w).shape == (0, 24)
+    with pytest.raises(ValueError):
+        lt.w4a16_linear(torch.zeros(2, 32), w)
+    with pytest.raises(ValueError):
+        lt.dense_linear(torch.zeros(2, 32), torch.zeros(24, 64))
 
 
 @pytest.mark.parametrize("n,k", [(262144, 2816), (128, 2816), (2816, 2112), (8192, 2816), (24, 64)])

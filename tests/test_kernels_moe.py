@@ -12,11 +12,13 @@ import torch  # noqa: E402
 from flashdesk.kernels import moe_triton  # noqa: E402
 from flashdesk.kernels.int4 import Int4Weight, pack_int4  # noqa: E402
 from flashdesk.kernels.moe import moe_reference  # noqa: E402
-from flashdesk.kernels.moe_triton import compile_specs, fused_moe  # noqa: E402
+from flashdesk.kernels.moe_triton import compile_specs, fused_moe, tiles  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not moe_triton.interpreted(), reason="needs TRITON_INTERPRET=1 before triton import")
 
-E, D, I = 8, 64, 32
+E = 8
+WHOLE = (64, 32)  # (D, I): the small path takes each expert matrix as one tile
+TILED = (128, 48)  # the small path cuts them as for the real model: N blocks, K steps, a masked K tail
 
 
 def random_int4(gen, shape, group, asym, dtype=torch.float32) -> Int4Weight:
@@ -28,8 +30,9 @@ def random_int4(gen, shape, group, asym, dtype=torch.float32) -> Int4Weight:
     return Int4Weight(pack_int4(q), scale, zero, group)
 
 
-def problem(seed, tokens, top_k, group, asym, dtype=torch.float32):
+def problem(seed, tokens, top_k, group, asym, dtype=torch.float32, dims=WHOLE):
     """x, gate_up, down, top_idx (distinct experts per token), top_w; group None = channel-wise."""
+    D, I = dims
     gen = torch.Generator().manual_seed(seed)
     gate_up = random_int4(gen, (E, 2 * I, D), group or D, asym, dtype)
     down = random_int4(gen, (E, D, I), group or I, asym, dtype)
@@ -39,13 +42,22 @@ def problem(seed, tokens, top_k, group, asym, dtype=torch.float32):
     return x, gate_up, down, top_idx, top_w
 
 
-CASES = [(1, 2, 8, False), (1, 3, None, True), (5, 3, 16, True), (5, 2, 8, False), (16, 2, None, True),
-         (16, 3, 8, False), (40, 2, 16, True), (40, 3, 8, False)]
+def test_test_shapes_cover_both_small_tilings():
+    """WHOLE runs one program per slot, TILED the real model's blocks (so both are tested)."""
+    for n, k, config in ((32, 64, moe_triton.SMALL_GATE_UP), (64, 32, moe_triton.SMALL_DOWN)):
+        assert tiles(config, n, k, small=True)[1:3] == (n, k)
+    for n, k, config in ((48, 128, moe_triton.SMALL_GATE_UP), (128, 48, moe_triton.SMALL_DOWN)):
+        assert tiles(config, n, k, small=True) == config
 
 
-@pytest.mark.parametrize("tokens,top_k,group,asym", CASES)
-def test_matches_reference(tokens, top_k, group, asym):
-    args = problem(tokens * 10 + top_k, tokens, top_k, group, asym)
+CASES = [(1, 2, 8, False, WHOLE), (1, 3, None, True, WHOLE), (5, 3, 16, True, WHOLE), (5, 2, 8, False, WHOLE),
+         (16, 2, None, True, WHOLE), (16, 3, 8, False, WHOLE), (40, 2, 16, True, WHOLE), (40, 3, 8, False, WHOLE),
+         (1, 2, 16, True, TILED), (16, 3, None, False, TILED), (40, 2, 8, True, TILED)]
+
+
+@pytest.mark.parametrize("tokens,top_k,group,asym,dims", CASES)
+def test_matches_reference(tokens, top_k, group, asym, dims):
+    args = problem(tokens * 10 + top_k, tokens, top_k, group, asym, dims=dims)
     torch.testing.assert_close(fused_moe(*args), moe_reference(*args), rtol=1e-5, atol=1e-4)
 
 
@@ -72,10 +84,11 @@ def test_large_gelu_inputs_stay_finite():
     torch.testing.assert_close(out, moe_reference(x, gate_up, down, top_idx, top_w), rtol=1e-4, atol=1e-2)
 
 
-@pytest.mark.parametrize("top_k,group,asym", [(3, 16, True), (2, None, False)])
-def test_batch_invariant(top_k, group, asym):
+@pytest.mark.parametrize("top_k,group,asym,dims", [(3, 16, True, WHOLE), (2, None, False, WHOLE),
+                                                    (3, 8, True, TILED)])
+def test_batch_invariant(top_k, group, asym, dims):
     """A token's output has the same bits alone, among 5 or among 16 tokens sharing its experts."""
-    x, gate_up, down, top_idx, top_w = problem(11, 16, top_k, group, asym)
+    x, gate_up, down, top_idx, top_w = problem(11, 16, top_k, group, asym, dims=dims)
     full = fused_moe(x, gate_up, down, top_idx, top_w)
     for rows in ([0], [11], [3, 9, 15, 0, 7]):
         part = fused_moe(x[rows], gate_up, down, top_idx[rows], top_w[rows])

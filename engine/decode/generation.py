@@ -20,7 +20,7 @@ from flashdesk.engine.errors import ContextOverflowError
 from flashdesk.engine.model.cuda_graphs import StepGraphs, graphs_wanted
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
-from flashdesk.engine.model.drafter import Drafter
+from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.loading.memory_plan import context_that_fits
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.speculative import Decoder, SpecControl, StepResult
@@ -106,7 +106,8 @@ class Engine:
         self.model, self.tokenizer, self.eos = model, tokenizer, eos
         self.kv_dtype, self.context_limit, self.drafter = kv_dtype, context_limit, drafter
         self.graphs_on, self.graphs_note = graphs_wanted(model.device)
-        self._cache: KVCache | None = None  # with CUDA graphs: one cache for every generation
+        self._cache: KVCache | None = None  # with CUDA graphs: one cache and drafter context
+        self._ctx: DraftContext | None = None  # for every generation
         self._graphs: StepGraphs | None = None
 
     def cuda_graphs(self) -> str:
@@ -115,17 +116,18 @@ class Engine:
             return f"capture failed, steps run eagerly ({self._graphs.error})"
         return self.graphs_note
 
-    def _step_state(self) -> tuple[KVCache | None, StepGraphs | None]:
-        """The cache and graphs a generation reuses on the GPU: graphs hold the cache's addresses,
-        so it is allocated once at the context limit (the memory plan counted it) and kept."""
+    def _step_state(self) -> tuple[KVCache | None, DraftContext | None, StepGraphs | None]:
+        """The cache, drafter context and graphs a generation reuses on the GPU: graphs hold their
+        addresses, so they are allocated once at the context limit (the memory plan counted them)."""
         if not self.graphs_on:
-            return None, None
+            return None, None, None
         if self._cache is None:
             slack = max(16, self.drafter.cfg.block_size) if self.drafter else 16
             self._cache = self.model.new_cache(self.context_limit, self.kv_dtype, slack=slack)
+            self._ctx = self.drafter.new_context(self.context_limit) if self.drafter else None
             taps = self.drafter.cfg.target_layer_ids if self.drafter else ()
-            self._graphs = StepGraphs(self.model, self._cache, taps)
-        return self._cache, self._graphs
+            self._graphs = StepGraphs(self.model, self._cache, taps, self.drafter, self._ctx)
+        return self._cache, self._ctx, self._graphs
 
     @classmethod
     def load(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto", kv_dtype: str = "auto",
@@ -180,9 +182,9 @@ class Engine:
         prompt = list(request.prompt_ids)
         self.check_request(prompt, request.max_new_tokens)
         eos = set() if request.ignore_eos else self.eos
-        cache, graphs = self._step_state()
+        cache, ctx, graphs = self._step_state()
         decoder = Decoder(self.model, self.drafter, len(prompt) + request.max_new_tokens, self.kv_dtype,
-                          request.sampling, eos, cache, graphs)
+                          request.sampling, eos, cache, ctx, graphs)
         text = _TextOutput(self.tokenizer, request.stop_strings)
         tokens: list[int] = []
         stats = SpecStats()

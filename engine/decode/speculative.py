@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashdesk.engine.model.drafter import Drafter
+from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
 from flashdesk.engine.decode.sampling import SamplingParams, draw, make_generator, probabilities, sample, verify_draft
@@ -74,16 +74,21 @@ class Decoder:
     """The state of one generation: target KV cache, drafter context, the token still to be run."""
 
     def __init__(self, model: Gemma4, drafter: Drafter | None, max_context: int, kv_dtype: str,
-                 sampling: SamplingParams, eos: set[int], cache: KVCache | None = None, graphs=None):
-        """`cache`: reuse this one (reset) instead of allocating; `graphs`: a StepGraphs over that
-        cache, which runs the decode and verify forwards as CUDA graphs."""
+                 sampling: SamplingParams, eos: set[int], cache: KVCache | None = None,
+                 ctx: DraftContext | None = None, graphs=None):
+        """`cache`, `ctx`: reuse these (reset) instead of allocating; `graphs`: a StepGraphs over
+        them, which runs the decode, verify and draft passes as CUDA graphs."""
         self.model, self.drafter, self.sampling, self.eos = model, drafter, sampling, eos
         slack = max(16, drafter.cfg.block_size) if drafter else 16
         if cache is None:
             cache = model.new_cache(max_context, kv_dtype, slack=slack)
         cache.reset()
         self.cache, self.graphs = cache, graphs
-        self.ctx = drafter.new_context(max_context) if drafter else None
+        if ctx is None and drafter is not None:
+            ctx = drafter.new_context(max_context)
+        if ctx is not None:
+            ctx.reset()
+        self.ctx = ctx
         self.taps = drafter.cfg.target_layer_ids if drafter else ()
         self.pending: list[torch.Tensor] = []  # target features not yet in the drafter's context
         self.generator = make_generator(sampling, model.device)
@@ -139,7 +144,10 @@ class Decoder:
         clock = _StepClock(self.model.device)
         clock.mark()
         self._flush_pending()
-        draft_logits = self.drafter.draft_logits(self.ctx, self.last, k)
+        if self.graphs is not None and self.graphs.covers_draft(self.ctx, k):
+            draft_logits = self.graphs.run_draft(self.last, k)
+        else:
+            draft_logits = self.drafter.draft_logits(self.ctx, self.last, k)
         if self.sampling.greedy:
             draft_probs, draft = None, draft_logits.argmax(dim=-1)
         else:

@@ -1,10 +1,13 @@
-"""CUDA graphs of the target's decode and verify forwards: one per block length, captured once.
+"""CUDA graphs of the decode, verify and draft passes: one per block length, captured once.
 
 At batch 1 a step is hundreds of small kernels, and launching them one by one from Python costs
 more than running them. A graph records the whole forward once and replays it with one launch.
 It can, because `Gemma4.compute` on the Triton path reads the start position from the device and
 takes no shape from a tensor value: the same graph serves every position. Inputs go through a
 static id buffer; outputs are the tensors captured with the graph, valid until the next replay.
+
+The drafter's block works the same way: its K/V are written into the drafter's context stores
+past the held length and attended in place, the start read from the device.
 
 Capture needs the Triton kernels (the torch attention path slices the cache by host integers).
 When capture fails, `error` says why and every step runs eagerly; `doctor` reports it.
@@ -16,6 +19,7 @@ import os
 
 import torch
 
+from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import ForwardOutput, Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
 from flashdesk.kernels.backend import use_triton
@@ -34,45 +38,75 @@ def graphs_wanted(device: torch.device) -> tuple[bool, str]:
     return True, "on"
 
 
-class StepGraphs:
-    """Captured forwards of 1..MAX_ROWS tokens over one KV cache (which must outlive them)."""
+class _Captured:
+    """Graphs of one function of a static input buffer, keyed by the number of rows it runs."""
 
-    def __init__(self, model: Gemma4, cache: KVCache, taps: tuple[int, ...]):
-        self.model, self.cache, self.taps = model, cache, taps
-        self.ids = torch.zeros(MAX_ROWS, dtype=torch.long, device=model.device)
-        self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, ForwardOutput]] = {}
+    def __init__(self, device: torch.device, pool):
+        self.ids = torch.zeros(MAX_ROWS, dtype=torch.long, device=device)
+        self.pool = pool
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, object]] = {}
         self.error: str | None = None
 
-    def covers(self, rows: int) -> bool:
-        return self.error is None and rows <= MAX_ROWS
-
-    def run(self, ids: torch.Tensor) -> ForwardOutput:
-        """The forward of ids [m] at cache.length (not committed: the caller advances the cache)."""
-        m = ids.shape[0]
-        self.ids[:m].copy_(ids)
+    def run(self, fn, ids: torch.Tensor, m: int):
+        """fn(static ids) for rows m, replayed from its graph (captured on first use)."""
+        self.ids[:ids.shape[0]].copy_(ids)
         if m not in self.graphs:
             try:
-                self.graphs[m] = self._capture(m)
+                self.graphs[m] = self._capture(fn, m)
             except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
                 self.error = f"{type(exc).__name__}: {exc}"
                 torch.cuda.synchronize()
                 with torch.inference_mode():
-                    return self.model.compute(self.ids[:m], self.cache, self.taps, "all")
+                    return fn(self.ids, m)
         graph, out = self.graphs[m]
         graph.replay()
         return out
 
     @torch.inference_mode()
-    def _capture(self, m: int):
-        ids = self.ids[:m]
+    def _capture(self, fn, m: int):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compile the Triton kernels and settle the allocator first;
-            for _ in range(2):  # the K/V written past cache.length are overwritten before any read
-                self.model.compute(ids, self.cache, self.taps, "all")
+            for _ in range(2):  # what they write past the held length is overwritten before any read
+                fn(self.ids, m)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self.model.compute(ids, self.cache, self.taps, "all")
+            out = fn(self.ids, m)
         return graph, out
+
+
+class StepGraphs:
+    """Captured target forwards of 1..MAX_ROWS tokens over one KV cache, and drafter blocks of
+    1..MAX_ROWS - 1 drafts over one drafter context (both must outlive the graphs)."""
+
+    def __init__(self, model: Gemma4, cache: KVCache, taps: tuple[int, ...], drafter: Drafter | None = None,
+                 ctx: DraftContext | None = None):
+        self.model, self.cache, self.taps, self.drafter, self.ctx = model, cache, taps, drafter, ctx
+        pool = torch.cuda.graph_pool_handle()
+        self.target = _Captured(model.device, pool)
+        self.draft = _Captured(model.device, pool)
+
+    @property
+    def error(self) -> str | None:
+        return self.target.error or self.draft.error
+
+    def covers(self, rows: int) -> bool:
+        return self.target.error is None and rows <= MAX_ROWS
+
+    def covers_draft(self, ctx: DraftContext, k: int) -> bool:
+        return self.draft.error is None and ctx is self.ctx and k + 1 <= MAX_ROWS
+
+    def run(self, ids: torch.Tensor) -> ForwardOutput:
+        """The forward of ids [m] at cache.length (not committed: the caller advances the cache)."""
+        return self.target.run(self._forward, ids, ids.shape[0])
+
+    def run_draft(self, anchor: torch.Tensor, k: int) -> torch.Tensor:
+        """The drafter's logits [k, V] for the block after anchor [1], at the context's length."""
+        return self.draft.run(self._draft, anchor, k)
+
+    def _forward(self, ids: torch.Tensor, m: int) -> ForwardOutput:
+        return self.model.compute(ids[:m], self.cache, self.taps, "all")
+
+    def _draft(self, ids: torch.Tensor, k: int) -> torch.Tensor:
+        return self.drafter.draft_logits(self.ctx, ids[:1], k)

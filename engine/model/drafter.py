@@ -27,6 +27,7 @@ from flashdesk.engine.model.gemma4 import Gemma4, apply_rope
 from flashdesk.engine.loading.quant import quantize_on_load
 from flashdesk.engine.loading.weights import load_tensors, scan_checkpoint, validate
 from flashdesk.kernels.attention import attention
+from flashdesk.kernels.backend import use_triton
 from flashdesk.kernels.int4 import Int4Weight, quantize_int4
 from flashdesk.kernels.linear import concat_rows, linear
 
@@ -89,15 +90,28 @@ def draft_expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
 
 
 class DraftContext:
-    """Per-layer context K/V of the drafter for one sequence; `length` positions are held."""
+    """Per-layer context K/V of the drafter for one sequence; `length` positions are held.
 
-    def __init__(self, cfg: DraftConfig, max_context: int, dtype, device):
+    Sliding layers keep rings of window + slack and full layers max_context + slack positions, so
+    a draft block's own K/V can be written past `length` and attended in place (the Triton path,
+    which reads the start from `position` on the device and can be a CUDA graph); the next
+    `add_context` overwrites them with the real context.
+    """
+
+    def __init__(self, cfg: DraftConfig, max_context: int, dtype, device, slack: int | None = None):
         self.cfg, self.length = cfg, 0
-        self.capacity = [max_context if kind != SLIDING or cfg.sliding_window is None
-                         else min(max_context, cfg.sliding_window) for kind in cfg.layer_kinds]
+        slack = cfg.block_size if slack is None else slack
+        self.max_context = max_context + slack
+        self.capacity = [self.max_context if kind != SLIDING or cfg.sliding_window is None
+                         else min(self.max_context, cfg.sliding_window + slack) for kind in cfg.layer_kinds]
         shape = (cfg.num_kv_heads, cfg.head_dim)
         self.k = [torch.zeros((cap, *shape), dtype=dtype, device=device) for cap in self.capacity]
         self.v = [torch.zeros((cap, *shape), dtype=dtype, device=device) for cap in self.capacity]
+        self.position = torch.zeros(1, dtype=torch.int32, device=device)  # `length`, for step kernels
+
+    def reset(self) -> None:
+        self.length = 0
+        self.position.fill_(0)
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         cap = self.capacity[layer]
@@ -112,6 +126,10 @@ class DraftContext:
         positions = torch.arange(lo, self.length, device=self.k[layer].device)
         slots = positions % self.capacity[layer]
         return self.k[layer][slots], self.v[layer][slots], positions
+
+    def advance(self, c: int) -> None:
+        self.length += c
+        self.position.fill_(self.length)
 
 
 class Drafter:
@@ -199,7 +217,7 @@ class Drafter:
             v = kv[:, self.kv_size:].view(c, cfg.num_kv_heads, cfg.head_dim)
             k = apply_rope(qwen_rms_norm(k, layer["k_norm"], eps), cos, sin)
             ctx.write(i, ctx.length, k, v)
-        ctx.length += c
+        ctx.advance(c)
 
     @torch.inference_mode()
     def draft_logits(self, ctx: DraftContext, anchor: int | torch.Tensor, k: int) -> torch.Tensor:
@@ -209,8 +227,7 @@ class Drafter:
         back to the host (no sync)."""
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         t = k + 1
-        start = ctx.length
-        positions = torch.arange(start, start + t, device=self.device)
+        positions = ctx.position + torch.arange(t, device=self.device)
         cos, sin = self._rope(positions)
         ids = torch.full((t,), cfg.mask_token_id, dtype=torch.long, device=self.device)
         if isinstance(anchor, torch.Tensor):
@@ -228,9 +245,7 @@ class Drafter:
             kb = apply_rope(qwen_rms_norm(kv[:, :self.kv_size].view(t, cfg.num_kv_heads, cfg.head_dim),
                                           layer["k_norm"], eps), cos, sin)
             vb = kv[:, self.kv_size:].view(t, cfg.num_kv_heads, cfg.head_dim)
-            kc, vc, pc = ctx.read(i, 0 if window is None else start - window + 1)
-            a = attention(q, torch.cat([kc, kb]), torch.cat([vc, vb]), positions, torch.cat([pc, positions]),
-                          window, scale=cfg.head_dim ** -0.5, causal=cfg.causal[i])
+            a = self._attend(ctx, i, q, kb, vb, positions, window)
             h = h + linear(a.reshape(t, -1), layer["o"])
             gate, up = linear(qwen_rms_norm(h, layer["post_norm"], eps), layer["gate_up"]).chunk(2, dim=-1)
             h = h + linear(F.silu(gate) * up, layer["down"])
@@ -241,9 +256,27 @@ class Drafter:
             logits = torch.tanh(logits / cap) * cap
         return logits
 
+    def _attend(self, ctx: DraftContext, i: int, q, kb, vb, positions, window):
+        """The block's queries over the held context and the whole block (causal or not per layer).
+        On the Triton path the block's K/V go into the context stores past `length` and are read in
+        place (no host-side shapes); otherwise the context is gathered and joined to the block."""
+        cfg, t = self.cfg, q.shape[0]
+        scale = cfg.head_dim ** -0.5
+        if use_triton(q) and t <= ctx.max_context - ctx.length and t <= ctx.capacity[i] - (window or 0):
+            from flashdesk.kernels.attention_triton import decode_attention
+            from flashdesk.kernels.kv_write import kv_write
+
+            kv_write(kb, vb, ctx.k[i], ctx.v[i], None, None, ctx.position, ctx.capacity[i])
+            return decode_attention(q, ctx.k[i], ctx.v[i], None, None, ctx.position, window, ctx.capacity[i],
+                                    scale, ctx.max_context, causal=cfg.causal[i])
+        start = ctx.length
+        kc, vc, pc = ctx.read(i, 0 if window is None else start - window + 1)
+        return attention(q, torch.cat([kc, kb]), torch.cat([vc, vb]), positions, torch.cat([pc, positions]),
+                         window, scale=scale, causal=cfg.causal[i])
+
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         """h @ head.T; the int4 head in vocab chunks, so a plain-torch dequantization stays small."""
-        if not isinstance(self.head, Int4Weight) or self.head.shape[0] <= HEAD_CHUNK_ROWS:
+        if use_triton(h) or not isinstance(self.head, Int4Weight) or self.head.shape[0] <= HEAD_CHUNK_ROWS:
             return linear(h, self.head)
         rows = self.head.shape[0]
         return torch.cat([linear(h, self.head[i:i + HEAD_CHUNK_ROWS]) for i in range(0, rows, HEAD_CHUNK_ROWS)],

@@ -28,9 +28,8 @@ import torch
 
 from flashdesk.kernels.attention import attention
 from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.kv_write import FP8, FP8_MAX, quantize_reference as quantize  # noqa: F401 (re-exported)
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "fp8": FP8}
 
 
@@ -58,14 +57,6 @@ class _LayerStore:
     def nbytes(self) -> int:
         tensors = [self.k, self.v, self.k_scale, self.v_scale]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
-def quantize(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x [..., Dh] -> (stored values, per-vector scale or None)."""
-    if dtype != FP8:
-        return x.to(dtype), None
-    scale = x.float().abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX
-    return (x.float() / scale.unsqueeze(-1)).to(FP8), scale
 
 
 def dequantize(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
