@@ -131,8 +131,11 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, M, N,
 
     Weight loads have no row mask: rows past N read row N - 1 and are never stored (fewer live
     predicates; ptxas 13 spilled one across the loop). x is masked, so columns past K add 0."""
-    pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_n, pid_s = tl.program_id(0), tl.program_id(1)
+    if BLOCK_M == 16:  # SMALL_M: the 1..16-row path has one M tile (and one value less to keep over the loop)
+        offs_m = tl.arange(0, BLOCK_M)
+    else:
+        offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(offs_n, N - 1)
     dot_ty = tl.float32 if DOT_FP32 else x_ptr.dtype.element_ty
@@ -253,16 +256,17 @@ def dense_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 HIDDEN = 2816
 # (N, K) of the target's int4 linears: qkv sliding / full (k == v, and k != v), o_proj sliding /
-# full, dense MLP gate_up / down; and the drafter's when it is quantized on load (fc, q, kv, o,
-# gate_up, down, head chunks).
+# full, dense MLP gate_up / down; any group size of 32, 128 or channel-wise (None), either symmetry.
 TARGET_INT4 = [(8192, HIDDEN), (8704, HIDDEN), (9216, HIDDEN), (HIDDEN, 4096), (HIDDEN, 8192),
                (4224, HIDDEN), (HIDDEN, 2112)]
+TARGET_GROUPS = (32, 128, None)
+# The drafter's linears (fc, q, kv, o, gate_up, down): bf16, or symmetric group-32 int4 when it is
+# quantized on load, with an int4 head (whole, or in the 32768-row chunks of its torch path).
 DRAFTER = [(HIDDEN, 5 * HIDDEN), (4096, HIDDEN), (2048, HIDDEN), (HIDDEN, 4096), (11264, HIDDEN),
            (HIDDEN, 5632)]
-DRAFTER_INT4 = DRAFTER + [(32768, HIDDEN)]
+DRAFTER_INT4 = DRAFTER + [(262144, HIDDEN), (32768, HIDDEN)]
 # Dense: the tied head, the router, the bf16 drafter, and target layers a checkpoint leaves unquantized.
 DENSE = [(262144, HIDDEN), (128, HIDDEN)] + DRAFTER + TARGET_INT4
-GROUPS = (32, 128, None)  # None: channel-wise (group == K)
 
 
 def _kernel_spec(n: int, k: int, group: int, int4: bool, has_zero: bool, tiles: Tiles, kind: str) -> CompileSpec:
@@ -290,11 +294,11 @@ def compile_specs() -> list[CompileSpec]:
         key = (tuple(sorted(spec.signature.items())), tuple(sorted(spec.constexprs.items())), spec.fn)
         specs.setdefault(key, spec)
 
-    for n, k in TARGET_INT4 + DRAFTER_INT4:
-        for group in sorted({g or k for g in GROUPS if k % (g or k) == 0}):
-            for has_zero in (False, True):
-                for kind, choose in (("small", small_tiles), ("prefill", prefill_tiles)):
-                    add(_kernel_spec(n, k, group, True, has_zero, choose(n, k, group), kind))
+    int4 = [(n, k, g or k, zero) for n, k in TARGET_INT4 for g in TARGET_GROUPS for zero in (False, True)
+            if k % (g or k) == 0] + [(n, k, 32, False) for n, k in DRAFTER_INT4]
+    for n, k, group, has_zero in int4:
+        for kind, choose in (("small", small_tiles), ("prefill", prefill_tiles)):
+            add(_kernel_spec(n, k, group, True, has_zero, choose(n, k, group), kind))
     for n, k in DENSE:
         add(_kernel_spec(n, k, 0, False, False, small_tiles(n, k, None), "small"))
     for split in sorted({small_tiles(n, k, None).split for n, k in TARGET_INT4 + DRAFTER_INT4 + DENSE} - {1}):
