@@ -36,90 +36,60 @@ SUM_BLOCK = 1024
 
 
 @triton.jit
-def _groups(scale_ptr, zero_ptr, rows, k0,
+def _groups(scale_rows, zero_rows, k0,
             K: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Scales and zeros (as stored) of the tile at column k0: [BLOCK_N, 1] when the tile lies in
-    one group, else [BLOCK_N, groups in the tile] or, for a group size that is not a power of
-    two, [BLOCK_N, BLOCK_K // 8] (one per word; GROUP is a multiple of 8). Indices past K are
-    clamped (k0 may be one step past the end), so no load needs a mask."""
+    """Scales and zeros (as stored) of the tile at column k0, from pointers to each row's first
+    group: [BLOCK_N, 1] when the tile lies in one group, else [BLOCK_N, groups in the tile] or,
+    for a group size that is not a power of two, [BLOCK_N, BLOCK_K // 8] (one per word; GROUP is
+    a multiple of 8). Indices past K are clamped (k0 may be one step past the end), so no load
+    needs a mask. Symmetric weights get the scales again as an unread stand-in for the zeros."""
     if GROUP % BLOCK_K == 0 or GROUP == K:
-        g = (rows * (K // GROUP) + tl.minimum(k0, K - 1) // GROUP)[:, None]
+        g = tl.minimum(k0, K - 1) // GROUP
     elif BLOCK_K % GROUP == 0 and (GROUP & (GROUP - 1)) == 0:
-        offs_g = tl.minimum(k0 // GROUP + tl.arange(0, BLOCK_K // GROUP), K // GROUP - 1)
-        g = rows[:, None] * (K // GROUP) + offs_g[None, :]
+        g = tl.minimum(k0 // GROUP + tl.arange(0, BLOCK_K // GROUP), K // GROUP - 1)[None, :]
     else:
-        offs_w = tl.minimum(k0 // 8 + tl.arange(0, BLOCK_K // 8), K // 8 - 1)
-        g = rows[:, None] * (K // GROUP) + (offs_w // (GROUP // 8))[None, :]
-    scale = tl.load(scale_ptr + g)
+        g = (tl.minimum(k0 // 8 + tl.arange(0, BLOCK_K // 8), K // 8 - 1) // (GROUP // 8))[None, :]
+    scale = tl.load(scale_rows + g)
     if HAS_ZERO:
-        zero = tl.load(zero_ptr + g)
+        zero = tl.load(zero_rows + g)
     else:
-        zero = tl.zeros_like(g).to(tl.int8)
+        zero = scale
     return scale, zero
 
 
 @triton.jit
-def _per_word(t, BLOCK_K: tl.constexpr):
-    """A [BLOCK_N, groups] tile of `_groups` repeated to one value per word (one per row stays)."""
-    if t.shape[1] != 1 and t.shape[1] != BLOCK_K // 8:
-        per_group: tl.constexpr = BLOCK_K // 8 // t.shape[1]
-        t = tl.reshape(tl.broadcast_to(t[:, :, None], (t.shape[0], t.shape[1], per_group)), (t.shape[0], BLOCK_K // 8))
-    return t
+def _per_word(t, WORDS: tl.constexpr):
+    """A [BLOCK_N, groups] tile of `_groups` with each group's value repeated over its words."""
+    return tl.reshape(tl.broadcast_to(t[:, :, None], (t.shape[0], t.shape[1], WORDS // t.shape[1])),
+                      (t.shape[0], WORDS))
 
 
 @triton.jit
-def _plane(words, j: tl.constexpr, scale16, neg_bias, one):
-    """(q - zero) * scale for nibble j of every word, exactly (fp32).
+def _int4_tile(w_rows, k0, scale, zero, one, K: tl.constexpr, HAS_ZERO: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The dequantized fp32 weight tile [BLOCK_N, BLOCK_K] at column k0 (finite past K).
 
-    The nibble moved under the bits of 1.0 (`one`) reads as f = 1 + nibble/16, with no
-    int-to-float conversion; then f * 16 scale - (24 + zero) scale = (nibble - 8 - zero) scale,
-    both products exact for a bf16/fp16 scale, so the one fma rounds nothing."""
-    if j <= 4:
-        bits = words << (19 - 4 * j)
-    else:
-        bits = words >> (4 * j - 19)
-    f = ((bits & 0x780000) | one).to(tl.float32, bitcast=True)
-    return tl.fma(f, scale16, neg_bias)
-
-
-@triton.jit
-def _int4_tile(w_ptr, rows, k0, scale, zero, one, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The dequantized fp32 weight tile [BLOCK_N, BLOCK_K] at column k0 (finite past K)."""
+    Nibble j of a word is shifted to bits 19..22, under the bits of 1.0 (`one`): read as fp32 it
+    is f = 1 + nibble/16, with no int-to-float conversion; then f * 16 scale - (24 + zero) scale
+    = (nibble - 8 - zero) scale, both products exact for a bf16/fp16 scale, so one fma rounds
+    nothing. Nested joins keep a word's 8 values in one thread; the (a, b, c) index of the
+    joined tensor is nibble 4a + 2b + c, so the reshape lays them out along K in order."""
     offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    ptrs = w_ptr + rows[:, None] * (K // 8) + offs_w[None, :]
     if K % BLOCK_K == 0:
-        words = tl.load(ptrs)
+        words = tl.load(w_rows + offs_w[None, :])
     else:
-        words = tl.load(ptrs, mask=(offs_w < K // 8)[None, :], other=0)
-    scale = _per_word(scale, BLOCK_K).to(tl.float32)
-    s16, nb = scale * 16.0, -(_per_word(zero, BLOCK_K).to(tl.float32) + 24.0) * scale
-    # Nested joins keep a word's 8 values in one thread; the (a, b, c) index of the result is
-    # nibble 4a + 2b + c, so the reshape lays them out along K in order.
-    even = tl.join(tl.join(_plane(words, 0, s16, nb, one), _plane(words, 4, s16, nb, one)),
-                   tl.join(_plane(words, 2, s16, nb, one), _plane(words, 6, s16, nb, one)))
-    odd = tl.join(tl.join(_plane(words, 1, s16, nb, one), _plane(words, 5, s16, nb, one)),
-                  tl.join(_plane(words, 3, s16, nb, one), _plane(words, 7, s16, nb, one)))
-    return tl.reshape(tl.join(even, odd), (rows.shape[0], BLOCK_K))
-
-
-@triton.jit
-def _dense_tile(w_ptr, rows, offs_k, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The weight tile [BLOCK_N, BLOCK_K] at columns offs_k (zeros past K)."""
-    ptrs = w_ptr + rows[:, None] * K + offs_k[None, :]
-    if K % BLOCK_K == 0:
-        return tl.load(ptrs)
+        words = tl.load(w_rows + offs_w[None, :], mask=(offs_w < K // 8)[None, :], other=0)
+    bits = tl.join(tl.join(tl.join(words << 19, words << 3), tl.join(words << 11, words >> 5)),
+                   tl.join(tl.join(words << 15, words >> 1), tl.join(words << 7, words >> 9)))
+    f = ((bits & 0x780000) | one).to(tl.float32, bitcast=True)
+    if scale.shape[1] != 1 and scale.shape[1] != BLOCK_K // 8:  # whole groups: one value per word
+        scale, zero = _per_word(scale, BLOCK_K // 8), _per_word(zero, BLOCK_K // 8)
+    scale = scale.to(tl.float32)
+    if HAS_ZERO:
+        neg_bias = -(zero.to(tl.float32) + 24.0) * scale
     else:
-        return tl.load(ptrs, mask=(offs_k < K)[None, :], other=0.0)
-
-
-@triton.jit
-def _x_tile(x_ptr, offs_m, offs_k, M, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The activation tile [BLOCK_M, BLOCK_K]: zeros in rows past M and columns past K."""
-    ptrs = x_ptr + offs_m[:, None] * K + offs_k[None, :]
-    if K % BLOCK_K == 0:
-        return tl.load(ptrs, mask=(offs_m < M)[:, None], other=0.0)
-    else:
-        return tl.load(ptrs, mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)
+        neg_bias = scale * -24.0
+    w = tl.fma(f, (scale * 16.0)[:, :, None, None, None], neg_bias[:, :, None, None, None])
+    return tl.reshape(w, (w_rows.shape[0], BLOCK_K))
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count: M = 1 is not special
@@ -131,13 +101,18 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, M, N,
 
     Weight loads have no row mask: rows past N read row N - 1 and are never stored (fewer live
     predicates; ptxas 13 spilled one across the loop). x is masked, so columns past K add 0."""
-    pid_n, pid_s = tl.program_id(0), tl.program_id(1)
-    if BLOCK_M == 16:  # SMALL_M: the 1..16-row path has one M tile (and one value less to keep over the loop)
-        offs_m = tl.arange(0, BLOCK_M)
-    else:
-        offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(offs_n, N - 1)
+    m_mask = offs_m < M
+    x_rows = x_ptr + offs_m[:, None] * K
+    if INT4:
+        w_rows = w_ptr + rows[:, None] * (K // 8)
+        scale_rows = scale_ptr + (rows * (K // GROUP))[:, None]
+        zero_rows = zero_ptr + (rows * (K // GROUP))[:, None]
+    else:
+        w_rows = w_ptr + rows[:, None] * K
     dot_ty = tl.float32 if DOT_FP32 else x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     k_start = pid_s * K_CHUNK
@@ -145,20 +120,25 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, M, N,
     # register and `(bits & mask) | one` compiles to one LOP3 instead of two
     one = 0x3F800000 | (N >> 31)
     if INT4:  # scales and zeros are fetched one step ahead: their small loads cannot go async
-        scale, zero = _groups(scale_ptr, zero_ptr, rows, k_start, K, GROUP, HAS_ZERO, BLOCK_K)
+        scale, zero = _groups(scale_rows, zero_rows, k_start, K, GROUP, HAS_ZERO, BLOCK_K)
     for k0 in range(k_start, tl.minimum(k_start + K_CHUNK, K), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = _x_tile(x_ptr, offs_m, offs_k, M, K, BLOCK_K)
+        if K % BLOCK_K == 0:  # no step runs past K: no column masks
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
+        else:
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
         if INT4:
             cur_scale, cur_zero = scale, zero
             if GROUP != K:
-                scale, zero = _groups(scale_ptr, zero_ptr, rows, k0 + BLOCK_K, K, GROUP, HAS_ZERO, BLOCK_K)
-            w = _int4_tile(w_ptr, rows, k0, cur_scale, cur_zero, one, K, BLOCK_K)
+                scale, zero = _groups(scale_rows, zero_rows, k0 + BLOCK_K, K, GROUP, HAS_ZERO, BLOCK_K)
+            w = _int4_tile(w_rows, k0, cur_scale, cur_zero, one, K, HAS_ZERO, BLOCK_K)
+        elif K % BLOCK_K == 0:
+            w = tl.load(w_rows + offs_k[None, :])
         else:
-            w = _dense_tile(w_ptr, rows, offs_k, K, BLOCK_K)
+            w = tl.load(w_rows + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0)
         acc = tl.dot(x.to(dot_ty), tl.trans(w.to(dot_ty)), acc, input_precision="ieee")
     out = out_ptr + pid_s * M * N + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & (offs_n < N)[None, :])
 
 
 @triton.jit

@@ -146,3 +146,17 @@ def test_layer_selection_keeps_a_full_layer_and_remaps_taps():
         assert all(0 <= i < layers for i in parse_draft_config(bs.draft_raw(layers)).target_layer_ids)
     with pytest.raises(ValueError):
         bs.target_raw(31)
+
+
+def test_two_full_size_layers_run_on_the_cpu(capsys):
+    """The real Gemma 4 26B-A4B and drafter shapes (hidden 2816, 128 experts, the 262,144-row head),
+    two layers, a short context: every step runs and reads what the byte model says."""
+    assert main(["bench", "--synthetic", "--layers", "2", "--device", "cpu", "--context", "16",
+                 "--prefill-lengths", "16,16", "--repeats", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    steps = {step["name"]: step for step in report["steps"]}
+    assert set(NAMES) <= set(steps) and report["layers"] == 2
+    head = 262144 * 2816 * 4  # fp32 on the CPU
+    assert steps["ar"]["bytes_by_kind"]["head"] == head
+    assert steps["verify-16"]["experts_per_layer"] >= steps["verify-1"]["experts_per_layer"] == 8
+    assert all(step["seconds"] > 0 for step in report["steps"])

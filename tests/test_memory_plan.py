@@ -41,13 +41,14 @@ def test_the_real_int4_target_drafter_and_fp8_kv_by_hand(cfg_26b):  # noqa: F811
 
     draft = parse_draft_config(REAL_DRAFTER)
     assert drafter_weight_bytes(draft) == 2 * 429_689_088  # MODEL-SPEC: 429,689,088 parameters
-    # drafter context at 32768: 4 sliding layers keep 2048 positions, the full one all; K and V, 8 x 128, bf16
-    assert drafter_context_bytes(draft, 32768) == (4 * 2048 + 32768) * 2 * 8 * 128 * 2
+    # drafter context at 32768: 4 sliding layers keep 2048 positions, the full one all, each plus a
+    # block of 16; K and V, 8 x 128, bf16
+    assert drafter_context_bytes(draft, 32768) == (4 * (2048 + 16) + 32768 + 16) * 2 * 8 * 128 * 2
 
     plan = plan_memory(cfg_26b, int4_weight_bytes(cfg_26b), 32768, "fp8", draft)
     kv = 25 * 1040 * (2 * 8 * 256 + 2 * 8 * 4) + 5 * 32768 * (2 * 2 * 512 + 2 * 2 * 4)
     assert plan.kv_bytes == kv
-    assert plan.total == (15_272_576_572 + 2 * 429_689_088 + kv + (4 * 2048 + 32768) * 4096
+    assert plan.total == (15_272_576_572 + 2 * 429_689_088 + kv + (4 * (2048 + 16) + 32768 + 16) * 4096
                           + workspace_bytes(cfg_26b, 32768))
     # the README's claim: the 4-bit target, the drafter and 32K of fp8 context fit a 24 GB card
     assert plan.total < 24e9

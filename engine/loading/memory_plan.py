@@ -143,10 +143,13 @@ def drafter_weight_bytes(cfg: DraftConfig, dtype_bytes: int = 2) -> int:
 
 
 def drafter_context_bytes(cfg: DraftConfig, context: int, dtype_bytes: int = 2) -> int:
-    """DraftContext: full layers hold every position, sliding layers a ring of the window."""
+    """DraftContext: full layers hold every position, sliding layers a ring of the window, each
+    with room for one draft block beyond (written there and attended in place)."""
     total = 0
+    held = context + cfg.block_size
     for kind in cfg.layer_kinds:
-        positions = context if kind != SLIDING or cfg.sliding_window is None else min(context, cfg.sliding_window)
+        positions = held if kind != SLIDING or cfg.sliding_window is None else min(held, cfg.sliding_window
+                                                                                   + cfg.block_size)
         total += positions * 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
     return total
 
