@@ -96,10 +96,10 @@ class Decoder:
 
     def _forward(self, ids: torch.Tensor, rows: str):
         if self.graphs is not None and self.graphs.covers(ids.shape[0]):
-            out = self.graphs.run(ids)
+            out = self.graphs.run(ids)  # the graph's own buffers: the next replay overwrites them
             self.cache.advance(ids.shape[0])
-        else:
-            out = self.model.forward(ids, self.cache, taps=self.taps, logits_rows=rows)
+            return out.logits, None if out.taps is None else out.taps.clone()  # taps wait in `pending`
+        out = self.model.forward(ids, self.cache, taps=self.taps, logits_rows=rows)
         return out.logits, out.taps
 
     def prefill(self, prompt: list[int]) -> int:
