@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from flashdesk.kernels.backend import CompileSpec, interpreted
+from flashdesk.kernels.kv_write import device_start
 
 BLOCK_T = 16  # query rows of a decode tile; verify blocks never exceed it
 MIN_SPLIT = 256  # positions per flash-decoding split, at least
@@ -284,13 +285,6 @@ def _check_contiguous(*tensors):
         raise ValueError("KV caches and their scales must be contiguous [capacity, Hkv, D] / [capacity, Hkv]")
 
 
-def _device_start(start, device) -> torch.Tensor:
-    """The block's first position as a 1-element int32 device tensor (a Python int is copied over)."""
-    if isinstance(start, torch.Tensor):
-        return start.reshape(1).to(device=device, dtype=torch.int32)
-    return torch.tensor([start], dtype=torch.int32, device=device)
-
-
 def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, k_scale, v_scale, start,
                      window: int | None, capacity: int, scale: float, max_context: int,
                      split: int | None = None, causal: bool = True) -> torch.Tensor:
@@ -318,7 +312,7 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
         raise ValueError(f"split {split} is not a multiple of the chunk size {cfg.block_n}")
     splits = decode_num_splits(window, max_context, split)
     one_split = splits == 1  # a short static context: the split kernel writes the output itself
-    start = _device_start(start, q.device)
+    start = device_start(start, q.device)
     q = q.contiguous()
     out = torch.empty_like(q)
     m = torch.empty((splits, t, hq), dtype=torch.float32, device=q.device)

@@ -68,6 +68,18 @@ def quantize_int4(w: torch.Tensor, group_size: int = 32) -> Int4Weight:
     return Int4Weight(pack_int4(q.view(w.shape)), scale, None, group_size)
 
 
+def weight_nbytes(weight) -> int:
+    """Bytes one use of a weight reads: a dense tensor, an Int4Weight (packed + scales + zeros), or
+    a tuple, list or dict of them; anything else (None, sizes, flags) reads nothing."""
+    if isinstance(weight, Int4Weight):
+        return weight.nbytes()
+    if isinstance(weight, torch.Tensor):
+        return weight.numel() * weight.element_size()
+    if isinstance(weight, dict):
+        weight = list(weight.values())
+    return sum(weight_nbytes(part) for part in weight) if isinstance(weight, (tuple, list)) else 0
+
+
 def as_dense(weight, dtype: torch.dtype) -> torch.Tensor:
     """A weight as a dense tensor of `dtype` (dequantized when it is int4)."""
     return weight.dequantize(dtype) if isinstance(weight, Int4Weight) else weight

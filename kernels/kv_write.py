@@ -43,7 +43,7 @@ def kv_write(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: t
     int32/int64 device tensor (a Python int is copied to the device). When T exceeds the capacity
     only the newest `capacity` positions are kept, as a ring would.
     """
-    start = _device_start(start, k.device)
+    start = device_start(start, k.device)
     keep = min(k.shape[0], capacity)
     if keep < k.shape[0]:
         start = start + (k.shape[0] - keep)
@@ -51,15 +51,16 @@ def kv_write(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: t
     if use_triton(k):
         from flashdesk.kernels.attention_triton import kv_write_triton
 
-        kv_write_triton(k, v, cache_k, cache_v, k_scale, v_scale, start.to(torch.int32), capacity)
+        kv_write_triton(k, v, cache_k, cache_v, k_scale, v_scale, start, capacity)
     else:
         kv_write_reference(k, v, cache_k, cache_v, k_scale, v_scale, start, capacity)
 
 
-def _device_start(start, device) -> torch.Tensor:
+def device_start(start, device) -> torch.Tensor:
+    """A block's first position as a 1-element int32 device tensor (a Python int is copied over)."""
     if isinstance(start, torch.Tensor):
-        return start.reshape(1).to(device)
-    return torch.tensor([start], dtype=torch.int64, device=device)
+        return start.reshape(1).to(device=device, dtype=torch.int32)
+    return torch.tensor([start], dtype=torch.int32, device=device)
 
 
 def compile_specs():

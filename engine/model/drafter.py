@@ -28,7 +28,7 @@ from flashdesk.engine.loading.quant import quantize_on_load
 from flashdesk.engine.loading.weights import load_tensors, scan_checkpoint, validate
 from flashdesk.kernels.attention import attention
 from flashdesk.kernels.backend import use_triton
-from flashdesk.kernels.int4 import Int4Weight, quantize_int4
+from flashdesk.kernels.int4 import Int4Weight, quantize_int4, weight_nbytes
 from flashdesk.kernels.linear import concat_rows, linear
 
 QUANTIZATIONS = (None, "int4")  # None: the checkpoint's weights in the target's dtype (bf16)
@@ -46,15 +46,6 @@ def check_draft_quantize(quantize: str | None) -> None:
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"unknown drafter quantization {quantize!r}: the choice is int4 "
                          "(or none for the checkpoint's bf16)")
-
-
-def weight_nbytes(weight) -> int:
-    """Bytes of a dense tensor, an Int4Weight or a tuple of them (what one use of it reads)."""
-    if isinstance(weight, tuple):
-        return sum(weight_nbytes(part) for part in weight)
-    if isinstance(weight, Int4Weight):
-        return weight.nbytes()
-    return weight.numel() * weight.element_size()
 
 
 def quantize_head(embed: torch.Tensor, group_size: int = GROUP_SIZE) -> Int4Weight:

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 import torch
 
+from flashdesk.kernels.int4 import weight_nbytes
+
 REAL_LAYERS = 30
 LAYER_TYPES = (["sliding_attention"] * 5 + ["full_attention"]) * 5
 REAL_TARGET = {  # google/gemma-4-26B-A4B-it text config (MODEL-SPEC.md section 1)
@@ -178,23 +180,6 @@ KV_ELEMENT_BYTES = {"fp8": 1, "bfloat16": 2, "float32": 4}
 FP8_SCALE_BYTES = 4  # one fp32 scale per (token, KV head), for K and for V
 
 
-def weight_bytes(weight) -> int:
-    """Bytes of a tensor, an Int4Weight (packed + scales + zeros), or a tuple/list/dict of them."""
-    from flashdesk.kernels.int4 import Int4Weight
-
-    if weight is None:
-        return 0
-    if isinstance(weight, Int4Weight):
-        return weight.nbytes()
-    if isinstance(weight, torch.Tensor):
-        return weight.numel() * weight.element_size()
-    if isinstance(weight, dict):
-        return sum(weight_bytes(w) for w in weight.values())
-    if isinstance(weight, (tuple, list)):
-        return sum(weight_bytes(w) for w in weight)
-    return 0
-
-
 def kv_read_bytes(cfg, kv_dtype: str, start: int, t: int) -> int:
     """KV bytes a forward of t tokens at positions start.. reads: per layer, every key its last query
     sees (full layers: all start + t; sliding: the window, the block's own keys included)."""
@@ -226,7 +211,7 @@ EXPERT_ATTRS = ("experts_gate_up", "experts_down")
 
 def layer_dense_bytes(layer) -> int:
     """Everything a decoder layer holds except the experts (read whole by every forward)."""
-    return sum(weight_bytes(value) for name, value in vars(layer).items() if name not in EXPERT_ATTRS)
+    return sum(weight_nbytes(value) for name, value in vars(layer).items() if name not in EXPERT_ATTRS)
 
 
 def expert_bytes(layer) -> int:
@@ -234,7 +219,7 @@ def expert_bytes(layer) -> int:
     gate_up, down = getattr(layer, "experts_gate_up", None), getattr(layer, "experts_down", None)
     if gate_up is None:
         return 0
-    return (weight_bytes(gate_up) + weight_bytes(down)) // gate_up.shape[0]
+    return (weight_nbytes(gate_up) + weight_nbytes(down)) // gate_up.shape[0]
 
 
 @dataclass
@@ -261,9 +246,9 @@ def target_step_bytes(model, kv_dtype: str, start: int, t: int, unique_ids: int,
 
     experts_hit: layer index -> number of distinct experts routed to in this step."""
     b = Bytes()
-    b.weights = sum(layer_dense_bytes(layer) for layer in model.layers) + weight_bytes(model.final_norm)
+    b.weights = sum(layer_dense_bytes(layer) for layer in model.layers) + weight_nbytes(model.final_norm)
     b.weights += unique_ids * model.embed.shape[1] * model.embed.element_size()
-    b.head = weight_bytes(model.embed)
+    b.head = weight_nbytes(model.embed)
     moe_layers = [i for i, layer in enumerate(model.layers) if expert_bytes(layer)]
     if moe_layers:
         hit = experts_hit or {}
@@ -277,10 +262,10 @@ def draft_step_bytes(drafter, context: int) -> Bytes:
     """Bytes of drafter.draft_logits: its layers, final norm, the head it drafts with, context K/V
     (not fc / hidden_norm: add_context reads those, outside the timed step)."""
     b = Bytes()
-    b.weights = sum(weight_bytes(layer) for layer in drafter.layers) + weight_bytes(drafter.norm)
+    b.weights = sum(weight_nbytes(layer) for layer in drafter.layers) + weight_nbytes(drafter.norm)
     embed = drafter.target.embed
     b.weights += 2 * embed.shape[1] * embed.element_size()  # the block's rows: anchor and mask
-    b.head = weight_bytes(getattr(drafter, "head", embed))
+    b.head = weight_nbytes(getattr(drafter, "head", embed))
     b.kv = draft_kv_bytes(drafter.cfg, context, torch.empty((), dtype=drafter.dtype).element_size())
     return b
 
