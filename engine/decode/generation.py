@@ -23,6 +23,7 @@ from flashdesk.engine.model.kv_cache import KVCache
 from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.loading.memory_plan import context_that_fits
 from flashdesk.engine.decode.sampling import SamplingParams
+from flashdesk.engine.decode.prefix_cache import PrefixCache
 from flashdesk.engine.decode.speculative import Decoder, SpecControl, StepResult
 from flashdesk.engine.decode.stats import SpecStats, StepRecord
 from flashdesk.kernels.backend import describe
@@ -35,6 +36,7 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     ignore_eos: bool = False
     stop_strings: tuple[str, ...] = ()
+    reuse: bool = True  # start from the longest prefix an earlier request left in the cache
 
 
 @dataclass(frozen=True)
@@ -105,10 +107,12 @@ class Engine:
                  drafter: Drafter | None = None):
         self.model, self.tokenizer, self.eos = model, tokenizer, eos
         self.kv_dtype, self.context_limit, self.drafter = kv_dtype, context_limit, drafter
+        self.prefix_budget: int | None = None  # host bytes for kept conversations (None: default_budget())
         self.graphs_on, self.graphs_note = graphs_wanted(model.device)
-        self._cache: KVCache | None = None  # with CUDA graphs: one cache and drafter context
-        self._ctx: DraftContext | None = None  # for every generation
+        self._cache: KVCache | None = None  # one cache and drafter context, at the context limit,
+        self._ctx: DraftContext | None = None  # for every generation (allocated at the first)
         self._graphs: StepGraphs | None = None
+        self._prefix: PrefixCache | None = None
 
     def cuda_graphs(self) -> str:
         """In words: whether decode and verify steps run as CUDA graphs (and why not)."""
@@ -116,18 +120,23 @@ class Engine:
             return f"capture failed, steps run eagerly ({self._graphs.error})"
         return self.graphs_note
 
-    def _step_state(self) -> tuple[KVCache | None, DraftContext | None, StepGraphs | None]:
-        """The cache, drafter context and graphs a generation reuses on the GPU: graphs hold their
-        addresses, so they are allocated once at the context limit (the memory plan counted them)."""
-        if not self.graphs_on:
-            return None, None, None
-        if self._cache is None:
+    def _step_state(self) -> PrefixCache:
+        """The one cache and drafter context every generation continues, allocated once at the
+        context limit (the memory plan counts them; CUDA graphs hold their addresses), and the
+        prefix cache that says what they hold."""
+        if self._prefix is None:
             slack = max(16, self.drafter.cfg.block_size) if self.drafter else 16
             self._cache = self.model.new_cache(self.context_limit, self.kv_dtype, slack=slack)
             self._ctx = self.drafter.new_context(self.context_limit) if self.drafter else None
-            taps = self.drafter.cfg.target_layer_ids if self.drafter else ()
-            self._graphs = StepGraphs(self.model, self._cache, taps, self.drafter, self._ctx)
-        return self._cache, self._ctx, self._graphs
+            if self.graphs_on:
+                taps = self.drafter.cfg.target_layer_ids if self.drafter else ()
+                self._graphs = StepGraphs(self.model, self._cache, taps, self.drafter, self._ctx)
+            self._prefix = PrefixCache(self._cache, self._ctx, self.prefix_budget)
+        return self._prefix
+
+    def reusable_tokens(self, prompt_ids: list[int]) -> int:
+        """How many of the prompt's tokens the next generation would take from earlier ones."""
+        return self._prefix.reusable(list(prompt_ids)) if self._prefix is not None else 0
 
     @classmethod
     def load(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto", kv_dtype: str = "auto",
@@ -182,38 +191,58 @@ class Engine:
         prompt = list(request.prompt_ids)
         self.check_request(prompt, request.max_new_tokens)
         eos = set() if request.ignore_eos else self.eos
-        cache, ctx, graphs = self._step_state()
-        decoder = Decoder(self.model, self.drafter, len(prompt) + request.max_new_tokens, self.kv_dtype,
-                          request.sampling, eos, cache, ctx, graphs)
+        prefix = self._step_state()
+        reused = prefix.start(prompt, request.reuse)
+        decoder = Decoder(self.model, self.drafter, self.context_limit, self.kv_dtype, request.sampling, eos,
+                          self._cache, self._ctx, self._graphs)
         text = _TextOutput(self.tokenizer, request.stop_strings)
         tokens: list[int] = []
         stats = SpecStats()
-
-        t0 = time.perf_counter()
-        result = StepResult([decoder.prefill(prompt)], [], 0, 0.0, 0.0)
-        prefill_seconds = time.perf_counter() - t0
-        index = 0
-        while True:
-            tokens += result.emitted
-            stopped = bool(result.emitted) and result.emitted[-1] in eos
-            answer, thought, hit = text.push(result.emitted[:-1] if stopped else result.emitted)
-            finish = "stop" if stopped or hit else "length" if len(tokens) >= request.max_new_tokens else None
-            if finish:
-                tail_answer, tail_thought = text.finish()
-                answer, thought = answer + tail_answer, thought + tail_thought
-            if index:
-                stats.add(StepRecord(tuple(result.draft), result.accepted, tuple(result.emitted),
-                                     result.draft_seconds, result.verify_seconds))
-            seconds = prefill_seconds if index == 0 else result.draft_seconds + result.verify_seconds
-            yield StepEvent(index, result.emitted, result.draft, result.accepted, answer, thought, seconds,
-                            result.draft_seconds, result.verify_seconds)
-            if finish:
-                break
-            result = decoder.step(request.max_new_tokens - len(tokens), control)
-            index += 1
-        summary = {"prompt_tokens": len(prompt), "prefill_seconds": prefill_seconds, **stats.summary(),
+        whole = False  # whether the cache holds exactly prompt + tokens[:-1] when this ends
+        try:
+            t0 = time.perf_counter()
+            result = StepResult([decoder.prefill(prompt, reused)], [], 0, 0.0, 0.0)
+            prefill_seconds = time.perf_counter() - t0
+            index = 0
+            while True:
+                tokens += result.emitted
+                stopped = bool(result.emitted) and result.emitted[-1] in eos
+                answer, thought, hit = text.push(result.emitted[:-1] if stopped else result.emitted)
+                finish = "stop" if stopped or hit else "length" if len(tokens) >= request.max_new_tokens else None
+                if finish:
+                    tail_answer, tail_thought = text.finish()
+                    answer, thought = answer + tail_answer, thought + tail_thought
+                if index:
+                    stats.add(StepRecord(tuple(result.draft), result.accepted, tuple(result.emitted),
+                                         result.draft_seconds, result.verify_seconds))
+                seconds = prefill_seconds if index == 0 else result.draft_seconds + result.verify_seconds
+                whole = True
+                yield StepEvent(index, result.emitted, result.draft, result.accepted, answer, thought, seconds,
+                                result.draft_seconds, result.verify_seconds)
+                whole = False
+                if finish:
+                    break
+                if index == 0:
+                    prefix.mark_prompt_end(prompt)
+                result = decoder.step(request.max_new_tokens - len(tokens), control)
+                index += 1
+            whole = True
+        finally:  # also when the consumer closes the generator between steps (a cancel)
+            self._settle(decoder, prompt + tokens[:-1] if whole else None)
+        summary = {"prompt_tokens": len(prompt), "reused_tokens": reused, "prefill_tokens": len(prompt) - reused,
+                   "prefill_seconds": prefill_seconds, **stats.summary(),
                    "kernels": describe(self.model.device), "cuda_graphs": self.cuda_graphs()}
         yield FinishEvent(finish, tokens, "".join(text.answer), "".join(text.thought), summary)
+
+    def _settle(self, decoder: Decoder, held: list[int] | None) -> None:
+        """Tell the prefix cache what the device state holds after a generation: `held`, once the
+        drafter has the last steps' features; nothing it can trust after a failure."""
+        if held is not None and self.drafter is not None:
+            try:
+                decoder.flush_pending()
+            except Exception:  # noqa: BLE001 - the state is unknown; the next request starts afresh
+                held = None
+        self._prefix.finish(held)
 
 
 def _share(progress, base: float, share: float):

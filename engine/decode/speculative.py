@@ -76,19 +76,16 @@ class Decoder:
     def __init__(self, model: Gemma4, drafter: Drafter | None, max_context: int, kv_dtype: str,
                  sampling: SamplingParams, eos: set[int], cache: KVCache | None = None,
                  ctx: DraftContext | None = None, graphs=None):
-        """`cache`, `ctx`: reuse these (reset) instead of allocating; `graphs`: a StepGraphs over
-        them, which runs the decode, verify and draft passes as CUDA graphs."""
+        """`cache`, `ctx`: continue these from where they stand (a prefix cache placed them) instead
+        of allocating new ones; `graphs`: a StepGraphs over them, which runs the decode, verify and
+        draft passes as CUDA graphs."""
         self.model, self.drafter, self.sampling, self.eos = model, drafter, sampling, eos
         slack = max(16, drafter.cfg.block_size) if drafter else 16
         if cache is None:
             cache = model.new_cache(max_context, kv_dtype, slack=slack)
-        cache.reset()
-        self.cache, self.graphs = cache, graphs
         if ctx is None and drafter is not None:
             ctx = drafter.new_context(max_context)
-        if ctx is not None:
-            ctx.reset()
-        self.ctx = ctx
+        self.cache, self.ctx, self.graphs = cache, ctx, graphs
         self.taps = drafter.cfg.target_layer_ids if drafter else ()
         self.pending: list[torch.Tensor] = []  # target features not yet in the drafter's context
         self.generator = make_generator(sampling, model.device)
@@ -102,12 +99,17 @@ class Decoder:
         out = self.model.forward(ids, self.cache, taps=self.taps, logits_rows=rows)
         return out.logits, out.taps
 
-    def prefill(self, prompt: list[int]) -> int:
-        ids = torch.tensor(prompt, dtype=torch.long, device=self.model.device)
-        for begin in range(0, len(prompt), PREFILL_CHUNK):
+    def prefill(self, prompt: list[int], start: int = 0) -> int:
+        """Run prompt[start:] (the cache and the drafter context hold the first `start` positions)
+        and sample the first token. The drafter's context is built chunk by chunk as the target goes,
+        so no buffer grows with the prompt."""
+        if self.cache.length != start or (self.ctx is not None and self.ctx.length != start):
+            raise ValueError(f"prefill from position {start}, but the cache holds {self.cache.length} positions")
+        ids = torch.tensor(prompt[start:], dtype=torch.long, device=self.model.device)
+        for begin in range(0, len(ids), PREFILL_CHUNK):
             logits, taps = self._forward(ids[begin:begin + PREFILL_CHUNK], "last")
             if taps is not None:
-                self.pending.append(taps)
+                self.drafter.add_context(self.ctx, taps)
         self.last = sample(logits[-1:], self.sampling, self.generator)
         return read_to_host(self.last)[0]
 
@@ -131,10 +133,10 @@ class Decoder:
         if taps is not None:
             self.pending.append(taps)
             if len(self.pending) >= PENDING_LIMIT:  # speculation off for long: keep memory bounded
-                self._flush_pending()
+                self.flush_pending()
         return StepResult(token, [], 0, 0.0, clock.seconds(0))
 
-    def _flush_pending(self) -> None:
+    def flush_pending(self) -> None:
         """Turn the target features gathered since the last draft into the drafter's context K/V."""
         if self.pending:
             self.drafter.add_context(self.ctx, torch.cat(self.pending))
@@ -143,7 +145,8 @@ class Decoder:
     def _speculative_step(self, k: int, remaining: int) -> StepResult:
         clock = _StepClock(self.model.device)
         clock.mark()
-        self._flush_pending()
+        self.flush_pending()
+        self.ctx.note_block(k + 1)
         if self.graphs is not None and self.graphs.covers_draft(self.ctx, k):
             draft_logits = self.graphs.run_draft(self.last, k)
         else:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from flashdesk.engine.model.config import SLIDING, DraftConfig, check_pair, load_draft_config
 from flashdesk.engine.model.gemma4 import Gemma4, apply_rope
+from flashdesk.engine.model.kv_cache import ring_keeps
 from flashdesk.engine.loading.quant import quantize_on_load
 from flashdesk.engine.loading.weights import load_tensors, scan_checkpoint, validate
 from flashdesk.kernels.attention import attention
@@ -91,7 +92,7 @@ class DraftContext:
 
     def __init__(self, cfg: DraftConfig, max_context: int, dtype, device, slack: int | None = None):
         self.cfg, self.length = cfg, 0
-        slack = cfg.block_size if slack is None else slack
+        self.slack = slack = cfg.block_size if slack is None else slack
         self.max_context = max_context + slack
         self.capacity = [self.max_context if kind != SLIDING or cfg.sliding_window is None
                          else min(self.max_context, cfg.sliding_window + slack) for kind in cfg.layer_kinds]
@@ -99,10 +100,39 @@ class DraftContext:
         self.k = [torch.zeros((cap, *shape), dtype=dtype, device=device) for cap in self.capacity]
         self.v = [torch.zeros((cap, *shape), dtype=dtype, device=device) for cap in self.capacity]
         self.position = torch.zeros(1, dtype=torch.int32, device=device)  # `length`, for step kernels
+        self.high = 0  # one past the highest position written (a draft block writes past `length`)
 
     def reset(self) -> None:
-        self.length = 0
+        self.length = self.high = 0
         self.position.fill_(0)
+
+    def note_block(self, t: int) -> None:
+        """A draft block of t tokens is about to be written at `length` (the Triton path does)."""
+        self.high = max(self.high, self.length + t)
+
+    def can_rollback(self, length: int) -> bool:
+        return 0 <= length <= self.length and all(
+            ring_keeps(length, self.high, cap, self.window(i)) for i, cap in enumerate(self.capacity))
+
+    def rollback(self, length: int) -> None:
+        """Forget the context from `length` on (a conversation's divergent tail)."""
+        if not self.can_rollback(length):
+            raise ValueError(f"cannot roll the drafter context back from {self.length} to {length}: its "
+                             "rings no longer hold that window")
+        self.length = length
+        self.position.fill_(length)
+
+    def buffers(self) -> list[tuple[torch.Tensor, bool]]:
+        """Every stored tensor with whether it is a ring (see KVCache.buffers)."""
+        return [(t, cap < self.max_context) for k, v, cap in zip(self.k, self.v, self.capacity) for t in (k, v)]
+
+    def place(self, length: int, high: int) -> None:
+        self.length, self.high = length, high
+        self.position.fill_(length)
+
+    def window(self, layer: int) -> int | None:
+        sliding = self.cfg.layer_kinds[layer] == SLIDING and self.cfg.sliding_window is not None
+        return self.cfg.sliding_window if sliding else None
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         cap = self.capacity[layer]
@@ -120,6 +150,7 @@ class DraftContext:
 
     def advance(self, c: int) -> None:
         self.length += c
+        self.high = max(self.high, self.length)
         self.position.fill_(self.length)
 
 

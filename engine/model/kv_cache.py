@@ -81,7 +81,7 @@ class KVCache:
             for lay in layouts
         ]
         self.length = 0
-        self._written = 0  # one past the last position ever written since the last rollback point
+        self.high = 0  # one past the highest position written since the rings were last consistent
         self.position = torch.zeros(1, dtype=torch.int32, device=device)  # `length`, where step kernels read it
 
     def nbytes(self) -> int:
@@ -149,23 +149,43 @@ class KVCache:
     def advance(self, t: int) -> None:
         """Commit t positions after every layer has been updated for them."""
         self.length += t
-        self._written = max(self._written, self.length)
+        self.high = max(self.high, self.length)
         self.position.fill_(self.length)
 
     def reset(self) -> None:
         """Forget everything: the next forward starts a new sequence (the buffers are reused)."""
-        self.length = self._written = 0
+        self.length = self.high = 0
         self.position.fill_(0)
 
+    def can_rollback(self, length: int) -> bool:
+        """Whether every ring still holds the window a query at `length` needs: writes up to `high`
+        have overwritten the slots of positions before high - capacity (ring_keeps)."""
+        return 0 <= length <= self.length and all(
+            ring_keeps(length, self.high, s.capacity, s.layout.window) for s in self.layers)
+
     def rollback(self, length: int) -> None:
-        """Forget positions >= length (rejected draft tokens). O(1): nothing is copied."""
+        """Forget positions >= length (rejected draft tokens, or a conversation's divergent tail).
+        O(1): nothing is copied. `high` stays: the rings' slots past `length` hold rejected keys."""
         if length > self.length or length < 0:
             raise ValueError(f"cannot roll back to {length}: cache holds {self.length} positions")
-        if self._written - length > self.slack + 1 and any(s.layout.window for s in self.layers):
-            raise ValueError(f"cannot roll back {self._written - length} positions: sliding rings keep "
+        if not self.can_rollback(length):
+            raise ValueError(f"cannot roll back {self.high - length} positions: sliding rings keep "
                              f"only {self.slack + 1} beyond the window")
         self.length = length
-        self._written = length
+        self.position.fill_(length)
+
+    def buffers(self) -> list[tuple[torch.Tensor, bool]]:
+        """Every stored tensor, each with whether it is a ring (indexed by slot, not position):
+        what a prefix cache copies to keep this sequence."""
+        out = []
+        for store in self.layers:
+            ring = store.layout.window is not None and store.capacity < self.max_context
+            out += [(t, ring) for t in (store.k, store.v, store.k_scale, store.v_scale) if t is not None]
+        return out
+
+    def place(self, length: int, high: int) -> None:
+        """Set the committed length after the buffers were restored from a copy."""
+        self.length, self.high = length, high
         self.position.fill_(length)
 
     def visible(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -177,6 +197,13 @@ class KVCache:
         slots = positions if window is None else positions % store.capacity
         return (dequantize(store.k[slots], _at(store.k_scale, slots), self.compute_dtype),
                 dequantize(store.v[slots], _at(store.v_scale, slots), self.compute_dtype), positions)
+
+
+def ring_keeps(length: int, high: int, capacity: int, window: int | None) -> bool:
+    """Whether a ring of `capacity` slots, written up to position `high`, still holds the keys a
+    query at `length` attends to (positions from length - window + 1): a slot is overwritten by the
+    position `capacity` after it."""
+    return window is None or high <= capacity or length - window + 1 >= high - capacity
 
 
 def _first(scale, n):
