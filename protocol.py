@@ -112,6 +112,19 @@ class Generate:
     max_tokens: int = 1024
     thinking: bool = False
     ignore_eos: bool = False  # for tests and benchmarks: run to max_tokens
+    context_policy: str = "drop_oldest"  # or "stop": what a conversation past the context does
+    reuse: bool = True  # reuse the cached prefix of earlier turns (False: prefill from scratch)
+
+
+@message("count_tokens")
+@dataclass
+class CountTokens:
+    """How many tokens `messages` make as a prompt, for the message box's gauge; answered by
+    TokenCount at once, even while a generation runs."""
+
+    request_id: str
+    messages: list[dict]
+    thinking: bool = False
 
 
 @message("cancel")
@@ -270,6 +283,17 @@ class Unloaded:
 class Started:
     request_id: str
     prompt_tokens: int
+    reused_tokens: int = 0  # of prompt_tokens, found in the cache from earlier turns (not prefilled)
+    dropped_messages: int = 0  # the oldest messages left out to fit the context (drop_oldest policy)
+    max_tokens: int = 0  # the reply's limit: Generate.max_tokens capped to the room the context leaves
+
+
+@message("token_count")
+@dataclass
+class TokenCount:
+    request_id: str
+    tokens: int  # the prompt's length, the generation prompt included
+    context_limit: int
 
 
 @message("step")
@@ -296,7 +320,7 @@ class Step:
 @dataclass
 class Finished:
     request_id: str
-    reason: str  # "stop", "length", "cancelled"
+    reason: str  # "stop", "length", "context" (the reply filled the context), "cancelled"
     text: str
     thought: str
     token_ids: list[int]

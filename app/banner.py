@@ -1,5 +1,5 @@
 """A strip above the chat that says something important (the engine stopped, a database was moved
-aside, the demo model is loaded) with an optional action button and a close button."""
+aside, the demo model is loaded) with up to two action buttons and a close button."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from flashdesk.app import theme
 
 class Banner(QFrame):
     action = Signal()
+    action2 = Signal()  # the second button's
 
     def __init__(self, name: str, closable: bool = True, parent: QWidget | None = None):
         super().__init__(parent)
@@ -22,6 +23,12 @@ class Banner(QFrame):
         self.button = QPushButton(self)
         self.button.setObjectName(f"{name}Button")
         self.button.clicked.connect(self.action)
+        self.button.clicked.connect(lambda: self._chose(0))
+        self.button2 = QPushButton(self)
+        self.button2.setObjectName(f"{name}Button2")
+        self.button2.clicked.connect(self.action2)
+        self.button2.clicked.connect(lambda: self._chose(1))
+        self.button2.hide()
         self.close_button = QToolButton(self)
         self.close_button.setText("✕")
         self.close_button.setToolTip("Dismiss")
@@ -32,17 +39,34 @@ class Banner(QFrame):
         layout.setContentsMargins(12, 6, 6, 6)
         layout.addWidget(self.label, 1)
         layout.addWidget(self.button, 0, Qt.AlignmentFlag.AlignVCenter)
+        layout.addWidget(self.button2, 0, Qt.AlignmentFlag.AlignVCenter)
         layout.addWidget(self.close_button, 0, Qt.AlignmentFlag.AlignTop)
         self.kind = "info"
+        self._choices: list = []  # show_choice's callables, one a button
         self.hide()
 
-    def show_text(self, text: str, action: str | None = None, kind: str = "info") -> None:
+    def show_text(self, text: str, action: str | None = None, kind: str = "info",
+                  action2: str | None = None) -> None:
+        """Show `text`; the buttons' clicks come out as the `action` and `action2` signals."""
+        self._choices = []
         self.kind = kind
         self.label.setText(text)
         self.button.setText(action or "")
         self.button.setVisible(bool(action))
+        self.button2.setText(action2 or "")
+        self.button2.setVisible(bool(action2))
         self.apply_theme()
         self.show()
+
+    def show_choice(self, text: str, first: tuple, second: tuple, kind: str = "info") -> None:
+        """Show `text` with two buttons, each a (label, callable) run when it is pressed."""
+        self.show_text(text, first[0], kind, second[0])
+        self._choices = [first[1], second[1]]
+
+    def _chose(self, index: int) -> None:
+        choices = getattr(self, "_choices", [])
+        if index < len(choices):
+            choices[index]()
 
     def apply_theme(self) -> None:
         c = theme.colors()

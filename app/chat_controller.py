@@ -4,6 +4,14 @@ Why apart from the window: this is the part that must be right when things go wr
 dies mid-reply, the user stops, an error comes back) and it is easier to see that when no widget
 code is mixed in. The reply is written to the store every SAVE_INTERVAL_MS while it streams, and at
 once when the engine dies, so what the user saw is what is kept.
+
+The context: each turn is sent with the conversation's policy for a conversation that outgrew it
+(drop the oldest turns, or stop), and the engine reuses the prompt prefix it already holds from the
+earlier turns. A turn the engine refuses before it starts (bad input: a conversation past the
+context under "stop") is taken back: the user's message leaves the conversation and its text is
+handed back (`turn_refused`) for the message box, so nothing is lost. A reply that filled the
+context can go on with the oldest turns dropped (`continue_after_context`), or the user starts a
+new conversation carrying the system prompt and settings (`new_conversation_like`).
 """
 
 from __future__ import annotations
@@ -17,12 +25,13 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from flashdesk import protocol as p
 from flashdesk.app.engine_session import EngineSession
 from flashdesk.app.reply import Reply
-from flashdesk.app.settings_dialog import sampling_with_defaults
+from flashdesk.app.settings_dialog import DROP_OLDEST, sampling_with_defaults
 from flashdesk.app.store import CANCELLED, COMPLETE, FAILED, INTERRUPTED, STREAMING, Conversation, Store
 
 SAVE_INTERVAL_MS = 400  # under the half second the store promises
 NEW_TITLE = "New conversation"
 TITLE_CHARS = 48
+CONTINUE_TEXT = "Continue."  # the follow-up that asks a reply cut off by the full context to go on
 
 
 class ChatController(QObject):
@@ -35,6 +44,7 @@ class ChatController(QObject):
     message_added = Signal(object)  # a user Message
     busy_changed = Signal(bool)
     notice = Signal(str)
+    turn_refused = Signal(str, str)  # the user's text given back ("" when none), the engine's reason
 
     def __init__(self, store: Store, session: EngineSession, energy_mj: Callable[[], int | None] = lambda: None,
                  parent: QObject | None = None):
@@ -44,6 +54,7 @@ class ChatController(QObject):
         self.energy_mj = energy_mj
         self.conversation: Conversation | None = None
         self.reply: Reply | None = None
+        self.reuse = True  # Generate.reuse: off only to measure what the prefix reuse saves
         self._save = QTimer(self)
         self._save.setInterval(SAVE_INTERVAL_MS)
         self._save.timeout.connect(self.save_reply)
@@ -65,6 +76,15 @@ class ChatController(QObject):
 
     def new_conversation(self) -> Conversation:
         conv = self.store.create_conversation(NEW_TITLE)
+        self.conversations_changed.emit()
+        self.open(conv.id)
+        return conv
+
+    def new_conversation_like(self) -> Conversation:
+        """A new conversation with the open one's system prompt and settings."""
+        old = self.conversation
+        conv = self.store.create_conversation(NEW_TITLE, old.system_prompt if old else "",
+                                              old.sampling if old else None)
         self.conversations_changed.emit()
         self.open(conv.id)
         return conv
@@ -98,7 +118,9 @@ class ChatController(QObject):
 
     # -- sending --------------------------------------------------------------------------------------
 
-    def send(self, text: str) -> bool:
+    def send(self, text: str, policy: str | None = None) -> bool:
+        """Add `text` as the user's message and ask for the reply; `policy` overrides the
+        conversation's context policy for this turn."""
         if self.busy or self.session.state != "ready":
             return False
         if self.conversation is None:
@@ -109,7 +131,11 @@ class ChatController(QObject):
         user = self.store.add_message(conv.id, "user", text)
         self.message_added.emit(user)
         self.conversations_changed.emit()
-        return self._generate()
+        return self._generate(policy, user)
+
+    def continue_after_context(self) -> bool:
+        """After a reply that filled the context: ask it to go on, the oldest turns dropped to make room."""
+        return self.send(CONTINUE_TEXT, DROP_OLDEST)
 
     def regenerate(self, message_id: int) -> bool:
         """Write the reply `message_id` (and drop what followed it) again."""
@@ -131,13 +157,22 @@ class ChatController(QObject):
 
     def _history(self) -> list[dict]:
         conv = self.conversation
+        if conv is None:
+            return []
         messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
         for m in self.store.messages(conv.id):
             if m.role in ("user", "assistant") and m.content.strip():
                 messages.append({"role": m.role, "content": m.content})
         return messages
 
-    def _generate(self) -> bool:
+    def prompt_messages(self, text: str = "") -> list[dict]:
+        """The messages a send of `text` would give the engine (for the context gauge)."""
+        messages = self._history()
+        if text.strip():
+            messages.append({"role": "user", "content": text.strip()})
+        return messages
+
+    def _generate(self, policy: str | None = None, user=None) -> bool:
         history = self._history()
         if not history or history[-1]["role"] != "user":
             return False
@@ -147,9 +182,11 @@ class ChatController(QObject):
                                          model=info.name if info else None)
         rid = uuid.uuid4().hex[:12]
         energy = self.energy_mj() if info and info.device.startswith("cuda") else None
-        self.reply = Reply(rid, message.id, time.monotonic(), energy)
+        self.reply = Reply(rid, message.id, time.monotonic(), energy, requested_max_tokens=int(s["max_tokens"]),
+                           user_message_id=user.id if user else None, user_text=user.content if user else "")
         request = p.Generate(rid, history, float(s["temperature"]), float(s["top_p"]), int(s["top_k"]), None,
-                             int(s["max_tokens"]), bool(s["thinking"]))
+                             int(s["max_tokens"]), bool(s["thinking"]),
+                             context_policy=policy or s.get("context_policy") or DROP_OLDEST, reuse=self.reuse)
         self.reply_started.emit(message)
         self.busy_changed.emit(True)
         if not self.session.generate(request):
@@ -169,7 +206,8 @@ class ChatController(QObject):
 
     def _started(self, msg: p.Started) -> None:
         if self._mine(msg.request_id):
-            self.reply.prompt_tokens = msg.prompt_tokens
+            self.reply.start(msg)
+            self.reply_progress.emit(self.reply)  # the window says now if older messages were left out
 
     def _steps(self, steps: list) -> None:
         if self.reply is None:
@@ -188,7 +226,25 @@ class ChatController(QObject):
 
     def _error(self, msg: p.Error) -> None:
         if self._mine(msg.request_id) or (self.reply is not None and msg.during == "generate"):
-            self._end(FAILED, msg.message)
+            if msg.kind == p.BAD_INPUT and not self.reply.started:
+                self._refused(msg.message)
+            else:
+                self._end(FAILED, msg.message)
+
+    def _refused(self, reason: str) -> None:
+        """The engine refused the turn before it began: take it back, and give the user's text back."""
+        r = self.reply
+        self._save.stop()
+        self.reply = None
+        message = self.store.message(r.message_id)
+        if message is not None:
+            first = r.user_message_id or r.message_id
+            self.store.delete_messages_from(message.conversation_id, first)
+            if self.conversation and self.conversation.id == message.conversation_id:
+                self.messages_removed.emit(first)
+        self.busy_changed.emit(False)
+        self.conversations_changed.emit()
+        self.turn_refused.emit(r.user_text, reason)
 
     def _died(self, reason: str) -> None:
         if self.reply is not None:

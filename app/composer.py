@@ -1,11 +1,16 @@
 """The input at the bottom of the chat: Enter sends, Shift+Enter is a new line, one button that is
 Send while idle and Stop while a reply streams. Esc stops: here, and anywhere in the window through
-the window's shortcut."""
+the window's shortcut. Under it, a gauge of the context the conversation and the text being typed
+take ("N / LIMIT tokens"), coloured as it nears and passes the limit; app/context_gauge.py counts."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QPushButton, QSizePolicy, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy, QVBoxLayout, QWidget
+
+from flashdesk.app import theme
+
+GAUGE_COLOURS = {"near": "warn", "over": "error"}  # gauge level -> theme colour (else muted)
 
 
 class PromptEdit(QPlainTextEdit):
@@ -55,10 +60,20 @@ class Composer(QWidget):
         self.button.setDefault(False)
         self.button.setAutoDefault(False)
         self.button.setMinimumWidth(84)
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(16, 6, 16, 12)
-        layout.addWidget(self.edit, 1)
-        layout.addWidget(self.button, 0, Qt.AlignmentFlag.AlignBottom)
+        self.gauge = QLabel()
+        self.gauge.setObjectName("tokenGauge")
+        self.gauge.setAlignment(Qt.AlignmentFlag.AlignRight)
+        self.gauge.hide()
+        self.gauge_level = ""
+        row = QHBoxLayout()
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.edit, 1)
+        row.addWidget(self.button, 0, Qt.AlignmentFlag.AlignBottom)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(16, 6, 16, 8)
+        layout.setSpacing(2)
+        layout.addLayout(row)
+        layout.addWidget(self.gauge)
         self.edit.submitted.connect(self._submit)
         self.edit.escaped.connect(lambda: self.stop_requested.emit() if self.busy else None)
         self.button.clicked.connect(self._clicked)
@@ -74,6 +89,23 @@ class Composer(QWidget):
         self.can_send = on
         self.edit.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)" if on else why)
         self._update()
+
+    def set_gauge(self, text: str | None, level: str = "", tip: str = "") -> None:
+        """Show the context gauge (None hides it); level "near" or "over" colours it."""
+        self.gauge_level = level
+        if text is None:
+            self.gauge.hide()
+            return
+        self.gauge.setText(text)
+        self.gauge.setToolTip(tip)
+        colour = theme.colors()[GAUGE_COLOURS.get(level, "muted")]
+        weight = "bold" if level == "over" else "normal"
+        self.gauge.setStyleSheet(f"QLabel#tokenGauge {{ color: {colour}; font-weight: {weight}; }}")
+        self.gauge.show()
+
+    def apply_theme(self) -> None:
+        if self.gauge.isVisible():
+            self.set_gauge(self.gauge.text(), self.gauge_level, self.gauge.toolTip())
 
     def _update(self) -> None:
         self.button.setEnabled(self.busy or self.can_send)

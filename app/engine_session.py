@@ -8,6 +8,8 @@ before the worker is up wait here until it says it is ready.
 
 from __future__ import annotations
 
+import uuid
+
 from PySide6.QtCore import QObject, Signal
 
 from flashdesk import protocol as p
@@ -27,6 +29,7 @@ class EngineSession(QObject):
     pulled = Signal(object)  # protocol.Pulled
     pull_cancelled = Signal(object)  # protocol.PullCancelled
     started = Signal(object)
+    token_count = Signal(object)  # protocol.TokenCount
     steps = Signal(list)
     finished = Signal(object)
     error = Signal(object)  # protocol.Error
@@ -113,6 +116,16 @@ class EngineSession(QObject):
         self._send(msg)
         return True
 
+    def count_tokens(self, messages: list[dict], thinking: bool) -> str | None:
+        """Ask how many tokens `messages` make as a prompt; the answer is a `token_count` signal with
+        the returned request id (None: no model is loaded, nothing asked). The worker answers at once,
+        also while a reply streams."""
+        if self.state != READY or not self.client.is_ready:
+            return None
+        rid = uuid.uuid4().hex[:12]
+        self.client.send(p.CountTokens(rid, messages, thinking))
+        return rid
+
     def cancel(self, request_id: str) -> None:
         if self.client.running:
             self.client.send(p.Cancel(request_id))
@@ -155,6 +168,7 @@ class EngineSession(QObject):
         signal = {p.LoadProgress: self.load_progress, p.Loaded: self.loaded, p.Inspected: self.inspected,
                   p.DemoCreated: self.demo_created, p.PullProgress: self.pull_progress, p.Pulled: self.pulled,
                   p.PullCancelled: self.pull_cancelled, p.Started: self.started, p.Finished: self.finished,
+                  p.TokenCount: self.token_count,
                   p.Error: self.error}.get(type(msg))
         if signal is not None:
             signal.emit(msg)

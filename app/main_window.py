@@ -20,9 +20,11 @@ from flashdesk.app.banner import Banner
 from flashdesk.app.chat_controller import ChatController
 from flashdesk.app.chat_view import ChatView
 from flashdesk.app.composer import Composer
+from flashdesk.app.context_gauge import ContextGauge, context_full_text, refused_text
 from flashdesk.app.conversation_list import ConversationList
 from flashdesk.app.engine_session import DEAD, IDLE, LOADING, READY, STARTING, EngineSession
-from flashdesk.app.settings_dialog import ConversationSettings
+from flashdesk.app.reply import context_filled
+from flashdesk.app.settings_dialog import DROP_OLDEST, STOP, ConversationSettings
 from flashdesk.app.setup_page import SetupPage
 from flashdesk.app.spec_panel import SpecPanel
 from flashdesk.app.store import Store
@@ -33,6 +35,9 @@ APP_NAME = "FlashDesk"
 DEMO_NOTE = ("Demo model: a tiny random Gemma 4 and drafter on the CPU. The text is meaningless; the "
              "speed, speculation and memory readouts are real.")
 ERROR_TITLES = {p.OUT_OF_MEMORY: "Out of memory", p.BAD_INPUT: "Not possible", p.CRASH: "Engine error"}
+SEND_ANYWAY, CANCEL = "Send anyway", "Cancel"
+DROP_AND_SEND, DROP_AND_CONTINUE = "Drop oldest turns and send", "Drop oldest turns and continue"
+NEW_LIKE = "New conversation with the same system prompt"
 
 
 class MainWindow(QMainWindow):
@@ -48,6 +53,7 @@ class MainWindow(QMainWindow):
         self.session.setParent(self)
         self.sampler = sampler or TelemetrySampler(parent=self)
         self.controller = ChatController(store, self.session, self.sampler.nvml.energy_mj, self)
+        self.gauge = ContextGauge(self.session, self.controller.prompt_messages, self.controller.sampling, self)
         self._build()
         self._connect()
         self._menus()
@@ -99,13 +105,14 @@ class MainWindow(QMainWindow):
         self.demo_banner = Banner("demoBanner", closable=True)
         self.crash_banner = Banner("crashBanner", closable=False)
         self.notice_banner = Banner("noticeBanner")
+        self.context_banner = Banner("contextBanner")  # past the context: the warning, a refusal, a full reply
         self.chat = ChatView()
         self.composer = Composer()
         column = QVBoxLayout()
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(6)
         column.addLayout(header)
-        for banner in (self.notice_banner, self.crash_banner, self.demo_banner):
+        for banner in (self.notice_banner, self.crash_banner, self.demo_banner, self.context_banner):
             wrap = QHBoxLayout()
             wrap.setContentsMargins(16, 0, 16, 0)
             wrap.addWidget(banner)
@@ -177,6 +184,7 @@ class MainWindow(QMainWindow):
         c.reply_progress.connect(self._reply_progress)
         c.reply_ended.connect(self._reply_ended)
         c.busy_changed.connect(self._busy)
+        c.turn_refused.connect(self._turn_refused)
 
         self.conversations.selected.connect(c.open)
         self.conversations.new_requested.connect(self.new_conversation)
@@ -187,6 +195,9 @@ class MainWindow(QMainWindow):
         self.chat.regenerate_requested.connect(c.regenerate)
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(c.stop)
+        self.composer.edit.textChanged.connect(lambda: self.gauge.typed(self.composer.edit.toPlainText()))
+        self.gauge.changed.connect(self._show_gauge)
+        self.gauge.send_checked.connect(self._send_checked)
         self.settings_button.clicked.connect(self.edit_settings)
 
         self.spec.speculation_changed.connect(self._speculation_changed)
@@ -263,8 +274,10 @@ class MainWindow(QMainWindow):
         self._shown = conv.id if conv else None
         self.refresh_conversations()
         self._update_title()
+        self.gauge.refresh()
         if same:  # renamed or new settings: the messages on screen are current
             return
+        self.context_banner.hide()
         messages = self.store.messages(conv.id) if conv else []
         self.chat.set_messages(messages)
         reply = self.controller.reply
@@ -407,6 +420,8 @@ class MainWindow(QMainWindow):
             if err.during == "load":
                 self.show_setup()
             return
+        if err.during == "generate" and err.kind == p.BAD_INPUT:
+            return  # the chat says it: a refused turn in the context banner, else the reply's status
         text = f"<b>{title}.</b> {err.message}"
         if err.kind == p.OUT_OF_MEMORY:
             text += " Shorten the conversation, lower max tokens or the context, then try again."
@@ -435,8 +450,68 @@ class MainWindow(QMainWindow):
         self.show_chat()
 
     def send(self, text: str) -> None:
-        if not self.controller.send(text):
+        """The message box sent `text`: count it with the conversation first (a few milliseconds, the
+        engine's tokenizer), and warn before a send past the context."""
+        self.context_banner.hide()
+        self.gauge.check_send(text)
+
+    def _send_checked(self, text: str, count) -> None:
+        if count is None or not count.over:
+            self._send_now(text)
+            return
+        self.composer.edit.setPlainText(text)
+        policy = self.controller.sampling().get("context_policy")
+        if policy == STOP:
+            self.context_banner.show_choice(count.warning(STOP), (DROP_AND_SEND, self._send_dropping),
+                                            (NEW_LIKE, self._new_like), "error")
+        else:
+            self.context_banner.show_choice(count.warning(DROP_OLDEST), (SEND_ANYWAY, self._send_anyway),
+                                            (CANCEL, self.context_banner.hide), "error")
+
+    def _send_now(self, text: str, policy: str | None = None) -> None:
+        if not self.controller.send(text, policy):
             self.composer.edit.setPlainText(text)
+
+    def _composer_text(self) -> str:
+        text = self.composer.edit.toPlainText().strip()
+        self.composer.edit.clear()
+        return text
+
+    def _send_anyway(self) -> None:
+        """Past the context, as the conversation's policy says (the oldest turns dropped)."""
+        self.context_banner.hide()
+        if text := self._composer_text():
+            self._send_now(text)
+
+    def _send_dropping(self) -> None:
+        """Past the context with the oldest turns dropped, whatever the conversation's policy."""
+        self.context_banner.hide()
+        if text := self._composer_text():
+            self._send_now(text, DROP_OLDEST)
+
+    def _new_like(self) -> None:
+        """A new conversation with this one's system prompt and settings; the message box keeps its text."""
+        self.context_banner.hide()
+        self.controller.new_conversation_like()
+        self.show_chat()
+
+    def _continue(self) -> None:
+        self.context_banner.hide()
+        self.controller.continue_after_context()
+
+    def _turn_refused(self, text: str, reason: str) -> None:
+        """The engine refused the turn (a conversation past the context under "stop"): nothing is lost."""
+        if text:
+            self.composer.edit.setPlainText(text)
+        other = (DROP_AND_SEND, self._send_dropping) if text else (CANCEL, self.context_banner.hide)
+        self.context_banner.show_choice(refused_text(reason, bool(text)), (NEW_LIKE, self._new_like), other, "error")
+
+    def _show_gauge(self, count) -> None:
+        if count is None:
+            self.composer.set_gauge(None)
+            return
+        policy = self.controller.sampling().get("context_policy")
+        self.composer.set_gauge(count.text(), count.level, count.tooltip(policy))
 
     def regenerate_last(self) -> None:
         if self.controller.conversation is None:
@@ -458,8 +533,10 @@ class MainWindow(QMainWindow):
         if widget is not None:
             thinking = bool(reply.thought) and not reply.answer
             widget.show_stream(reply.text, reply.thought_text, reply.thought_seconds, reply.origins, thinking)
-        self.telemetry.set_live(reply.live_tokens_per_second())
         stats = reply.stats()
+        if widget is not None:
+            widget.set_context(stats)
+        self.telemetry.set_live(reply.live_tokens_per_second())
         self.telemetry.show_reply(stats)
         self.spec.show_stats(reply.spec, "This reply, live.")
 
@@ -469,12 +546,20 @@ class MainWindow(QMainWindow):
             widget.show_message(message)
         self.spec.show_stats(message.stats, "Last reply of this conversation.")
         self.telemetry.show_reply(message.stats)
+        self.gauge.refresh()
+        conv = self.controller.conversation
+        if context_filled(message.stats) and conv is not None and message.conversation_id == conv.id:
+            limit = self.session.info.context_limit if self.session.info else None
+            self.context_banner.show_choice(context_full_text(limit), (DROP_AND_CONTINUE, self._continue),
+                                            (NEW_LIKE, self._new_like))
 
     def edit_settings(self) -> None:
         if self.controller.conversation is None:
             self.controller.new_conversation()
         conv = self.controller.conversation
-        dialog = ConversationSettings(conv.title, conv.system_prompt, self.controller.sampling(), self)
+        info = self.session.info
+        dialog = ConversationSettings(conv.title, conv.system_prompt, self.controller.sampling(), self,
+                                      info.context_limit if info else None)
         dialog.accepted.connect(lambda: self.controller.update_settings(*dialog.result_values()))
         dialog.open()
         self.settings_dialog = dialog
@@ -516,7 +601,8 @@ class MainWindow(QMainWindow):
             self.chat.refresh_style()
             self.spec.apply_theme()
             self.telemetry.apply_theme()
-            for banner in (self.demo_banner, self.crash_banner, self.notice_banner):
+            self.composer.apply_theme()
+            for banner in (self.demo_banner, self.crash_banner, self.notice_banner, self.context_banner):
                 banner.apply_theme()
 
     def shutdown(self) -> None:

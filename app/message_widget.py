@@ -1,4 +1,5 @@
-"""One message in the chat: who, the thought (collapsible, with its duration), the body, the footer.
+"""One message in the chat: who, the thought (collapsible, with its duration), the body, a note on
+the context (older messages left out to fit it, or the reply stopped because it was full), the footer.
 
 The body is a QTextBrowser that grows to its text (the chat view scrolls, not each message), shows
 Markdown with a copy link above each code block, or, with "colour by origin" on, the raw text with
@@ -17,7 +18,7 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPus
 
 from flashdesk.app import theme
 from flashdesk.app.markdown import COPY_SCHEME, origin_html, with_copy_links
-from flashdesk.app.reply import footer_text
+from flashdesk.app.reply import context_filled, context_note, footer_text
 from flashdesk.app.store import CANCELLED, FAILED, INTERRUPTED, STREAMING, Message
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -26,6 +27,7 @@ STATE_TEXT = {
     INTERRUPTED: "Interrupted: the engine stopped before this reply was finished. What arrived is kept.",
     FAILED: "This reply failed.",
 }
+CONTEXT_FULL_TEXT = "The context filled up: this reply stopped at the end of the context."
 
 
 class TextBlock(QTextBrowser):
@@ -165,6 +167,11 @@ class MessageWidget(QFrame):
         self.editor.hide()
         self.edit_row.hide()
 
+        self.note = QLabel()
+        self.note.setObjectName("contextNote")
+        self.note.setWordWrap(True)
+        self.note.hide()
+        layout.addWidget(self.note)
         self.status = QLabel()
         self.status.setObjectName("status")
         self.status.setWordWrap(True)
@@ -190,6 +197,7 @@ class MessageWidget(QFrame):
         self.setStyleSheet(
             f"QFrame#userMessage {{ background: {c['user_bg']}; border-radius: 10px; }}"
             f"QLabel#muted, QLabel#footer {{ color: {c['muted']}; }}"
+            f"QLabel#contextNote {{ color: {c['warn']}; font-style: italic; }}"
             f"QLabel#status {{ color: {c['error']}; }}"
             f"QTextBrowser#thought {{ color: {c['muted']}; border: none; border-left: 3px solid {c['muted']}; "
             "padding-left: 8px; background: transparent; }"
@@ -207,6 +215,16 @@ class MessageWidget(QFrame):
         self._set_state(message.state, (message.stats or {}).get("error"))
         self.footer.setText(footer_text(message.stats) if message.role == "assistant" else "")
         self.footer.setVisible(bool(self.footer.text()))
+        self.set_context(message.stats if message.role == "assistant" else None)
+
+    def set_context(self, stats: dict | None) -> None:
+        """Say what the context did to this reply: older messages left out, or the reply cut off."""
+        lines = [context_note(stats)]
+        if context_filled(stats):
+            lines.append(CONTEXT_FULL_TEXT)
+        text = " ".join(line for line in lines if line)
+        self.note.setText(text)
+        self.note.setVisible(bool(text))
 
     def show_stream(self, text: str, thought: str, thought_seconds: float | None, origins: list[list],
                     thinking: bool) -> None:

@@ -3,7 +3,9 @@
 Why its own object: the chat view, the speculation and telemetry panels and the store all read the
 same growing reply; this keeps the one copy of it and computes the per-message statistics
 (decode tok/s, time to first token, prefill speed, mean acceptance length, J/token) from the
-worker's own step timestamps, so IPC and repaint delays do not bend the numbers. Qt-free.
+worker's own step timestamps, so IPC and repaint delays do not bend the numbers. It also keeps what
+the engine said about the context: the prompt tokens reused from earlier turns, the oldest messages
+left out to fit, and the reply's limit once capped to the room left. Qt-free.
 """
 
 from __future__ import annotations
@@ -39,8 +41,24 @@ class Reply:
     finish_reason: str | None = None
     energy_j: float | None = None
     saved_at: float = 0.0
+    requested_max_tokens: int | None = None  # what the conversation's settings asked for
+    max_tokens: int | None = None  # the limit the engine used: capped to the room the context leaves
+    reused_tokens: int | None = None  # prompt tokens found in the engine's cache (not prefilled)
+    prefill_tokens: int | None = None  # prompt tokens prefilled
+    dropped_messages: int = 0  # the oldest messages the engine left out of the prompt to fit
+    started: bool = False  # the engine accepted the request (Started arrived)
+    user_message_id: int | None = None  # the user message this turn added (send), if any
+    user_text: str = ""
 
     # -- streaming ----------------------------------------------------------------------------------
+
+    def start(self, msg: p.Started) -> None:
+        self.started = True
+        self.prompt_tokens = msg.prompt_tokens
+        self.reused_tokens = msg.reused_tokens
+        self.prefill_tokens = msg.prompt_tokens - msg.reused_tokens
+        self.dropped_messages = msg.dropped_messages
+        self.max_tokens = msg.max_tokens or None
 
     def add_steps(self, steps: list) -> None:
         for step in steps:
@@ -80,6 +98,11 @@ class Reply:
             self.spec = msg.stats
         if msg.prompt_tokens:
             self.prompt_tokens = msg.prompt_tokens
+        stats = msg.stats or {}
+        if stats.get("reused_tokens") is not None:  # the engine's own count, once it ran
+            self.reused_tokens = int(stats["reused_tokens"])
+        if stats.get("prefill_tokens") is not None:
+            self.prefill_tokens = int(stats["prefill_tokens"])
         if self.energy_start_mj is not None and energy_end_mj is not None and energy_end_mj >= self.energy_start_mj:
             self.energy_j = (energy_end_mj - self.energy_start_mj) / 1000.0
 
@@ -122,8 +145,8 @@ class Reply:
         """The per-message record the store keeps and the footer shows."""
         spec = self.spec or {}
         ttft = self.first_token_at - self.sent_at if self.first_token_at is not None else None
-        prefill_tps = (self.prompt_tokens / self.prefill_seconds
-                       if self.prompt_tokens and self.prefill_seconds else None)
+        prefilled = self.prefill_tokens if self.prefill_tokens is not None else self.prompt_tokens
+        prefill_tps = prefilled / self.prefill_seconds if prefilled and self.prefill_seconds else None
         return {
             "tokens": self.tokens,
             "prompt_tokens": self.prompt_tokens,
@@ -140,6 +163,12 @@ class Reply:
             "energy_joules": self.energy_j,
             "joules_per_token": self.energy_j / self.tokens if self.energy_j is not None and self.tokens else None,
             "finish_reason": self.finish_reason,
+            "prefill_seconds": self.prefill_seconds,
+            "reused_tokens": self.reused_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "dropped_messages": self.dropped_messages,
+            "max_tokens": self.max_tokens,
+            "requested_max_tokens": self.requested_max_tokens,
             "origins": self.origins,
         }
 
@@ -155,8 +184,28 @@ def footer_text(stats: dict | None) -> str:
         parts.append(f"first token {stats['ttft_seconds']:.2f} s")
     if stats.get("prefill_tokens_per_second"):
         parts.append(f"prefill {stats['prefill_tokens_per_second']:.0f} tok/s")
+    if stats.get("reused_tokens") is not None and stats.get("prompt_tokens"):
+        parts.append(f"reused {stats['reused_tokens']} of {stats['prompt_tokens']} prompt tokens")
+    limit, asked = stats.get("max_tokens"), stats.get("requested_max_tokens")
+    if limit and asked and limit < asked:
+        parts.append(f"limit {limit} tokens (capped by the context)")
     if stats.get("mean_acceptance_length") is not None:
         parts.append(f"τ {stats['mean_acceptance_length']:.2f}")
     parts.append(f"{stats['joules_per_token']:.2f} J/token" if stats.get("joules_per_token") is not None
                  else "J/token n/a")
     return " · ".join(parts)
+
+
+def context_note(stats: dict | None) -> str:
+    """What the engine did to fit the conversation, said in the conversation; "" when nothing."""
+    dropped = (stats or {}).get("dropped_messages") or 0
+    if not dropped:
+        return ""
+    what = "message was" if dropped == 1 else f"{dropped} oldest messages were"
+    return (f"{'The oldest ' if dropped == 1 else ''}{what} left out of the prompt to fit the context "
+            "(the system prompt was kept, and this conversation keeps every message).")
+
+
+def context_filled(stats: dict | None) -> bool:
+    """The reply stopped because the context was full (not at its own end or the max tokens asked)."""
+    return (stats or {}).get("finish_reason") == "context"

@@ -1,12 +1,18 @@
-"""Per-conversation settings: the system prompt and sampling (temperature, top-p, top-k, max tokens,
-thinking). Stored with the conversation, so each keeps its own."""
+"""Per-conversation settings: the system prompt, sampling (temperature, top-p, top-k, max tokens,
+thinking) and what to do when the conversation outgrows the context. Stored with the conversation
+(in its sampling record), so each keeps its own."""
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QLabel,
-                               QPlainTextEdit, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
+                               QLabel, QPlainTextEdit, QSpinBox, QVBoxLayout, QWidget)
 
-DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 0.95, "top_k": 64, "max_tokens": 2048, "thinking": False}
+DROP_OLDEST, STOP = "drop_oldest", "stop"  # protocol.Generate.context_policy
+CONTEXT_POLICIES = {DROP_OLDEST: "Drop the oldest turns (keep the system prompt)", STOP: "Stop and tell me"}
+DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 0.95, "top_k": 64, "max_tokens": 2048, "thinking": False,
+                    "context_policy": DROP_OLDEST}
+MAX_TOKENS_NOTE = ("Capped to what the context leaves: a reply never runs past the end of the context, so "
+                   "late in a long conversation it may get fewer tokens than this (its footer says so).")
 
 
 def sampling_with_defaults(sampling: dict | None, model_defaults: dict | None = None) -> dict:
@@ -15,7 +21,8 @@ def sampling_with_defaults(sampling: dict | None, model_defaults: dict | None = 
 
 
 class ConversationSettings(QDialog):
-    def __init__(self, title: str, system_prompt: str, sampling: dict, parent: QWidget | None = None):
+    def __init__(self, title: str, system_prompt: str, sampling: dict, parent: QWidget | None = None,
+                 context_limit: int | None = None):
         super().__init__(parent)
         self.setWindowTitle(f"Settings — {title}")
         self.setObjectName("conversationSettings")
@@ -40,8 +47,20 @@ class ConversationSettings(QDialog):
         self.max_tokens = QSpinBox()
         self.max_tokens.setObjectName("maxTokens")
         self.max_tokens.setRange(1, 262144)
+        self.max_tokens.setToolTip(MAX_TOKENS_NOTE)
+        self.max_tokens_note = QLabel(MAX_TOKENS_NOTE + (f" The model's context is {context_limit} tokens."
+                                                         if context_limit else ""))
+        self.max_tokens_note.setObjectName("maxTokensNote")
+        self.max_tokens_note.setWordWrap(True)
         self.thinking = QCheckBox("Let the model think before answering")
         self.thinking.setObjectName("thinking")
+        self.context_policy = QComboBox()
+        self.context_policy.setObjectName("contextPolicy")
+        for key, text in CONTEXT_POLICIES.items():
+            self.context_policy.addItem(text, key)
+        self.context_policy.setToolTip("Drop the oldest turns: the model no longer sees the start of the "
+                                       "conversation (it stays here). Stop: the turn is refused, and you can "
+                                       "start a new conversation carrying the system prompt.")
 
         s = sampling_with_defaults(sampling)
         self.temperature.setValue(float(s["temperature"]))
@@ -49,6 +68,8 @@ class ConversationSettings(QDialog):
         self.top_k.setValue(int(s["top_k"]))
         self.max_tokens.setValue(int(s["max_tokens"]))
         self.thinking.setChecked(bool(s["thinking"]))
+        index = self.context_policy.findData(s.get("context_policy", DROP_OLDEST))
+        self.context_policy.setCurrentIndex(max(0, index))
 
         form = QFormLayout()
         form.addRow("System prompt", self.system)
@@ -57,17 +78,19 @@ class ConversationSettings(QDialog):
         form.addRow("Top-p", self.top_p)
         form.addRow("Top-k", self.top_k)
         form.addRow("Max new tokens", self.max_tokens)
+        form.addRow(self.max_tokens_note)
         form.addRow("", self.thinking)
+        form.addRow("When the conversation outgrows the context", self.context_policy)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(buttons)
-        self.resize(520, 420)
+        self.resize(560, 480)
 
     def result_values(self) -> tuple[str, dict]:
         return self.system.toPlainText().strip(), {
             "temperature": round(self.temperature.value(), 3), "top_p": round(self.top_p.value(), 3),
             "top_k": self.top_k.value(), "max_tokens": self.max_tokens.value(),
-            "thinking": self.thinking.isChecked()}
+            "thinking": self.thinking.isChecked(), "context_policy": self.context_policy.currentData()}

@@ -62,7 +62,9 @@ def colors() -> dict[str, str]:
     if is_dark():
         return {"draft_bg": "#1f5130", "draft_fg": "#c8f5d2", "code_bg": "#25272b", "muted": "#9a9ea6",
                 "error": "#ff8a80", "user_bg": "#2f3a4d", "accent": "#6ea0ff", "plot_fg": "#c9ccd2",
-                "plot_bg": "#1e1f22", "bar": "#5aa469", "bar2": "#6ea0ff", "warn_bg": "#4a3b1d"}
+                "plot_bg": "#1e1f22", "bar": "#5aa469", "bar2": "#6ea0ff", "warn_bg": "#4a3b1d",
+                "warn": "#f0b45a"}
     return {"draft_bg": "#c9f0d3", "draft_fg": "#0b3d1a", "code_bg": "#f3f4f6", "muted": "#5f6368",
             "error": "#b3261e", "user_bg": "#e8effc", "accent": "#1a5fd0", "plot_fg": "#3c4043",
-            "plot_bg": "#ffffff", "bar": "#2e8b57", "bar2": "#1a5fd0", "warn_bg": "#fff4d6"}
+            "plot_bg": "#ffffff", "bar": "#2e8b57", "bar2": "#1a5fd0", "warn_bg": "#fff4d6",
+            "warn": "#9a5b00"}

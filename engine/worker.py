@@ -8,8 +8,18 @@ and the conversation with it; the app watches this process and can start a new o
 Threads: the main thread runs one request at a time (load, generate, inspect, ...); a reader
 thread takes `Cancel` and `SetSpeculation` as they arrive, so a running generation stops after the
 step in flight and picks up speculation changes from its next step (the decode loop reads the
-shared `SpecControl` at every step). Everything else is queued in order. End of input (the app
-went away) stops the worker. The message types live in `flashdesk.protocol`.
+shared `SpecControl` at every step). The reader also answers `CountTokens` itself (the message
+box's gauge must not wait behind a generation): with no model loaded, or while one loads, it
+answers TokenCount(tokens=-1, context_limit=0), and it answers -1 when the count fails, since the
+gauge is informative only. Everything else is queued in order. End of input (the app went away)
+stops the worker. The message types live in `flashdesk.protocol`.
+
+A Generate fits the conversation into the context first (engine/decode/conversation.py): under the
+"drop_oldest" policy the oldest turns are left out of the prompt (Started.dropped_messages says how
+many), under "stop" the turn is refused with a ContextOverflowError (an Error of kind bad_input);
+the reply's limit is capped to the room the context leaves (Started.max_tokens), and a reply that
+stopped there finishes with reason "context". The engine reuses the cached prefix that the prompt
+shares with earlier turns (Started.reused_tokens; Generate.reuse=False prefills from scratch).
 
 The real stdout is kept for the protocol only; fd 1 is pointed at stderr so that anything a
 library prints cannot corrupt the stream.
@@ -154,6 +164,8 @@ class Worker:
                     self.cancels[msg.request_id] = self.step if self.active == msg.request_id else None
             elif isinstance(msg, p.SetSpeculation):
                 self.set_speculation(msg)
+            elif isinstance(msg, p.CountTokens):
+                self.count_tokens(msg)
             elif isinstance(msg, p.CancelPull):
                 with self.state_lock:
                     if msg.repo_id.strip() in self.pulls:  # running or queued; otherwise nothing to stop
@@ -167,6 +179,22 @@ class Worker:
                 self.requests.put(msg)
         self.stopping.set()
         self.requests.put(p.Shutdown())
+
+    def count_tokens(self, msg: p.CountTokens) -> None:
+        """The prompt length of `msg.messages` (reader thread): -1 with no model, or when it fails."""
+        with self.state_lock:
+            engine = self.engine  # load and unload swap it under this lock
+        if engine is None or engine.tokenizer is None:
+            self.send(p.TokenCount(msg.request_id, -1, 0))
+            return
+        from flashdesk.engine.decode.chat import build_prompt_ids
+
+        try:
+            tokens = len(build_prompt_ids(engine.tokenizer, msg.messages, enable_thinking=msg.thinking))
+        except Exception as exc:  # noqa: BLE001 - the gauge is informative: say "unknown", log why
+            print(f"count_tokens failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            tokens = -1
+        self.send(p.TokenCount(msg.request_id, tokens, engine.context_limit))
 
     def set_speculation(self, msg: p.SetSpeculation) -> None:
         length = msg.draft_length
@@ -213,8 +241,12 @@ class Worker:
         if kind == p.OUT_OF_MEMORY:
             self._free()
         if during == "load":
-            self.engine = None
+            self._set_engine(None)
             self._free()
+
+    def _set_engine(self, engine) -> None:
+        with self.state_lock:
+            self.engine = engine
 
     def _free(self) -> None:
         gc.collect()
@@ -313,7 +345,7 @@ class Worker:
         self.send(p.Pulled(repo_id, str(entry.path), entry.size))
 
     def unload(self, msg: p.Unload) -> None:
-        self.engine = None
+        self._set_engine(None)
         self._free()
         self.send(p.Unloaded())
 
@@ -323,7 +355,7 @@ class Worker:
         from flashdesk.engine.errors import FlashDeskError
         from flashdesk.engine.decode.generation import Engine
 
-        self.engine = None
+        self._set_engine(None)
         self._free()
         started = time.perf_counter()
         self.send(p.LoadProgress("resolve", 0.05, "finding the model files"))
@@ -344,7 +376,7 @@ class Worker:
             raise FlashDeskError(f"{target} has no tokenizer (tokenizer.json and a chat template): "
                                  "the app needs one to turn messages into tokens")
         self.send(p.LoadProgress("ready", 1.0, "loaded"))
-        self.engine = engine
+        self._set_engine(engine)
         model = engine.model
         device = model.device
         uuid, device_name, memory = None, "CPU", _rss()
@@ -363,23 +395,24 @@ class Worker:
             sampling_defaults=sampling_defaults(target)))
 
     def generate(self, msg: p.Generate) -> None:
-        from flashdesk.engine.decode.chat import build_prompt_ids
-        from flashdesk.engine.errors import FlashDeskError
+        from flashdesk.engine.decode.conversation import fit_conversation
         from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest
         from flashdesk.engine.decode.sampling import SamplingParams
         from flashdesk.engine.decode.stats import SpecStats, StepRecord
+        from flashdesk.engine.errors import FlashDeskError
 
         engine = self.engine
         if engine is None:
             raise FlashDeskError("no model is loaded")
         rid = msg.request_id
-        prompt = build_prompt_ids(engine.tokenizer, msg.messages, enable_thinking=msg.thinking)
-        room = engine.context_limit - len(prompt)
-        if room < 1:
-            raise FlashDeskError(f"the conversation is {len(prompt)} tokens long, at or over the context "
-                                 f"limit of {engine.context_limit}: start a new conversation or shorten it")
-        request = GenerationRequest(prompt, max(1, min(msg.max_tokens, room)),
-                                    SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed), msg.ignore_eos)
+        fitted = fit_conversation(engine.tokenizer, msg.messages, thinking=msg.thinking,
+                                  context_limit=engine.context_limit, max_new_tokens=msg.max_tokens,
+                                  policy=msg.context_policy)
+        prompt = fitted.ids
+        request = GenerationRequest(prompt, fitted.max_new_tokens,
+                                    SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed), msg.ignore_eos,
+                                    reuse=msg.reuse)
+        reused = engine.reusable_tokens(prompt) if msg.reuse else 0
         eos = set() if msg.ignore_eos else engine.eos
         tracker = OriginTracker(engine.tokenizer, eos)
         stats = SpecStats()
@@ -388,6 +421,15 @@ class Worker:
         thought: list[str] = []
         prefill = 0.0
         started = time.perf_counter()
+
+        def summary(engine_stats: dict | None = None) -> dict:
+            """The reply's statistics: the engine's own when it finished (kernels, CUDA graphs,
+            reuse), else the worker's count of the steps run and the reuse it was told."""
+            return {**stats.summary(), "prompt_tokens": len(prompt), "prefill_seconds": prefill,
+                    "reused_tokens": reused, "prefill_tokens": len(prompt) - reused,
+                    "dropped_messages": fitted.dropped, "max_tokens": fitted.max_new_tokens,
+                    **(engine_stats or {})}
+
         with self.state_lock:
             self.active, self.step = rid, 0
             if rid in self.cancels:  # cancelled while it waited in the queue
@@ -395,16 +437,16 @@ class Worker:
                 self.cancels.pop(rid)
                 self.send(p.Finished(rid, "cancelled", "", "", [], len(prompt), 0.0, 0.0, {}, -1, None))
                 return
-        self.send(p.Started(rid, len(prompt)))
+        self.send(p.Started(rid, len(prompt), reused, fitted.dropped, fitted.max_new_tokens))
         events = engine.generate(request, self.control)
         index = 0
         try:
             for event in events:
                 if isinstance(event, FinishEvent):
-                    self.send(p.Finished(rid, event.finish_reason, event.text, event.thought, event.token_ids,
+                    reason = fitted.finish_reason(event.finish_reason, len(event.token_ids))
+                    self.send(p.Finished(rid, reason, event.text, event.thought, event.token_ids,
                                          len(prompt), prefill, time.perf_counter() - started,
-                                         {**stats.summary(), "prompt_tokens": len(prompt),
-                                          "prefill_seconds": prefill}, index))
+                                         summary(event.stats), index))
                     return
                 index = event.index
                 if index == 0:
@@ -427,9 +469,8 @@ class Worker:
                     cancelled = rid in self.cancels
                 if cancelled or self.stopping.is_set():
                     self.send(p.Finished(rid, "cancelled", "".join(answer), "".join(thought), tokens, len(prompt),
-                                         prefill, time.perf_counter() - started,
-                                         {**stats.summary(), "prompt_tokens": len(prompt),
-                                          "prefill_seconds": prefill}, index, self.cancels.get(rid)))
+                                         prefill, time.perf_counter() - started, summary(), index,
+                                         self.cancels.get(rid)))
                     return
         finally:
             events.close()

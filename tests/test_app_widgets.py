@@ -262,3 +262,79 @@ def test_app_modules_do_not_import_torch() -> None:
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_reply_footer_says_the_reuse_the_cap_and_what_was_left_out() -> None:
+    from flashdesk.app.reply import context_filled, context_note
+
+    r = Reply("r", 7, sent_at=99.9, requested_max_tokens=2048)
+    r.start(p.Started("r", 830, reused_tokens=800, dropped_messages=4, max_tokens=1200))
+    assert (r.prompt_tokens, r.reused_tokens, r.prefill_tokens, r.dropped_messages, r.max_tokens) == \
+        (830, 800, 30, 4, 1200)
+    r.add_steps([_step(0, [5], [], 0, "Hi", 0.1, seconds=0.1)])
+    r.finish(p.Finished("r", "context", "Hi", "", [5], 830, 0.1, 0.2,
+                        {"reused_tokens": 812, "prefill_tokens": 18}, 0), None)
+    s = r.stats()
+    assert (s["reused_tokens"], s["prefill_tokens"], s["dropped_messages"]) == (812, 18, 4)
+    assert s["prefill_tokens_per_second"] == pytest.approx(180)  # the tokens prefilled, not the whole prompt
+    text = footer_text(s)
+    assert "reused 812 of 830 prompt tokens" in text and "limit 1200 tokens (capped by the context)" in text
+    assert context_note(s).startswith("4 oldest messages were left out") and context_filled(s)
+    assert context_note({"dropped_messages": 1}).startswith("The oldest message was left out")
+    assert context_note({"tokens": 3}) == "" and not context_filled({"finish_reason": "length"})
+    assert "reused" not in footer_text({"tokens": 3})  # older replies, stored before reuse was measured
+
+
+def test_message_shows_the_context_note(qtbot) -> None:
+    from flashdesk.app.message_widget import CONTEXT_FULL_TEXT, MessageWidget
+
+    w = MessageWidget(_message(content="cut", stats={"tokens": 5, "finish_reason": "context", "dropped_messages": 2}))
+    qtbot.addWidget(w)
+    w.show()
+    assert w.note.isVisible() and "2 oldest messages" in w.note.text() and CONTEXT_FULL_TEXT in w.note.text()
+    w.show_message(_message(content="fine", stats={"tokens": 5, "finish_reason": "stop"}))
+    assert not w.note.isVisible()
+
+
+def test_context_gauge_levels_and_words() -> None:
+    from flashdesk.app.context_gauge import NEAR, OK, OVER, Count, reply_room
+
+    assert reply_room(4096, 2048) == 1024 and reply_room(4096, 100) == 100 and reply_room(2, 5) == 1
+    count = lambda tokens: Count(tokens, 4096, 2048, (), False)  # noqa: E731 - usable: 3072
+    assert [count(n).level for n in (100, 2700, 3072, 3073)] == [OK, NEAR, NEAR, OVER]
+    assert count(3500).text() == "3,500 / 4,096 tokens" and count(3500).over
+    assert "oldest turns will be left out" in count(3500).warning("drop_oldest")
+    assert "refuse" in count(3500).warning("stop")
+    assert "1,024 are kept for the reply" in count(10).tooltip("drop_oldest")
+
+
+def test_composer_gauge(qtbot) -> None:
+    from flashdesk.app.composer import Composer
+
+    c = Composer()
+    qtbot.addWidget(c)
+    c.show()
+    assert not c.gauge.isVisible()
+    c.set_gauge("10 / 4,096 tokens", "ok", "tip")
+    assert c.gauge.isVisible() and c.gauge.text() == "10 / 4,096 tokens" and c.gauge.toolTip() == "tip"
+    c.set_gauge("4,000 / 4,096 tokens", "over")
+    assert "bold" in c.gauge.styleSheet() and c.gauge_level == "over"
+    c.set_gauge(None)
+    assert not c.gauge.isVisible()
+
+
+def test_settings_dialog_context_policy_and_the_max_tokens_note(qtbot) -> None:
+    from flashdesk.app.settings_dialog import DEFAULT_SAMPLING, ConversationSettings, sampling_with_defaults
+
+    assert DEFAULT_SAMPLING["context_policy"] == "drop_oldest"
+    d = ConversationSettings("Chat", "", {"max_tokens": 300}, context_limit=4096)
+    qtbot.addWidget(d)
+    assert d.context_policy.currentData() == "drop_oldest"
+    assert "Capped to what the context leaves" in d.max_tokens_note.text() and "4096 tokens" in d.max_tokens_note.text()
+    assert "Capped" in d.max_tokens.toolTip()
+    d.context_policy.setCurrentIndex(d.context_policy.findData("stop"))
+    _system, values = d.result_values()
+    assert values["context_policy"] == "stop" and values["max_tokens"] == 300
+    again = ConversationSettings("Chat", "", sampling_with_defaults(values))
+    qtbot.addWidget(again)
+    assert again.context_policy.currentData() == "stop"

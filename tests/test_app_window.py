@@ -35,18 +35,18 @@ def demo(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture
 def open_window(qtbot, monkeypatch, tmp_path):
-    """open_window(data_dir=None, demo=None, delay=None, nvml=None) -> a shown MainWindow."""
+    """open_window(data_dir=None, demo=None, delay=None, nvml=None, context=4096) -> a shown MainWindow."""
     windows: list[MainWindow] = []
 
     def make(data_dir: Path | None = None, demo=None, delay: float | None = None, nvml=None,
-             wait: bool = True) -> MainWindow:
+             wait: bool = True, context: int = 4096) -> MainWindow:
         data_dir = data_dir or tmp_path / "data"
         data_dir.mkdir(exist_ok=True)
         monkeypatch.setenv("FLASHDESK_DATA_DIR", str(data_dir))
         store = Store(data_dir / "flashdesk.db")
         if demo is not None:
             store.set_setting("model", {"target": str(demo[0]), "draft": str(demo[1]), "device": "cpu",
-                                        "context": 4096, "kv_dtype": "auto", "dtype": "auto", "demo": True})
+                                        "context": context, "kv_dtype": "auto", "dtype": "auto", "demo": True})
         session = EngineSession(env={"FLASHDESK_WORKER_STEP_DELAY": str(delay)} if delay else None)
         sampler = TelemetrySampler(nvml or fake_nvml(init_error=NVMLError("NVML Shared Library Not Found")),
                                    interval=0.2)
@@ -73,11 +73,27 @@ def greedy(window: MainWindow, max_tokens: int) -> None:
                                            "thinking": False})
 
 
-def send(qtbot, window: MainWindow, text: str) -> None:
+def send(qtbot, window: MainWindow, text: str | None, typed: bool = True) -> None:
+    """Type `text` (or paste it: typed=False; None: send what the box holds) and press Enter; return
+    once the reply has started (the window counts the conversation's tokens first, a round trip to
+    the engine)."""
     window.composer.edit.setFocus()
-    qtbot.keyClicks(window.composer.edit, text)
-    qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
-    assert window.controller.busy, "Enter did not send"
+    if text is not None and typed:
+        qtbot.keyClicks(window.composer.edit, text)
+    elif text is not None:
+        window.composer.edit.setPlainText(text)
+    started: list = []
+
+    def mark(message) -> None:
+        started.append(message)
+
+    window.controller.reply_started.connect(mark)
+    try:
+        qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
+        until(lambda: started, timeout_ms=10_000)
+    finally:
+        window.controller.reply_started.disconnect(mark)
+    assert window.controller.busy or window.controller.reply is None, "Enter did not send"
 
 
 def wait_idle(qtbot, window: MainWindow) -> None:

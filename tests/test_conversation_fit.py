@@ -40,7 +40,7 @@ def test_a_conversation_that_fits_is_left_whole_and_the_reply_capped_to_the_room
     roomy = fit_conversation(tok, messages, thinking=False, context_limit=2 * n, max_new_tokens=n // 2)
     assert roomy.max_new_tokens == n // 2 and not roomy.capped and roomy.finish_reason("length", n // 2) == "length"
     # a conversation over 3/4 of the context leaves the reply too little: its oldest turn goes
-    assert fit_conversation(tok, messages, thinking=False, context_limit=n + 20, max_new_tokens=n).dropped == 2
+    assert fit_conversation(tok, messages, thinking=False, context_limit=n + 20, max_new_tokens=n).dropped >= 2
 
 
 def test_drop_oldest_drops_whole_turns_keeping_the_system_prompt_and_the_last_message(tok):
@@ -51,10 +51,10 @@ def test_drop_oldest_drops_whole_turns_keeping_the_system_prompt_and_the_last_me
     assert fitted.dropped > 0 and fitted.dropped % 2 == 0  # user + assistant pairs
     assert fitted.messages[0] == messages[0] and fitted.messages[1]["role"] == "user"
     assert fitted.messages[-1] == messages[-1]
-    assert len(fitted.ids) + reply_room(limit, 64) <= limit
-    # the fewest turns: one turn fewer dropped would not have fitted
-    more = [messages[0]] + messages[1 + fitted.dropped - 2:]
-    assert length(tok, more) + reply_room(limit, 64) > limit
+    allowed = limit - reply_room(limit, 64)
+    assert len(fitted.ids) <= allowed // 2  # down to half, so the next turns do not drop again
+    more = [messages[0]] + messages[1 + fitted.dropped - 2:]  # the fewest turns: one fewer is too many
+    assert length(tok, more) > allowed // 2
 
 
 def test_the_stop_policy_refuses_with_the_numbers_and_the_way_on(tok):

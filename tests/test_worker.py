@@ -290,3 +290,112 @@ def test_stray_prints_do_not_reach_the_protocol() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == '{"type": "unloaded"}\n'
     assert "stray text" in proc.stderr
+
+
+# -- the context: prefix reuse, token counts, a conversation past the context ---------------------------
+
+def _turn(w: WorkerProcess, rid: str, messages: list[dict], **kw) -> tuple[p.Started, p.Finished]:
+    w.send(p.Generate(rid, messages, temperature=0.0, **kw))
+    seen = w.until((p.Finished, p.Error))
+    assert isinstance(seen[-1], p.Finished), seen[-1]
+    started = next(m for m in seen if isinstance(m, p.Started))
+    return started, seen[-1]
+
+
+def _count(w: WorkerProcess, rid: str, messages: list[dict], thinking: bool = False) -> p.TokenCount:
+    w.send(p.CountTokens(rid, messages, thinking))
+    counted = w.until(p.TokenCount)[-1]
+    assert counted.request_id == rid
+    return counted
+
+
+def test_follow_ups_reuse_the_prefix_and_token_counts(worker: WorkerProcess, demo) -> None:
+    from flashdesk.engine.decode.chat import build_prompt_ids
+    from flashdesk.engine.decode.chat import load_tokenizer
+
+    assert _count(worker, "none", HELLO).tokens == -1  # no model: the gauge shows nothing
+    info = _load(worker, demo)
+    tokenizer = load_tokenizer(demo[0])
+    counted = _count(worker, "c1", HELLO)
+    assert counted.tokens == len(build_prompt_ids(tokenizer, HELLO, enable_thinking=False))
+    assert counted.context_limit == info.context_limit == 4096
+    assert _count(worker, "c2", HELLO, thinking=True).tokens >= counted.tokens
+
+    first, done = _turn(worker, "t1", HELLO, max_tokens=12)
+    assert (first.prompt_tokens, first.reused_tokens, first.dropped_messages, first.max_tokens) == \
+        (counted.tokens, 0, 0, 12)
+    for key in ("reused_tokens", "prefill_tokens", "kernels", "cuda_graphs", "prompt_tokens", "prefill_seconds",
+                "mean_acceptance_length"):
+        assert key in done.stats, key
+    assert done.stats["reused_tokens"] == 0 and done.stats["prefill_tokens"] == first.prompt_tokens
+
+    talk = HELLO + [{"role": "assistant", "content": done.text or "ok"},
+                    {"role": "user", "content": "And then what happened next in the story?"}]
+    second, done2 = _turn(worker, "t2", talk, max_tokens=12)
+    assert second.prompt_tokens > first.prompt_tokens
+    assert 0 < second.reused_tokens < second.prompt_tokens
+    ids1, ids2 = (build_prompt_ids(tokenizer, m, enable_thinking=False) for m in (HELLO, talk))
+    shared = next(i for i, (a, b) in enumerate(zip(ids1, ids2)) if a != b)  # up to the empty thought channel
+    assert second.reused_tokens >= shared > 0
+    assert done2.stats["reused_tokens"] == second.reused_tokens
+    assert done2.stats["prefill_tokens"] == second.prompt_tokens - second.reused_tokens
+
+    # reuse off: the same prompt prefilled from scratch, the same greedy reply
+    third, done3 = _turn(worker, "t3", talk, max_tokens=12, reuse=False)
+    assert third.reused_tokens == 0 and done3.stats["prefill_tokens"] == third.prompt_tokens
+    assert done3.token_ids == done2.token_ids
+
+
+def test_token_counts_are_answered_during_a_generation(demo) -> None:
+    w = WorkerProcess(FLASHDESK_WORKER_STEP_DELAY="0.05")
+    try:
+        assert isinstance(w.next(), p.Ready)
+        _load(w, demo)
+        w.send(p.Generate("long", HELLO, max_tokens=200, ignore_eos=True))
+        w.until(p.Step)
+        w.send(p.CountTokens("mid", HELLO))
+        seen = w.until((p.TokenCount, p.Finished))
+        assert isinstance(seen[-1], p.TokenCount) and seen[-1].tokens > 0  # not behind the reply
+        w.send(p.Cancel("long"))
+        assert w.until(p.Finished)[-1].reason == "cancelled"
+    finally:
+        w.close()
+
+
+def _long_talk(turns: int) -> list[dict]:
+    talk = [{"role": "system", "content": "You are terse."}]
+    for i in range(turns):
+        talk += [{"role": "user", "content": f"Question {i}: " + "tell me about the weather at sea. " * 6},
+                 {"role": "assistant", "content": f"Answer {i}: " + "calm and grey. " * 6}]
+    return talk + [{"role": "user", "content": "And tomorrow?"}]
+
+
+def test_a_conversation_past_a_small_context(worker: WorkerProcess, demo) -> None:
+    worker.send(p.Load(str(demo[0]), str(demo[1]), device="cpu", context=320))
+    info = worker.until((p.Loaded, p.Error))[-1]
+    assert isinstance(info, p.Loaded) and info.context_limit == 320
+    talk = _long_talk(8)
+    assert _count(worker, "n", talk).tokens > 320
+
+    # the default policy: the oldest turns go, the system prompt stays, the reply gets its room
+    started, done = _turn(worker, "drop", talk, max_tokens=40)
+    assert started.dropped_messages >= 2 and started.dropped_messages % 2 == 0
+    assert started.prompt_tokens <= 320 - 40 and started.max_tokens == 40
+    assert done.reason in ("stop", "length") and done.stats["dropped_messages"] == started.dropped_messages
+    kept = talk[:1] + talk[1 + started.dropped_messages:]
+    assert _count(worker, "k", kept).tokens == started.prompt_tokens
+
+    # stop: refused with a clear message, as bad input, before anything started
+    worker.send(p.Generate("stop", talk, max_tokens=40, context_policy="stop"))
+    err = worker.until((p.Error, p.Started))[-1]
+    assert isinstance(err, p.Error) and err.kind == p.BAD_INPUT and err.during == "generate"
+    assert err.request_id == "stop" and "context" in err.message and "new conversation" in err.message
+    worker.send(p.Generate("bad", HELLO, context_policy="sideways"))
+    assert worker.until(p.Error)[-1].kind == p.BAD_INPUT
+
+    # a reply that runs into the end of the context says so
+    started, done = _turn(worker, "full", HELLO, max_tokens=1000, ignore_eos=True)
+    assert started.max_tokens == 320 - started.prompt_tokens and started.dropped_messages == 0
+    assert done.reason == "context" and len(done.token_ids) == started.max_tokens
+    started, done = _turn(worker, "short", HELLO, max_tokens=5, ignore_eos=True)
+    assert done.reason == "length" and started.max_tokens == 5

@@ -53,7 +53,8 @@ def _turn_starts(messages: list[dict], first: int) -> list[int]:
 def fit_conversation(tokenizer: Any, messages: list[dict], *, thinking: bool, context_limit: int,
                      max_new_tokens: int, policy: str = DROP_OLDEST) -> FittedPrompt:
     """Build the prompt; when it leaves the reply less than `reply_room`, drop the oldest turns
-    (keeping the system prompt and the last user message) or, under STOP, refuse.
+    (keeping the system prompt and the last user message) until it takes at most half of the rest
+    (dropping once per many turns, as llama.cpp's context shift does), or, under STOP, refuse.
 
     Raises ContextOverflowError with what to do when even the last message alone does not fit.
     """
@@ -77,15 +78,18 @@ def fit_conversation(tokenizer: Any, messages: list[dict], *, thinking: bool, co
                 f"of {context_limit} tokens: start a new conversation (the system prompt can be kept), "
                 "or choose to drop the oldest turns in Settings")
         cuts = _turn_starts(messages, first + 1) or [len(messages) - 1]
-        lo, hi = 0, len(cuts) - 1  # the fewest turns dropped that fit: a binary search (each try renders)
-        if len(build(cuts[hi])[1]) > limit:
+        shortest = len(build(cuts[-1])[1])
+        if shortest > limit:
             raise ContextOverflowError(
-                f"the last message alone makes a prompt of {len(build(cuts[hi])[1])} tokens, and the reply "
-                f"needs {room} more: over the context of {context_limit} tokens. Shorten the message, or "
-                "load the model with a longer context")
+                f"the last message alone makes a prompt of {shortest} tokens, and the reply needs {room} "
+                f"more: over the context of {context_limit} tokens. Shorten the message, or load the model "
+                "with a longer context")
+        # drop down to half of what fits, so the next turns reuse the cache instead of dropping again
+        target = limit // 2 if shortest <= limit // 2 else limit
+        lo, hi = 0, len(cuts) - 1  # the fewest turns dropped that reach it: a binary search (each try renders)
         while lo < hi:
             mid = (lo + hi) // 2
-            if len(build(cuts[mid])[1]) <= limit:
+            if len(build(cuts[mid])[1]) <= target:
                 hi = mid
             else:
                 lo = mid + 1

@@ -1,4 +1,4 @@
-"""`flashdesk generate` and `flashdesk doctor`: the engine from the command line, no Qt involved."""
+"""`flashdesk generate`, `chat`, `bench`, `doctor` and `models`: the engine from the command line, no Qt involved."""
 
 from __future__ import annotations
 
@@ -19,26 +19,19 @@ def _parser() -> argparse.ArgumentParser:
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="user message, wrapped in the model's chat template")
     source.add_argument("--prompt-ids", help="comma-separated token ids fed to the model as they are")
-    gen.add_argument("--system", help="system prompt (with --prompt)")
-    gen.add_argument("--thinking", action="store_true", help="let the model think before answering")
-    gen.add_argument("--max-new-tokens", type=int, default=256)
-    gen.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
-    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0, help="0 turns top-k off")
-    gen.add_argument("--seed", type=int)
-    gen.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    gen.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
-    gen.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16", "float32", "fp8"])
-    gen.add_argument("--context", type=int, help="context limit in tokens (default: the model's)")
-    gen.add_argument("--quantize", choices=["int4"], help="quantize a bf16 checkpoint to int4 while loading")
-    gen.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
-    gen.add_argument("--draft-length", type=int, help="tokens drafted per step, 1..block_size-1 (default: all)")
-    gen.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
-    gen.add_argument("--draft-quantize", choices=["int4"],
-                     help="draft with int4 drafter weights and an int4 copy of the head (output unchanged)")
+    _add_generation_flags(gen, system_help="system prompt (with --prompt)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with ids, text, steps, stats")
+
+    chat = sub.add_parser("chat", help="chat in the terminal: streamed replies, history, /commands (/help)")
+    chat.add_argument("--model", required=True, help="folder of the Gemma 4 target checkpoint")
+    _add_generation_flags(chat, system_help="system prompt (/system TEXT changes it)")
+    chat.add_argument("--jsonl", action="store_true",
+                      help="for scripts: one JSON request per stdin line, one JSON object per reply or command")
+    chat.add_argument("--no-reuse", action="store_true",
+                      help="prefill every turn from scratch instead of reusing the cached conversation")
+    chat.add_argument("--context-policy", default="drop_oldest", choices=["drop_oldest", "stop"],
+                      help="when the conversation outgrows the context: drop its oldest turns (keeping the "
+                      "system prompt; the default) or stop with a message")
 
     bench = sub.add_parser("bench", help="AR vs DFlash at several draft lengths, side by side; --synthetic: "
                            "full-size step timings vs bytes read, random weights, no files")
@@ -87,6 +80,49 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_generation_flags(parser: argparse.ArgumentParser, system_help: str) -> None:
+    """The flags `generate` and `chat` share: prompt shaping, sampling, device, KV, speculation."""
+    parser.add_argument("--system", help=system_help)
+    parser.add_argument("--thinking", action="store_true", help="let the model think before answering")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0 turns top-k off")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    parser.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16", "float32", "fp8"])
+    parser.add_argument("--context", type=int, help="context limit in tokens (default: the model's)")
+    parser.add_argument("--quantize", choices=["int4"], help="quantize a bf16 checkpoint to int4 while loading")
+    parser.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
+    parser.add_argument("--draft-length", type=int, help="tokens drafted per step, 1..block_size-1 (default: all)")
+    parser.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
+    parser.add_argument("--draft-quantize", choices=["int4"],
+                        help="draft with int4 drafter weights and an int4 copy of the head (output unchanged)")
+
+
+def load_engine(args):
+    """Check the speculation flags, load the engine; return it with its SpecControl (None without --draft)."""
+    from flashdesk.engine.decode.generation import Engine
+    from flashdesk.engine.decode.speculative import SpecControl
+
+    if (args.draft_length is not None or args.no_speculate) and not args.draft:
+        raise ValueError("--draft-length and --no-speculate need --draft")
+    if args.draft_quantize and not args.draft:
+        raise ValueError("--draft-quantize needs --draft")
+    engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, args.context, args.draft,
+                         args.quantize, draft_quantize=args.draft_quantize)
+    control = None
+    if engine.drafter is not None:
+        longest = engine.drafter.max_draft_length
+        if args.draft_length is not None and not 1 <= args.draft_length <= longest:
+            raise ValueError(f"--draft-length must be 1..{longest} for this drafter, got {args.draft_length}")
+        control = SpecControl(enabled=not args.no_speculate, draft_length=args.draft_length)
+    return engine, control
+
+
 def _resolve_models(args) -> None:
     """--model / --draft may name a pulled Hub id: replace it by its cached folder (disk only)."""
     from flashdesk.engine.hub.models import resolve_model_path
@@ -113,24 +149,12 @@ def _parse_ids(text: str) -> list[int]:
 
 def run_generate(args) -> int:
     from flashdesk.engine.decode.chat import build_prompt_ids, messages_from
-    from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest
+    from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest
     from flashdesk.engine.decode.sampling import SamplingParams
-    from flashdesk.engine.decode.speculative import SpecControl
 
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     prompt_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
-    if (args.draft_length is not None or args.no_speculate) and not args.draft:
-        raise ValueError("--draft-length and --no-speculate need --draft")
-    if args.draft_quantize and not args.draft:
-        raise ValueError("--draft-quantize needs --draft")
-    engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, args.context, args.draft,
-                         args.quantize, draft_quantize=args.draft_quantize)
-    control = None
-    if engine.drafter is not None:
-        longest = engine.drafter.max_draft_length
-        if args.draft_length is not None and not 1 <= args.draft_length <= longest:
-            raise ValueError(f"--draft-length must be 1..{longest} for this drafter, got {args.draft_length}")
-        control = SpecControl(enabled=not args.no_speculate, draft_length=args.draft_length)
+    engine, control = load_engine(args)
     if prompt_ids is None:
         if engine.tokenizer is None:
             raise FlashDeskError(f"{args.model} has no tokenizer, so --prompt cannot be used; give --prompt-ids")
@@ -182,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         _resolve_models(args)
         if args.command == "generate":
             return run_generate(args)
+        if args.command == "chat":
+            from flashdesk.engine.tools.chat_cli import run_chat
+
+            return run_chat(args)
         if args.command == "bench" and args.synthetic:
             from flashdesk.engine.tools.bench_synthetic import run_synthetic_bench
 

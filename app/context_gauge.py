@@ -1,0 +1,198 @@
+"""How much of the context the conversation takes, as you type, and whether a send goes past it.
+
+Why apart: the message box shows "N / LIMIT tokens" for the conversation plus the text being typed,
+and a send past the limit is warned about before it goes. Both need the prompt's exact length,
+which only the engine's tokenizer and chat template know, so the worker counts (CountTokens, which
+it answers at once, also while a reply streams); this keeps the debounce, the latest count, and the
+check before a send. No widgets: the window shows what the signals say.
+
+"Past the limit" is the engine's own rule (engine/decode/conversation.py, which the app may not
+import): a turn must leave its reply `reply_room` tokens, at least a quarter of the context or the
+max new tokens asked if fewer; beyond that the engine drops the oldest turns or refuses the turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from flashdesk.app.engine_session import READY, EngineSession
+from flashdesk.app.settings_dialog import STOP
+
+DEBOUNCE_MS = 250
+REPLY_SHARE = 4  # as engine/decode/conversation.py: a turn leaves its reply at least 1/4 of the context
+NEAR_SHARE = 0.85  # the gauge turns to the warning colour at this share of the usable context
+OK, NEAR, OVER = "ok", "near", "over"
+
+
+def reply_room(context_limit: int, max_tokens: int) -> int:
+    """The room a turn must leave for its reply (the engine's rule)."""
+    return max(1, min(max_tokens, context_limit // REPLY_SHARE))
+
+
+@dataclass(frozen=True)
+class Count:
+    tokens: int  # the prompt: the conversation, the text typed as the next user message, the template
+    context_limit: int
+    max_tokens: int  # the conversation's max new tokens
+    messages: tuple  # what was counted (to know whether a count is still current)
+    thinking: bool
+
+    @property
+    def room(self) -> int:
+        return reply_room(self.context_limit, self.max_tokens)
+
+    @property
+    def usable(self) -> int:
+        """The longest prompt the engine takes as it is."""
+        return self.context_limit - self.room
+
+    @property
+    def level(self) -> str:
+        if self.tokens > self.usable:
+            return OVER
+        return NEAR if self.tokens >= NEAR_SHARE * self.usable else OK
+
+    @property
+    def over(self) -> bool:
+        return self.level == OVER
+
+    def text(self) -> str:
+        return f"{self.tokens:,} / {self.context_limit:,} tokens"
+
+    def tooltip(self, policy: str) -> str:
+        then = ("the engine refuses the turn (Stop and tell me, in Settings)" if policy == STOP else
+                "the oldest turns are left out of the prompt (the system prompt stays)")
+        return (f"The conversation with this message makes a prompt of {self.tokens:,} tokens, of a context of "
+                f"{self.context_limit:,}; {self.room:,} are kept for the reply. Past {self.usable:,}, {then}.")
+
+    def warning(self, policy: str) -> str:
+        """What sending this will do, for the banner before it goes."""
+        head = (f"<b>This message takes the conversation past the context.</b> The prompt would be "
+                f"{self.tokens:,} tokens and the reply needs {self.room:,} more, over the {self.context_limit:,} "
+                "tokens of the context. ")
+        if policy == STOP:
+            return head + ("Your setting is to stop: the engine will refuse this turn. Start a new conversation "
+                           "with the same system prompt, or drop the oldest turns this once.")
+        return head + ("The oldest turns will be left out of the prompt to fit (the system prompt stays, and "
+                       "this conversation keeps every message).")
+
+
+def refused_text(reason: str, text_back: bool) -> str:
+    """The banner's words for a turn the engine refused."""
+    back = " Your message is back in the message box." if text_back else ""
+    return f"<b>Not sent.</b> {reason.rstrip('.')}.{back}"
+
+
+def context_full_text(context_limit: int | None) -> str:
+    """The banner's words after a reply that filled the context."""
+    where = f" ({context_limit:,} tokens)" if context_limit else ""
+    return (f"<b>The context filled up.</b> The reply stopped at the end of the context{where}. Go on with "
+            "the oldest turns left out of the prompt, or start a new conversation that keeps the system prompt.")
+
+
+class ContextGauge(QObject):
+    changed = Signal(object)  # Count, or None: no model, or the count is not known (hide the gauge)
+    send_checked = Signal(str, object)  # text, Count (None: not counted, send and let the engine fit it)
+
+    def __init__(self, session: EngineSession, prompt_messages, settings, parent: QObject | None = None):
+        """`prompt_messages(text)` is the message list a send of `text` would make; `settings()` the
+        conversation's sampling (max_tokens, thinking, context_policy)."""
+        super().__init__(parent)
+        self.session = session
+        self.prompt_messages = prompt_messages
+        self.settings = settings
+        self.typed_text = ""
+        self.last: Count | None = None
+        self._gauge_request: str | None = None
+        self._asked: dict[str, tuple[str, str, tuple, bool, int]] = {}  # rid -> (purpose, text, messages, ...)
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(DEBOUNCE_MS)
+        self._timer.timeout.connect(self.count_now)
+        session.token_count.connect(self._counted)
+        session.state_changed.connect(self._state_changed)
+
+    # -- the gauge ------------------------------------------------------------------------------------
+
+    def typed(self, text: str) -> None:
+        """The message box's text changed: count again once typing pauses."""
+        self.typed_text = text
+        self._timer.start()
+
+    def refresh(self) -> None:
+        """The conversation or its settings changed: count again soon."""
+        self._timer.start()
+
+    def count_now(self) -> None:
+        self._timer.stop()
+        if self.session.state != READY or self.session.info is None:
+            self._gauge_request = None
+            self.changed.emit(None)
+            return
+        rid = self._ask("gauge", self.typed_text)
+        if rid is not None:
+            self._gauge_request = rid
+
+    # -- the check before a send --------------------------------------------------------------------------
+
+    def check_send(self, text: str) -> None:
+        """Emit send_checked(text, count) once the conversation with `text` is counted (at once when the
+        last count is of exactly that)."""
+        if self.session.state != READY or self.session.info is None:
+            self.send_checked.emit(text, None)
+            return
+        s = self.settings()
+        messages = tuple(self.prompt_messages(text))
+        last = self.last
+        if (last is not None and last.messages == messages and last.thinking == bool(s["thinking"])
+                and last.max_tokens == int(s["max_tokens"])):
+            self.send_checked.emit(text, last)
+            return
+        if self._ask("send", text) is None:
+            self.send_checked.emit(text, None)
+
+    # -- counting -----------------------------------------------------------------------------------------
+
+    def _ask(self, purpose: str, text: str) -> str | None:
+        s = self.settings()
+        messages = tuple(self.prompt_messages(text))
+        thinking, max_tokens = bool(s["thinking"]), int(s["max_tokens"])
+        if not messages:  # nothing to count: an empty conversation and an empty box
+            count = Count(0, self.session.info.context_limit, max_tokens, messages, thinking)
+            self._deliver(purpose, text, count)
+            return ""
+        rid = self.session.count_tokens(list(messages), thinking)
+        if rid is not None:
+            self._asked[rid] = (purpose, text, messages, thinking, max_tokens)
+        return rid
+
+    def _counted(self, msg) -> None:
+        entry = self._asked.pop(msg.request_id, None)
+        if entry is None:
+            return
+        purpose, text, messages, thinking, max_tokens = entry
+        count = Count(msg.tokens, msg.context_limit, max_tokens, messages, thinking) if msg.tokens >= 0 else None
+        if purpose == "gauge" and msg.request_id != self._gauge_request:
+            return  # an older count: a newer one is on its way
+        self._deliver(purpose, text, count)
+
+    def _deliver(self, purpose: str, text: str, count: Count | None) -> None:
+        if count is not None:
+            self.last = count
+        if purpose == "gauge":
+            self.changed.emit(count)
+        else:
+            self.send_checked.emit(text, count)
+
+    def _state_changed(self, state: str) -> None:
+        if state == READY:
+            self.refresh()
+            return
+        self.last = None
+        self.changed.emit(None)
+        sends = [(rid, e) for rid, e in self._asked.items() if e[0] == "send"]
+        self._asked.clear()
+        for _rid, entry in sends:  # the engine went away: the send goes on, and fails as sends do then
+            self.send_checked.emit(entry[1], None)

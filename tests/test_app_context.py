@@ -1,0 +1,245 @@
+"""The window and the context (issue 9, items 3 and 5), against the real engine process on the demo model.
+
+A follow-up reuses the prompt prefix the engine already holds, so its first token does not wait for
+the whole conversation to be prefilled again; the message box counts the conversation's tokens as
+you type; a send past the context is warned about and then dropped to fit (or refused, as the
+conversation's setting says, losing nothing); a reply the full context cut off offers the ways on.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from PySide6.QtCore import Qt
+
+from flashdesk import protocol as p
+from flashdesk.app.context_gauge import NEAR, OK, OVER
+from flashdesk.app.main_window import CANCEL, DROP_AND_CONTINUE, DROP_AND_SEND, NEW_LIKE, SEND_ANYWAY
+from flashdesk.app.message_widget import CONTEXT_FULL_TEXT
+from flashdesk.app.store import COMPLETE
+from test_app_window import REPLY_MS, demo, greedy, messages, open_window, send, wait_idle  # noqa: F401
+from test_telemetry import until
+
+
+def _settings(window, **changes) -> None:
+    conv = window.controller.conversation
+    window.controller.update_settings(conv.system_prompt, {**window.controller.sampling(), **changes})
+
+
+def _long_message(turn: int, sentences: int = 11) -> str:
+    """About 40 tokens a sentence with the demo tokenizer."""
+    return f"Turn {turn}. " + " ".join(f"The harbour log, entry {turn}-{j}: wind, tide and cargo noted."
+                                       for j in range(sentences))
+
+
+def _gauge_tokens(window) -> int:
+    return int(window.composer.gauge.text().split(" / ")[0].replace(",", ""))
+
+
+def _record(window) -> tuple[list, list]:
+    started, finished = [], []
+    window.session.started.connect(started.append)
+    window.session.finished.connect(finished.append)
+    return started, finished
+
+
+# -- the done-when: a follow-up's first token does not wait for the whole conversation ----------------
+
+TURNS = 8
+
+
+def _conversation(qtbot, window, reuse: bool) -> list[dict]:
+    """TURNS turns of ~450 new tokens each; per turn what the engine and the window measured."""
+    window.controller.reuse = reuse
+    greedy(window, max_tokens=4)
+    started, finished = _record(window)
+    rows = []
+    for turn in range(TURNS):
+        send(qtbot, window, _long_message(turn), typed=False)
+        wait_idle(qtbot, window)
+        s, f = started[-1], finished[-1]
+        reply = messages(window)[-1]
+        assert reply.state == COMPLETE and s.request_id == f.request_id
+        rows.append({"prompt": s.prompt_tokens, "reused": s.reused_tokens, "prefilled": f.stats["prefill_tokens"],
+                     "prefill_s": f.prefill_seconds, "ttft_s": reply.stats["ttft_seconds"],
+                     "footer": window.chat.widget(reply.id).footer.text()})
+    return rows
+
+
+def test_follow_up_time_to_first_token_stays_flat_as_the_conversation_grows(qtbot, open_window, demo) -> None:
+    w = open_window(demo=demo)
+    reuse = _conversation(qtbot, w, reuse=True)
+    control = _conversation(qtbot, w, reuse=False)  # the same conversation, prefilled from scratch each turn
+    for name, rows in (("reuse", reuse), ("no reuse", control)):
+        print(f"\n{name}:", file=sys.stderr)
+        for i, r in enumerate(rows):
+            print(f"  turn {i}: prompt {r['prompt']:5d}  reused {r['reused']:5d}  prefilled {r['prefilled']:5d}  "
+                  f"prefill {r['prefill_s'] * 1000:6.0f} ms  first token {r['ttft_s'] * 1000:6.0f} ms", file=sys.stderr)
+
+    first, last = reuse[1], reuse[-1]  # the first follow-up, and the last
+    assert last["prompt"] >= 3.5 * first["prompt"]  # the conversation grew several-fold...
+    for r in reuse[1:]:  # ...while each follow-up prefilled about its own new turn only
+        assert r["reused"] > 0 and r["prefilled"] == r["prompt"] - r["reused"]
+        assert 0.8 * first["prefilled"] <= r["prefilled"] <= 1.2 * first["prefilled"]
+        assert r["prefilled"] <= reuse[0]["prompt"] + 16
+        assert f"reused {r['reused']} of {r['prompt']} prompt tokens" in r["footer"]
+    assert "reused 0 of" in reuse[0]["footer"]
+    for r in control:  # the control prefilled the whole, growing conversation every time
+        assert r["reused"] == 0 and r["prefilled"] == r["prompt"]
+    assert [r["prompt"] for r in control] == [r["prompt"] for r in reuse]
+
+    # time to first token: the engine's prefill and the window's send-to-first-token, against the control
+    # (the demo model is 64 wide, so attention over the cached context is most of its prefill: reused
+    # or not, that part grows with the conversation; what reuse removes is prefilling it all again)
+    def tail(rows, key):
+        return sum(r[key] for r in rows[-2:]) / 2
+
+    assert tail(reuse, "prefill_s") < 0.5 * tail(control, "prefill_s")
+    assert tail(reuse, "ttft_s") < 0.6 * tail(control, "ttft_s")
+    growth_reuse = tail(reuse, "prefill_s") / first["prefill_s"]
+    growth_control = tail(control, "prefill_s") / control[1]["prefill_s"]
+    assert growth_reuse < growth_control
+
+
+# -- the gauge, and a send past the context ---------------------------------------------------------------
+
+def test_gauge_counts_as_you_type_and_a_send_past_the_limit_warns_then_drops_the_oldest(qtbot, open_window,
+                                                                                        demo) -> None:
+    w = open_window(demo=demo, context=512)
+    greedy(w, max_tokens=16)  # the reply keeps 16 tokens: a prompt may take 496
+    w.controller.update_settings("Be brief.", w.controller.sampling())
+    until(w.composer.gauge.isVisible, timeout_ms=5000)
+    empty = _gauge_tokens(w)
+    assert w.composer.gauge.text().endswith(" / 512 tokens") and w.composer.gauge_level == OK
+
+    w.composer.edit.setFocus()
+    qtbot.keyClicks(w.composer.edit, "Hello")
+    until(lambda: _gauge_tokens(w) > empty, timeout_ms=5000)
+    hello = _gauge_tokens(w)
+    qtbot.keyClicks(w.composer.edit, " there, how is the weather at sea today?")
+    until(lambda: _gauge_tokens(w) > hello, timeout_ms=5000)
+    assert "of a context of 512" in w.composer.gauge.toolTip()
+    w.composer.edit.clear()
+
+    for turn in range(2):
+        send(qtbot, w, _long_message(turn, sentences=3), typed=False)
+        wait_idle(qtbot, w)
+    before = messages(w)
+    assert len(before) == 4
+    levels = []
+    for sentences in range(1, 8):  # the gauge's colour as the message grows: ok, near, over
+        text = _long_message(2, sentences)
+        w.composer.edit.setPlainText(text)
+        until(lambda: w.gauge.last is not None and w.gauge.last.messages[-1]["content"] == text, timeout_ms=5000)
+        levels.append(w.composer.gauge_level)
+    assert levels == sorted(levels, key=[OK, NEAR, OVER].index) and {NEAR, OVER} <= set(levels), levels
+    assert _gauge_tokens(w) > 496
+
+    # Enter warns first; nothing is sent, the text stays
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    until(w.context_banner.isVisible, timeout_ms=5000)
+    banner = w.context_banner
+    assert "oldest turns will be left out" in banner.label.text()
+    assert (banner.button.text(), banner.button2.text()) == (SEND_ANYWAY, CANCEL)
+    assert not w.controller.busy and len(messages(w)) == 4
+    assert w.composer.edit.toPlainText() == _long_message(2, sentences=7)
+    banner.button2.click()  # Cancel
+    assert not banner.isVisible() and w.composer.edit.toPlainText() == _long_message(2, sentences=7)
+
+    started, _finished = _record(w)
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    until(w.context_banner.isVisible, timeout_ms=5000)
+    banner.button.click()  # Send anyway
+    assert w.controller.busy and w.composer.edit.toPlainText() == ""
+    wait_idle(qtbot, w)
+    assert started[-1].dropped_messages >= 2 and started[-1].prompt_tokens <= 496
+    after = messages(w)
+    assert [m.content for m in after[:4]] == [m.content for m in before]  # the conversation keeps everything
+    assert after[4].content == _long_message(2, sentences=7) and after[5].state == COMPLETE
+    note = w.chat.widget(after[5].id).note
+    assert note.isVisible() and f"{started[-1].dropped_messages} oldest messages were left out" in note.text()
+    assert after[5].stats["dropped_messages"] == started[-1].dropped_messages
+
+
+# -- a reply that filled the context ----------------------------------------------------------------------
+
+def test_a_reply_that_filled_the_context_offers_the_ways_on(qtbot, open_window, demo) -> None:
+    w = open_window(demo=demo, context=256)
+    greedy(w, max_tokens=1000)  # capped to what the context leaves: the greedy demo never stops by itself
+    w.controller.update_settings("Be brief.", w.controller.sampling())
+    started, finished = _record(w)
+    send(qtbot, w, "Tell me everything")
+    wait_idle(qtbot, w)
+    assert finished[-1].reason == "context"
+    assert started[-1].max_tokens == 256 - started[-1].prompt_tokens < 1000
+    reply = messages(w)[-1]
+    widget = w.chat.widget(reply.id)
+    assert CONTEXT_FULL_TEXT in widget.note.text() and widget.note.isVisible()
+    assert "capped by the context" in widget.footer.text()
+    banner = w.context_banner
+    assert banner.isVisible() and "context filled up" in banner.label.text()
+    assert (banner.button.text(), banner.button2.text()) == (DROP_AND_CONTINUE, NEW_LIKE)
+
+    # drop the oldest turns and continue: a follow-up that leaves the start out of the prompt
+    banner.button.click()
+    assert w.controller.busy and not banner.isVisible()
+    wait_idle(qtbot, w)
+    assert started[-1].dropped_messages == 2  # the first question and the full reply; the system prompt stays
+    got = messages(w)
+    assert [m.role for m in got] == ["user", "assistant", "user", "assistant"] and got[2].content == "Continue."
+    assert got[3].state == COMPLETE and got[3].content.strip()
+    assert "2 oldest messages were left out" in w.chat.widget(got[3].id).note.text()
+
+    # a new conversation carrying the system prompt and the settings; the message box keeps its text
+    assert banner.isVisible()  # the continuation filled the context again
+    old = w.controller.conversation
+    w.composer.edit.setPlainText("half-written question")
+    banner.button2.click()
+    new = w.controller.conversation
+    assert new.id != old.id and new.system_prompt == "Be brief." and new.sampling == old.sampling
+    assert messages(w) == [] and w.composer.edit.toPlainText() == "half-written question"
+    assert not banner.isVisible()
+    send(qtbot, w, None)  # Enter sends what the box holds
+    wait_idle(qtbot, w)
+    assert [m.content for m in messages(w)][:1] == ["half-written question"]
+
+
+# -- "stop and tell me" ------------------------------------------------------------------------------------
+
+def test_stop_policy_warns_and_a_refused_turn_loses_nothing(qtbot, open_window, demo) -> None:
+    w = open_window(demo=demo, context=256)
+    greedy(w, max_tokens=16)
+    w.controller.update_settings("Be brief.", w.controller.sampling())
+    _settings(w, context_policy="stop")
+    send(qtbot, w, _long_message(0, sentences=3), typed=False)
+    wait_idle(qtbot, w)
+    long = _long_message(1, sentences=3)
+
+    # Enter: the warning says the turn would be refused, and offers the ways on
+    w.composer.edit.setPlainText(long)
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    until(w.context_banner.isVisible, timeout_ms=5000)
+    banner = w.context_banner
+    assert "refuse" in banner.label.text()
+    assert (banner.button.text(), banner.button2.text()) == (DROP_AND_SEND, NEW_LIKE)
+    assert len(messages(w)) == 2 and w.composer.edit.toPlainText() == long
+
+    # sent regardless (as a stale count could): the engine refuses, the turn is taken back, the text kept
+    errors = []
+    w.session.error.connect(errors.append)
+    assert w.controller.send(w.composer.edit.toPlainText())
+    w.composer.edit.clear()
+    wait_idle(qtbot, w)
+    assert errors and errors[-1].kind == p.BAD_INPUT and errors[-1].during == "generate"
+    assert len(messages(w)) == 2 and len(w.chat.widgets) == 2  # nothing half-sent stays behind
+    assert w.composer.edit.toPlainText() == long
+    assert banner.isVisible() and "Not sent." in banner.label.text() and "context" in banner.label.text()
+    assert not w.crash_banner.isVisible()
+    assert (banner.button.text(), banner.button2.text()) == (NEW_LIKE, DROP_AND_SEND)
+
+    # drop the oldest turns this once: it goes, and the conversation's setting stays "stop"
+    started, _ = _record(w)
+    banner.button2.click()
+    wait_idle(qtbot, w)
+    assert started[-1].dropped_messages == 2 and messages(w)[-1].state == COMPLETE
+    assert w.controller.sampling()["context_policy"] == "stop"
