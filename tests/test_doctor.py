@@ -137,14 +137,18 @@ def test_loaded_weight_bytes_of_gemma4_26b(cfg_26b):
 
 def test_workspace_allowance_of_gemma4_26b(cfg_26b):
     # the last 1024-token prefill chunk attending over 32768 keys on a full layer, in passes of as
-    # many query rows as fit 256 MiB of scores: 2.5 fp32 score matrices of 16 heads per row plus its
-    # int64 deltas + bool masks (5,570,560 bytes a row -> 48 rows); that layer's K and V read back
+    # many query rows as fit 256 MiB of scores (5,570,560 bytes a row -> 48 rows): at the peak 2.5
+    # fp32 score matrices of 16 heads (bf16 compute) beside the int64 deltas and one bool mask, and
+    # that layer's K and V read back from fp8 in bf16 (2 KV heads x 512)
     per_row = int(2.5 * 16 * 32768 * 4) + 32768 * 10
     rows = (256 << 20) // per_row
     assert rows == 48
-    scores = rows * per_row
-    readback = 2 * 32768 * 2 * 512 * 6
+    scores = int(2.5 * 16 * rows * 32768 * 4) + rows * 32768 * 9
+    readback = 2 * 32768 * 2 * 512 * 2
     assert workspace_bytes(cfg_26b, 32768) == WORKSPACE_FIXED_BYTES + scores + readback
+    # at 256K the cast of V (fp32, then bf16) beside K in bf16 is the larger peak
+    elements = 262144 * 2 * 512
+    assert workspace_bytes(cfg_26b, 262144) == WORKSPACE_FIXED_BYTES + elements * (2 + 4 + 2)
     assert PREFILL_CHUNK == 1024
 
 

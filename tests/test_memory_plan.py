@@ -88,7 +88,7 @@ def test_drafter_bytes_equal_what_the_loaded_drafter_holds(spec_pair):
 
 def test_longest_context_is_the_boundary(cfg_26b):  # noqa: F811
     weights = int4_weight_bytes(cfg_26b)
-    for free in (17 * GIB, 18 * GIB, 20 * GIB):
+    for free in (17 * GIB, 18 * GIB, 19 * GIB):
         n = longest_context(cfg_26b, weights, "fp8", free)
         assert 0 < n < 262144
         assert plan_memory(cfg_26b, weights, n, "fp8").total <= free < plan_memory(cfg_26b, weights, n + 1, "fp8").total
@@ -131,3 +131,30 @@ def test_doctor_refuses_a_mismatched_drafter(spec_pair, tmp_path, capsys):
     (tmp_path / "d" / "config.json").write_text(json.dumps(config))
     assert main(["doctor", "--model", str(target_dir), "--draft", str(tmp_path / "d")]) == 1
     assert "vocabulary 1024 != target's 512" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "fp8"])
+def test_the_plan_matches_what_a_full_context_allocates(spec_pair, kv_dtype):
+    """Every byte that grows with the context is in the plan: a prompt filling the context (the
+    worst prefill chunk attends over all of it) allocates what the plan says, counted tensor by
+    tensor, at three context lengths. The rest (this tiny model's other chunk activations, a few
+    MiB) is what the plan's fixed allowance covers; a prompt-sized buffer (the drafter's features
+    kept for the whole prompt) would be 2-7% more and fail this."""
+    from flashdesk.engine.decode.generation import Engine, GenerationRequest
+    from flashdesk.engine.loading.memory_plan import WORKSPACE_FIXED_BYTES
+    from memory_tracker import AllocationTracker
+
+    target_dir, draft_dir = spec_pair[1]
+    for context in (2048, 3072, 4096):
+        engine = Engine.load(target_dir, device="cpu", draft_dir=draft_dir, context_limit=context,
+                             kv_dtype=kv_dtype)
+        engine.prefix_budget = 0  # host copies of kept conversations are not device memory
+        prompt = torch.randint(5, engine.model.cfg.vocab_size, (context - 1,),
+                               generator=torch.Generator().manual_seed(context)).tolist()
+        with AllocationTracker() as tracker:
+            for _ in engine.generate(GenerationRequest(prompt, 1, ignore_eos=True)):
+                pass
+        plan = plan_memory(engine.model.cfg, 0, context, kv_dtype, engine.drafter.cfg, dtype_bytes=4)
+        assert engine._cache.nbytes() == plan.kv_bytes
+        planned = plan.kv_bytes + plan.draft_context_bytes + plan.workspace_bytes - WORKSPACE_FIXED_BYTES
+        assert planned <= tracker.peak <= 1.05 * planned, (context, tracker.peak, planned)

@@ -57,23 +57,34 @@ def _is_norm(name: str) -> bool:
     return name.endswith("norm.weight") or "layernorm" in name
 
 
-def workspace_bytes(cfg: Gemma4Config, context: int, chunk: int = PREFILL_CHUNK) -> int:
-    """The activation/workspace allowance at `context` tokens, for bf16 compute.
+def workspace_bytes(cfg: Gemma4Config, context: int, chunk: int = PREFILL_CHUNK, dtype_bytes: int = 2,
+                    kv_dtype: str = GPU_KV_DTYPE) -> int:
+    """The activation/workspace allowance at `context` tokens: a fixed 1 GiB plus the attention of
+    the worst prefill chunk (`chunk` queries over all `context` keys), on the layer where it peaks.
 
-    A fixed 1 GiB, plus the attention of the last prefill chunk (`chunk` queries) over the keys it
-    sees: the plain-torch attention materializes [heads, rows, keys] fp32 scores (about 2.5 such
-    matrices at its peak) and [rows, keys] position deltas and masks (int64 + bool) for as many
-    query rows as its score budget allows per pass (kernels/attention.py), and reads the layer's K
-    and V back dequantized (fp32, then bf16). A fused attention kernel would remove most of it.
+    It mirrors the plain-torch attention (kernels/attention.py), in passes of as many query rows as
+    its score budget allows: the [heads, rows, keys] fp32 scores are alive twice at once (masked and
+    softmaxed; 2.5 times in bf16, which adds the cast probabilities) beside the [rows, keys] int64
+    position deltas and bool masks. The layer's keys and values are read back in the compute dtype
+    when stored otherwise (fp8), a sliding layer's always (its window is joined to the new block).
+    The Triton prefill kernel allocates no scores, so on the GPU this is an upper bound.
     """
     chunk = max(1, min(chunk, context))
+    storage = STORAGE_DTYPES[kv_dtype].itemsize if kv_dtype in STORAGE_DTYPES else 1
+    converted = kv_dtype not in STORAGE_DTYPES or storage != dtype_bytes
     attn = 0
     for layer in cfg.layers:
         keys = min(context, cfg.sliding_window - 1 + chunk) if layer.sliding else context
         rows = min(chunk, query_rows_per_pass(cfg.num_heads, keys))
-        scores = int(SCORE_MATRICES_AT_PEAK * cfg.num_heads * rows * keys * 4) + rows * keys * MASK_BYTES_PER_ENTRY
-        readback = 2 * keys * layer.num_kv_heads * layer.head_dim * (4 + 2)
-        attn = max(attn, scores + readback)
+        matrix = cfg.num_heads * rows * keys * 4
+        if dtype_bytes == 4:  # the fp32 casts are no-ops: scaled + masked, then masked + softmax
+            scores = 2 * matrix + rows * keys * MASK_BYTES_PER_ENTRY
+        else:
+            scores = int(SCORE_MATRICES_AT_PEAK * matrix) + rows * keys * (MASK_BYTES_PER_ENTRY - 1)
+        elements = keys * layer.num_kv_heads * layer.head_dim
+        held = 2 * elements * dtype_bytes if converted or layer.sliding else 0
+        converting = elements * (2 * dtype_bytes + 4) if converted else 0  # K, then V in fp32 and cast
+        attn = max(attn, held + scores, converting)
     return WORKSPACE_FIXED_BYTES + attn
 
 
@@ -178,15 +189,18 @@ class MemoryPlan:
 
 
 def plan_memory(cfg: Gemma4Config, target_bytes: int, context: int, kv_dtype: str,
-                draft: DraftConfig | None = None) -> MemoryPlan:
+                draft: DraftConfig | None = None, dtype_bytes: int = 2) -> MemoryPlan:
+    """Everything the engine holds on the device at `context` tokens, for a compute dtype of
+    `dtype_bytes` (bf16 on the GPU). Nothing else grows with the context: the drafter's context is
+    built chunk by chunk during prefill, and kept conversations live in host memory."""
     slack = max(16, draft.block_size) if draft else 16
     return MemoryPlan(
         context=context,
         target_bytes=target_bytes,
-        drafter_bytes=drafter_weight_bytes(draft) if draft else 0,
+        drafter_bytes=drafter_weight_bytes(draft, dtype_bytes) if draft else 0,
         kv_bytes=kv_cache_bytes(cfg, context, kv_dtype, slack),
-        draft_context_bytes=drafter_context_bytes(draft, context) if draft else 0,
-        workspace_bytes=workspace_bytes(cfg, context),
+        draft_context_bytes=drafter_context_bytes(draft, context, dtype_bytes) if draft else 0,
+        workspace_bytes=workspace_bytes(cfg, context, dtype_bytes=dtype_bytes, kv_dtype=kv_dtype),
         kv_dtype=kv_dtype,
     )
 

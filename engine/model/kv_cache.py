@@ -62,7 +62,7 @@ class _LayerStore:
 def dequantize(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     if scale is None:
         return stored.to(dtype)
-    return (stored.float() * scale.unsqueeze(-1)).to(dtype)
+    return stored.float().mul_(scale.unsqueeze(-1)).to(dtype)  # in place: one fp32 copy at a time
 
 
 class KVCache:
