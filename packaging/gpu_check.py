@@ -9,13 +9,15 @@ on. `--smoke` runs the same code on the CPU with small shapes, so the script is 
 Sections:
 1. environment: torch, CUDA, GPU, triton.
 2. tiny model on the device vs the CPU (fp32 logits), bf16 and fp8 KV on the device, greedy output
-   with DFlash equal to without, int4 weights.
+   with DFlash equal to without, a follow-up resumed from the prefix cache equal to a fresh prefill,
+   int4 weights.
 3. `flashdesk bench --synthetic --json`, all 30 layers: prefill 1024 / 8192, AR, verify 1..16 and
    draft (+ int4 draft) steps at 4K context, each against the bytes it reads and the card's copy
    bandwidth (its table is printed, its JSON kept under "synthetic_bench").
 4. full-size Gemma 4 26B-A4B (random int4 weights, bf16 embedding) + the full-size drafter (random):
    memory held vs the memory plan, prefill speed, AR decode step, DFlash step at K = 4, 8, 15, for
-   fp8 and bf16 KV; speedup projected from the measured step times at acceptance lengths 1..8.
+   fp8 and bf16 KV; speedup projected from the measured step times at acceptance lengths 1..8;
+   the memory a prompt filling 8K, 32K and 64K tokens allocates against the memory plan.
 """
 
 from __future__ import annotations
@@ -171,10 +173,19 @@ def section_tiny_correctness(device, smoke: bool):
 
     plain = tokens(SpecControl(False))
     out["dflash_greedy_equals_ar"] = all(tokens(SpecControl(True, k)) == plain for k in (1, 4, 15))
+    # prefix reuse (with CUDA graphs on the GPU): a follow-up past the rings' slack, resumed from the
+    # snapshot at the first prompt's end, equals the same prompt prefilled from scratch
+    follow = prompt + plain[:20] + ids[12:20].tolist()  # diverges 27+ positions before the end
+    run = [e for e in engine.generate(GenerationRequest(follow, 24, ignore_eos=True)) if isinstance(e, FinishEvent)][0]
+    again = [e for e in engine.generate(GenerationRequest(follow, 24, ignore_eos=True, reuse=False))
+             if isinstance(e, FinishEvent)][0]
+    out["reuse_tokens"] = run.stats["reused_tokens"]
+    out["reuse_equals_fresh_prefill"] = run.token_ids == again.token_ids and run.stats["reused_tokens"] > 0
     int4_dev = random_target(cfg, device, torch.float32, int4=True)
     out["int4_logits_finite"] = bool(torch.isfinite(int4_dev.forward(ids.to(device), int4_dev.new_cache(48, "float32"))
                                                     .logits).all())
-    ok = out["fp32_max_abs_logit_diff_vs_cpu"] < 1e-3 and out["dflash_greedy_equals_ar"] and out["int4_logits_finite"]
+    ok = (out["fp32_max_abs_logit_diff_vs_cpu"] < 1e-3 and out["dflash_greedy_equals_ar"]
+          and out["int4_logits_finite"] and out["reuse_equals_fresh_prefill"])
     out["ok"] = ok
     return out
 
@@ -244,7 +255,45 @@ def section_full_size(device, smoke: bool, kv_dtypes):
             row[f"dflash_k{k}_projected_speedup_at_tau"] = {
                 tau: round(tau * row["ar_step_ms"] / row[f"dflash_k{k}_step_ms"], 2) for tau in range(1, min(k + 2, 9))}
         out[kv] = row
+        del decoder
+    out["memory_plan"] = _plan_against_allocation(device, target, drafter, (256, 512, 1024) if smoke else
+                                                  (8192, 32768, 65536))
     return out
+
+
+def _plan_against_allocation(device, target, drafter, contexts):
+    """A prompt filling each context (its worst prefill chunk attends over all of it): the device
+    memory it allocates beyond the weights, against the memory plan's context-dependent part. On
+    the Triton path the prefill attention allocates no scores, so it should come in under."""
+    import torch
+
+    from flashdesk.engine.decode.generation import Engine, GenerationRequest
+    from flashdesk.engine.loading.memory_plan import WORKSPACE_FIXED_BYTES, plan_memory
+
+    rows = []
+    kv = "fp8" if device.type == "cuda" else "float32"
+    for context in contexts:
+        engine = Engine(target, None, set(), kv, context, drafter)
+        engine.prefix_budget = 0
+        prompt = torch.randint(5, target.cfg.vocab_size, (context - 1,)).tolist()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+        t0 = sync(device)
+        for _ in engine.generate(GenerationRequest(prompt, 1, ignore_eos=True)):
+            pass
+        seconds = sync(device) - t0
+        plan = plan_memory(target.cfg, 0, context, kv, drafter.cfg, dtype_bytes=target.dtype.itemsize)
+        planned = plan.kv_bytes + plan.draft_context_bytes + plan.workspace_bytes - WORKSPACE_FIXED_BYTES
+        row = {"context": context, "prefill_tokens_per_second": round((context - 1) / seconds, 1),
+               "planned_gib": round(planned / 2**30, 3)}
+        if device.type == "cuda":
+            used = torch.cuda.max_memory_allocated(device) - base
+            row.update(allocated_gib=round(used / 2**30, 3), allocated_over_planned=round(used / planned, 3))
+        rows.append(row)
+        del engine
+    return rows
 
 
 def section_synthetic_bench(device, smoke: bool):
