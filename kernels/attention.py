@@ -13,8 +13,8 @@ import torch
 from flashdesk.kernels.backend import use_triton
 
 SCORE_BUDGET_BYTES = 256 << 20  # peak score memory of one attention call; longer blocks go in passes
-SCORE_MATRICES_AT_PEAK = 2.5  # fp32 scores and their softmax alive together, plus the cast probabilities
-MASK_BYTES_PER_ENTRY = 8 + 2  # int64 position deltas and the bool masks, per (query, key)
+SCORE_MATRICES_AT_PEAK = 2  # fp32 scores (masked in place) and their softmax alive together
+MASK_BYTES_PER_ENTRY = 2  # the bool mask and, while it is built, a second one, per (query, key)
 
 
 def query_rows_per_pass(num_heads: int, keys: int) -> int:
@@ -40,17 +40,27 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos
     group = hq // hkv
     qg = q.view(t, hkv, group, d).permute(1, 2, 0, 3)  # [Hkv, G, T, D]
     kt = k.permute(1, 2, 0).unsqueeze(1)  # [Hkv, 1, D, S]
-    scores = torch.matmul(qg, kt).float() * scale  # [Hkv, G, T, S]
-    delta = q_pos[:, None] - k_pos[None, :]
-    allowed = delta >= 0 if causal else torch.ones_like(delta, dtype=torch.bool)
-    if window is not None:
-        allowed &= delta < window
-        if not causal:
-            allowed &= -delta < window
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    scores = torch.matmul(qg, kt).float() * scale  # [Hkv, G, T, S], a new tensor: masked in place
+    blocked = _blocked(q_pos, k_pos, window, causal)
+    if blocked is not None:
+        scores.masked_fill_(blocked, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    del scores  # before the cast: two score matrices at most are alive at once
+    probs = probs.to(v.dtype)
     out = torch.matmul(probs, v.permute(1, 0, 2).unsqueeze(1))  # [Hkv, G, T, D]
     return out.permute(2, 0, 1, 3).reshape(t, hq, d)
+
+
+def _blocked(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None, causal: bool) -> torch.Tensor | None:
+    """[T, S] bool: the (query, key) pairs a query may not see (None: it sees every key)."""
+    qp, kp = q_pos[:, None], k_pos[None, :]
+    blocked = kp > qp if causal else None
+    if window is not None:
+        far = kp <= qp - window
+        if not causal:
+            far |= kp >= qp + window
+        blocked = far if blocked is None else blocked.logical_or_(far)
+    return blocked
 
 
 def attention(q, k, v, q_pos, k_pos, window, scale, causal=True):

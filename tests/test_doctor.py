@@ -137,13 +137,13 @@ def test_loaded_weight_bytes_of_gemma4_26b(cfg_26b):
 
 def test_workspace_allowance_of_gemma4_26b(cfg_26b):
     # the last 1024-token prefill chunk attending over 32768 keys on a full layer, in passes of as
-    # many query rows as fit 256 MiB of scores (5,570,560 bytes a row -> 48 rows): at the peak 2.5
-    # fp32 score matrices of 16 heads (bf16 compute) beside the int64 deltas and one bool mask, and
-    # that layer's K and V read back from fp8 in bf16 (2 KV heads x 512)
-    per_row = int(2.5 * 16 * 32768 * 4) + 32768 * 10
+    # many query rows as fit 256 MiB of scores: two fp32 score matrices of 16 heads per row (masked
+    # in place, softmaxed) and two bool masks (4,259,840 bytes a row -> 63 rows), and that layer's
+    # K and V read back from fp8 in bf16 (2 KV heads x 512)
+    per_row = 2 * 16 * 32768 * 4 + 32768 * 2
     rows = (256 << 20) // per_row
-    assert rows == 48
-    scores = int(2.5 * 16 * rows * 32768 * 4) + rows * 32768 * 9
+    assert rows == 63
+    scores = rows * per_row
     readback = 2 * 32768 * 2 * 512 * 2
     assert workspace_bytes(cfg_26b, 32768) == WORKSPACE_FIXED_BYTES + scores + readback
     # at 256K the cast of V (fp32, then bf16) beside K in bf16 is the larger peak

@@ -63,10 +63,10 @@ def workspace_bytes(cfg: Gemma4Config, context: int, chunk: int = PREFILL_CHUNK,
     the worst prefill chunk (`chunk` queries over all `context` keys), on the layer where it peaks.
 
     It mirrors the plain-torch attention (kernels/attention.py), in passes of as many query rows as
-    its score budget allows: the [heads, rows, keys] fp32 scores are alive twice at once (masked and
-    softmaxed; 2.5 times in bf16, which adds the cast probabilities) beside the [rows, keys] int64
-    position deltas and bool masks. The layer's keys and values are read back in the compute dtype
-    when stored otherwise (fp8), a sliding layer's always (its window is joined to the new block).
+    its score budget allows: the [heads, rows, keys] fp32 scores are alive twice at once (masked in
+    place, then softmaxed) beside the [rows, keys] bool masks. The layer's keys and values are read
+    back in the compute dtype when stored otherwise (fp8), a sliding layer's always (its window is
+    joined to the new block).
     The Triton prefill kernel allocates no scores, so on the GPU this is an upper bound.
     """
     chunk = max(1, min(chunk, context))
@@ -76,11 +76,7 @@ def workspace_bytes(cfg: Gemma4Config, context: int, chunk: int = PREFILL_CHUNK,
     for layer in cfg.layers:
         keys = min(context, cfg.sliding_window - 1 + chunk) if layer.sliding else context
         rows = min(chunk, query_rows_per_pass(cfg.num_heads, keys))
-        matrix = cfg.num_heads * rows * keys * 4
-        if dtype_bytes == 4:  # the fp32 casts are no-ops: scaled + masked, then masked + softmax
-            scores = 2 * matrix + rows * keys * MASK_BYTES_PER_ENTRY
-        else:
-            scores = int(SCORE_MATRICES_AT_PEAK * matrix) + rows * keys * (MASK_BYTES_PER_ENTRY - 1)
+        scores = int(SCORE_MATRICES_AT_PEAK * cfg.num_heads * rows * keys * 4) + rows * keys * MASK_BYTES_PER_ENTRY
         elements = keys * layer.num_kv_heads * layer.head_dim
         held = 2 * elements * dtype_bytes if converted or layer.sliding else 0
         converting = elements * (2 * dtype_bytes + 4) if converted else 0  # K, then V in fp32 and cast
