@@ -8,6 +8,7 @@ conversation's setting says, losing nothing); a reply the full context cut off o
 
 from __future__ import annotations
 
+import statistics
 import sys
 
 from PySide6.QtCore import Qt
@@ -45,18 +46,24 @@ def _record(window) -> tuple[list, list]:
 
 # -- the done-when: a follow-up's first token does not wait for the whole conversation ----------------
 
-TURNS = 8
+ROUNDS = 7
+
+
+def _follow_up(turn: int) -> str:
+    return f"And what about entry {turn}?"
 
 
 def _conversation(qtbot, window, reuse: bool) -> list[dict]:
-    """TURNS turns of ~450 new tokens each; per turn what the engine and the window measured."""
+    """ROUNDS rounds of a long message (~450 tokens: the conversation grows) and then a short
+    follow-up question; per follow-up what the engine and the window measured."""
     window.controller.reuse = reuse
     greedy(window, max_tokens=4)
     started, finished = _record(window)
     rows = []
-    for turn in range(TURNS):
-        send(qtbot, window, _long_message(turn), typed=False)
-        wait_idle(qtbot, window)
+    for turn in range(ROUNDS):
+        for text in (_long_message(turn), _follow_up(turn)):
+            send(qtbot, window, text, typed=False)
+            wait_idle(qtbot, window)
         s, f = started[-1], finished[-1]
         reply = messages(window)[-1]
         assert reply.state == COMPLETE and s.request_id == f.request_id
@@ -73,32 +80,30 @@ def test_follow_up_time_to_first_token_stays_flat_as_the_conversation_grows(qtbo
     for name, rows in (("reuse", reuse), ("no reuse", control)):
         print(f"\n{name}:", file=sys.stderr)
         for i, r in enumerate(rows):
-            print(f"  turn {i}: prompt {r['prompt']:5d}  reused {r['reused']:5d}  prefilled {r['prefilled']:5d}  "
+            print(f"  follow-up {i}: prompt {r['prompt']:5d}  reused {r['reused']:5d}  prefilled {r['prefilled']:5d}  "
                   f"prefill {r['prefill_s'] * 1000:6.0f} ms  first token {r['ttft_s'] * 1000:6.0f} ms", file=sys.stderr)
 
-    first, last = reuse[1], reuse[-1]  # the first follow-up, and the last
-    assert last["prompt"] >= 3.5 * first["prompt"]  # the conversation grew several-fold...
-    for r in reuse[1:]:  # ...while each follow-up prefilled about its own new turn only
+    first, last = reuse[0], reuse[-1]
+    assert last["prompt"] >= 5 * first["prompt"]  # the conversation grew several-fold...
+    for r in reuse:  # ...while each follow-up prefilled only the last reply and its own question
         assert r["reused"] > 0 and r["prefilled"] == r["prompt"] - r["reused"]
-        assert 0.8 * first["prefilled"] <= r["prefilled"] <= 1.2 * first["prefilled"]
-        assert r["prefilled"] <= reuse[0]["prompt"] + 16
+        assert r["prefilled"] <= 48, r
         assert f"reused {r['reused']} of {r['prompt']} prompt tokens" in r["footer"]
-    assert "reused 0 of" in reuse[0]["footer"]
     for r in control:  # the control prefilled the whole, growing conversation every time
         assert r["reused"] == 0 and r["prefilled"] == r["prompt"]
     assert [r["prompt"] for r in control] == [r["prompt"] for r in reuse]
 
-    # time to first token: the engine's prefill and the window's send-to-first-token, against the control
-    # (the demo model is 64 wide, so attention over the cached context is most of its prefill: reused
-    # or not, that part grows with the conversation; what reuse removes is prefilling it all again)
-    def tail(rows, key):
-        return sum(r[key] for r in rows[-2:]) / 2
+    # time to first token: flat with reuse (the last follow-ups against the first ones), growing with
+    # the conversation without it; medians of three, against a machine busy with other work
+    def early(rows, key):
+        return statistics.median(r[key] for r in rows[:3])
 
-    assert tail(reuse, "prefill_s") < 0.5 * tail(control, "prefill_s")
-    assert tail(reuse, "ttft_s") < 0.6 * tail(control, "ttft_s")
-    growth_reuse = tail(reuse, "prefill_s") / first["prefill_s"]
-    growth_control = tail(control, "prefill_s") / control[1]["prefill_s"]
-    assert growth_reuse < growth_control
+    def late(rows, key):
+        return statistics.median(r[key] for r in rows[-3:])
+
+    assert late(reuse, "prefill_s") < 2 * early(reuse, "prefill_s")
+    assert late(control, "prefill_s") > 3 * early(control, "prefill_s")
+    assert late(reuse, "ttft_s") < 0.5 * late(control, "ttft_s")
 
 
 # -- the gauge, and a send past the context ---------------------------------------------------------------
