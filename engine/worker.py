@@ -30,6 +30,7 @@ screenshots can act in the middle of a generation of the tiny demo model.
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
@@ -38,6 +39,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from pathlib import Path
 
 from flashdesk import protocol as p
@@ -139,6 +141,7 @@ class Worker:
         self.step_delay = float(os.environ.get("FLASHDESK_WORKER_STEP_DELAY") or 0)
         self.pulls: dict[str, int] = {}  # repo id -> Pull requests of it queued or running
         self.pull_cancels: set[str] = set()  # repo ids whose download was cancelled (running or queued)
+        self._counter = None  # (engine, a tokenizer of its own) for CountTokens on the reader thread
 
     # -- I/O ------------------------------------------------------------------------------------
 
@@ -190,7 +193,12 @@ class Worker:
         from flashdesk.engine.decode.chat import build_prompt_ids
 
         try:
-            tokens = len(build_prompt_ids(engine.tokenizer, msg.messages, enable_thinking=msg.thinking))
+            if self._counter is None or self._counter[0]() is not engine:
+                # its own copy: the main thread detokenizes with the engine's while a reply runs,
+                # and a fast tokenizer must not be borrowed by two threads at once (a weak reference:
+                # an unloaded engine must be freed)
+                self._counter = (weakref.ref(engine), copy.deepcopy(engine.tokenizer))
+            tokens = len(build_prompt_ids(self._counter[1], msg.messages, enable_thinking=msg.thinking))
         except Exception as exc:  # noqa: BLE001 - the gauge is informative: say "unknown", log why
             print(f"count_tokens failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             tokens = -1

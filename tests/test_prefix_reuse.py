@@ -113,8 +113,29 @@ def test_switching_between_conversations_resumes_each_from_host_memory(engine):
     assert engine._prefix.kept and engine._prefix.host_bytes() <= engine._prefix.budget
 
 
+def test_the_least_recently_used_conversation_leaves_host_memory_first(engine):
+    saved = engine._step_state()
+    engine._prefix = PrefixCache(saved.cache, saved.ctx)
+    try:
+        prompts = {name: prompt_of(engine, [{"role": "system", "content": name},
+                                            {"role": "user", "content": sentence(len(name), 12)}])
+                   for name in ("a", "bb", "ccc")}
+        for prompt in prompts.values():
+            run(engine, prompt, 20)
+        cache = engine._prefix
+        assert [s.tokens[:len(prompts[n])] for s, n in zip(cache.kept, ("a", "bb"))] == [prompts["a"], prompts["bb"]]
+        cache.budget = cache.host_bytes() - 1
+        cache._fit_budget()
+        assert len(cache.kept) == 1 and cache.active.snapshots  # "a" went, not the newer ones
+        assert engine.reusable_tokens(prompts["a"]) < 8  # the <bos> and the system turn's opening at most
+        assert engine.reusable_tokens(prompts["bb"]) == len(prompts["bb"]) - 1
+        assert run(engine, prompts["bb"], 20).token_ids == fresh(engine, prompts["bb"], 20).token_ids
+    finally:
+        engine._prefix = saved
+
+
 def test_without_a_host_budget_only_the_live_state_is_reused_and_output_is_unchanged(engine):
-    saved = engine._prefix
+    saved = engine._step_state()
     engine._prefix = PrefixCache(saved.cache, saved.ctx, budget=0)
     try:
         prompt = prompt_of(engine, [{"role": "user", "content": sentence(50, 20)}])

@@ -139,6 +139,15 @@ def test_environment_report_rows() -> None:
     assert dict(rows)["torch"] == torch.__version__
 
 
+def test_environment_report_names_the_prefix_cache_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flashdesk.engine.tools.doctor import environment_report
+
+    monkeypatch.setenv("FLASHDESK_PREFIX_CACHE_MB", "1536")
+    assert "up to 1.50 GiB of host memory" in dict(environment_report())["prefix cache"]
+    monkeypatch.setenv("FLASHDESK_PREFIX_CACHE_MB", "0")
+    assert dict(environment_report())["prefix cache"].startswith("off")
+
+
 def test_environment_report_survives_broken_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A missing pynvml, a broken triton and a GPU whose memory query fails are text, not errors."""
     import torch

@@ -199,6 +199,18 @@ def _cuda_graphs() -> str:
     return "on: decode and verify steps are captured once per block length and replayed"
 
 
+def _prefix_cache() -> str:
+    """The host memory kept conversations may take (engine/decode/prefix_cache.py)."""
+    from flashdesk.engine.decode.prefix_cache import default_budget
+    from flashdesk.engine.loading.memory_plan import format_bytes
+
+    budget = default_budget()
+    if budget <= 0:
+        return "off (FLASHDESK_PREFIX_CACHE_MB=0): only the conversation on the device is reused"
+    return (f"earlier turns and conversations kept in up to {format_bytes(budget)} of host memory "
+            "(FLASHDESK_PREFIX_CACHE_MB sets it)")
+
+
 def environment_report() -> list[Row]:
     """(label, text) rows: Python, platform, torch, CUDA and each GPU, NVML, triton, flash-attn."""
     rows: list[Row] = []
@@ -209,6 +221,7 @@ def environment_report() -> list[Row]:
     rows += _probe("triton", lambda: _module_version("triton", "triton", " (GPU kernels fall back to plain torch)"))
     rows += _probe("kernels", _kernels)
     rows += _probe("CUDA graphs", _cuda_graphs)
+    rows += _probe("prefix cache", _prefix_cache)
     rows += _probe(
         "flash-attn",
         lambda: _module_version("flash_attn", "flash-attn", " (optional: pip install 'flashdesk[flash]', GPU only)"),
