@@ -22,6 +22,8 @@ OUT_OF_MEMORY = "out_of_memory"  # CUDA or host memory ran out; the worker stays
 BAD_INPUT = "bad_input"  # a folder, setting or prompt the engine refuses, with its reason
 CRASH = "crash"  # anything else: a bug or a driver fault
 
+AUTO_DRAFT_LENGTH = "auto"  # SetSpeculation.draft_length: chosen each step by the engine
+
 # Origins of answer text (Step.spans): an accepted draft token, or a token the target chose.
 DRAFT = "d"
 TARGET = "t"
@@ -138,10 +140,11 @@ class Cancel:
 @message("set_speculation")
 @dataclass
 class SetSpeculation:
-    """Speculation on/off and the draft length (None: block_size - 1); applies from the next step."""
+    """Speculation on/off and the draft length (None: block_size - 1; "auto": chosen each step for
+    the most tokens per second); applies from the next step."""
 
     enabled: bool
-    draft_length: int | None = None
+    draft_length: int | str | None = None
 
 
 @message("pull")

@@ -130,7 +130,7 @@ class EngineSession(QObject):
         if self.client.running:
             self.client.send(p.Cancel(request_id))
 
-    def set_speculation(self, enabled: bool, draft_length: int | None) -> None:
+    def set_speculation(self, enabled: bool, draft_length: int | str | None) -> None:
         self.speculation = (enabled, draft_length)
         if self.client.is_ready:
             self.client.send(p.SetSpeculation(enabled, draft_length))

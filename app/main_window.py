@@ -564,7 +564,7 @@ class MainWindow(QMainWindow):
         dialog.open()
         self.settings_dialog = dialog
 
-    def _speculation_changed(self, enabled: bool, length: int) -> None:
+    def _speculation_changed(self, enabled: bool, length: int | str) -> None:
         self.session.set_speculation(enabled, length)
         self.store.set_setting("speculation", {"enabled": enabled, "draft_length": length})
 

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, Q
                                QWidget)
 
 from flashdesk.app import theme
+from flashdesk.protocol import AUTO_DRAFT_LENGTH as AUTO
 from flashdesk.app.plots import BarPlot
 
 
@@ -21,7 +22,7 @@ def _pct(value) -> str:
 
 
 class SpecPanel(QGroupBox):
-    speculation_changed = Signal(bool, int)  # enabled, draft length
+    speculation_changed = Signal(bool, object)  # enabled, draft length: an int or AUTO
     colour_changed = Signal(bool)
 
     def __init__(self, parent: QWidget | None = None):
@@ -34,9 +35,12 @@ class SpecPanel(QGroupBox):
                                 "The text is the same either way, only the speed changes.")
         self.length = QSpinBox()
         self.length.setObjectName("draftLength")
-        self.length.setRange(1, 15)
+        self.length.setRange(0, 15)  # 0 shows as "auto"
+        self.length.setSpecialValueText(AUTO)
         self.length.setValue(15)
-        self.length.setToolTip("Tokens drafted per step (1 to block size - 1); applies from the next step")
+        self.length.setToolTip("Tokens drafted per step (1 to block size - 1), or auto (below 1): each step "
+                               "drafts what gives the most tokens per second, from this card's measured step "
+                               "times and the live acceptance. Applies from the next step")
         self.length_note = QLabel()
         self.length_note.setObjectName("muted")
         length_row = QHBoxLayout()
@@ -111,8 +115,8 @@ class SpecPanel(QGroupBox):
             w.blockSignals(True)
         if has:
             longest = block_size - 1
-            self.length.setRange(1, longest)
-            self.length.setValue(min(length or longest, longest))
+            self.length.setRange(0, longest)
+            self.length.setValue(0 if length == AUTO else min(length or longest, longest))
             self.length_note.setText(f"max {longest}")
             self.length_note.setToolTip(f"The drafter's block size is {block_size}: it drafts up to {longest} tokens")
             self.enabled.setChecked(enabled)
@@ -125,7 +129,7 @@ class SpecPanel(QGroupBox):
             w.blockSignals(False)
 
     def _changed(self, *_args) -> None:
-        self.speculation_changed.emit(self.enabled.isChecked(), self.length.value())
+        self.speculation_changed.emit(*self.values())
 
     def show_stats(self, stats: dict | None, scope: str) -> None:
         """Show a stats record (the engine's running summary, or a stored message's)."""
@@ -141,5 +145,5 @@ class SpecPanel(QGroupBox):
         histogram = stats.get("accepted_histogram") or []
         self.histogram.set_bars(list(range(len(histogram))), histogram)
 
-    def values(self) -> tuple[bool, int]:
-        return self.enabled.isChecked(), self.length.value()
+    def values(self) -> tuple[bool, int | str]:
+        return self.enabled.isChecked(), self.length.value() or AUTO

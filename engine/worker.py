@@ -205,8 +205,10 @@ class Worker:
         self.send(p.TokenCount(msg.request_id, tokens, engine.context_limit))
 
     def set_speculation(self, msg: p.SetSpeculation) -> None:
+        from flashdesk.engine.decode.speculative import AUTO
+
         length = msg.draft_length
-        if length is not None:
+        if length is not None and length != AUTO:
             length = max(1, int(length))
             drafter = self.engine.drafter if self.engine is not None else None
             if drafter is not None:

@@ -206,6 +206,10 @@ def test_spec_panel(qtbot) -> None:
     panel.length.setValue(4)
     panel.enabled.setChecked(False)
     assert changes == [(True, 4), (False, 4)]
+    panel.length.setValue(0)  # below 1: the engine picks each step's length
+    assert panel.length.text() == "auto" and changes[-1] == (False, "auto") and panel.values() == (False, "auto")
+    panel.set_block_size(16, enabled=True, length="auto")
+    assert panel.length.value() == 0 and panel.values() == (True, "auto")
     panel.show_stats({"mean_acceptance_length": 2.5, "acceptance_rate": 0.375, "drafted": 8, "accepted": 3,
                       "per_position_acceptance": [0.75, 0.5, 0.25, 0.0], "accepted_histogram": [1, 0, 1, 0, 0]},
                      "This reply, live.")

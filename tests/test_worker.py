@@ -239,6 +239,12 @@ def test_speculation_changes_apply_mid_generation_and_change_nothing(demo) -> No
         # each change shows from a later step on, in the order sent
         seq = [n for i, n in enumerate(lengths) if i == 0 or n != lengths[i - 1]]
         assert seq[:4] == [3, 2, 0, 5], lengths
+
+        w.send(p.SetSpeculation(True, p.AUTO_DRAFT_LENGTH))  # the engine picks each step's length
+        w.send(p.Generate("auto", HELLO, temperature=0.0, max_tokens=90, ignore_eos=True))
+        auto = w.until(p.Finished)
+        assert auto[-1].token_ids == plain.token_ids
+        assert {len(m.draft) for m in auto if isinstance(m, p.Step) and m.index > 0} <= set(range(16))
     finally:
         w.close()
 

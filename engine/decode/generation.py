@@ -23,6 +23,7 @@ from flashdesk.engine.model.kv_cache import KVCache
 from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.loading.memory_plan import context_that_fits
 from flashdesk.engine.decode.sampling import SamplingParams
+from flashdesk.engine.decode.draft_length import AutoDraftLength
 from flashdesk.engine.decode.prefix_cache import PrefixCache
 from flashdesk.engine.decode.speculative import Decoder, SpecControl, StepResult
 from flashdesk.engine.decode.stats import SpecStats, StepRecord
@@ -113,6 +114,8 @@ class Engine:
         self._ctx: DraftContext | None = None  # for every generation (allocated at the first)
         self._graphs: StepGraphs | None = None
         self._prefix: PrefixCache | None = None
+        # the automatic draft length's costs and acceptance, kept from one generation to the next
+        self.auto = AutoDraftLength(drafter.max_draft_length) if drafter is not None else None
 
     def cuda_graphs(self) -> str:
         """In words: whether decode and verify steps run as CUDA graphs (and why not)."""
@@ -194,7 +197,7 @@ class Engine:
         prefix = self._step_state()
         reused = prefix.start(prompt, request.reuse)
         decoder = Decoder(self.model, self.drafter, self.context_limit, self.kv_dtype, request.sampling, eos,
-                          self._cache, self._ctx, self._graphs)
+                          self._cache, self._ctx, self._graphs, self.auto)
         text = _TextOutput(self.tokenizer, request.stop_strings)
         tokens: list[int] = []
         stats = SpecStats()

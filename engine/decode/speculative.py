@@ -20,6 +20,8 @@ import torch
 from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
+from flashdesk.engine.decode.draft_length import AutoDraftLength, StepCosts
+from flashdesk.protocol import AUTO_DRAFT_LENGTH
 from flashdesk.engine.decode.sampling import SamplingParams, draw, make_generator, probabilities, sample, verify_draft
 
 PREFILL_CHUNK = 1024  # prompt tokens per forward: bounds activation memory on long prompts
@@ -31,12 +33,15 @@ def read_to_host(t: torch.Tensor) -> list[int]:
     return t.tolist()
 
 
+AUTO = AUTO_DRAFT_LENGTH  # SpecControl.draft_length: pick each step's draft length (draft_length.py)
+
+
 @dataclass
 class SpecControl:
     """Speculation settings a running generation picks up from its next step."""
 
     enabled: bool = True
-    draft_length: int | None = None  # None: the drafter's block_size - 1
+    draft_length: int | str | None = None  # None: the drafter's block_size - 1; AUTO: chosen per step
 
 
 @dataclass(frozen=True)
@@ -70,15 +75,28 @@ class _StepClock:
         return a.elapsed_time(b) / 1000 if self.cuda else b - a
 
 
+def _seconds(device: torch.device, fn, arg: int, repeats: int) -> float:
+    """Mean seconds of fn(arg) after one untimed run (a calibration: it may wait for the device)."""
+    wait = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn(arg)
+    wait()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn(arg)
+    wait()
+    return (time.perf_counter() - t0) / repeats
+
+
 class Decoder:
     """The state of one generation: target KV cache, drafter context, the token still to be run."""
 
     def __init__(self, model: Gemma4, drafter: Drafter | None, max_context: int, kv_dtype: str,
                  sampling: SamplingParams, eos: set[int], cache: KVCache | None = None,
-                 ctx: DraftContext | None = None, graphs=None):
+                 ctx: DraftContext | None = None, graphs=None, auto: AutoDraftLength | None = None):
         """`cache`, `ctx`: continue these from where they stand (a prefix cache placed them) instead
         of allocating new ones; `graphs`: a StepGraphs over them, which runs the decode, verify and
-        draft passes as CUDA graphs."""
+        draft passes as CUDA graphs; `auto`: the automatic draft length's state (kept across
+        generations by the engine)."""
         self.model, self.drafter, self.sampling, self.eos = model, drafter, sampling, eos
         slack = max(16, drafter.cfg.block_size) if drafter else 16
         if cache is None:
@@ -86,6 +104,7 @@ class Decoder:
         if ctx is None and drafter is not None:
             ctx = drafter.new_context(max_context)
         self.cache, self.ctx, self.graphs = cache, ctx, graphs
+        self.auto = auto if auto is not None or drafter is None else AutoDraftLength(drafter.max_draft_length)
         self.taps = drafter.cfg.target_layer_ids if drafter else ()
         self.pending: list[torch.Tensor] = []  # target features not yet in the drafter's context
         self.generator = make_generator(sampling, model.device)
@@ -118,10 +137,44 @@ class Decoder:
         k = 0
         if self.drafter is not None and (control is None or control.enabled):
             wanted = control.draft_length if control and control.draft_length else self.drafter.max_draft_length
+            if wanted == AUTO:
+                return self._auto_step(remaining)
             k = max(0, min(wanted, self.drafter.max_draft_length, remaining))
         if k == 0:
             return self._plain_step()
         return self._speculative_step(k, remaining)
+
+    def _auto_step(self, remaining: int) -> StepResult:
+        if self.auto.costs is None:
+            self.auto.costs = self.measure_costs()
+        k = self.auto.choose(remaining)
+        result = self._speculative_step(k, remaining) if k else self._plain_step()
+        self.auto.observe(k, result.accepted, result.draft_seconds, result.verify_seconds)
+        return result
+
+    def measure_costs(self, repeats: int = 3) -> StepCosts:
+        """Time a target pass over every block length 1..K+1 and a draft of every length 1..K, here,
+        committing nothing (what they write past the held length, the next step overwrites). Each is
+        run once first (a CUDA graph is captured, a kernel compiled), then timed `repeats` times."""
+        max_k = self.drafter.max_draft_length
+        self.flush_pending()
+        start = self.cache.length
+        ids = self.last.repeat(max_k + 1)
+
+        def verify(m: int) -> None:
+            self._forward(ids[:m], "all")
+            self.cache.rollback(start)
+
+        def draft(k: int) -> None:
+            self.ctx.note_block(k + 1)
+            if self.graphs is not None and self.graphs.covers_draft(self.ctx, k):
+                self.graphs.run_draft(self.last, k)
+            else:
+                self.drafter.draft_logits(self.ctx, self.last, k)
+
+        timed = lambda fn, n: _seconds(self.model.device, fn, n, repeats)  # noqa: E731
+        return StepCosts([0.0] + [timed(draft, k) for k in range(1, max_k + 1)],
+                         [0.0] + [timed(verify, m) for m in range(1, max_k + 2)])
 
     def _plain_step(self) -> StepResult:
         clock = _StepClock(self.model.device)

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flashdesk.engine.decode.conversation import check_policy, fit_conversation
+from flashdesk.engine.decode.speculative import AUTO
 from flashdesk.engine.errors import ContextOverflowError, FlashDeskError
 
 COMMANDS = {
     "spec": "/spec on|off        speculative decoding on or off (needs --draft)",
-    "k": "/k N                draft length, 1..the drafter's block size - 1 (needs --draft)",
+    "k": "/k N|auto           draft length, 1..the drafter's block size - 1, or chosen each step (needs --draft)",
     "think": "/think on|off       let the model think before answering",
     "system": "/system TEXT        set or replace the system prompt (/system alone clears it)",
     "regenerate": "/regenerate         drop the last reply and answer the last message again",
@@ -241,12 +242,13 @@ class ChatSession:
             try:
                 if isinstance(value, bool):
                     raise ValueError
-                k = int(str(value).strip()) if value is not None else None
+                text = str(value).strip().lower() if value is not None else ""
+                k = AUTO if text == AUTO else int(text) if text else None
             except ValueError:
                 k = None
-            if k is None or not 1 <= k <= longest:
-                raise CommandError(f"/k takes a draft length 1..{longest}, got {value!r}" if value is not None
-                                   else f"/k needs a draft length 1..{longest}")
+            if k is None or (k != AUTO and not 1 <= k <= longest):
+                raise CommandError(f"/k takes a draft length 1..{longest} or auto, got {value!r}" if value is not None
+                                   else f"/k needs a draft length 1..{longest} or auto")
             self.control.draft_length = k
             return {"draft_length": k, "speculation": self.control.enabled}
         if name == "think":
