@@ -117,3 +117,23 @@ def test_auto_switches_between_speculating_and_plain_steps(engine):
     assert all(not getattr(e, "draft", []) for e in events[1:-1])
     assert events[-1].token_ids == tokens(engine, PROMPTS[0], SpecControl(False), n=8).token_ids
     assert list(itertools.chain(*(e.emitted for e in events[:-1]))) == events[-1].token_ids
+
+
+def test_measured_costs_are_kept_per_card_and_model(spec_pair, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHDESK_DATA_DIR", str(tmp_path))
+    target_dir, draft_dir = spec_pair[1]
+    first = Engine.load(target_dir, device="cpu", draft_dir=draft_dir)
+    assert first.costs_path.parent == tmp_path / "step_costs" and not first.costs_path.exists()
+    tokens(first, PROMPTS[0], SpecControl(True, AUTO), n=8)
+    assert first.costs_path.is_file()
+    second = Engine.load(target_dir, device="cpu", draft_dir=draft_dir)
+    assert second.costs_path == first.costs_path
+
+    def never(self, repeats=3):
+        raise AssertionError("the costs were measured again")
+
+    monkeypatch.setattr("flashdesk.engine.decode.speculative.Decoder.measure_costs", never)
+    tokens(second, PROMPTS[0], SpecControl(True, AUTO), n=8)  # read back from the file instead
+    assert second.auto.costs is not None
+    other = Engine.load(target_dir, device="cpu", draft_dir=draft_dir, kv_dtype="bfloat16")
+    assert other.costs_path != first.costs_path  # other settings, other costs

@@ -17,7 +17,10 @@ when the short ones do well.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 DECAY = 0.95  # each step's weight against the history: about the last twenty steps at a position
 PRIOR_ACCEPTANCE = 0.7  # the first position's acceptance before anything was seen
@@ -99,3 +102,25 @@ class AutoDraftLength:
             self.costs.verify[k + 1] = a * self.costs.verify[k + 1] + (1 - a) * verify_seconds
             if k > 0 and draft_seconds > 0:
                 self.costs.draft[k] = a * self.costs.draft[k] + (1 - a) * draft_seconds
+
+
+def costs_file(folder: Path, *key: str) -> Path:
+    """Where the measured step costs of one (card, model, drafter, dtypes, kernels) are kept."""
+    digest = hashlib.sha256("\n".join(key).encode()).hexdigest()[:20]
+    return folder / f"{digest}.json"
+
+
+def load_costs(path: Path, max_k: int) -> StepCosts | None:
+    """Costs measured earlier on this card, or None (none yet, unreadable, or another drafter)."""
+    try:
+        return StepCosts.from_json(json.loads(path.read_text(encoding="utf-8")), max_k)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def save_costs(path: Path, costs: StepCosts) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(costs.to_json()), encoding="utf-8")
+    except OSError:
+        pass  # a cache: the next first use measures again

@@ -7,6 +7,7 @@ The CLI, the worker process, the benchmarks and the tests all drive generation t
 from __future__ import annotations
 
 import os
+import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from flashdesk.engine.model.kv_cache import KVCache
 from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.loading.memory_plan import context_that_fits
 from flashdesk.engine.decode.sampling import SamplingParams
-from flashdesk.engine.decode.draft_length import AutoDraftLength
+from flashdesk.engine.decode.draft_length import AutoDraftLength, costs_file, load_costs, save_costs
 from flashdesk.engine.decode.prefix_cache import PrefixCache
 from flashdesk.engine.decode.speculative import Decoder, SpecControl, StepResult
 from flashdesk.engine.decode.stats import SpecStats, StepRecord
@@ -116,6 +117,7 @@ class Engine:
         self._prefix: PrefixCache | None = None
         # the automatic draft length's costs and acceptance, kept from one generation to the next
         self.auto = AutoDraftLength(drafter.max_draft_length) if drafter is not None else None
+        self.costs_path: Path | None = None  # where this card's measured step costs are kept (load sets it)
 
     def cuda_graphs(self) -> str:
         """In words: whether decode and verify steps run as CUDA graphs (and why not)."""
@@ -165,7 +167,10 @@ class Engine:
         tokenizer = load_tokenizer(model_dir) if _has_tokenizer(Path(model_dir)) else None
         eos = eos_ids(model_dir) or set(model.cfg.eos_token_ids)
         limit = min(context_limit or model.cfg.max_position_embeddings, model.cfg.max_position_embeddings)
-        return cls(model, tokenizer, eos, kv, limit, drafter)
+        engine = cls(model, tokenizer, eos, kv, limit, drafter)
+        if drafter is not None:
+            engine.costs_path = _costs_path(dev, model_dir, draft_dir, torch_dtype, kv, draft_quantize)
+        return engine
 
     def check_request(self, prompt: list[int], max_new_tokens: int) -> None:
         """Refuse a request the model cannot run: empty, out of vocabulary, or over the context."""
@@ -194,6 +199,10 @@ class Engine:
         prompt = list(request.prompt_ids)
         self.check_request(prompt, request.max_new_tokens)
         eos = set() if request.ignore_eos else self.eos
+        measuring = self.auto is not None and self.auto.costs is None and self.costs_path is not None
+        if measuring:
+            self.auto.costs = load_costs(self.costs_path, self.auto.max_k)  # else the first auto step measures
+            measuring = self.auto.costs is None
         prefix = self._step_state()
         reused = prefix.start(prompt, request.reuse)
         decoder = Decoder(self.model, self.drafter, self.context_limit, self.kv_dtype, request.sampling, eos,
@@ -232,6 +241,8 @@ class Engine:
             whole = True
         finally:  # also when the consumer closes the generator between steps (a cancel)
             self._settle(decoder, prompt + tokens[:-1] if whole else None)
+            if measuring and self.auto.costs is not None:  # measured by this generation: keep them
+                save_costs(self.costs_path, self.auto.costs)
         summary = {"prompt_tokens": len(prompt), "reused_tokens": reused, "prefill_tokens": len(prompt) - reused,
                    "prefill_seconds": prefill_seconds, **stats.summary(),
                    "kernels": describe(self.model.device), "cuda_graphs": self.cuda_graphs()}
@@ -246,6 +257,17 @@ class Engine:
             except Exception:  # noqa: BLE001 - the state is unknown; the next request starts afresh
                 held = None
         self._prefix.finish(held)
+
+
+def _costs_path(device: torch.device, model_dir, draft_dir, dtype: torch.dtype, kv: str,
+                draft_quantize: str | None) -> Path:
+    """The file of this card's measured step costs for this model pair and these settings."""
+    from flashdesk.paths import data_dir
+
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu {platform.processor()}"
+    key = (card, str(Path(model_dir).resolve()), str(Path(draft_dir).resolve()), str(dtype), kv,
+           str(draft_quantize), describe(device), torch.__version__)
+    return costs_file(data_dir() / "step_costs", *key)
 
 
 def _share(progress, base: float, share: float):
