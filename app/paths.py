@@ -1,34 +1,18 @@
-"""Where FlashDesk keeps its files: the platformdirs data folder, or FLASHDESK_DATA_DIR.
+"""Where FlashDesk keeps its files: re-exported from `flashdesk.paths`, which the engine shares.
 
-The override exists for tests, screenshots and portable setups: everything the app writes (the
-database, the demo model) goes under this one folder.
+The definitions live at the package root so that `flashdesk bench` (engine) and the app write
+under the same data folder (FLASHDESK_DATA_DIR or the platformdirs one) without either layer
+importing the other.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-import platformdirs
-
-APP_DIR_NAME = "FlashDesk"
-DATA_DIR_ENV = "FLASHDESK_DATA_DIR"
-
-
-def data_dir() -> Path:
-    explicit = os.environ.get(DATA_DIR_ENV)
-    folder = Path(explicit).expanduser() if explicit else Path(platformdirs.user_data_dir(APP_DIR_NAME, False))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def database_path() -> Path:
-    return data_dir() / "flashdesk.db"
-
-
-def demo_dir() -> Path:
-    return data_dir() / "demo"
-
-
-def assets_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "assets"
+from flashdesk.paths import (  # noqa: F401 - this module's API
+    APP_DIR_NAME,
+    DATA_DIR_ENV,
+    assets_dir,
+    bench_dir,
+    data_dir,
+    database_path,
+    demo_dir,
+)

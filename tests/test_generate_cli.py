@@ -137,3 +137,16 @@ def test_the_installed_command_streams_text(model_dir):
     assert done.returncode == 0, done.stderr
     assert "[length] 8 tokens" in done.stderr
     assert done.stdout.strip()
+
+
+def test_auto_draft_length_from_the_command_line(spec_pair, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("FLASHDESK_DATA_DIR", str(tmp_path))
+    target_dir, draft_dir = spec_pair[1]
+    args = ["--model", target_dir, "--draft", draft_dir, "--prompt-ids", "2,105,300,106", "--max-new-tokens", 24,
+            "--ignore-eos"]
+    auto = run_json(capsys, *args, "--draft-length", "auto")
+    plain = run_json(capsys, *args, "--no-speculate")
+    assert auto["token_ids"] == plain["token_ids"] and auto["stats"]["speculative_steps"] > 0
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", *map(str, args), "--draft-length", "many"])
+    assert exit_info.value.code == 2 and "a number or auto, got 'many'" in capsys.readouterr().err

@@ -33,14 +33,24 @@ def _parser() -> argparse.ArgumentParser:
                       help="when the conversation outgrows the context: drop its oldest turns (keeping the "
                       "system prompt; the default) or stop with a message")
 
-    bench = sub.add_parser("bench", help="AR vs DFlash at several draft lengths, side by side; --synthetic: "
-                           "full-size step timings vs bytes read, random weights, no files")
-    bench.add_argument("--model", help="folder of the Gemma 4 target (required unless --synthetic)")
-    bench.add_argument("--draft", help="folder of the DFlash drafter (required unless --synthetic)")
-    bench.add_argument("--prompts", help="JSON lines with \"prompt\" and \"category\", or one prompt per line "
-                       "(default: a built-in mix of code, math, chat, summarizing, translation)")
+    bench = sub.add_parser("bench", help="AR vs DFlash (draft lengths and auto) by task type, side by side; "
+                           "--synthetic: full-size step timings vs bytes read, random weights, no files")
+    bench.add_argument("--model", help="folder of the Gemma 4 target (required unless --demo or --synthetic)")
+    bench.add_argument("--draft", help="folder of the DFlash drafter (required unless --demo or --synthetic)")
+    bench.add_argument("--demo", action="store_true",
+                       help="bench the demo pair (a tiny target and drafter, made in the data folder; "
+                       "seconds on the CPU)")
+    bench.add_argument("--tasks", help="comma-separated task types (default: all: code, math, reasoning, chat, "
+                       "summarization, translation; with --prompts: the file's)")
+    per_task = bench.add_mutually_exclusive_group()
+    per_task.add_argument("--prompts-per-task", type=int,
+                          help="prompts of each task type (default: 4 of the built-in sets; all of a --prompts file)")
+    per_task.add_argument("--full", action="store_true", help="every prompt of each task type")
+    bench.add_argument("--prompts", help="your own prompts instead: JSON lines with \"prompt\" and \"task\" "
+                       "(or \"category\"), or one prompt per line")
     bench.add_argument("--max-new-tokens", type=int, default=128)
-    bench.add_argument("--draft-lengths", default="4,8,15")
+    bench.add_argument("--draft-lengths", default="4,8,15,auto",
+                       help="DFlash modes: draft lengths and 'auto' (the engine picks K each step); AR always runs")
     bench.add_argument("--draft-quantize", choices=["int4"],
                        help="draft with int4 drafter weights and an int4 copy of the head (output unchanged)")
     bench.add_argument("--compare", action="store_true",
@@ -48,7 +58,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="auto")
     bench.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     bench.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16", "float32", "fp8"])
-    bench.add_argument("--json", action="store_true")
+    bench.add_argument("--chart", help="where to write the PNG chart (default: next to the results, "
+                       "DATA_FOLDER/bench/KEY.png)")
+    bench.add_argument("--json", action="store_true",
+                       help="print one JSON object (the progress bar stays on stderr)")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument("--history", action="store_true",
+                       help="list the earlier runs kept in the data folder (per device, driver, model, drafter)")
     bench.add_argument("--synthetic", action="store_true",
                        help="time prefill, AR, verify(1..16) and draft steps of the full-size model with random "
                        "weights made on the device, against the bytes each step reads")
@@ -97,7 +113,9 @@ def _add_generation_flags(parser: argparse.ArgumentParser, system_help: str) -> 
     parser.add_argument("--context", type=int, help="context limit in tokens (default: the model's)")
     parser.add_argument("--quantize", choices=["int4"], help="quantize a bf16 checkpoint to int4 while loading")
     parser.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
-    parser.add_argument("--draft-length", type=int, help="tokens drafted per step, 1..block_size-1 (default: all)")
+    parser.add_argument("--draft-length", type=_draft_length,
+                        help="tokens drafted per step, 1..block_size-1 (default: all), or auto: each step "
+                        "drafts what gives the most tokens per second on this card")
     parser.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
     parser.add_argument("--draft-quantize", choices=["int4"],
                         help="draft with int4 drafter weights and an int4 copy of the head (output unchanged)")
@@ -117,7 +135,7 @@ def load_engine(args):
     control = None
     if engine.drafter is not None:
         longest = engine.drafter.max_draft_length
-        if args.draft_length is not None and not 1 <= args.draft_length <= longest:
+        if args.draft_length not in (None, "auto") and not 1 <= args.draft_length <= longest:
             raise ValueError(f"--draft-length must be 1..{longest} for this drafter, got {args.draft_length}")
         control = SpecControl(enabled=not args.no_speculate, draft_length=args.draft_length)
     return engine, control
@@ -135,6 +153,15 @@ def _resolve_models(args) -> None:
                 if args.command != "doctor":
                     raise
                 print(f"flashdesk doctor: {exc}", file=sys.stderr)  # doctor still prints its report
+
+
+def _draft_length(text: str) -> int | str:
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a draft length is a number or auto, got {text!r}") from None
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -196,8 +223,12 @@ def run_generate(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.command == "bench" and not args.synthetic and not (args.model and args.draft):
-        parser.error("bench: the following arguments are required: --model, --draft (or use --synthetic)")
+    if args.command == "bench" and not args.synthetic and not args.history:
+        if args.demo and (args.model or args.draft):
+            parser.error("bench: --demo benches the demo pair; leave out --model and --draft")
+        if not args.demo and not (args.model and args.draft):
+            parser.error("bench: the following arguments are required: --model, --draft (or use --demo or "
+                         "--synthetic)")
     try:
         if args.command == "models":
             from flashdesk.engine.hub.models import run_models
