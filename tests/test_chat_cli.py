@@ -222,7 +222,7 @@ def test_interactive_streams_replies_and_runs_commands(folders, tmp_path):
                         ["/k 99", "/k 4", "/bogus", "Hello there", "/spec off", "What is the answer?",
                          "/think maybe", f"/save {path}", "/stats", "/bye", "never read"], jsonl=False)
     assert rc == 0, err
-    assert "error: /k takes a draft length 1..15, got '99'" in err
+    assert "error: /k takes a draft length 1..15 or auto, got '99'" in err
     assert "draft length 4" in err and "error: unknown command /bogus" in err
     assert "speculation off" in err and "error: /think takes on or off" in err
     stats_lines = [line for line in err.splitlines() if line.startswith("[ttft")]
