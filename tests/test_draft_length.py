@@ -62,6 +62,21 @@ def test_it_learns_where_drafts_stop_being_accepted():
     assert auto.acceptance()[1] < 0.05 and auto.choose(K) == 0
 
 
+def test_plain_steps_forget_so_drafting_is_tried_again():
+    """A few early misses send auto to plain steps; those see no acceptance, so without this the
+    drafter would never be tried again, even once the text turns into code it drafts well."""
+    auto = AutoDraftLength(K, costs(1.7, 4.0, 0.4))  # a CPU-like card: a draft is not free
+    for _ in range(3):
+        auto.observe(max(auto.choose(K), 1), 0, 0.0, 0.0)
+    assert auto.choose(K) == 0
+    plain_steps = 0
+    while auto.choose(K) == 0:
+        auto.observe(0, 0, 0.0, 0.0)
+        plain_steps += 1
+        assert plain_steps < 200, "auto never drafts again"
+    assert plain_steps >= 5  # but not at once: the misses still count for a while
+
+
 def test_measured_step_times_refine_the_costs():
     auto = AutoDraftLength(K, costs(2.0, 20.0, 0.1))
     before = auto.costs.verify[5]

@@ -12,7 +12,9 @@ use (`calibrate`, a few timed passes of every length, kept per card and model by
 then refined by every step's own measured times. The p_i are decayed averages of what the live
 acceptance was at each position, so they follow the text (code accepts long runs, chat short
 ones); a position seldom reached borrows from the one before it, so a long draft is tried again
-when the short ones do well.
+when the short ones do well. A plain step sees no acceptance, so it only forgets: the rates drift
+back to the prior and drafting is tried again after a while (else a few early misses would stop
+speculation for good, though the text may have turned into code since).
 """
 
 from __future__ import annotations
@@ -93,10 +95,12 @@ class AutoDraftLength:
     def observe(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         """Fold in one step: drafts 1..accepted were accepted, draft accepted + 1 (if any) was not;
         its measured times refine the costs of its length."""
-        if k > 0:
-            for i in range(1, min(accepted + 1, k) + 1):
-                self.successes[i] = DECAY * self.successes[i] + (1.0 if i <= accepted else 0.0)
-                self.trials[i] = DECAY * self.trials[i] + 1.0
+        if k == 0:  # no evidence: forget a little, so that drafting is retried
+            self.successes = [DECAY * s for s in self.successes]
+            self.trials = [DECAY * t for t in self.trials]
+        for i in range(1, min(accepted + 1, k) + 1):
+            self.successes[i] = DECAY * self.successes[i] + (1.0 if i <= accepted else 0.0)
+            self.trials[i] = DECAY * self.trials[i] + 1.0
         if self.costs is not None and verify_seconds > 0:
             a = COST_SMOOTHING
             self.costs.verify[k + 1] = a * self.costs.verify[k + 1] + (1 - a) * verify_seconds
