@@ -23,6 +23,7 @@ BAD_INPUT = "bad_input"  # a folder, setting or prompt the engine refuses, with 
 CRASH = "crash"  # anything else: a bug or a driver fault
 
 AUTO_DRAFT_LENGTH = "auto"  # SetSpeculation.draft_length: chosen each step by the engine
+BENCH_RUNS_SHOWN = 50  # BenchRuns holds at most this many
 
 # Origins of answer text (Step.spans): an accepted draft token, or a token the target chose.
 DRAFT = "d"
@@ -79,6 +80,15 @@ class Inspect:
     target: str
     draft: str | None = None
     context: int | None = None
+    device: str = "auto"  # the plan is for this device: "cuda" (GPU memory) or "cpu" (RAM); auto as Load
+
+
+@message("survey")
+@dataclass
+class Survey:
+    """What the setup page offers (no model needs to be loaded): answered by Surveyed."""
+
+    demo_folder: str | None = None  # where the demo pair is made, to list it when it is there
 
 
 @message("create_demo")
@@ -166,6 +176,28 @@ class CancelPull:
     repo_id: str
 
 
+@message("bench")
+@dataclass
+class Bench:
+    """Benchmark the loaded pair (engine/bench/, as `flashdesk bench`): the built-in prompts of `tasks`,
+    AR and DFlash at each of `draft_lengths` (whole numbers and "auto"), interleaved. Answered by
+    BenchProgress events, then BenchResult; Cancel(request_id) stops it within one engine step."""
+
+    request_id: str
+    tasks: list[str]
+    draft_lengths: list
+    prompts_per_task: int = 4
+    max_new_tokens: int = 128
+
+
+@message("bench_history")
+@dataclass
+class BenchHistory:
+    """The bench runs kept in the data folder (every device and model pair), answered by BenchRuns."""
+
+    request_id: str
+
+
 @message("unload")
 @dataclass
 class Unload:
@@ -206,6 +238,27 @@ class Inspected:
         return not self.problems
 
 
+@message("surveyed")
+@dataclass
+class Surveyed:
+    """The recommended pair (Hub ids) and whether it fits GPU 0 before downloading (its memory plan
+    with fp8 KV): `context` is what one click loads (0: it does not fit), `text` the verdict in one
+    sentence; `models` are on disk: {"name", "kind" (target, drafter, demo), "target", "draft",
+    "size", "complete"}."""
+
+    recommended: list[str]
+    download_bytes: int
+    device_name: str | None
+    free_bytes: int
+    total_bytes: int
+    fits: bool
+    context: int
+    longest_context: int
+    needed_bytes: int
+    text: str
+    models: list[dict] = field(default_factory=list)
+
+
 @message("demo_created")
 @dataclass
 class DemoCreated:
@@ -239,6 +292,10 @@ class Loaded:
     layers: int = 0
     vocab: int = 0
     sampling_defaults: dict = field(default_factory=dict)  # from generation_config.json
+    # what speculation drafts with no draft length set: the fastest of the kept benches on this card
+    # (an int or AUTO_DRAFT_LENGTH), None: the drafter's longest; and why, in words
+    default_draft_length: int | str | None = None
+    default_note: str = ""
 
 
 @message("pull_progress")
@@ -335,11 +392,40 @@ class Finished:
     cancel_step: int | None = None  # the step that was running when the cancel arrived
 
 
+@message("bench_progress")
+@dataclass
+class BenchProgress:
+    request_id: str
+    done: int  # runs done (one prompt in one mode; the warm-ups count)
+    total: int
+    text: str = ""  # what just ran, e.g. "code 2/8 | DFlash K=8"
+
+
+@message("bench_result")
+@dataclass
+class BenchResult:
+    """The run's report (`flashdesk bench --json`'s object without the token ids; kept in the data
+    folder), or cancelled with no report."""
+
+    request_id: str
+    report: dict | None = None
+    cancelled: bool = False
+
+
+@message("bench_runs")
+@dataclass
+class BenchRuns:
+    """Kept bench runs, newest first (at most BENCH_RUNS_SHOWN): each a report as in BenchResult."""
+
+    request_id: str
+    runs: list[dict] = field(default_factory=list)
+
+
 @message("error")
 @dataclass
 class Error:
     kind: str  # OUT_OF_MEMORY, BAD_INPUT or CRASH
     message: str
-    during: str = ""  # "load", "generate", "inspect", "demo", "pull", "request"
+    during: str = ""  # "load", "generate", "inspect", "demo", "pull", "bench", "request"
     request_id: str | None = None
     details: str = ""  # a traceback for crashes

@@ -27,10 +27,10 @@ from flashdesk.app.engine_session import EngineSession
 from flashdesk.app.reply import Reply
 from flashdesk.app.settings_dialog import DROP_OLDEST, sampling_with_defaults
 from flashdesk.app.store import CANCELLED, COMPLETE, FAILED, INTERRUPTED, STREAMING, Conversation, Store
+from flashdesk.app.titles import title_from
 
 SAVE_INTERVAL_MS = 400  # under the half second the store promises
 NEW_TITLE = "New conversation"
-TITLE_CHARS = 48
 CONTINUE_TEXT = "Continue."  # the follow-up that asks a reply cut off by the full context to go on
 
 
@@ -41,6 +41,7 @@ class ChatController(QObject):
     reply_progress = Signal(object)  # Reply
     reply_ended = Signal(object)  # the stored assistant Message
     messages_removed = Signal(int)  # this message id and later ones left the conversation
+    messages_replaced = Signal()  # the conversation's messages changed in place (another reply version shown)
     message_added = Signal(object)  # a user Message
     busy_changed = Signal(bool)
     notice = Signal(str)
@@ -126,8 +127,9 @@ class ChatController(QObject):
         if self.conversation is None:
             self.new_conversation()
         conv = self.conversation
-        if conv.title == NEW_TITLE:
-            self.rename(conv.id, _title_from(text))
+        title = title_from(text)
+        if conv.title == NEW_TITLE and title:  # a message without words leaves the title to the next one
+            self.rename(conv.id, title)
         user = self.store.add_message(conv.id, "user", text)
         self.message_added.emit(user)
         self.conversations_changed.emit()
@@ -138,12 +140,26 @@ class ChatController(QObject):
         return self.send(CONTINUE_TEXT, DROP_OLDEST)
 
     def regenerate(self, message_id: int) -> bool:
-        """Write the reply `message_id` (and drop what followed it) again."""
+        """Write the reply `message_id` again (drop what followed it): a new version of it; the
+        earlier ones are kept to browse back to."""
         if self.busy or self.conversation is None or self.session.state != "ready":
             return False
-        self.store.delete_messages_from(self.conversation.id, message_id)
+        slot = self.store.set_aside_for_regenerate(self.conversation.id, message_id)
         self.messages_removed.emit(message_id)
-        return self._generate()
+        return self._generate(slot=slot)
+
+    def show_version(self, message_id: int, step: int) -> bool:
+        """Show the version before (-1) or after (+1) the reply `message_id`; it is what the next turn
+        sees, and it stays chosen."""
+        if self.busy or self.conversation is None:
+            return False
+        ids = [m.id for m in self.store.versions(message_id)]
+        index = ids.index(message_id) + step if message_id in ids else -1
+        if not 0 <= index < len(ids):
+            return False
+        self.store.choose_version(ids[index])
+        self.messages_replaced.emit()
+        return True
 
     def resend(self, message_id: int, text: str) -> bool:
         """Replace user message `message_id` with `text`, drop everything after it, reply again."""
@@ -172,14 +188,14 @@ class ChatController(QObject):
             messages.append({"role": "user", "content": text.strip()})
         return messages
 
-    def _generate(self, policy: str | None = None, user=None) -> bool:
+    def _generate(self, policy: str | None = None, user=None, slot: int | None = None) -> bool:
         history = self._history()
         if not history or history[-1]["role"] != "user":
             return False
         s = self.sampling()
         info = self.session.info
         message = self.store.add_message(self.conversation.id, "assistant", "", STREAMING,
-                                         model=info.name if info else None)
+                                         model=info.name if info else None, slot=slot)
         rid = uuid.uuid4().hex[:12]
         energy = self.energy_mj() if info and info.device.startswith("cuda") else None
         self.reply = Reply(rid, message.id, time.monotonic(), energy, requested_max_tokens=int(s["max_tokens"]),
@@ -242,6 +258,8 @@ class ChatController(QObject):
             self.store.delete_messages_from(message.conversation_id, first)
             if self.conversation and self.conversation.id == message.conversation_id:
                 self.messages_removed.emit(first)
+                if message.versions > 1:  # a refused regenerate: the version before shows again
+                    self.messages_replaced.emit()
         self.busy_changed.emit(False)
         self.conversations_changed.emit()
         self.turn_refused.emit(r.user_text, reason)
@@ -283,8 +301,3 @@ class ChatController(QObject):
             self.reply_ended.emit(message)
         self.busy_changed.emit(False)
         self.conversations_changed.emit()
-
-
-def _title_from(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= TITLE_CHARS else line[:TITLE_CHARS - 1].rstrip() + "…"

@@ -1,7 +1,8 @@
 """The scrolling list of messages of the open conversation.
 
 It follows the end while a reply streams, unless the user scrolled up to read, in which case it
-stays where they are.
+stays where they are. In a wide window the messages keep to a centred column of a comfortable line
+length (message_widget.column_width) instead of running across the whole screen.
 """
 
 from __future__ import annotations
@@ -9,15 +10,27 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QVBoxLayout, QWidget
 
-from flashdesk.app.message_widget import MessageWidget
+from flashdesk.app.message_widget import MessageWidget, column_width
 from flashdesk.app.store import Message
 
 EMPTY_TEXT = "Write a message below and press Enter to send it (Shift+Enter for a new line)."
+SIDE_MARGIN = 16
+END_MARGIN = 12
+
+
+class _Column(QWidget):
+    """The messages' column: the view's width up to column_width, centred."""
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        side = max(SIDE_MARGIN, (self.width() - column_width(self.font())) // 2)
+        self.layout().setContentsMargins(side, END_MARGIN, side, END_MARGIN)
 
 
 class ChatView(QScrollArea):
     edit_submitted = Signal(int, str)
     regenerate_requested = Signal(int)
+    version_requested = Signal(int, int)  # message id, -1 or +1
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -28,10 +41,10 @@ class ChatView(QScrollArea):
         self.colour_by_origin = False
         self.widgets: dict[int, MessageWidget] = {}
         self._follow = True
-        inner = QWidget()
+        inner = _Column()
         inner.setObjectName("chatInner")
         self.column = QVBoxLayout(inner)
-        self.column.setContentsMargins(16, 12, 16, 12)
+        self.column.setContentsMargins(SIDE_MARGIN, END_MARGIN, SIDE_MARGIN, END_MARGIN)
         self.column.setSpacing(10)
         self.empty = QLabel(EMPTY_TEXT)
         self.empty.setObjectName("emptyHint")
@@ -61,6 +74,7 @@ class ChatView(QScrollArea):
         widget = MessageWidget(message, self.colour_by_origin)
         widget.edit_submitted.connect(self.edit_submitted)
         widget.regenerate_requested.connect(self.regenerate_requested)
+        widget.version_requested.connect(self.version_requested)
         self.column.insertWidget(self.column.count() - 1, widget)
         self.widgets[message.id] = widget
         self._update_empty()

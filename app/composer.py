@@ -50,6 +50,7 @@ class PromptEdit(QPlainTextEdit):
 class Composer(QWidget):
     send_requested = Signal(str)
     stop_requested = Signal()
+    blocked = Signal(str)  # Enter with text while nothing can be sent: why (the text stays in the box)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -77,18 +78,22 @@ class Composer(QWidget):
         self.edit.submitted.connect(self._submit)
         self.edit.escaped.connect(lambda: self.stop_requested.emit() if self.busy else None)
         self.button.clicked.connect(self._clicked)
+        self.edit.textChanged.connect(self._update)
         self.can_send = True
+        self.why_not = ""
 
     def set_busy(self, busy: bool) -> None:
         self.busy = busy
-        self.button.setText("Stop" if busy else "Send")
-        self.button.setToolTip("Stop the reply (Esc)" if busy else "Send (Enter)")
+        self.button.setText("Stop (Esc)" if busy else "Send")
         self._update()
 
     def set_can_send(self, on: bool, why: str = "") -> None:
-        self.can_send = on
+        self.can_send, self.why_not = on, "" if on else why
         self.edit.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)" if on else why)
         self._update()
+
+    def has_text(self) -> bool:
+        return bool(self.edit.toPlainText().strip())
 
     def set_gauge(self, text: str | None, level: str = "", tip: str = "") -> None:
         """Show the context gauge (None hides it); level "near" or "over" colours it."""
@@ -108,7 +113,10 @@ class Composer(QWidget):
             self.set_gauge(self.gauge.text(), self.gauge_level, self.gauge.toolTip())
 
     def _update(self) -> None:
-        self.button.setEnabled(self.busy or self.can_send)
+        """Send only with something to send (not just spaces) and an engine to take it."""
+        self.button.setEnabled(self.busy or (self.can_send and self.has_text()))
+        self.button.setToolTip("Stop the reply (Esc)" if self.busy else "Send (Enter)" if self.can_send
+                               else self.why_not)
 
     def _clicked(self) -> None:
         if self.busy:
@@ -118,7 +126,10 @@ class Composer(QWidget):
 
     def _submit(self) -> None:
         text = self.edit.toPlainText().strip()
-        if self.busy or not self.can_send or not text:
+        if self.busy or not text:
+            return
+        if not self.can_send:  # not silently: the window says why and how to get going again
+            self.blocked.emit(self.why_not)
             return
         self.edit.clear()
         self.send_requested.emit(text)

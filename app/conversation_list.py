@@ -1,4 +1,7 @@
-"""The sidebar: search by title, the conversations (newest first), new, rename, delete.
+"""The sidebar: search (titles and message text), the conversations (newest first), new, rename, delete.
+
+A search shows under each title the snippet of its first matching message, the hit in bold, and
+says so when nothing matches rather than leaving the list blank.
 
 Keyboard: Ctrl+N new (window shortcut), Ctrl+F search, F2 renames and Delete deletes the selected
 conversation while the list has focus.
@@ -6,13 +9,79 @@ conversation while the list has focus.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QLineEdit, QListWidget, QListWidgetItem,
-                               QMessageBox, QPushButton, QVBoxLayout, QWidget)
+import html
 
-from flashdesk.app.store import Conversation
+from PySide6.QtCore import QRect, QRectF, QSize, Qt, Signal
+from PySide6.QtGui import QAbstractTextDocumentLayout, QPalette, QTextDocument
+from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QLabel, QLineEdit, QListView, QListWidget,
+                               QListWidgetItem, QMessageBox, QPushButton, QStyle, QStyledItemDelegate,
+                               QStyleOptionViewItem, QVBoxLayout, QWidget)
+
+from flashdesk.app.store import HIT_END, HIT_START, SearchHit
 
 ID_ROLE = Qt.ItemDataRole.UserRole
+SNIPPET_ROLE = Qt.ItemDataRole.UserRole + 1  # the snippet as rich text, on items of a search
+SNIPPET_LINES = 2
+
+
+def snippet_html(snippet: str) -> str:
+    """A store snippet as rich text: the text escaped, each hit in bold."""
+    return html.escape(snippet).replace(HIT_START, "<b>").replace(HIT_END, "</b>")
+
+
+class _HitDelegate(QStyledItemDelegate):
+    """Draws an item that has a snippet as its title (as usual, on the first line) over the snippet."""
+
+    def paint(self, painter, option, index) -> None:
+        snippet = index.data(SNIPPET_ROLE)
+        if not snippet:
+            super().paint(painter, option, index)
+            return
+        opt = QStyleOptionViewItem(option)
+        self.initStyleOption(opt, index)
+        opt.displayAlignment = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop
+        opt.widget.style().drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, opt.widget)
+        text = self._text_rect(opt)
+        text.setTop(text.top() + opt.fontMetrics.lineSpacing())
+        doc = self._document(snippet, opt, text.width())
+        selected = opt.state & QStyle.StateFlag.State_Selected
+        context = QAbstractTextDocumentLayout.PaintContext()
+        context.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(  # quieter than the title
+            QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.PlaceholderText))
+        context.clip = QRectF(0, 0, text.width(), text.height())
+        painter.save()
+        painter.translate(text.topLeft())
+        painter.setClipRect(context.clip)
+        doc.documentLayout().draw(painter, context)
+        painter.restore()
+
+    def sizeHint(self, option, index) -> QSize:  # noqa: N802 - Qt's name
+        size = super().sizeHint(option, index)
+        snippet = index.data(SNIPPET_ROLE)
+        if snippet:
+            opt = QStyleOptionViewItem(option)
+            self.initStyleOption(opt, index)
+            opt.rect = QRect(0, 0, self.parent().viewport().width(), size.height())  # as wide as the list
+            height = self._document(snippet, opt, self._text_rect(opt).width()).size().height()
+            size.setHeight(size.height() + min(round(height), SNIPPET_LINES * opt.fontMetrics.lineSpacing()))
+        return size
+
+    @staticmethod
+    def _text_rect(opt: QStyleOptionViewItem) -> QRect:
+        """Where the style writes the title, less the margin it leaves (so the snippet lines up)."""
+        style = opt.widget.style()
+        margin = style.pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, opt.widget) + 1
+        rect = style.subElementRect(QStyle.SubElement.SE_ItemViewItemText, opt, opt.widget)
+        return rect.adjusted(margin, 0, -margin, 0)
+
+    @staticmethod
+    def _document(snippet: str, option, width: int) -> QTextDocument:
+        doc = QTextDocument()
+        doc.setDocumentMargin(0)
+        doc.setDefaultFont(option.font)
+        doc.setHtml(snippet)
+        doc.setTextWidth(max(width, 1))
+        return doc
 
 
 class _List(QListWidget):
@@ -39,13 +108,14 @@ class ConversationList(QWidget):
         self.confirm_delete = self._ask  # replaced in tests
         self.search = QLineEdit()
         self.search.setObjectName("search")
-        self.search.setPlaceholderText("Search titles (Ctrl+F)")
+        self.search.setPlaceholderText("Search conversations (Ctrl+F)")
         self.search.setClearButtonEnabled(True)
         self.list = _List()
         self.list.setObjectName("conversations")
         self.list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed
                                   | QAbstractItemView.EditTrigger.DoubleClicked)
-        self.list.setUniformItemSizes(True)
+        self.list.setResizeMode(QListView.ResizeMode.Adjust)  # snippets wrap again to a new width
+        self.list.setItemDelegate(_HitDelegate(self.list))
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # long titles end in …
         self.new_button = QPushButton("New")
@@ -54,6 +124,12 @@ class ConversationList(QWidget):
         self.rename_button.setToolTip("Rename the selected conversation (F2)")
         self.delete_button = QPushButton("Delete")
         self.delete_button.setToolTip("Delete the selected conversation (Delete)")
+        self.no_match = QLabel()
+        self.no_match.setObjectName("noMatch")
+        self.no_match.setTextFormat(Qt.TextFormat.PlainText)
+        self.no_match.setWordWrap(True)
+        self.no_match.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+        self.no_match.hide()
         buttons = QHBoxLayout()
         buttons.setSpacing(4)
         for button in (self.new_button, self.rename_button, self.delete_button):
@@ -62,6 +138,7 @@ class ConversationList(QWidget):
         layout.setContentsMargins(8, 8, 4, 8)
         layout.addWidget(self.search)
         layout.addWidget(self.list, 1)
+        layout.addWidget(self.no_match, 1)
         layout.addLayout(buttons)
 
         self._filling = False
@@ -72,18 +149,27 @@ class ConversationList(QWidget):
         self.list.currentItemChanged.connect(self._current_changed)
         self.list.itemChanged.connect(self._item_changed)
 
-    def fill(self, conversations: list[Conversation], current: int | None) -> None:
+    def fill(self, hits: list[SearchHit], current: int | None) -> None:
+        """Show `hits` (the store's search for the search box's text), `current` selected."""
         self._filling = True
         self.list.clear()
-        for conv in conversations:
+        for hit in hits:
+            conv = hit.conversation
             item = QListWidgetItem(conv.title)
             item.setData(ID_ROLE, conv.id)
             item.setToolTip(conv.title)
+            if hit.snippet:
+                item.setData(SNIPPET_ROLE, snippet_html(hit.snippet))
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)
             if conv.id == current:
                 self.list.setCurrentItem(item)
         self._filling = False
+        query = self.search.text().strip()
+        self.no_match.setText(f"No conversation mentions “{query}”.")
+        nothing = bool(query) and not hits
+        self.no_match.setVisible(nothing)
+        self.list.setVisible(not nothing)
         has = self.list.currentItem() is not None
         self.rename_button.setEnabled(has)
         self.delete_button.setEnabled(has)

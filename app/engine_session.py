@@ -25,6 +25,7 @@ class EngineSession(QObject):
     loaded = Signal(object)  # protocol.Loaded
     inspected = Signal(object)
     demo_created = Signal(object)
+    surveyed = Signal(object)  # protocol.Surveyed
     pull_progress = Signal(object)  # protocol.PullProgress
     pulled = Signal(object)  # protocol.Pulled
     pull_cancelled = Signal(object)  # protocol.PullCancelled
@@ -32,6 +33,9 @@ class EngineSession(QObject):
     token_count = Signal(object)  # protocol.TokenCount
     steps = Signal(list)
     finished = Signal(object)
+    bench_progress = Signal(object)  # protocol.BenchProgress
+    bench_result = Signal(object)  # protocol.BenchResult
+    bench_runs = Signal(object)  # protocol.BenchRuns
     error = Signal(object)  # protocol.Error
     died = Signal(str)
 
@@ -73,8 +77,12 @@ class EngineSession(QObject):
         else:
             self._waiting.append(msg)
 
-    def inspect(self, target: str, draft: str | None, context: int | None) -> None:
-        self._send(p.Inspect(target, draft, context))
+    def inspect(self, target: str, draft: str | None, context: int | None, device: str = "auto") -> None:
+        self._send(p.Inspect(target, draft, context, device))
+
+    def survey(self, demo_folder: str | None = None) -> None:
+        """Ask what the setup page offers: the recommended pair's fit and the models on disk."""
+        self._send(p.Survey(demo_folder))
 
     def create_demo(self, folder: str) -> None:
         self._send(p.CreateDemo(folder))
@@ -130,6 +138,18 @@ class EngineSession(QObject):
         if self.client.running:
             self.client.send(p.Cancel(request_id))
 
+    def bench(self, tasks: list[str], draft_lengths: list, prompts_per_task: int, max_new_tokens: int) -> str | None:
+        """Benchmark the loaded pair; the request id (Cancel stops it), or None when no model is ready."""
+        if self.state != READY:
+            return None
+        rid = uuid.uuid4().hex[:12]
+        self._send(p.Bench(rid, list(tasks), list(draft_lengths), prompts_per_task, max_new_tokens))
+        return rid
+
+    def bench_history(self) -> None:
+        """Ask for the kept bench runs (a `bench_runs` signal answers)."""
+        self._send(p.BenchHistory(uuid.uuid4().hex[:12]))
+
     def set_speculation(self, enabled: bool, draft_length: int | str | None) -> None:
         self.speculation = (enabled, draft_length)
         if self.client.is_ready:
@@ -166,9 +186,10 @@ class EngineSession(QObject):
             self.info = None
             self._set_state(IDLE)
         signal = {p.LoadProgress: self.load_progress, p.Loaded: self.loaded, p.Inspected: self.inspected,
-                  p.DemoCreated: self.demo_created, p.PullProgress: self.pull_progress, p.Pulled: self.pulled,
+                  p.DemoCreated: self.demo_created, p.Surveyed: self.surveyed, p.PullProgress: self.pull_progress, p.Pulled: self.pulled,
                   p.PullCancelled: self.pull_cancelled, p.Started: self.started, p.Finished: self.finished,
-                  p.TokenCount: self.token_count,
+                  p.TokenCount: self.token_count, p.BenchProgress: self.bench_progress,
+                  p.BenchResult: self.bench_result, p.BenchRuns: self.bench_runs,
                   p.Error: self.error}.get(type(msg))
         if signal is not None:
             signal.emit(msg)

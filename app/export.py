@@ -1,18 +1,48 @@
-"""A conversation as Markdown (to read and share) or JSON (everything, to process or re-import)."""
+"""A conversation as Markdown (to read and share) or JSON (everything, to process or re-import),
+and the file name it is suggested under."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
+from pathlib import Path
 
 from flashdesk.app.reply import footer_text
 from flashdesk.app.store import Conversation, Message
+from flashdesk.app.titles import shorten
 
 FORMAT = "flashdesk-conversation"
 VERSION = 1
+EXTENSIONS = {"md": (".md", ".markdown"), "json": (".json",)}  # the first is the one added
+NAME_CHARS = 60
+# characters Windows, macOS or Linux refuse in a file name, or that shells and other tools trip on
+_AWKWARD = re.compile(r'[/\\:*?"<>|\x00-\x1f\x7f-\x9f]')
+_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(10)), *(f"LPT{i}" for i in range(10))}
 
 
-def to_markdown(conv: Conversation, messages: list[Message]) -> str:
+def file_name(title: str, kind: str) -> str:
+    """The suggested file name for exporting conversation `title` as `kind` ("md" or "json"): the
+    title without characters a file system refuses, short, and never a Windows device name."""
+    stem = " ".join(_AWKWARD.sub(" ", title).split())
+    # no dot in front (it hides the file) nor at the end (Windows drops it)
+    stem = shorten(stem, NAME_CHARS).rstrip("…").strip(" .")
+    if stem.split(".")[0].upper() in _RESERVED:
+        stem += "_"
+    return (stem or "conversation") + EXTENSIONS[kind][0]
+
+
+def with_extension(path: Path, kind: str) -> Path:
+    """`path` with the extension of `kind` added when the name has none of its extensions (a name
+    typed without one; "notes.txt" becomes "notes.txt.md")."""
+    if path.suffix.lower() in EXTENSIONS[kind]:
+        return path
+    return path.with_name(path.name + EXTENSIONS[kind][0])
+
+
+def to_markdown(conv: Conversation, messages: list[Message], versions: dict[int, list[Message]] | None = None) -> str:
+    """The conversation as it reads; a regenerated reply is the version chosen, the others folded
+    under it (`versions`: message id -> every version of that reply, oldest first)."""
     out = [f"# {conv.title}", "", f"_Exported from FlashDesk on {time.strftime('%Y-%m-%d %H:%M')}_", ""]
     if conv.system_prompt:
         out += ["**System prompt**", "", _quote(conv.system_prompt), ""]
@@ -27,6 +57,12 @@ def to_markdown(conv: Conversation, messages: list[Message]) -> str:
             out += [f"_{footer_text(m.stats)}_", ""]
         if m.state not in ("complete",):
             out += [f"_({m.state})_", ""]
+        others = [v for v in (versions or {}).get(m.id, []) if v.id != m.id]
+        if others:
+            out += [f"<details><summary>Version {m.version} of {m.versions}: the other versions</summary>", ""]
+            for v in others:
+                out += [f"**Version {v.version}**", "", v.content, ""]
+            out += ["</details>", ""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -34,13 +70,25 @@ def _quote(text: str) -> str:
     return "\n".join("> " + line for line in text.splitlines())
 
 
-def to_json(conv: Conversation, messages: list[Message]) -> str:
+def _message_json(m: Message) -> dict:
+    return {"role": m.role, "content": m.content, "thought": m.thought or None, "thought_seconds": m.thought_seconds,
+            "state": m.state, "model": m.model, "created": m.created, "stats": m.stats}
+
+
+def to_json(conv: Conversation, messages: list[Message], versions: dict[int, list[Message]] | None = None) -> str:
+    """Everything: a regenerated reply is the version chosen, with `version` (from 1) and `versions`,
+    every version of it, oldest first."""
+    rows = []
+    for m in messages:
+        row = _message_json(m)
+        if (versions or {}).get(m.id) and m.versions > 1:
+            row["version"] = m.version
+            row["versions"] = [_message_json(v) for v in versions[m.id]]
+        rows.append(row)
     data = {
         "format": FORMAT, "version": VERSION,
         "conversation": {"title": conv.title, "created": conv.created, "updated": conv.updated,
                          "system_prompt": conv.system_prompt, "sampling": conv.sampling},
-        "messages": [{"role": m.role, "content": m.content, "thought": m.thought or None,
-                      "thought_seconds": m.thought_seconds, "state": m.state, "model": m.model,
-                      "created": m.created, "stats": m.stats} for m in messages],
+        "messages": rows,
     }
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"

@@ -7,6 +7,7 @@ shortcuts); each part does its own job in its own module.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
@@ -25,6 +26,7 @@ from flashdesk.app.conversation_list import ConversationList
 from flashdesk.app.engine_session import DEAD, IDLE, LOADING, READY, STARTING, EngineSession
 from flashdesk.app.reply import context_filled
 from flashdesk.app.settings_dialog import DROP_OLDEST, STOP, ConversationSettings
+from flashdesk.app.bench_page import BenchPage
 from flashdesk.app.setup_page import SetupPage
 from flashdesk.app.spec_panel import SpecPanel
 from flashdesk.app.store import Store
@@ -32,8 +34,8 @@ from flashdesk.app.telemetry import TelemetrySampler
 from flashdesk.app.telemetry_panel import TelemetryPanel
 
 APP_NAME = "FlashDesk"
-DEMO_NOTE = ("Demo model: a tiny random Gemma 4 and drafter on the CPU. The text is meaningless; the "
-             "speed, speculation and memory readouts are real.")
+DEMO_NOTE = ("Demo model: a toy Gemma 4 (2.4 M parameters) and its drafter on the CPU. Its text only looks "
+             "like code or English; the speed, speculation and memory readouts are real.")
 ERROR_TITLES = {p.OUT_OF_MEMORY: "Out of memory", p.BAD_INPUT: "Not possible", p.CRASH: "Engine error"}
 SEND_ANYWAY, CANCEL = "Send anyway", "Cancel"
 DROP_AND_SEND, DROP_AND_CONTINUE = "Drop oldest turns and send", "Drop oldest turns and continue"
@@ -49,6 +51,7 @@ class MainWindow(QMainWindow):
         self._shown: int | None = None  # the conversation whose messages the chat view shows
         self._downloads: list[str] = []  # Hub ids still to download, after the one in flight
         self.downloading: str | None = None  # the Hub id the engine is downloading
+        self._load_after_download = False  # the recommended pair's one click: load once downloaded
         self.session = session or EngineSession(self)
         self.session.setParent(self)
         self.sampler = sampler or TelemetrySampler(parent=self)
@@ -60,6 +63,7 @@ class MainWindow(QMainWindow):
         self.resize(1380, 860)
 
         self.spec.colour.setChecked(bool(store.setting("colour_by_origin", False)))
+        self.set_side_panel(bool(store.setting("side_panel", True)))
         spec = store.setting("speculation", {"enabled": True, "draft_length": None})
         self.session.speculation = (bool(spec.get("enabled", True)), spec.get("draft_length"))
         self.telemetry.set_gpu_available(self.sampler.gpu_available, self.sampler.problem)
@@ -145,9 +149,15 @@ class MainWindow(QMainWindow):
         self.splitter.setSizes([250, 760, 370])
         self.splitter.setChildrenCollapsible(False)
 
+        self.bench = BenchPage(self.session)
+        bench_scroll = QScrollArea()
+        bench_scroll.setWidgetResizable(True)
+        bench_scroll.setWidget(self.bench)
+
         self.pages = QStackedWidget()
         self.pages.addWidget(setup_scroll)
         self.pages.addWidget(self.splitter)
+        self.pages.addWidget(bench_scroll)
         self.setCentralWidget(self.pages)
 
         self.engine_label = QLabel()
@@ -180,6 +190,7 @@ class MainWindow(QMainWindow):
         c.conversations_changed.connect(self.refresh_conversations)
         c.message_added.connect(self.chat.add)
         c.messages_removed.connect(self.chat.remove_from)
+        c.messages_replaced.connect(self._show_messages_again)
         c.reply_started.connect(self.chat.add)
         c.reply_progress.connect(self._reply_progress)
         c.reply_ended.connect(self._reply_ended)
@@ -193,8 +204,10 @@ class MainWindow(QMainWindow):
         self.conversations.search.textChanged.connect(lambda _t: self.refresh_conversations())
         self.chat.edit_submitted.connect(c.resend)
         self.chat.regenerate_requested.connect(c.regenerate)
+        self.chat.version_requested.connect(c.show_version)
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(c.stop)
+        self.composer.blocked.connect(self._send_blocked)
         self.composer.edit.textChanged.connect(lambda: self.gauge.typed(self.composer.edit.toPlainText()))
         self.gauge.changed.connect(self._show_gauge)
         self.gauge.send_checked.connect(self._send_checked)
@@ -209,7 +222,11 @@ class MainWindow(QMainWindow):
         self.setup.demo_requested.connect(self.start_demo)
         self.setup.download_requested.connect(self.download_models)
         self.setup.download_cancel_requested.connect(self.cancel_download)
+        self.setup.recommended_requested.connect(self.start_recommended)
+        s.surveyed.connect(lambda msg: self.setup.show_survey(asdict(msg)))
         self.setup.cancel_requested.connect(self.show_chat)
+        self.bench.back_requested.connect(self.show_chat)
+        self.bench.use_draft_length.connect(self.use_draft_length)
 
     def _menus(self) -> None:
         def action(menu, text, slot, shortcut=None, name=None):
@@ -236,12 +253,16 @@ class MainWindow(QMainWindow):
         action(chat, "&Search conversations", lambda: self.conversations.search.setFocus(), QKeySequence.StandardKey.Find)
         action(chat, "&Rename conversation", self.conversations.rename_current, "F2")
         action(chat, "Re&generate last reply", self.regenerate_last, "Ctrl+R")
-        action(chat, "&Stop", self.controller.stop)
+        action(chat, "&Stop\tEsc", self.controller.stop)  # Esc is the window's own shortcut: shown, not bound
         action(chat, "Conversation se&ttings…", self.edit_settings, "Ctrl+,")
         view = bar.addMenu("&View")
         self.colour_action = action(view, "&Colour reply by origin", self.spec.colour.toggle, "Ctrl+Shift+O")
         self.colour_action.setCheckable(True)
+        self.side_action = action(view, "Show the &side panel", self.set_side_panel, "Ctrl+Shift+S", "sidePanelAction")
+        self.side_action.setCheckable(True)
+        self.side_action.setToolTip("Speculation and telemetry on the right; hide it for a wider chat")
         engine = bar.addMenu("&Engine")
+        action(engine, "&Benchmark…", self.show_bench, "Ctrl+B", name="benchAction")
         action(engine, "&Restart engine", self.restart_engine, "Ctrl+Shift+R")
         action(engine, "&Unload model (free its memory)", self.session.unload)
 
@@ -249,9 +270,15 @@ class MainWindow(QMainWindow):
 
     def show_setup(self) -> None:
         self.setup.set_can_go_back(self.session.state in (READY, LOADING))
+        self.session.survey(str(paths.demo_dir()))  # the recommended pair's fit, the models on disk
         self.pages.setCurrentIndex(0)
         self.setWindowTitle(APP_NAME)
         self.setup.target.setFocus()
+
+    def show_bench(self) -> None:
+        self.pages.setCurrentIndex(2)
+        self.setWindowTitle(f"Benchmark - {APP_NAME}")
+        self.session.bench_history()
 
     def show_chat(self) -> None:
         self.pages.setCurrentIndex(1)
@@ -267,7 +294,7 @@ class MainWindow(QMainWindow):
 
     def refresh_conversations(self) -> None:
         conv = self.controller.conversation
-        self.conversations.fill(self.store.conversations(self.conversations.search.text()), conv.id if conv else None)
+        self.conversations.fill(self.store.search(self.conversations.search.text()), conv.id if conv else None)
 
     def _conversation_changed(self, conv) -> None:
         same = conv is not None and conv.id == self._shown
@@ -278,6 +305,8 @@ class MainWindow(QMainWindow):
         if same:  # renamed or new settings: the messages on screen are current
             return
         self.context_banner.hide()
+        if self.session.state != DEAD:  # an error of the reply before belongs to its conversation
+            self.crash_banner.hide()
         messages = self.store.messages(conv.id) if conv else []
         self.chat.set_messages(messages)
         reply = self.controller.reply
@@ -290,6 +319,11 @@ class MainWindow(QMainWindow):
                                  "Last reply of this conversation." if last else "No reply yet.")
             self.telemetry.show_reply(last.stats if last else None)
 
+    def _show_messages_again(self) -> None:
+        """Another version of a reply is shown (or came back): the chat, the gauge and the panels."""
+        self._shown = None
+        self._conversation_changed(self.controller.conversation)
+
     # -- model setup ------------------------------------------------------------------------------------
 
     def check_model(self, sel: dict) -> None:
@@ -297,7 +331,7 @@ class MainWindow(QMainWindow):
             self.setup.show_error("Choose the model folder first.")
             return
         self.setup.set_busy("Checking the folders…")
-        self.session.inspect(sel["target"], sel["draft"], sel["context"])
+        self.session.inspect(sel["target"], sel["draft"], sel["context"], sel.get("device", "auto"))
 
     def load_model(self, sel: dict) -> None:
         if not sel["target"]:
@@ -306,6 +340,15 @@ class MainWindow(QMainWindow):
         self.store.set_setting("model", sel)
         self.session.load(sel)
         self.show_chat()
+
+    def start_recommended(self, sel: dict) -> None:
+        """One click: download what of the recommended pair is missing (a complete file is only
+        checked), then load it."""
+        if self.setup.survey and self.setup.pair_on_disk(self.setup.survey):
+            self.load_model(sel)
+            return
+        self._load_after_download = True
+        self.download_models([sel["target"], sel["draft"]])
 
     def download_models(self, repo_ids: list[str]) -> None:
         """Download the Hub ids one after the other in the engine process, then check the selection."""
@@ -319,7 +362,12 @@ class MainWindow(QMainWindow):
         if not self._downloads:
             self.downloading = None
             self.setup.set_downloading(False)
-            self.check_model(self.setup.selection())  # the memory check, now that the files are here
+            self.session.survey(str(paths.demo_dir()))  # what is on disk now
+            if self._load_after_download:  # the recommended pair's one click: on to loading it
+                self._load_after_download = False
+                self.load_model(self.setup.selection())
+            else:
+                self.check_model(self.setup.selection())  # the memory check, now that the files are here
             return
         self.downloading = self._downloads.pop(0)
         self.setup.show_download(self.downloading, "", 0, 0)
@@ -328,6 +376,7 @@ class MainWindow(QMainWindow):
     def cancel_download(self) -> None:
         if self.downloading:
             self._downloads.clear()
+            self._load_after_download = False
             self.setup.cancel_download_button.setEnabled(False)
             self.setup.status.setText(f"Stopping the download of {self.downloading}…")
             self.session.cancel_pull(self.downloading)
@@ -346,6 +395,7 @@ class MainWindow(QMainWindow):
             return
         self.downloading = None
         self._downloads.clear()
+        self._load_after_download = False
         self.setup.set_downloading(False)
         kept = (f" ({msg.done_bytes / 1e6:.1f} of {msg.total_bytes / 1e6:.1f} MB kept)"
                 if msg.total_bytes else "")
@@ -388,14 +438,18 @@ class MainWindow(QMainWindow):
         else:
             self.demo_banner.hide()
         enabled, length = self.session.speculation
-        self.spec.set_block_size(info.block_size, enabled, length)
+        self.spec.set_block_size(info.block_size, enabled, length or info.default_draft_length)
+        self.spec.length_note.setToolTip(info.default_note or self.spec.length_note.toolTip())
+        self.bench.set_model(info)
         self.sampler.nvml.bind(info.device_uuid)
         self.crash_banner.hide()
         self.composer.set_can_send(True)
 
     def _engine_state(self, state: str) -> None:
+        idle = ("No model loaded: Engine → Restart engine loads it again, File → Model setup picks another."
+                if self.session.load_settings else "No model loaded yet: pick one on the setup page, or try the demo.")
         texts = {STARTING: "Starting the engine…", LOADING: "Loading the model…", DEAD: "The engine stopped.",
-                 IDLE: "No model loaded: Engine → Restart engine loads it again, File → Model setup picks another."}
+                 IDLE: idle}
         if state in texts:
             self.engine_label.setText(texts[state])
         if state != READY:
@@ -408,6 +462,7 @@ class MainWindow(QMainWindow):
         if err.during == "pull" or (err.during == "startup" and self.downloading):
             self.downloading = None
             self._downloads.clear()
+            self._load_after_download = False
             self.setup.show_error(f"Download failed: {err.message}")
             return
         if err.during == "inspect" and "models pull" in err.message and self.setup.hub_ids():
@@ -419,6 +474,11 @@ class MainWindow(QMainWindow):
             self.setup.show_error(f"{title}: {err.message}")
             if err.during == "load":
                 self.show_setup()
+            return
+        if err.during == "bench":
+            return  # the Benchmark page says it
+        if err.during == "survey":
+            self.setup.fit.setText(f"Could not check this computer: {err.message}")
             return
         if err.during == "generate" and err.kind == p.BAD_INPUT:
             return  # the chat says it: a refused turn in the context banner, else the reply's status
@@ -433,11 +493,26 @@ class MainWindow(QMainWindow):
         if self.downloading:
             self.downloading = None
             self._downloads.clear()
+            self._load_after_download = False
             self.setup.show_error(f"The engine stopped during the download: {reason} Download again to continue "
                                   "where it stopped.")
         self.crash_banner.show_text(f"<b>The engine stopped.</b> {reason} Your conversation is kept, up to the last "
                                     "token received.", "Restart engine", "error")
         self.crash_banner.close_button.setVisible(False)
+
+    def _send_blocked(self, why: str) -> None:
+        """Enter with a message while the engine cannot take it: say so; offer the restart when the
+        engine stopped or has no model (the message stays in the box)."""
+        state = self.session.state
+        if state in (DEAD, IDLE) and (self.session.load_settings or state == DEAD):
+            self.crash_banner.show_text(f"<b>{why or 'The engine is not running.'}</b> Your message is kept in "
+                                        "the box: restart the engine, then press Enter again.", "Restart engine",
+                                        "error")
+            self.crash_banner.close_button.setVisible(True)
+        elif state in (STARTING, LOADING):
+            self.engine_label.setText(f"{why} Your message is kept: press Enter again once the model is ready.")
+        else:
+            self.engine_label.setText(f"{why or 'No model loaded.'} Your message is kept in the box.")
 
     def restart_engine(self) -> None:
         self.crash_banner.hide()
@@ -564,6 +639,17 @@ class MainWindow(QMainWindow):
         dialog.open()
         self.settings_dialog = dialog
 
+    def set_side_panel(self, shown: bool) -> None:
+        """Show or hide the speculation and telemetry panel; remembered for the next start."""
+        self.side.setVisible(shown)
+        self.side_action.setChecked(shown)
+        self.store.set_setting("side_panel", shown)
+
+    def use_draft_length(self, length: int | str) -> None:
+        """The Benchmark page's "Use the best": speculation on at that draft length (or auto)."""
+        self.spec.set_block_size(self.spec.block_size, True, length)
+        self._speculation_changed(*self.spec.values())
+
     def _speculation_changed(self, enabled: bool, length: int | str) -> None:
         self.session.set_speculation(enabled, length)
         self.store.set_setting("speculation", {"enabled": enabled, "draft_length": length})
@@ -579,17 +665,23 @@ class MainWindow(QMainWindow):
         conv = self.controller.conversation
         if conv is None:
             return
-        suffix = ".md" if kind == "md" else ".json"
-        name = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conv.title).strip() or "conversation"
-        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", str(Path.home() / (name + suffix)),
-                                              "Markdown (*.md)" if kind == "md" else "JSON (*.json)")
-        if path:
-            self.export_to(Path(path), kind)
+        path, _ = QFileDialog.getSaveFileName(self, "Export conversation",
+                                              str(Path.home() / export.file_name(conv.title, kind)),
+                                              "Markdown (*.md *.markdown)" if kind == "md" else "JSON (*.json)")
+        if not path:
+            return
+        chosen = export.with_extension(Path(path), kind)
+        if chosen != Path(path) and chosen.exists():  # the dialog asked about the name typed, not this one
+            answer = QMessageBox.question(self, "Export conversation", f"{chosen.name} already exists. Replace it?")
+            if answer != QMessageBox.StandardButton.Yes:
+                return
+        self.export_to(chosen, kind)
 
     def export_to(self, path: Path, kind: str) -> None:
         conv = self.controller.conversation
         messages = self.store.messages(conv.id)
-        text = export.to_markdown(conv, messages) if kind == "md" else export.to_json(conv, messages)
+        versions = {m.id: self.store.versions(m.id) for m in messages if m.versions > 1}
+        text = (export.to_markdown if kind == "md" else export.to_json)(conv, messages, versions)
         Path(path).write_text(text, encoding="utf-8")
         self.statusBar().showMessage(f"Exported to {path}", 5000)
 
@@ -602,6 +694,7 @@ class MainWindow(QMainWindow):
             self.spec.apply_theme()
             self.telemetry.apply_theme()
             self.composer.apply_theme()
+            self.bench.apply_theme()
             for banner in (self.demo_banner, self.crash_banner, self.notice_banner, self.context_banner):
                 banner.apply_theme()
 

@@ -2,8 +2,9 @@
 the context (older messages left out to fit it, or the reply stopped because it was full), the footer.
 
 The body is a QTextBrowser that grows to its text (the chat view scrolls, not each message), shows
-Markdown with a copy link above each code block, or, with "colour by origin" on, the raw text with
-the characters of accepted draft tokens highlighted.
+Markdown with a copy link above each code block and, with "colour by origin" on, the characters of
+accepted draft tokens highlighted in it. Its text is a little larger than the UI's, with airy lines,
+and the chat view keeps it to about LINE_CHARS characters a line: easier to read, as in chat apps.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import math
 import time
 
 from PySide6.QtCore import QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QColor, QDesktopServices, QGuiApplication, QTextCursor, QTextDocument, QTextFormat
+from PySide6.QtGui import (QColor, QDesktopServices, QFont, QFontMetrics, QGuiApplication, QTextBlockFormat,
+                           QTextCharFormat, QTextCursor, QTextDocument, QTextFormat)
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy,
                                QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
 from flashdesk.app import theme
-from flashdesk.app.markdown import COPY_SCHEME, origin_html, with_copy_links
+from flashdesk.app.markdown import COPY_SCHEME, draft_ranges, with_copy_links
 from flashdesk.app.reply import context_filled, context_note, footer_text
 from flashdesk.app.store import CANCELLED, FAILED, INTERRUPTED, STREAMING, Message
 
@@ -28,6 +30,22 @@ STATE_TEXT = {
     FAILED: "This reply failed.",
 }
 CONTEXT_FULL_TEXT = "The context filled up: this reply stopped at the end of the context."
+BODY_SCALE = 1.1  # message text against the UI's font
+LINE_HEIGHT_PERCENT = 140
+LINE_CHARS = 80  # the longest line of message text, in average characters
+MARGIN = 12  # a message's left and right padding
+ICON_SIZE = QSize(16, 16)
+
+
+def body_font(base: QFont) -> QFont:
+    font = QFont(base)
+    font.setPointSizeF(base.pointSizeF() * BODY_SCALE)
+    return font
+
+
+def column_width(base: QFont) -> int:
+    """The widest a message gets: LINE_CHARS characters of its text and its padding."""
+    return QFontMetrics(body_font(base)).averageCharWidth() * LINE_CHARS + 2 * MARGIN
 
 
 class TextBlock(QTextBrowser):
@@ -44,36 +62,73 @@ class TextBlock(QTextBrowser):
         self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
         self.setStyleSheet("QTextBrowser { background: transparent; }")
         self.document().setDocumentMargin(2)
+        self.document().setUndoRedoEnabled(False)  # read-only: restyling after each render keeps no history
         self.document().documentLayout().documentSizeChanged.connect(lambda _size: self._fit())
         self.anchorClicked.connect(self._anchor)
 
-    def set_markdown(self, text: str) -> None:
+    def set_markdown(self, text: str, origins: list[list] | None = None) -> None:
+        """Show `text` as Markdown; with `origins`, its accepted draft characters highlighted."""
         markdown, self.code = with_copy_links(text)
         self.document().setMarkdown(markdown, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
         # with code blocks the body is a Tab stop: Tab walks its Copy code links, Enter copies
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus if self.code else Qt.FocusPolicy.ClickFocus)
-        self._style_code()
+        self._style_blocks()
+        if origins:
+            self._highlight(text, origins)
         self._fit()
 
-    def set_origin_text(self, text: str, origins: list[list]) -> None:
+    def set_plain(self, text: str) -> None:
         self.code = []
-        c = theme.colors()
-        self.setHtml(origin_html(text, origins, c["draft_bg"], c["draft_fg"]))
+        self.setPlainText(text)
+        self._style_blocks()
         self._fit()
 
-    def _style_code(self) -> None:
-        """Code blocks: a tinted background, and long lines wrap instead of running off the edge."""
-        doc = self.document()
-        block = doc.begin()
+    def _style_blocks(self) -> None:
+        """Prose gets airy lines; code blocks a tinted background, and their long lines wrap instead
+        of running off the edge. One edit block: the document is laid out once, not per block."""
+        block = self.document().begin()
         background = QColor(theme.colors()["code_bg"])
+        cursor = QTextCursor(self.document())
+        cursor.beginEditBlock()
         while block.isValid():
             fmt = block.blockFormat()
             if fmt.hasProperty(QTextFormat.Property.BlockCodeFence) or fmt.nonBreakableLines():
                 fmt.setBackground(background)
                 fmt.setNonBreakableLines(False)
-                cursor = QTextCursor(block)
-                cursor.setBlockFormat(fmt)
+            else:
+                fmt.setLineHeight(LINE_HEIGHT_PERCENT, QTextBlockFormat.LineHeightTypes.ProportionalHeight.value)
+            cursor.setPosition(block.position())
+            cursor.setBlockFormat(fmt)
             block = block.next()
+        cursor.endEditBlock()
+
+    def _highlight(self, text: str, origins: list[list]) -> None:
+        """Give the rendered characters of accepted draft tokens the draft colours."""
+        c = theme.colors()
+        fmt = QTextCharFormat()
+        fmt.setBackground(QColor(c["draft_bg"]))
+        fmt.setForeground(QColor(c["draft_fg"]))
+        cursor = QTextCursor(self.document())
+        cursor.beginEditBlock()
+        for start, end in draft_ranges(text, origins, self._source_fragments()):
+            cursor.setPosition(start)
+            cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+            cursor.mergeCharFormat(fmt)
+        cursor.endEditBlock()
+
+    def _source_fragments(self) -> list[tuple[int, str]]:
+        """The rendered text as (position, text), less the copy links (they are not in the reply)."""
+        fragments = []
+        block = self.document().begin()
+        while block.isValid():
+            it = block.begin()
+            while not it.atEnd():
+                fragment = it.fragment()
+                if not fragment.charFormat().anchorHref().startswith(f"{COPY_SCHEME}:"):
+                    fragments.append((fragment.position(), fragment.text()))
+                it += 1
+            block = block.next()
+        return fragments
 
     def _anchor(self, url: QUrl) -> None:
         if url.scheme() == COPY_SCHEME:
@@ -101,6 +156,7 @@ class TextBlock(QTextBrowser):
 class MessageWidget(QFrame):
     edit_submitted = Signal(int, str)  # message id, new text
     regenerate_requested = Signal(int)  # message id
+    version_requested = Signal(int, int)  # message id, -1 (the version before) or +1 (the one after)
 
     def __init__(self, message: Message, colour_by_origin: bool = False, parent: QWidget | None = None):
         super().__init__(parent)
@@ -112,7 +168,7 @@ class MessageWidget(QFrame):
         self.setObjectName("userMessage" if message.role == "user" else "assistantMessage")
         self.setFrameShape(QFrame.Shape.NoFrame)
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(12, 8, 12, 8)
+        layout.setContentsMargins(MARGIN, 8, MARGIN, 8)
         layout.setSpacing(4)
 
         header = QHBoxLayout()
@@ -122,18 +178,30 @@ class MessageWidget(QFrame):
         header.addWidget(self.role)
         header.addWidget(self.when)
         header.addStretch(1)
-        self.copy_button = self._tool("Copy", "Copy this message as Markdown")
+        self.copy_button = self._tool("Copy", "copy", "Copy the message as Markdown")
         self.copy_button.clicked.connect(self.copy)
         header.addWidget(self.copy_button)
-        self.edit_button = self._tool("Edit", "Edit this message and send it again")
+        self.edit_button = self._tool("Edit", "edit", "Edit the message and send it again")
         self.edit_button.clicked.connect(self.start_edit)
         self.edit_button.setVisible(message.role == "user")
         header.addWidget(self.edit_button)
-        self.regen_button = self._tool("Regenerate", "Write this reply again")
+        self.regen_button = self._tool("Regenerate", "regenerate", "Regenerate: write this reply again")
         self.regen_button.clicked.connect(lambda: self.regenerate_requested.emit(self.message.id))
         self.regen_button.setVisible(message.role == "assistant")
         header.addWidget(self.regen_button)
         layout.addLayout(header)
+        # the versions of a regenerated reply: ‹ 2/3 ›
+        self.older = self._arrow("‹", "The version before", -1)
+        self.version_label = QLabel()
+        self.version_label.setObjectName("versionLabel")
+        self.newer = self._arrow("›", "The version after", +1)
+        self.versions_row = QWidget()
+        versions = QHBoxLayout(self.versions_row)
+        versions.setContentsMargins(0, 0, 0, 0)
+        versions.setSpacing(2)
+        for w in (self.older, self.version_label, self.newer):
+            versions.addWidget(w)
+        versions.addStretch(1)
 
         self.thought_toggle = QToolButton()
         self.thought_toggle.setObjectName("thoughtToggle")
@@ -147,6 +215,7 @@ class MessageWidget(QFrame):
 
         self.body = TextBlock()
         self.body.setObjectName("body")
+        self.body.setFont(body_font(self.font()))
         layout.addWidget(self.body)
 
         self.editor = QPlainTextEdit()
@@ -181,19 +250,46 @@ class MessageWidget(QFrame):
         self.footer.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout.addWidget(self.status)
         layout.addWidget(self.footer)
+        layout.addWidget(self.versions_row)
         self.apply_style()
         self.show_message(message)
 
-    def _tool(self, text: str, tip: str) -> QToolButton:
+    def _tool(self, text: str, icon: str, tip: str) -> QToolButton:
+        """A flat icon button; its text stays its name for screen readers (and tests)."""
         button = QToolButton(self)  # a parent now: shown parentless it would flash up as a window
         button.setText(text)
+        button.setAccessibleName(text)
+        button.setProperty("iconName", icon)
+        button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
+        button.setIconSize(ICON_SIZE)
         button.setToolTip(tip)
         button.setAutoRaise(True)
         button.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
         return button
 
+    def _arrow(self, text: str, tip: str, step: int) -> QToolButton:
+        button = QToolButton(self)
+        button.setText(text)
+        button.setToolTip(tip)
+        button.setAutoRaise(True)
+        button.clicked.connect(lambda: self.version_requested.emit(self.message.id, step))
+        return button
+
+    def _show_versions(self, message: Message) -> None:
+        """‹ n/N › under a reply that was regenerated (hidden while it streams)."""
+        many = message.versions > 1 and not self.streaming
+        self.versions_row.setVisible(many)
+        if many:
+            self.version_label.setText(f"{message.version}/{message.versions}")
+            self.version_label.setToolTip(f"Version {message.version} of {message.versions} of this reply: "
+                                          "the one shown is what the next turn sees")
+            self.older.setEnabled(message.version > 1)
+            self.newer.setEnabled(message.version < message.versions)
+
     def apply_style(self) -> None:
         c = theme.colors()
+        for button in (self.copy_button, self.edit_button, self.regen_button):
+            button.setIcon(theme.icon(button.property("iconName")))
         self.setStyleSheet(
             f"QFrame#userMessage {{ background: {c['user_bg']}; border-radius: 10px; }}"
             f"QLabel#muted, QLabel#footer {{ color: {c['muted']}; }}"
@@ -216,6 +312,7 @@ class MessageWidget(QFrame):
         self.footer.setText(footer_text(message.stats) if message.role == "assistant" else "")
         self.footer.setVisible(bool(self.footer.text()))
         self.set_context(message.stats if message.role == "assistant" else None)
+        self._show_versions(message)
 
     def set_context(self, stats: dict | None) -> None:
         """Say what the context did to this reply: older messages left out, or the reply cut off."""
@@ -237,12 +334,10 @@ class MessageWidget(QFrame):
 
     def _set_body(self, text: str) -> None:
         self.message.content = text
-        if self.colour_by_origin and self.message.role == "assistant":
-            self.body.set_origin_text(text, self._origins)
-        elif self.message.role == "user":
-            self.body.setPlainText(text)
+        if self.message.role == "user":
+            self.body.set_plain(text)
         else:
-            self.body.set_markdown(text)
+            self.body.set_markdown(text, self._origins if self.colour_by_origin else None)
         self.body.setVisible(bool(text) or not self.streaming)
 
     def _set_thought(self, thought: str, seconds: float | None, thinking: bool) -> None:
@@ -281,6 +376,7 @@ class MessageWidget(QFrame):
     def set_actions_enabled(self, on: bool) -> None:
         for button in (self.edit_button, self.regen_button):
             button.setEnabled(on)
+        self.versions_row.setEnabled(on)  # the arrows keep their own ends (no version before the first)
 
     def copy(self) -> None:
         QGuiApplication.clipboard().setText(self.message.content)

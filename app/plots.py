@@ -6,6 +6,7 @@ same theming, sizing and non-interactive setup (these are readouts, not zoomable
 
 from __future__ import annotations
 
+import math
 import os
 
 os.environ.setdefault("PYQTGRAPH_QT_LIB", "PySide6")
@@ -75,7 +76,8 @@ class BarPlot(Plot):
 
 
 class TimePlot(Plot):
-    """One line over the last `window` seconds; x is seconds before now."""
+    """One line over the last `window` seconds; x is seconds before now. A None value is a gap:
+    the line breaks there rather than claiming a value nobody measured."""
 
     def __init__(self, title: str, window: float = 60.0, height: int = 110, color_key: str = "bar2", parent=None):
         super().__init__(title, height, parent)
@@ -85,12 +87,48 @@ class TimePlot(Plot):
         self.setXRange(-window, 0, padding=0)
         self.getPlotItem().setLabel("bottom", "seconds ago", color=theme.colors()["plot_fg"])
 
-    def set_points(self, xs: list[float], ys: list[float]) -> None:
-        self.curve.setData(xs, ys)
-        top = max([v for v in ys if v is not None] + [0.0])
+    def set_points(self, xs: list[float], ys: list[float | None]) -> None:
+        values = [math.nan if v is None else float(v) for v in ys]
+        self.curve.setData(xs, values, connect="finite")
+        top = max([v for v in values if math.isfinite(v)] + [0.0])
         self.setYRange(0, top * 1.15 if top > 0 else 1.0, padding=0)  # all zero (idle): a plain 0..1 axis
 
     def apply_theme(self) -> None:
         super().apply_theme()
         if hasattr(self, "curve"):
             self.curve.setPen(pg.mkPen(theme.colors()[self.color_key], width=2))
+
+
+class GroupedBarPlot(Plot):
+    """Bars in groups (one per label on the x axis), one colour per series, a legend, and a dashed
+    reference line (the bench: speedup over AR by task type, one series per DFlash mode, a line at 1)."""
+
+    def __init__(self, title: str, y_label: str, reference: float | None = None, height: int = 220, parent=None):
+        super().__init__(title, height, parent)
+        self.setMaximumHeight(16777215)
+        self.reference = reference
+        self.items: list = []
+        self.legend = self.getPlotItem().addLegend(offset=(8, 4), labelTextColor=theme.colors()["plot_fg"])
+        self.getPlotItem().setLabel("left", y_label, color=theme.colors()["plot_fg"])
+
+    def set_groups(self, groups: list[str], series: list[tuple[str, list[float], str]]) -> None:
+        """`series`: (name, one value per group, colour)."""
+        for item in self.items:
+            self.removeItem(item)
+        self.legend.clear()
+        self.items = []
+        width = 0.8 / max(1, len(series))
+        for j, (name, values, color) in enumerate(series):
+            xs = [i - 0.4 + width * (j + 0.5) for i in range(len(groups))]
+            bars = pg.BarGraphItem(x=xs, height=values, width=width * 0.92, brush=color, pen=None, name=name)
+            self.addItem(bars)
+            self.items.append(bars)
+        if self.reference is not None and groups:
+            line = pg.InfiniteLine(pos=self.reference, angle=0,
+                                   pen=pg.mkPen(theme.colors()["plot_fg"], width=1, style=Qt.PenStyle.DashLine))
+            self.addItem(line)
+            self.items.append(line)
+        self.getPlotItem().getAxis("bottom").setTicks([list(enumerate(groups))])
+        top = max([self.reference or 0.0] + [v for _, values, _ in series for v in values] + [0.1])
+        self.setXRange(-0.6, len(groups) - 0.4, padding=0)
+        self.setYRange(0, top * 1.3, padding=0)  # headroom for the legend

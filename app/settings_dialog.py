@@ -1,9 +1,11 @@
 """Per-conversation settings: the system prompt, sampling (temperature, top-p, top-k, max tokens,
 thinking) and what to do when the conversation outgrows the context. Stored with the conversation
-(in its sampling record), so each keeps its own."""
+(in its sampling record), so each keeps its own. Shown in sections under plain headings, as chat
+apps lay out their settings, rather than one long form."""
 
 from __future__ import annotations
 
+from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
                                QLabel, QPlainTextEdit, QSpinBox, QVBoxLayout, QWidget)
 
@@ -11,6 +13,7 @@ DROP_OLDEST, STOP = "drop_oldest", "stop"  # protocol.Generate.context_policy
 CONTEXT_POLICIES = {DROP_OLDEST: "Drop the oldest turns (keep the system prompt)", STOP: "Stop and tell me"}
 DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 0.95, "top_k": 64, "max_tokens": 2048, "thinking": False,
                     "context_policy": DROP_OLDEST}
+HEADING_SCALE = 1.15
 MAX_TOKENS_NOTE = ("Capped to what the context leaves: a reply never runs past the end of the context, so "
                    "late in a long conversation it may get fewer tokens than this (its footer says so).")
 
@@ -71,23 +74,44 @@ class ConversationSettings(QDialog):
         index = self.context_policy.findData(s.get("context_policy", DROP_OLDEST))
         self.context_policy.setCurrentIndex(max(0, index))
 
-        form = QFormLayout()
+        layout = QVBoxLayout(self)
+        self.headings: list[QLabel] = []
+        form = self._section(layout, "Conversation")
         form.addRow("System prompt", self.system)
+        form = self._section(layout, "Sampling")
         form.addRow("Temperature", self.temperature)
         form.addRow(QLabel("0 is greedy: the same reply every time."))
         form.addRow("Top-p", self.top_p)
         form.addRow("Top-k", self.top_k)
+        form = self._section(layout, "Reply")
         form.addRow("Max new tokens", self.max_tokens)
         form.addRow(self.max_tokens_note)
         form.addRow("", self.thinking)
-        form.addRow("When the conversation outgrows the context", self.context_policy)
+        form = self._section(layout, "Context")
+        form.addRow("When the conversation outgrows it", self.context_policy)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
-        layout = QVBoxLayout(self)
-        layout.addLayout(form)
+        layout.addStretch(1)
         layout.addWidget(buttons)
-        self.resize(560, 480)
+        self.resize(560, 560)
+
+    def _section(self, layout: QVBoxLayout, title: str) -> QFormLayout:
+        """A bold heading and the form of its fields under it."""
+        heading = QLabel(title)
+        heading.setObjectName("settingsHeading")
+        font = QFont(heading.font())
+        font.setBold(True)
+        font.setPointSizeF(font.pointSizeF() * HEADING_SCALE)
+        heading.setFont(font)
+        if self.headings:
+            layout.addSpacing(10)
+        layout.addWidget(heading)
+        self.headings.append(heading)
+        form = QFormLayout()
+        form.setContentsMargins(8, 0, 0, 0)
+        layout.addLayout(form)
+        return form
 
     def result_values(self) -> tuple[str, dict]:
         return self.system.toPlainText().strip(), {

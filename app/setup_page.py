@@ -19,10 +19,11 @@ from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QFrame, QGro
 
 from flashdesk.app import theme
 
-DEMO_TEXT = ("<b>No model yet?</b> The demo creates a tiny random Gemma 4 model and DFlash drafter (about "
-             "1 MB) in FlashDesk's data folder and runs them on the CPU. <b>They write meaningless text</b>: "
-             "the demo shows how the app works (streaming, speculation statistics, telemetry), "
-             "not what Gemma can do.")
+DEMO_TEXT = ("<b>No model yet?</b> The demo copies a tiny Gemma 4 model and DFlash drafter trained for "
+             "FlashDesk (about 6 MB) into FlashDesk's data folder and runs them on the CPU. <b>It is a toy</b>: "
+             "2.4 million parameters trained on Python's source and our docs, it writes text that looks like "
+             "code or English and is rarely right. The demo shows how the app works (streaming, speculation "
+             "statistics, telemetry), not what Gemma can do.")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as engine/hub/models.py's REPO_ID
 
 
@@ -48,6 +49,7 @@ class SetupPage(QWidget):
     cancel_requested = Signal()
     download_requested = Signal(list)  # the Hub ids of the Model and Drafter fields to download
     download_cancel_requested = Signal()
+    recommended_requested = Signal(dict)  # the load settings of the recommended pair (download first if needed)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -77,7 +79,13 @@ class SetupPage(QWidget):
         self.kv_dtype.setObjectName("kvDtype")
         self.kv_dtype.addItems(["auto", "fp8", "bfloat16", "float32"])
 
+        self.on_disk = QComboBox()
+        self.on_disk.setObjectName("onDisk")
+        self.on_disk.setToolTip("Models already on this computer (as `flashdesk models list` shows them): "
+                                "a pick fills the fields below")
+        self.on_disk.activated.connect(self._pick_on_disk)
         form = QFormLayout()
+        form.addRow("On this computer", self.on_disk)
         form.addRow("Model", self._with_browse(self.target, "Choose the Gemma 4 model folder"))
         form.addRow("Drafter", self._with_browse(self.draft, "Choose the DFlash drafter folder"))
         form.addRow("Device", self.device)
@@ -121,6 +129,25 @@ class SetupPage(QWidget):
         self.progress.setObjectName("setupProgress")
         self.progress.hide()
 
+        recommended = QGroupBox("Recommended for an NVIDIA GPU")
+        recommended.setObjectName("recommendedBox")
+        self.recommended_text = QLabel("<b>Gemma 4 26B-A4B</b> (4-bit) and its <b>DFlash drafter</b>: "
+                                       "the pair FlashDesk is built for.")
+        self.recommended_text.setWordWrap(True)
+        self.fit = QLabel("Checking this computer…")
+        self.fit.setObjectName("recommendedFit")
+        self.fit.setWordWrap(True)
+        self.recommended_button = QPushButton("Download and load")
+        self.recommended_button.setObjectName("recommendedButton")
+        self.recommended_button.setEnabled(False)
+        text_column = QVBoxLayout()
+        text_column.addWidget(self.recommended_text)
+        text_column.addWidget(self.fit)
+        recommended_layout = QHBoxLayout(recommended)
+        recommended_layout.addLayout(text_column, 1)
+        recommended_layout.addWidget(self.recommended_button, 0, Qt.AlignmentFlag.AlignVCenter)
+        self.survey: dict | None = None  # the last Surveyed, as a dict
+
         demo = QGroupBox("Demo")
         self.demo_text = QLabel(DEMO_TEXT)
         self.demo_text.setWordWrap(True)
@@ -132,6 +159,7 @@ class SetupPage(QWidget):
 
         column = QVBoxLayout()
         column.addWidget(title)
+        column.addWidget(recommended)
         column.addWidget(intro)
         column.addLayout(form)
         column.addLayout(buttons)
@@ -150,12 +178,24 @@ class SetupPage(QWidget):
         self.check_button.clicked.connect(lambda: self.check_requested.emit(self.selection()))
         self.load_button.clicked.connect(lambda: self.load_requested.emit(self.selection()))
         self.demo_button.clicked.connect(self.demo_requested)
+        self.recommended_button.clicked.connect(self._recommended_clicked)
         self.cancel_button.clicked.connect(self.cancel_requested)
         self.target.returnPressed.connect(lambda: self.check_requested.emit(self.selection()))
         self.download_button.clicked.connect(lambda: self.download_requested.emit(self.hub_ids()))
         self.cancel_download_button.clicked.connect(self.download_cancel_requested)
         self.target.textChanged.connect(self._update_download)
         self.draft.textChanged.connect(self._update_download)
+        for signal in (self.target.textChanged, self.draft.textChanged, self.device.currentIndexChanged,
+                       self.context.valueChanged, self.kv_dtype.currentIndexChanged):
+            signal.connect(self.clear_check)
+
+    def clear_check(self, *_args) -> None:
+        """A field changed: the last check and memory plan speak of other settings, so they go."""
+        if self.plan.toPlainText() or self.status.text():
+            self.plan.clear()
+            if not self.progress.isVisible() and not self.downloading:
+                self.status.setStyleSheet("")
+                self.status.setText("")
 
     def _with_browse(self, edit: QLineEdit, caption: str) -> QWidget:
         button = QPushButton("Browse…")
@@ -183,8 +223,9 @@ class SetupPage(QWidget):
     def set_downloading(self, on: bool) -> None:
         """Downloading: a measured progress bar and Cancel; the fields and other actions wait."""
         self.downloading = on
-        for w in (self.check_button, self.load_button, self.demo_button, self.target, self.draft):
+        for w in (self.check_button, self.load_button, self.demo_button, self.target, self.draft, self.on_disk):
             w.setEnabled(not on)
+        self.recommended_button.setEnabled(not on and bool(self.survey and self.survey["fits"]))
         self.cancel_download_button.setVisible(on)
         self.cancel_download_button.setEnabled(on)
         self._update_download()
@@ -217,6 +258,56 @@ class SetupPage(QWidget):
             index = combo.findText(settings.get(key) or "auto")
             combo.setCurrentIndex(max(0, index))
         self.context.setValue(int(settings.get("context") or 32768))
+
+    def show_survey(self, survey: dict) -> None:
+        """The recommended pair's fit on this card (before downloading) and the models on disk."""
+        self.survey = survey
+        target_id, draft_id = survey["recommended"]
+        on_disk = self.pair_on_disk(survey)
+        size = f"about {survey['download_bytes'] / 1e9:.0f} GB to download"
+        self.recommended_text.setText(f"<b>Gemma 4 26B-A4B</b> (4-bit) and its <b>DFlash drafter</b>: "
+                                      f"<code>{target_id}</code> and <code>{draft_id}</code>, "
+                                      f"{'already on this computer' if on_disk else size}.")
+        colour = "" if survey["fits"] else f"color: {theme.colors()['error' if survey['device_name'] else 'muted']};"
+        self.fit.setStyleSheet(colour)
+        self.fit.setText(survey["text"])
+        self.recommended_button.setText("Load" if on_disk else "Download and load")
+        self.recommended_button.setEnabled(survey["fits"] and not self.downloading)
+        self.recommended_button.setToolTip("" if survey["fits"] else survey["text"])
+        self.on_disk.clear()
+        models = [m for m in survey["models"] if m.get("complete")]
+        self.on_disk.addItem(f"{len(models)} model(s) found: pick one…" if models else "none yet", None)
+        for m in models:
+            kind = {"demo": "demo pair", "drafter": "DFlash drafter", "target": "model"}.get(m["kind"], m["kind"])
+            size = f", {m['size'] / 1e9:.1f} GB" if m.get("size") else ""
+            self.on_disk.addItem(f"{m['name']} ({kind}{size})", m)
+        self.on_disk.setEnabled(bool(models))
+
+    @staticmethod
+    def pair_on_disk(survey: dict) -> bool:
+        names = {m["name"] for m in survey["models"] if m.get("complete")}
+        return all(repo in names for repo in survey["recommended"])
+
+    def _pick_on_disk(self, index: int) -> None:
+        entry = self.on_disk.itemData(index)
+        if not entry:
+            return
+        if entry.get("target"):
+            self.target.setText(entry["target"])
+        if entry.get("draft"):
+            self.draft.setText(entry["draft"])
+        if entry["kind"] == "demo":
+            self.device.setCurrentText("cpu")
+            self.context.setValue(4096)
+
+    def _recommended_clicked(self) -> None:
+        if not self.survey or not self.survey["fits"]:
+            return
+        target_id, draft_id = self.survey["recommended"]
+        sel = {"target": target_id, "draft": draft_id, "device": "auto", "context": self.survey["context"],
+               "kv_dtype": "auto", "dtype": "auto"}
+        self.set_selection(sel)
+        self.recommended_requested.emit(sel)
 
     def show_plan(self, lines: list[str], problems: list[str]) -> None:
         self.plan.setPlainText("\n".join(lines))

@@ -8,18 +8,24 @@ user_version) and is brought up to date by the migrations below, one function pe
 A database that is corrupt, or that a newer FlashDesk wrote, is never overwritten or changed: it
 is renamed aside with a timestamp, a fresh one is created, and `Store.notice` says what happened
 so the window can tell the user.
+
+Search: an FTS5 index over message text and titles (schema version 2), kept in step by triggers
+(the reply as it streams included), so a search does not read every message. Where Python's sqlite3
+was built without FTS5, version 2 adds no index and search falls back to LIKE over titles and
+messages (a scan, the query matched as one piece of text).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 
 # Message states: a reply is "streaming" while it arrives; one that was still streaming when the
 # app stopped is "interrupted" at the next start.
@@ -60,8 +66,49 @@ _V1 = [
 ]
 
 
+def _search_index(table: str, column: str, source: str, trigger: str) -> list[str]:
+    """An FTS5 index of `source`.`column` that reads the text from `source` (stored once), its
+    triggers, and the indexing of the rows already there."""
+    new = f"INSERT INTO {table} (rowid, {column}) VALUES (new.id, new.{column});"
+    old = f"INSERT INTO {table} ({table}, rowid, {column}) VALUES ('delete', old.id, old.{column});"
+    return [
+        f"CREATE VIRTUAL TABLE {table} USING fts5({column}, content='{source}', content_rowid='id')",
+        f"CREATE TRIGGER {trigger}_insert AFTER INSERT ON {source} BEGIN {new} END",
+        f"CREATE TRIGGER {trigger}_delete AFTER DELETE ON {source} BEGIN {old} END",
+        f"CREATE TRIGGER {trigger}_update AFTER UPDATE OF {column} ON {source} BEGIN {old} {new} END",
+        f"INSERT INTO {table} ({table}) VALUES ('rebuild')",
+    ]
+
+
+def _has_fts5() -> bool:
+    db = sqlite3.connect(":memory:")
+    try:
+        db.execute("CREATE VIRTUAL TABLE probe USING fts5(text)")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        db.close()
+
+
+_V2 = (_search_index("message_search", "content", "messages", "messages_search")
+       + _search_index("title_search", "title", "conversations", "conversations_search")) if _has_fts5() else []
+
+# Reply versions (regenerate keeps the earlier replies): every version of a reply is a message row of
+# one `slot` (the id of the first version); the one shown, and given to the next turn, is the row not
+# `hidden`.
+_V3 = [
+    "ALTER TABLE messages ADD COLUMN slot INTEGER",
+    "ALTER TABLE messages ADD COLUMN hidden INTEGER NOT NULL DEFAULT 0",
+    "CREATE INDEX messages_by_slot ON messages (slot)",
+]
+
 # version -> the statements that bring the schema from version - 1 to it (in one transaction)
-MIGRATIONS: dict[int, list[str]] = {1: _V1}
+MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2, 3: _V3}
+
+HIT_START, HIT_END = "\x02", "\x03"  # around each hit in SearchHit.snippet
+SNIPPET_TOKENS = 12
+SNIPPET_CHARS = 36  # on each side of the hit, in the LIKE fallback
 
 
 class DatabaseMovedAside(Exception):
@@ -91,6 +138,25 @@ class Message:
     thought: str = ""
     thought_seconds: float | None = None
     stats: dict | None = None
+    version: int = 1  # of the versions of this reply (regenerate keeps the earlier ones), from 1
+    versions: int = 1
+
+
+@dataclass
+class SearchHit:
+    conversation: Conversation
+    snippet: str = ""  # the first matching message around the hit, each hit between HIT_START and HIT_END
+    message_id: int | None = None  # that message; None when only the title matched
+
+
+def fts_query(text: str) -> str:
+    """`text` as an FTS5 query that is never a syntax error: each word a quoted string, all of them
+    required, the last one a prefix while it is being typed. "" when `text` has no word."""
+    words = [w for w in text.split() if any(ch.isalnum() for ch in w)]
+    terms = ['"' + w.replace('"', '""') + '"' for w in words]
+    if words and text.endswith(words[-1]):  # still being typed
+        terms[-1] += "*"
+    return " ".join(terms)
 
 
 class Store:
@@ -134,6 +200,8 @@ class Store:
         db.execute("PRAGMA foreign_keys=ON")
         self._migrate(db, version)  # a failure here is our bug, not a bad file: it is raised, nothing moved
         db.execute("UPDATE messages SET state = ? WHERE state = ?", (INTERRUPTED, STREAMING))
+        # no index when the sqlite3 that migrated the database lacked FTS5: search then uses LIKE
+        self.fts = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'message_search'").fetchone() is not None
         return db
 
     @staticmethod
@@ -178,12 +246,45 @@ class Store:
 
     # -- conversations -------------------------------------------------------------------------------
 
-    def conversations(self, search: str = "") -> list[Conversation]:
-        """Newest first; `search` matches the title, case-insensitively."""
-        pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        rows = self.db.execute("SELECT * FROM conversations WHERE title LIKE ? ESCAPE '\\' "
-                               "ORDER BY updated DESC, id DESC", (pattern,))
+    def conversations(self) -> list[Conversation]:
+        """Newest first."""
+        rows = self.db.execute("SELECT * FROM conversations ORDER BY updated DESC, id DESC")
         return [_conversation(r) for r in rows]
+
+    def search(self, query: str) -> list[SearchHit]:
+        """The conversations whose title or a message has every word of `query` (the last one as a
+        prefix), newest first, each with its first matching message and a snippet of it; every
+        conversation when `query` is blank. A query of punctuation only is looked for as it is."""
+        query = query.replace("\x00", "")  # pasted, it would end the text SQLite's LIKE sees
+        expression = fts_query(query)
+        if not query.strip():
+            return [SearchHit(c) for c in self.conversations()]
+        if not self.fts or not expression:
+            return self._search_like(query.strip())
+        titles = {r[0] for r in self.db.execute("SELECT rowid FROM title_search WHERE title_search MATCH ?",
+                                                (expression,))}
+        first = dict(self.db.execute(
+            "SELECT m.conversation_id, MIN(m.id) FROM message_search s JOIN messages m ON m.id = s.rowid "
+            "WHERE message_search MATCH ? GROUP BY m.conversation_id", (expression,)).fetchall())
+        return [SearchHit(c, self._snippet(expression, first[c.id]) if c.id in first else "", first.get(c.id))
+                for c in self.conversations() if c.id in titles or c.id in first]
+
+    def _snippet(self, expression: str, message_id: int) -> str:
+        row = self.db.execute(f"SELECT snippet(message_search, 0, ?, ?, '…', {SNIPPET_TOKENS}) FROM message_search "
+                              "WHERE message_search MATCH ? AND rowid = ?",
+                              (HIT_START, HIT_END, expression, message_id)).fetchone()
+        return " ".join(row[0].split())
+
+    def _search_like(self, text: str) -> list[SearchHit]:
+        """Without FTS5, or for punctuation: `text` as it is, in titles and messages (case-insensitive for ASCII)."""
+        pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self.db.execute(
+            "SELECT c.*, (SELECT MIN(m.id) FROM messages m WHERE m.conversation_id = c.id "
+            "AND m.content LIKE :p ESCAPE '\\') AS first_id FROM conversations c "
+            "WHERE first_id IS NOT NULL OR c.title LIKE :p ESCAPE '\\' ORDER BY c.updated DESC, c.id DESC",
+            {"p": pattern}).fetchall()
+        return [SearchHit(_conversation(r), _marked(self.message(r["first_id"]).content, text) if r["first_id"] else "",
+                          r["first_id"]) for r in rows]
 
     def conversation(self, conversation_id: int) -> Conversation | None:
         row = self.db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
@@ -213,24 +314,61 @@ class Store:
 
     def messages(self, conversation_id: int) -> list[Message]:
         rows = self.db.execute(
-            "SELECT m.*, t.text AS thought, t.seconds AS thought_seconds, s.data AS stats FROM messages m "
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages m "
             "LEFT JOIN thoughts t ON t.message_id = m.id LEFT JOIN message_stats s ON s.message_id = m.id "
-            "WHERE m.conversation_id = ? ORDER BY m.id", (conversation_id,))
+            "WHERE m.conversation_id = ? AND m.hidden = 0 ORDER BY m.id", (conversation_id,))
         return [_message(r) for r in rows]
+
+    def versions(self, message_id: int) -> list[Message]:
+        """Every version of the reply `message_id`, oldest first (one when it was never regenerated)."""
+        rows = self.db.execute(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages m "
+            "LEFT JOIN thoughts t ON t.message_id = m.id LEFT JOIN message_stats s ON s.message_id = m.id "
+            "WHERE COALESCE(m.slot, m.id) = (SELECT COALESCE(slot, id) FROM messages WHERE id = ?) ORDER BY m.id",
+            (message_id,))
+        return [_message(r) for r in rows]
+
+    def set_aside_for_regenerate(self, conversation_id: int, message_id: int) -> int:
+        """Keep the reply `message_id` as an earlier version (hidden), drop every later message of the
+        conversation (but the reply's other versions); the slot the new version goes into."""
+        self.db.execute("BEGIN")
+        try:
+            slot = self.db.execute("SELECT COALESCE(slot, id) FROM messages WHERE id = ?", (message_id,)).fetchone()[0]
+            self.db.execute("UPDATE messages SET slot = ?, hidden = 1 WHERE id = ?", (slot, message_id))
+            self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND id > ? AND COALESCE(slot, id) != ?",
+                            (conversation_id, message_id, slot))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return slot
+
+    def choose_version(self, message_id: int) -> None:
+        """Show the version `message_id` of its reply (and give it to the next turn); hide the others."""
+        self.db.execute("BEGIN")
+        try:
+            slot = self.db.execute("SELECT COALESCE(slot, id) FROM messages WHERE id = ?", (message_id,)).fetchone()[0]
+            self.db.execute("UPDATE messages SET hidden = (id != ?) WHERE COALESCE(slot, id) = ?", (message_id, slot))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
 
     def message(self, message_id: int) -> Message | None:
         row = self.db.execute(
-            "SELECT m.*, t.text AS thought, t.seconds AS thought_seconds, s.data AS stats FROM messages m "
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages m "
             "LEFT JOIN thoughts t ON t.message_id = m.id LEFT JOIN message_stats s ON s.message_id = m.id "
             "WHERE m.id = ?", (message_id,)).fetchone()
         return _message(row) if row else None
 
     def add_message(self, conversation_id: int, role: str, content: str = "", state: str = COMPLETE,
-                    model: str | None = None) -> Message:
+                    model: str | None = None, slot: int | None = None) -> Message:
+        """A new message at the end; `slot`: a new version of that reply (set_aside_for_regenerate)."""
         now = time.time()
         self.db.execute("BEGIN")
-        cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, state, model, created, updated) "
-                              "VALUES (?, ?, ?, ?, ?, ?, ?)", (conversation_id, role, content, state, model, now, now))
+        cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, state, model, created, updated, "
+                              "slot) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                              (conversation_id, role, content, state, model, now, now, slot))
         self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         self.db.execute("COMMIT")
         return self.message(cur.lastrowid)
@@ -259,8 +397,29 @@ class Store:
             raise
 
     def delete_messages_from(self, conversation_id: int, message_id: int) -> None:
-        """Delete this message and every later one of the conversation (regenerate, edit and resend)."""
-        self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?", (conversation_id, message_id))
+        """Delete this message and every later one of the conversation (edit and resend, a refused
+        turn); a reply left with only hidden versions shows its newest one again."""
+        self.db.execute("BEGIN")
+        try:
+            self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?", (conversation_id, message_id))
+            self.db.execute(
+                "UPDATE messages SET hidden = 0 WHERE id IN (SELECT MAX(id) FROM messages WHERE conversation_id = ? "
+                "GROUP BY COALESCE(slot, id) HAVING SUM(hidden = 0) = 0)", (conversation_id,))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+
+def _marked(content: str, text: str) -> str:
+    """The snippet of the LIKE fallback: `content` around the first `text`, the hit marked."""
+    found = re.search(re.escape(text), content, re.IGNORECASE)
+    start, end = found.span()
+    before = content[max(0, start - SNIPPET_CHARS):start]
+    after = content[end:end + SNIPPET_CHARS]
+    snippet = (("…" if start > SNIPPET_CHARS else "") + before + HIT_START + content[start:end] + HIT_END + after
+               + ("…" if end + SNIPPET_CHARS < len(content) else ""))
+    return " ".join(snippet.split())
 
 
 def _conversation(row: sqlite3.Row) -> Conversation:
@@ -271,6 +430,14 @@ def _conversation(row: sqlite3.Row) -> Conversation:
     return Conversation(row["id"], row["title"], row["created"], row["updated"], row["system_prompt"], sampling)
 
 
+# a message with its thought, statistics, and its place among the versions of its reply
+_MESSAGE_COLUMNS = (
+    "m.*, t.text AS thought, t.seconds AS thought_seconds, s.data AS stats, "
+    "(SELECT COUNT(*) FROM messages v WHERE COALESCE(v.slot, v.id) = COALESCE(m.slot, m.id)) AS versions, "
+    "(SELECT COUNT(*) FROM messages v WHERE COALESCE(v.slot, v.id) = COALESCE(m.slot, m.id) AND v.id <= m.id) "
+    "AS version")
+
+
 def _message(row: sqlite3.Row) -> Message:
     stats = None
     if row["stats"]:
@@ -279,4 +446,5 @@ def _message(row: sqlite3.Row) -> Message:
         except ValueError:
             stats = None
     return Message(row["id"], row["conversation_id"], row["role"], row["content"], row["state"], row["created"],
-                   row["updated"], row["model"], row["thought"] or "", row["thought_seconds"], stats)
+                   row["updated"], row["model"], row["thought"] or "", row["thought_seconds"], stats,
+                   row["version"], row["versions"])

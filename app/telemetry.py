@@ -5,7 +5,8 @@ the window must not stutter. Why field by field: drivers, cards and containers d
 they report (consumer cards lack some clocks, containers hide other processes, older drivers have
 no energy counter), so every reading is taken on its own and a failure leaves just that field
 None ("n/a" on screen). Without NVML or an NVIDIA GPU, `Sample.gpu` is None and `nvml_problem`
-says why; the worker's RAM is always read (psutil).
+says why; the worker's RAM is always read (psutil). Each sample also says whether the engine's
+process was running, so the plots leave a gap for the time it was not instead of a line across it.
 
 The NVML module is passed in (`nvml=`) so tests can hand in a fake; by default it is pynvml from
 nvidia-ml-py.
@@ -44,6 +45,7 @@ class Sample:
     worker_rss: int | None  # bytes
     ram_used: int | None
     ram_total: int | None
+    worker_running: bool = True  # the engine's process was up
 
 
 class Nvml:
@@ -143,6 +145,18 @@ def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def worker_alive(pid: int | None) -> bool:
+    """The engine's process is running (not gone, not a zombie awaiting its parent)."""
+    if not pid:
+        return False
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:  # noqa: BLE001 - gone, or psutil missing: no worker to show
+        return False
+
+
 def read_memory(pid: int | None) -> tuple[int | None, int | None, int | None]:
     """(worker RSS, RAM used, RAM total) in bytes, each None when unreadable."""
     try:
@@ -202,7 +216,7 @@ class TelemetrySampler(QObject):
         pid = self.worker_pid
         gpu = self.nvml.read(pid) if self.nvml.available else None
         rss, used, total = read_memory(pid)
-        return Sample(time.monotonic(), gpu, rss, used, total)
+        return Sample(time.monotonic(), gpu, rss, used, total, worker_alive(pid))
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -2,8 +2,9 @@
 VRAM, power, utilization, temperature and clocks, with plots of the last minute.
 
 Every value is "n/a" on its own when it is unknown (the driver lacks it, nothing measured yet), so
-one missing reading never hides the others. Without an NVIDIA GPU the panel says so and shows the
-worker's RAM instead of VRAM and power.
+one missing reading never hides the others. Without an NVIDIA GPU the panel says so in one line
+(the driver's own words on hover) and shows the worker's RAM instead of VRAM and power. The plots
+leave a gap for the time the engine was not running.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from flashdesk.app.telemetry import Sample
 NA = "n/a"
 GIB = 1024 ** 3
 HISTORY_S = 60.0
+NO_GPU_TEXT = "No NVIDIA GPU found: GPU readouts are off."
 
 
 def gib(n: int | None) -> str:
@@ -41,7 +43,7 @@ class TelemetryPanel(QWidget):
         self.setObjectName("telemetryPanel")
         self.values: dict[str, QLabel] = {}
         self.live_tps: float | None = None
-        self.history: deque[tuple[float, float, float | None, float | None]] = deque()
+        self.history: deque[tuple[float, float | None, float | None]] = deque()  # time, tok/s, second plot
         self.gpu_mode: bool | None = None
 
         speed = QGroupBox("Speed")
@@ -112,8 +114,8 @@ class TelemetryPanel(QWidget):
             self.second_plot.title = "Power (W), last minute"
         else:
             self.hardware.setTitle("Memory")
-            self.notice.setText(f"No NVIDIA GPU found{f' ({problem})' if problem else ''}. "
-                                "The engine runs on the CPU; its memory is shown instead of VRAM and power.")
+            self.notice.setText(NO_GPU_TEXT)
+            self.notice.setToolTip(problem or "")
             self.notice.show()
             self.second_plot.title = "Engine RAM (GiB), last minute"
         for key in ("gpu_name", "vram", "worker_vram", "power", "util", "temp", "clocks"):
@@ -139,17 +141,23 @@ class TelemetryPanel(QWidget):
                 v["clocks"].setText(f"SM {num(gpu.sm_clock_mhz, 'd', ' MHz')}, memory {num(gpu.mem_clock_mhz, 'd', ' MHz')}")
         self.values["worker_ram"].setText(gib(sample.worker_rss))
         self.values["system_ram"].setText(used_of(sample.ram_used, sample.ram_total))
-        second = gpu.power_w if gpu is not None else (sample.worker_rss / GIB if sample.worker_rss else None)
-        self.history.append((sample.time, self.live_tps or 0.0, second, None))
+        self.history.append((sample.time, *self._plotted(sample)))
         while self.history and self.history[0][0] < sample.time - HISTORY_S:
             self.history.popleft()
         self._plot(sample.time)
 
+    def _plotted(self, sample: Sample) -> tuple[float | None, float | None]:
+        """(tok/s, power or engine RAM) to plot; None, a gap, while the engine was not running."""
+        if not sample.worker_running:
+            return None, None
+        gpu = sample.gpu
+        second = gpu.power_w if gpu is not None else (sample.worker_rss / GIB if sample.worker_rss else None)
+        return self.live_tps or 0.0, second
+
     def _plot(self, now: float) -> None:
         xs = [t - now for t, *_ in self.history]
-        self.tps_plot.set_points(xs, [tps for _, tps, _, _ in self.history])
-        pts = [(x, s) for x, (_, _, s, _) in zip(xs, self.history) if s is not None]
-        self.second_plot.set_points([x for x, _ in pts], [s for _, s in pts])
+        self.tps_plot.set_points(xs, [tps for _, tps, _ in self.history])
+        self.second_plot.set_points(xs, [second for _, _, second in self.history])
 
     def set_live(self, tps: float | None) -> None:
         """The current decode speed (None when nothing is generating)."""

@@ -9,12 +9,17 @@ window, also live when the system theme changes. FLASHDESK_THEME=light|dark over
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtCore import QByteArray, Qt
+from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPalette, QPixmap
+from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import QApplication
 
+from flashdesk.app.paths import assets_dir
+
 THEME_ENV = "FLASHDESK_THEME"
+ICON_PIXELS = 48  # drawn at twice the usual 24 px: sharp on HiDPI screens, smooth when scaled down
 
 
 def is_dark() -> bool:
@@ -68,3 +73,20 @@ def colors() -> dict[str, str]:
             "error": "#b3261e", "user_bg": "#e8effc", "accent": "#1a5fd0", "plot_fg": "#3c4043",
             "plot_bg": "#ffffff", "bar": "#2e8b57", "bar2": "#1a5fd0", "warn_bg": "#fff4d6",
             "warn": "#9a5b00"}
+
+
+def icon(name: str) -> QIcon:
+    """assets/icons/<name>.svg drawn in the current scheme's muted colour. Why by hand: QIcon draws
+    an SVG in the colours written in it, so our icons say `currentColor` and get it here."""
+    return _icon(name, colors()["muted"])
+
+
+@lru_cache(maxsize=64)
+def _icon(name: str, color: str) -> QIcon:
+    svg = (assets_dir() / "icons" / f"{name}.svg").read_text(encoding="utf-8").replace("currentColor", color)
+    pixmap = QPixmap(ICON_PIXELS, ICON_PIXELS)
+    pixmap.fill(Qt.GlobalColor.transparent)
+    painter = QPainter(pixmap)
+    QSvgRenderer(QByteArray(svg.encode())).render(painter)
+    painter.end()
+    return QIcon(pixmap)

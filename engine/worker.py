@@ -142,6 +142,7 @@ class Worker:
         self.pulls: dict[str, int] = {}  # repo id -> Pull requests of it queued or running
         self.pull_cancels: set[str] = set()  # repo ids whose download was cancelled (running or queued)
         self._counter = None  # (engine, a tokenizer of its own) for CountTokens on the reader thread
+        self.folders: tuple[Path, Path | None] | None = None  # the loaded target's and drafter's folders
 
     # -- I/O ------------------------------------------------------------------------------------
 
@@ -223,7 +224,8 @@ class Worker:
 
         self.send(p.Ready(pid=os.getpid(), torch=torch.__version__, cuda=bool(torch.cuda.is_available())))
         handlers = {p.Load: self.load, p.Generate: self.generate, p.Inspect: self.inspect,
-                    p.CreateDemo: self.create_demo, p.Unload: self.unload, p.Pull: self.pull}
+                    p.CreateDemo: self.create_demo, p.Unload: self.unload, p.Pull: self.pull,
+                    p.Bench: self.bench, p.BenchHistory: self.bench_history, p.Survey: self.survey}
         while True:
             msg = self.requests.get()
             if isinstance(msg, p.Shutdown):
@@ -242,7 +244,8 @@ class Worker:
     def report(self, exc: BaseException, msg) -> None:
         kind = error_kind(exc)
         during = {p.Load: "load", p.Generate: "generate", p.Inspect: "inspect",
-                  p.CreateDemo: "demo", p.Pull: "pull"}.get(type(msg), "request")
+                  p.CreateDemo: "demo", p.Pull: "pull", p.Bench: "bench",
+                  p.BenchHistory: "bench", p.Survey: "survey"}.get(type(msg), "request")
         details = "" if kind == p.BAD_INPUT else traceback.format_exc()
         text = str(exc) or type(exc).__name__
         if kind == p.CRASH:
@@ -281,11 +284,21 @@ class Worker:
         """The doctor's check of the target and drafter, with the memory plan of both."""
         from flashdesk.engine.loading.checkpoint import inspect_checkpoint
 
+        from flashdesk.engine.decode.generation import resolve_device
+
         target = self._resolve(msg.target)
-        report = inspect_checkpoint(target, msg.context, self._resolve(msg.draft) if msg.draft else None)
+        device = resolve_device(msg.device).type
+        report = inspect_checkpoint(target, msg.context, self._resolve(msg.draft) if msg.draft else None,
+                                    device=device, flags=False)
         total = report.memory.total if report.memory else None
         context = report.memory.context if report.memory else msg.context
         self.send(p.Inspected(str(target), msg.draft, list(report.lines), list(report.problems), total, context))
+
+    def survey(self, msg: p.Survey) -> None:
+        from flashdesk.engine.hub.recommended import survey
+
+        found = survey(Path(msg.demo_folder) if msg.demo_folder else None)
+        self.send(p.Surveyed(**found.as_dict()))
 
     def create_demo(self, msg: p.CreateDemo) -> None:
         from flashdesk.engine.hub.demo import create_demo
@@ -387,6 +400,7 @@ class Worker:
                                  "the app needs one to turn messages into tokens")
         self.send(p.LoadProgress("ready", 1.0, "loaded"))
         self._set_engine(engine)
+        self.folders = (target, draft)
         model = engine.model
         device = model.device
         uuid, device_name, memory = None, "CPU", _rss()
@@ -402,7 +416,63 @@ class Worker:
             dtype=str(model.dtype).removeprefix("torch."), kv_dtype=engine.kv_dtype,
             context_limit=engine.context_limit, block_size=block, memory_bytes=memory,
             seconds=time.perf_counter() - started, layers=model.cfg.num_layers, vocab=model.cfg.vocab_size,
-            sampling_defaults=sampling_defaults(target)))
+            sampling_defaults=sampling_defaults(target), default_draft_length=engine.default_draft_length,
+            default_note=engine.default_note))
+
+    def bench(self, msg: p.Bench) -> None:
+        """`flashdesk bench` on the loaded pair: BenchProgress at most PULL_HZ times a second, the run
+        kept in the data folder, then BenchResult; a Cancel stops it after the engine step in flight.
+        The engine's default draft length follows the new run."""
+        from flashdesk import paths
+        from flashdesk.engine.bench.measure import BenchCancelled, BenchPlan, keep_run, run_suite
+        from flashdesk.engine.bench.prompts import TASKS, parse_draft_lengths, parse_tasks, select_prompts, task_prompts
+        from flashdesk.engine.bench.results import compact
+        from flashdesk.engine.errors import FlashDeskError
+
+        engine, rid = self.engine, msg.request_id
+        if engine is None or engine.drafter is None:
+            raise FlashDeskError("the benchmark compares plain decoding with DFlash: load a model with its drafter")
+        if not 1 <= msg.max_new_tokens <= 4096 or not 1 <= msg.prompts_per_task <= 100:
+            raise FlashDeskError("the benchmark takes 1..100 prompts per task type and 1..4096 new tokens")
+        tasks = parse_tasks(",".join(msg.tasks), list(TASKS))
+        lengths = parse_draft_lengths(",".join(str(k) for k in msg.draft_lengths))
+        items = select_prompts([q for t in tasks for q in task_prompts(t)], tasks, msg.prompts_per_task)
+        plan = BenchPlan(items, tasks, lengths, msg.max_new_tokens, msg.prompts_per_task)
+        last = [0.0]
+
+        def progress(done: int, total: int, text: str) -> None:
+            now = time.monotonic()
+            if now - last[0] >= 1 / PULL_HZ or done == total:
+                last[0] = now
+                self.send(p.BenchProgress(rid, done, total, text))
+
+        def should_stop() -> bool:
+            with self.state_lock:
+                return rid in self.cancels or self.stopping.is_set()
+
+        with self.state_lock:
+            self.active = rid
+        try:
+            if should_stop():  # cancelled while it waited in the queue
+                raise BenchCancelled()
+            target, draft = self.folders
+            report = run_suite(engine, plan, target, draft, progress, should_stop)
+        except BenchCancelled:
+            self.send(p.BenchResult(rid, None, cancelled=True))
+            return
+        finally:
+            with self.state_lock:
+                self.active = None
+                self.cancels.pop(rid, None)
+        keep_run(report, paths.bench_dir())
+        engine.use_benched_default(engine.model.device, target, draft)
+        self.send(p.BenchResult(rid, compact(report)))
+
+    def bench_history(self, msg: p.BenchHistory) -> None:
+        from flashdesk import paths
+        from flashdesk.engine.bench.results import kept_runs
+
+        self.send(p.BenchRuns(msg.request_id, kept_runs(paths.bench_dir(), p.BENCH_RUNS_SHOWN)))
 
     def generate(self, msg: p.Generate) -> None:
         from flashdesk.engine.decode.conversation import fit_conversation

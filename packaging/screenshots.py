@@ -5,7 +5,7 @@
 
 It works in a fresh temporary data folder: it creates the demo model, sets it up through the setup
 page, and chats with it, so the speed, speculation and memory readouts are real (on the CPU). The
-demo's text is meaningless by design; one shot shows a conversation this script writes into the
+demo is a toy (its text only looks like code or English); one shot shows a conversation this script writes into the
 store itself, to show how Markdown, code blocks and a thought render (its title says so).
 Needs Debian's xvfb package (apt-get install xvfb) when no display is available.
 """
@@ -128,15 +128,28 @@ class Shooter:
         w.spec.length.setValue(6)
         self.stream(w, "Explain speculative decoding in one paragraph.", seconds=4.0)
         self.shot(w, "screenshot-chat.png")
+        self.shot(w.spec, "screenshot-speculation.png")  # the speculation panel alone, mid-reply
         self.wait(lambda: not w.controller.busy, 120, "the reply to end")
 
         # 3. a stored conversation: Markdown, a code block with its copy link, a thought
         self._sample(w)
         self.shot(w, "screenshot-markdown.png")
+
+        # 4. the Benchmark page after a run over every task type (the demo pair on the CPU)
+        w.show_bench()
+        page = w.bench
+        for box in page.task_boxes.values():
+            box.setChecked(True)
+        page.per_task.setValue(2)
+        page.max_tokens.setValue(96)
+        page.run()
+        self.wait(lambda: page.running is None and page.report is not None, 600, "the benchmark")
+        self.wait(lambda: page.history.count() > 0, what="the list of runs")
+        self.shot(w, "screenshot-bench.png")
         w.close()
         w.store.close()
 
-        # 4. dark theme, reply coloured by origin, the telemetry half of the side panel
+        # 5. dark theme, reply coloured by origin, the telemetry half of the side panel
         os.environ["FLASHDESK_THEME"] = "dark"
         from flashdesk.app import theme
 

@@ -29,8 +29,8 @@ def _settings(window, **changes) -> None:
 
 def _long_message(turn: int, sentences: int = 11) -> str:
     """About 40 tokens a sentence with the demo tokenizer."""
-    return f"Turn {turn}. " + " ".join(f"The harbour log, entry {turn}-{j}: wind, tide and cargo noted."
-                                       for j in range(sentences))
+    return f"Turn {turn}. " + " ".join(f"The harbour log, entry {turn}-{j}: wind from the north-west, a falling tide, "
+                                       "cargo of salt noted." for j in range(sentences))
 
 
 def _gauge_tokens(window) -> int:

@@ -11,7 +11,7 @@ from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication
 
 from flashdesk import protocol as p
-from flashdesk.app.markdown import code_blocks, origin_html, with_copy_links
+from flashdesk.app.markdown import code_blocks, with_copy_links
 from flashdesk.app.reply import Reply, footer_text
 from flashdesk.app.store import COMPLETE, INTERRUPTED, Conversation, Message
 
@@ -25,12 +25,6 @@ def test_code_blocks_and_copy_links() -> None:
     assert code == ["print('hi')", "raw ``` inside", "unclosed();"]
     assert rendered.count("](copy:") == 3 and "[Copy code](copy:0)" in rendered
     assert with_copy_links("no code") == ("no code", [])
-
-
-def test_origin_html_marks_draft_characters() -> None:
-    html = origin_html("ab<c>\nd", [[2, "d"], [3, "t"]], "#0f0", "#000")
-    assert html.count("<span") == 1 and ">ab</span>" in html
-    assert "&lt;c&gt;" in html and "<br>" in html and html.endswith("d</div>")
 
 
 def _message(role: str = "assistant", content: str = "", **kw) -> Message:
@@ -153,7 +147,7 @@ def test_composer_keys(qtbot) -> None:
     qtbot.keyClick(c.edit, Qt.Key.Key_Escape)
     assert stops == []  # nothing to stop
     c.set_busy(True)
-    assert c.button.text() == "Stop"
+    assert c.button.text() == "Stop (Esc)"
     qtbot.keyClick(c.edit, Qt.Key.Key_Escape)
     c.button.click()
     assert stops == [1, 1]
@@ -233,6 +227,101 @@ def test_export() -> None:
     data = json.loads(to_json(conv, msgs))
     assert data["conversation"]["system_prompt"] == "Be brief."
     assert data["messages"][1]["thought"] == "Physics." and data["messages"][1]["stats"]["tokens"] == 3
+
+
+
+@pytest.mark.parametrize("message, title", [
+    ("## **Fix** the `main()` _loop_", "Fix the main() loop"),
+    ("```python\nprint('hi')\n```\nWhy?", "print('hi') Why?"),
+    ("> quoted\n> text", "quoted text"),
+    ("- one\n* two\n+ three\n1. four\n2) five\n- [x] done", "one two three four five done"),
+    ("See [the docs](https://x.org/a_b) and ![a chart](c.png) or <https://y.org>",
+     "See the docs and a chart or https://y.org"),
+    ("snake_case and 2 * 3 * 4 stay", "snake_case and 2 * 3 * 4 stay"),
+    ("~~old~~ __new__ ***both***", "old new both"),
+    ("  many\n\n spaces\tand\nlines  ", "many spaces and lines"),
+    ("# Title #\n---\nbody", "Title body"),
+    ("```\n```", ""),
+])
+def test_titles_are_plain_text(message: str, title: str) -> None:
+    from flashdesk.app.titles import title_from
+
+    assert title_from(message) == title
+
+
+def test_long_titles_are_cut_at_a_word() -> None:
+    from flashdesk.app.titles import TITLE_CHARS, title_from
+
+    title = title_from("**Explain** how the borrow checker decides that a reference outlives its referent")
+    assert title == "Explain how the borrow checker decides that a…" and len(title) <= TITLE_CHARS
+    assert title_from("x" * 100) == "x" * (TITLE_CHARS - 1) + "…"  # one long word: cut inside it
+    assert title_from("Short, then: " + "y" * 60, 20) == "Short, then…"
+
+
+@pytest.mark.parametrize("title, kind, name", [
+    ("Sky", "md", "Sky.md"),
+    ("Sky", "json", "Sky.json"),
+    ('a/b\\c: "d" <e>|f?*', "md", "a b c d e f.md"),
+    ("tab\tand\x00nul\x7f", "md", "tab and nul.md"),
+    ("...hidden. ", "md", "hidden.md"),
+    ("", "md", "conversation.md"),
+    ("?/:", "json", "conversation.json"),
+    ("con", "md", "con_.md"),
+    ("Long title " * 10, "md", "Long title Long title Long title Long title Long title Long.md"),
+    ("Why is the sky…", "md", "Why is the sky.md"),
+])
+def test_export_file_name(title: str, kind: str, name: str) -> None:
+    from flashdesk.app.export import NAME_CHARS, file_name
+
+    assert file_name(title, kind) == name and len(name) <= NAME_CHARS + len(".json")
+
+
+def test_export_adds_the_extension_only_when_missing(tmp_path) -> None:
+    from flashdesk.app.export import with_extension
+
+    assert with_extension(tmp_path / "notes", "md") == tmp_path / "notes.md"
+    assert with_extension(tmp_path / "notes.MD", "md") == tmp_path / "notes.MD"
+    assert with_extension(tmp_path / "notes.markdown", "md") == tmp_path / "notes.markdown"
+    assert with_extension(tmp_path / "notes.txt", "md") == tmp_path / "notes.txt.md"
+    assert with_extension(tmp_path / "notes.md", "json") == tmp_path / "notes.md.json"
+    assert with_extension(tmp_path / "v1.2 data.json", "json") == tmp_path / "v1.2 data.json"
+
+
+def test_conversation_list_shows_snippets_and_says_when_nothing_matches(qtbot, tmp_path) -> None:
+    from flashdesk.app.conversation_list import ID_ROLE, SNIPPET_ROLE, ConversationList
+    from flashdesk.app.store import Store
+
+    store = Store(tmp_path / "f.db")
+    pasta = store.create_conversation("Dinner <ideas>")
+    store.add_message(pasta.id, "user", "How long do I boil pasta & rice?")
+    store.create_conversation("Pasta shapes")
+    w = ConversationList()
+    qtbot.addWidget(w)
+    w.resize(260, 400)
+    w.show()
+
+    def search(text: str) -> None:
+        w.search.setText(text)
+        w.fill(store.search(text), pasta.id)
+
+    search("pasta")
+    items = [w.list.item(i) for i in range(w.list.count())]
+    assert [i.text() for i in items] == ["Pasta shapes", "Dinner <ideas>"]  # the titles, as they are
+    assert items[0].data(SNIPPET_ROLE) is None  # the title matched: nothing to show under it
+    assert items[1].data(SNIPPET_ROLE) == "How long do I boil <b>pasta</b> &amp; rice?"
+    assert w.list.currentItem().data(ID_ROLE) == pasta.id
+    rects = [w.list.visualItemRect(i) for i in items]
+    assert rects[1].height() > rects[0].height()  # room for the snippet under the title
+    assert not w.grab().isNull()  # the snippet paints
+    assert w.list.isVisible() and not w.no_match.isVisible()
+
+    search("xyz")
+    assert w.list.count() == 0 and not w.list.isVisible()
+    assert w.no_match.isVisible() and w.no_match.text() == "No conversation mentions “xyz”."
+    search("")
+    assert w.list.count() == 2 and w.list.isVisible() and not w.no_match.isVisible()
+    assert all(w.list.item(i).data(SNIPPET_ROLE) is None for i in range(2))
+    store.close()
 
 
 def test_dark_theme_follows_the_override(qtbot, monkeypatch) -> None:

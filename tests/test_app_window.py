@@ -2,20 +2,24 @@
 
 Each test opens a window on its own data folder, as a user would start the app; the worker is a
 real `python -m flashdesk.engine.worker` process. FLASHDESK_WORKER_STEP_DELAY slows the tiny model
-down so a test can act in the middle of a reply.
+down so a test can act in the middle of a reply. The demo is a trained model that ends its replies
+by itself; these tests set a reply's length with max_tokens, so their requests ignore the end of turn.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 
+from flashdesk import protocol as p
 from flashdesk.app.engine_session import EngineSession
 from flashdesk.app.main_window import MainWindow
 from flashdesk.app.store import CANCELLED, COMPLETE, INTERRUPTED, Store
@@ -37,6 +41,9 @@ def demo(tmp_path_factory) -> tuple[Path, Path]:
 def open_window(qtbot, monkeypatch, tmp_path):
     """open_window(data_dir=None, demo=None, delay=None, nvml=None, context=4096) -> a shown MainWindow."""
     windows: list[MainWindow] = []
+    # replies run to their max_tokens (the reply's length is a test's setup): the trained demo would
+    # often end them sooner with its end-of-turn token
+    monkeypatch.setattr(p, "Generate", functools.partial(p.Generate, ignore_eos=True))
 
     def make(data_dir: Path | None = None, demo=None, delay: float | None = None, nvml=None,
              wait: bool = True, context: int = 4096) -> MainWindow:
@@ -112,7 +119,7 @@ def test_send_streams_is_stored_while_streaming_and_survives_a_restart(qtbot, op
     seen: list[str] = []
     w.controller.reply_progress.connect(lambda r: seen.append(r.text))
     send(qtbot, w, "Hello there")
-    assert w.composer.button.text() == "Stop"
+    assert w.composer.button.text() == "Stop (Esc)"
 
     db = sqlite3.connect(tmp_path / "data" / "flashdesk.db")
     partial = "SELECT content FROM messages WHERE role = 'assistant' AND state = 'streaming' AND content != ''"
@@ -217,11 +224,20 @@ def test_killed_worker_keeps_the_partial_reply_and_restarts(qtbot, open_window, 
     assert widget.message.content == reply.content and "Interrupted" in widget.status.text()
     assert not w.composer.button.isEnabled()
 
+    count = len(messages(w))  # Enter while the engine is down: said, offered the restart, text kept
+    w.crash_banner.hide()
+    w.composer.edit.setFocus()
+    qtbot.keyClicks(w.composer.edit, "Second question")
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    assert w.crash_banner.isVisible() and "kept in the box" in w.crash_banner.label.text()
+    assert w.crash_banner.button.text() == "Restart engine"
+    assert w.composer.edit.toPlainText() == "Second question" and len(messages(w)) == count
+
     qtbot.mouseClick(w.crash_banner.button, Qt.MouseButton.LeftButton)
     until(lambda: w.session.state == "ready", timeout_ms=LOAD_MS)
     assert not w.crash_banner.isVisible()
     w.controller.update_settings("", {"temperature": 0.0, "max_tokens": 10})
-    send(qtbot, w, "Second question")
+    send(qtbot, w, None)  # the kept text
     wait_idle(qtbot, w)
     last = messages(w)
     assert [m.state for m in last[-2:]] == [COMPLETE, COMPLETE] and last[-1].stats["tokens"] == 10
@@ -243,12 +259,16 @@ def test_corrupt_database_is_moved_aside_and_reported(qtbot, open_window, tmp_pa
 def test_first_run_demo_and_memory_plan(qtbot, open_window, tmp_path) -> None:
     w = open_window()
     assert w.pages.currentIndex() == 0 and w.windowTitle() == "FlashDesk"
-    assert "meaningless" in w.setup.demo_text.text()
+    assert "toy" in w.setup.demo_text.text()
+    w.session.ensure_started()  # as a first Check does
+    until(lambda: w.session.state == "idle", timeout_ms=LOAD_MS)
+    assert w.engine_label.text().startswith("No model loaded yet")  # no engine "again" on a first run
+    assert "Restart" not in w.engine_label.text()
     qtbot.mouseClick(w.setup.demo_button, Qt.MouseButton.LeftButton)
     until(lambda: w.session.state == "ready", timeout_ms=LOAD_MS)
     assert (tmp_path / "data" / "demo" / "target" / "model.safetensors").is_file()
     assert w.pages.currentIndex() == 1
-    assert w.demo_banner.isVisible() and "meaningless" in w.demo_banner.label.text()
+    assert w.demo_banner.isVisible() and "toy" in w.demo_banner.label.text()
     assert "Demo model" in w.model_label.text()
     assert w.spec.length.maximum() == 15 and w.spec.enabled.isEnabled()
 
@@ -258,6 +278,11 @@ def test_first_run_demo_and_memory_plan(qtbot, open_window, tmp_path) -> None:
     until(lambda: "memory" in w.setup.plan.toPlainText(), timeout_ms=LOAD_MS)
     plan = w.setup.plan.toPlainText()
     assert "drafter" in plan and "verdict    ok" in plan
+    assert "of RAM on the CPU" in plan and "in RAM" in plan  # the demo runs on the CPU: the plan says so
+    assert "GPU" not in plan and "fp8" not in plan and "--" not in plan  # and no command-line flags
+    assert w.setup.status.text()
+    w.setup.context.setValue(8192)  # the check spoke of other settings: it goes
+    assert w.setup.plan.toPlainText() == "" and w.setup.status.text() == ""
     w.setup.target.setText(str(tmp_path / "nowhere"))
     qtbot.mouseClick(w.setup.check_button, Qt.MouseButton.LeftButton)
     until(lambda: "Not usable" in w.setup.status.text(), timeout_ms=LOAD_MS)
@@ -329,3 +354,85 @@ def test_conversations_edit_regenerate_export(qtbot, open_window, demo, tmp_path
     until(lambda: w.telemetry.text("power") == "288 W of 450 W", timeout_ms=5000)
     assert w.telemetry.text("gpu_name") == "NVIDIA GeForce RTX 4090"
     assert w.telemetry.text("worker_vram") == "0.00 GiB"  # the demo worker holds nothing on the GPU
+
+
+def test_whitespace_cannot_be_sent(qtbot, open_window, demo) -> None:
+    w = open_window(demo=demo)
+    w.new_conversation()
+    assert not w.composer.button.isEnabled()  # nothing typed
+    w.composer.edit.setFocus()
+    qtbot.keyClicks(w.composer.edit, "   ")
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.keyClicks(w.composer.edit, "\t ")
+    assert not w.composer.button.isEnabled()
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    QTest.qWait(100)
+    assert not w.controller.busy and (w.controller.conversation is None or messages(w) == [])
+    assert w.composer.edit.toPlainText().strip() == ""
+    qtbot.keyClicks(w.composer.edit, "hi")
+    assert w.composer.button.isEnabled()
+
+
+def test_an_error_banner_belongs_to_its_conversation(qtbot, open_window, demo) -> None:
+    w = open_window(demo=demo)
+    greedy(w, max_tokens=4)
+    send(qtbot, w, "First")
+    wait_idle(qtbot, w)
+    first = w.controller.conversation.id
+    w.new_conversation()
+    greedy(w, max_tokens=4)
+    send(qtbot, w, "Second")
+    wait_idle(qtbot, w)
+    w.session.error.emit(p.Error(p.OUT_OF_MEMORY, "CUDA out of memory", during="generate"))
+    assert w.crash_banner.isVisible() and "Out of memory" in w.crash_banner.label.text()
+    w.controller.open(first)
+    assert not w.crash_banner.isVisible()
+
+
+def test_the_side_panel_collapses_and_is_remembered(qtbot, open_window, tmp_path) -> None:
+    w = open_window()
+    action = w.findChild(QAction, "sidePanelAction")
+    assert action.isChecked() and not w.side.isHidden()
+    action.trigger()
+    assert not action.isChecked() and w.side.isHidden()
+    w.close()
+    again = open_window()  # the same data folder
+    assert again.side.isHidden() and not again.side_action.isChecked()
+    again.side_action.trigger()
+    assert not again.side.isHidden()
+
+
+def test_regenerate_keeps_the_earlier_replies_to_browse(qtbot, open_window, demo, tmp_path) -> None:
+    w = open_window(demo=demo)
+    greedy(w, max_tokens=6)
+    send(qtbot, w, "Write a Python function")
+    wait_idle(qtbot, w)
+    _, first = messages(w)
+    assert not w.chat.widget(first.id).versions_row.isVisibleTo(w.chat.widget(first.id))
+    w.controller.update_settings("", {"temperature": 0.0, "max_tokens": 10})  # a longer second version
+    w.chat.widget(first.id).regen_button.click()
+    wait_idle(qtbot, w)
+    _, second = messages(w)
+    assert second.id != first.id and second.content != first.content
+    widget = w.chat.widget(second.id)
+    assert widget.versions_row.isVisibleTo(widget) and widget.version_label.text() == "2/2"
+    assert widget.older.isEnabled() and not widget.newer.isEnabled()
+
+    qtbot.mouseClick(widget.older, Qt.MouseButton.LeftButton)  # back to the first: the next turn sees it
+    shown = messages(w)[-1]
+    assert shown.id == first.id and shown.content == first.content
+    assert w.chat.widget(first.id).version_label.text() == "1/2" and w.chat.widget(second.id) is None
+    assert w.controller.prompt_messages("Next")[-2:] == [{"role": "assistant", "content": first.content},
+                                                         {"role": "user", "content": "Next"}]
+    w.export_to(tmp_path / "v.json", "json")
+    w.export_to(tmp_path / "v.md", "md")
+    reply = json.loads((tmp_path / "v.json").read_text())["messages"][1]
+    assert reply["version"] == 1 and [v["content"] for v in reply["versions"]] == [first.content, second.content]
+    assert "Version 1 of 2" in (tmp_path / "v.md").read_text()
+    w.close()
+
+    again = open_window()  # stored: the same choice after a restart
+    widget = again.chat.widget(first.id)
+    assert widget is not None and widget.version_label.text() == "1/2"
+    qtbot.mouseClick(widget.newer, Qt.MouseButton.LeftButton)
+    assert messages(again)[-1].id == second.id

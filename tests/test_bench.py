@@ -53,7 +53,7 @@ TODAY_MODE = {"mode", "draft_length", "decode_tokens", "decode_seconds", "tokens
 
 def test_builtin_prompt_sets():
     """Every task type has at least 16 prompts of our own, each {"prompt", "task"}, none repeated."""
-    from flashdesk.engine.tools.bench import PROMPTS_DIR, TASKS as BENCH_TASKS, task_prompts
+    from flashdesk.engine.bench.prompts import PROMPTS_DIR, TASKS as BENCH_TASKS, task_prompts
 
     assert list(BENCH_TASKS) == TASKS
     assert sorted(p.stem for p in PROMPTS_DIR.glob("*.jsonl")) == sorted(TASKS)
@@ -138,7 +138,7 @@ def test_device_probe_reads_nvml(monkeypatch):
 
     import torch
 
-    from flashdesk.engine.tools.bench import DeviceProbe
+    from flashdesk.engine.bench.device import DeviceProbe
 
     calls = []
     counter = iter(range(1000, 10**6, 250))
@@ -171,7 +171,7 @@ def test_device_probe_reads_nvml(monkeypatch):
 
 def test_bench_joules_per_token_and_results_key(tmp_path, monkeypatch, capsys):
     """With an energy counter (a stand-in for NVML's), each cell has J/token; the key names the GPU."""
-    from flashdesk.engine.tools import bench
+    from flashdesk.engine.bench import measure
 
     class Probe:
         def __init__(self, device):
@@ -185,7 +185,7 @@ def test_bench_joules_per_token_and_results_key(tmp_path, monkeypatch, capsys):
             pass
 
     monkeypatch.setenv("FLASHDESK_DATA_DIR", str(tmp_path))
-    monkeypatch.setattr(bench, "DeviceProbe", Probe)
+    monkeypatch.setattr(measure, "DeviceProbe", Probe)
     args = ["bench", "--demo", "--tasks", "code,chat", "--prompts-per-task", "1", "--max-new-tokens", "8",
             "--draft-lengths", "3", "--json", "--no-progress"]
     assert main(args) == 0
@@ -200,10 +200,54 @@ def test_bench_joules_per_token_and_results_key(tmp_path, monkeypatch, capsys):
 
 
 def test_bench_full_takes_every_prompt(tmp_path, monkeypatch, capsys):
-    from flashdesk.engine.tools.bench import task_prompts
+    from flashdesk.engine.bench.prompts import task_prompts
 
     monkeypatch.setenv("FLASHDESK_DATA_DIR", str(tmp_path))
     assert main(["bench", "--demo", "--tasks", "translation", "--full", "--draft-lengths", "2",
                  "--max-new-tokens", "2", "--json", "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["prompts"] == len(task_prompts("translation")) >= 16 and report["prompts_per_task"] is None
+
+
+def _run(speeds: dict) -> dict:
+    return {"modes": [{"draft_length": k, "mode": str(k), "tokens_per_second": v} for k, v in speeds.items()]}
+
+
+def test_the_best_draft_length_of_a_run():
+    """auto where it was at least as fast as the best fixed K (issue 10), else that K."""
+    from flashdesk.engine.bench.results import best_draft_length
+
+    assert best_draft_length(_run({0: 100.0, 4: 200.0, 8: 190.0, "auto": 210.0})) == "auto"
+    assert best_draft_length(_run({0: 100.0, 4: 200.0, 8: 190.0, "auto": 200.0})) == "auto"
+    assert best_draft_length(_run({0: 100.0, 4: 200.0, 8: 190.0, "auto": 199.0})) == 4
+    assert best_draft_length(_run({0: 100.0, 4: 90.0, 8: 95.0})) == 8  # the best DFlash mode, even below AR
+    assert best_draft_length(_run({0: 100.0})) is None
+
+
+def test_the_kept_bench_sets_the_engine_default(spec_pair, tmp_path, monkeypatch, capsys):
+    """A load takes the fastest mode of the newest kept bench of that pair on this card as the draft
+    length of a control that names none; before any bench it drafts the longest."""
+    from flashdesk.engine.decode.generation import Engine, GenerationRequest
+    from flashdesk.engine.decode.speculative import SpecControl
+    from tiny_drafter import PROMPTS
+
+    monkeypatch.setenv("FLASHDESK_DATA_DIR", str(tmp_path))
+    target, draft = (str(p) for p in spec_pair[1])
+    engine = Engine.load(target, device="cpu", draft_dir=draft)
+    assert engine.default_draft_length is None and engine.default_note == ""
+    assert main(["bench", "--model", target, "--draft", draft, "--tasks", "code", "--prompts-per-task", "1",
+                 "--max-new-tokens", "8", "--draft-lengths", "3,auto", "--json", "--no-progress"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    engine = Engine.load(target, device="cpu", draft_dir=draft)
+    assert engine.default_draft_length == report["best_draft_length"] in (3, "auto")
+    assert "fastest in the bench of" in engine.default_note
+
+    results = Path(report["results_file"])  # a newer run where K=3 wins
+    data = json.loads(results.read_text())
+    data["runs"].append(_run({0: 100.0, 3: 300.0, "auto": 250.0}) | {"date": "2099-01-01T00:00:00"})
+    results.write_text(json.dumps(data))
+    engine = Engine.load(target, device="cpu", draft_dir=draft)
+    assert engine.default_draft_length == 3 and engine.default_note.startswith("K=3: fastest")
+    events = list(engine.generate(GenerationRequest(PROMPTS[0], 24, ignore_eos=True), SpecControl(True, None)))
+    drafted = [len(e.draft) for e in events[1:-1] if e.draft]
+    assert drafted and max(drafted) == 3

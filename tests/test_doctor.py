@@ -13,16 +13,20 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from flashdesk.engine.loading.checkpoint import describe_checkpoint, inspect_checkpoint
-from flashdesk.engine.loading.memory_plan import (WORKSPACE_FIXED_BYTES, format_bytes, kv_cache_bytes, loaded_weight_bytes,
-                                          workspace_bytes)
+from flashdesk.engine.loading.memory_plan import (MIN_USEFUL_CONTEXT, WORKSPACE_FIXED_BYTES, format_bytes,
+                                                  int4_weight_bytes, kv_cache_bytes, loaded_weight_bytes,
+                                                  longest_context, plan_memory, workspace_bytes)
 from flashdesk.engine.decode.speculative import PREFILL_CHUNK
+from flashdesk.engine.tools import doctor as doctor_tool
+from flashdesk.engine.tools.bench_synthetic import draft_raw
 from flashdesk.engine.tools.cli import main
-from flashdesk.engine.model.config import parse_config
+from flashdesk.engine.model.config import parse_config, parse_draft_config
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.loading.weights import TOWER_PREFIXES
 from tiny_checkpoints import TINY_TEXT_CONFIG, write_checkpoint
 
 WINDOW = TINY_TEXT_CONFIG["sliding_window"]
+GIB = 1024**3
 TINY_LIMIT = TINY_TEXT_CONFIG["max_position_embeddings"]
 
 
@@ -301,8 +305,86 @@ def test_no_chat_template(ckpt, capsys):
     assert "no chat template" in out
 
 
-def test_not_a_folder_and_bad_context(tmp_path, ckpt, capsys):
-    rc, out = doctor(capsys, "--model", str(tmp_path / "nowhere"))
-    assert rc == 1 and "is not a folder" in out
-    rc, out = doctor(capsys, "--model", str(ckpt), "--context", "0")
-    assert rc == 1 and "--context must be at least 1 token" in out
+def test_a_missing_folder_is_named_as_such(tmp_path, capsys):
+    missing = tmp_path / "nowhere"
+    assert main(["doctor", "--model", str(missing)]) == 1
+    captured = capsys.readouterr()
+    assert f"flashdesk doctor: model folder not found: {missing} (give a folder holding config.json" in captured.err
+    assert "is not a folder" in captured.out  # the report still runs to its end
+    assert captured.out.splitlines()[-1] == f"verdict: the model is NOT usable: {missing} is not a folder"
+
+
+def test_a_file_given_as_the_model_folder(ckpt, capsys):
+    assert main(["doctor", "--model", str(ckpt / "config.json")]) == 1
+    assert f"flashdesk doctor: model path is a file, not a folder: {ckpt / 'config.json'}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+@pytest.mark.parametrize("with_model", [False, True])
+def test_an_impossible_context_is_refused(ckpt, capsys, value, with_model):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["doctor", "--context", value] + (["--model", str(ckpt)] if with_model else []))
+    assert exit_info.value.code == 2
+    assert f"flashdesk doctor: error: argument --context: must be at least 1, got {value}" in capsys.readouterr().err
+
+
+# -- the verdict: doctor's last line -----------------------------------------------------------
+
+
+def last_line(capsys, *args) -> str:
+    main(["doctor", *args])
+    return capsys.readouterr().out.splitlines()[-1]
+
+
+@pytest.fixture
+def real_need(cfg_26b):
+    """What the real pair needs at the smallest useful context: the 4-bit target, the bf16 drafter, fp8 KV."""
+    drafter = parse_draft_config(draft_raw())
+    weights = int4_weight_bytes(cfg_26b)
+    return format_bytes(plan_memory(cfg_26b, weights, MIN_USEFUL_CONTEXT, "fp8", drafter).total)
+
+
+def fake_gpu(monkeypatch, free_gib: float, total_gib: float = 24.0, name: str = "NVIDIA GeForce RTX 4090"):
+    monkeypatch.setattr(doctor_tool, "_gpu0", lambda: doctor_tool.Gpu(name, int(free_gib * GIB), int(total_gib * GIB)))
+
+
+def test_the_verdict_on_this_machine(capsys, monkeypatch, real_need):
+    line = last_line(capsys)
+    assert line.startswith("verdict: ")
+    if not torch.cuda.is_available():
+        assert line == ("verdict: CPU only: the demo and test models run; Gemma 4 26B-A4B with DFlash needs an "
+                        f"NVIDIA GPU with at least {real_need} free")
+    assert real_need == "16.45 GiB"  # README: 16.6 GiB at 8K tokens, 16.45 at the 2048 the engine needs at least
+
+
+def test_the_verdict_on_a_gpu(capsys, monkeypatch, real_need):
+    fake_gpu(monkeypatch, 22.0)
+    assert last_line(capsys) == ("verdict: NVIDIA GeForce RTX 4090 (22.00 GiB free of 24.00 GiB): Gemma 4 26B-A4B "
+                                 "with DFlash fits, context up to 262144 tokens with fp8 KV")
+    fake_gpu(monkeypatch, 19.0)
+    longest = int(last_line(capsys).split("context up to ")[1].split()[0])
+    assert 131072 < longest < 262144  # README: 18.9 GiB at 128K, 21.7 GiB at 256K
+    fake_gpu(monkeypatch, 11.0, 12.0, "NVIDIA GeForce RTX 4070")
+    assert last_line(capsys) == ("verdict: NVIDIA GeForce RTX 4070 (11.00 GiB free of 12.00 GiB): too little free "
+                                 f"memory for Gemma 4 26B-A4B with DFlash (needs at least {real_need})")
+
+
+def test_the_verdict_on_a_model(ckpt, capsys, monkeypatch):
+    report = inspect_checkpoint(ckpt, 1000)
+    need = f"{format_bytes(report.memory.total)} at 1000 tokens"
+    monkeypatch.setattr(doctor_tool, "_gpu0", lambda: None)
+    assert last_line(capsys, "--model", str(ckpt), "--context", "1000") == (
+        f"verdict: CPU only: the model is complete and the engine runs it on the CPU here (on a GPU it needs {need})")
+    fake_gpu(monkeypatch, 22.0)
+    assert last_line(capsys, "--model", str(ckpt), "--context", "1000") == (
+        f"verdict: the model is complete and fits: {need}, 22.00 GiB free on NVIDIA GeForce RTX 4090")
+    free = report.memory.total - 1
+    longest = longest_context(report.config, report.loaded_bytes, "fp8", free)
+    assert 0 < longest < 1000
+    fake_gpu(monkeypatch, free / GIB)
+    assert last_line(capsys, "--model", str(ckpt), "--context", "1000") == (
+        f"verdict: the model is complete but needs {need}, {format_bytes(free)} free on NVIDIA GeForce RTX 4090; "
+        f"it fits with --context {longest}")
+    fake_gpu(monkeypatch, 0.5)
+    assert last_line(capsys, "--model", str(ckpt), "--context", "1000") == (
+        "verdict: the model is complete but does not fit at any context, 512.0 MiB free on NVIDIA GeForce RTX 4090")

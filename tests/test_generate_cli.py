@@ -88,16 +88,81 @@ def test_context_overflow_is_a_clear_error(model_dir, capsys):
     assert "the prompt of 5 tokens plus 16 new tokens needs 21 positions, over the context limit of 20" in err
 
 
-def test_bad_inputs_are_clear_errors(model_dir, tmp_path, capsys):
+def test_bad_inputs_are_clear_errors(model_dir, capsys):
     folder, _ = model_dir
-    assert main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "hi"]) == 2
-    assert "model config not found" in capsys.readouterr().err
     assert main(["generate", "--model", str(folder), "--prompt-ids", "1,x"]) == 2
     assert "comma-separated integers" in capsys.readouterr().err
     assert main(["generate", "--model", str(folder), "--prompt-ids", "2,99999"]) == 2
     assert "token id 99999 is outside the vocabulary" in capsys.readouterr().err
-    assert main(["generate", "--model", str(folder), "--prompt", "hi", "--top-p", "0"]) == 2
-    assert "top_p must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_a_missing_model_folder_is_named_as_such(model_dir, tmp_path, capsys, monkeypatch):
+    folder, _ = model_dir
+    monkeypatch.chdir(tmp_path)
+    for name in (str(tmp_path / "nope"), "./nope", "nope", "a/b/nope"):
+        assert main(["generate", "--model", name, "--prompt", "hi"]) == 2
+        err = capsys.readouterr().err
+        assert f"flashdesk generate: error: model folder not found: {tmp_path / name.removeprefix('./')} (give a " \
+               "folder holding config.json and the weights, or a Hub id such as org/name that `flashdesk models " \
+               "pull` downloaded)" in err, err
+    assert main(["generate", "--model", str(folder), "--draft", str(tmp_path / "nope"), "--prompt", "hi"]) == 2
+    assert f"drafter folder not found: {tmp_path / 'nope'}" in capsys.readouterr().err
+
+
+def test_a_hub_id_not_in_the_cache_keeps_the_hub_advice(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["generate", "--model", "org/name", "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "run `flashdesk models pull org/name` to download it" in err and "folder not found" not in err
+
+
+def test_a_file_given_as_the_model_folder(model_dir, capsys):
+    folder, _ = model_dir
+    assert main(["generate", "--model", str(folder / "config.json"), "--prompt", "hi"]) == 2
+    assert (f"flashdesk generate: error: model path is a file, not a folder: {folder / 'config.json'} (give the "
+            "folder holding config.json and the weights)") in capsys.readouterr().err
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Impossible values must be refused before the model loads."""
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(Engine, "load", load)
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--context", "0", "argument --context: must be at least 1, got 0"),
+    ("--context", "-4", "argument --context: must be at least 1, got -4"),
+    ("--context", "many", "argument --context: not a whole number: 'many'"),
+    ("--draft-length", "0", "argument --draft-length: must be at least 1 (or auto), got 0"),
+    ("--draft-length", "-2", "argument --draft-length: must be at least 1 (or auto), got -2"),
+])
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_impossible_values_are_refused_by_the_parser(model_dir, nothing_loads, capsys, command, flag, value, message):
+    folder, _ = model_dir
+    argv = [command, "--model", str(folder), flag, value] + (["--prompt", "hi"] if command == "generate" else [])
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert f"flashdesk {command}: error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--max-new-tokens", "0", "--max-new-tokens must be at least 1, got 0"),
+    ("--max-new-tokens", "-1", "--max-new-tokens must be at least 1, got -1"),
+    ("--temperature", "-0.5", "temperature must be >= 0, got -0.5"),
+    ("--top-p", "0", "top_p must be in (0, 1], got 0.0"),
+    ("--top-p", "1.5", "top_p must be in (0, 1], got 1.5"),
+    ("--top-k", "-1", "top_k must be >= 0 (0 turns it off), got -1"),
+])
+def test_impossible_sampling_values_are_refused_before_loading(model_dir, nothing_loads, capsys, flag, value,
+                                                               message):
+    folder, _ = model_dir
+    assert main(["generate", "--model", str(folder), "--prompt", "hi", flag, value]) == 2
+    assert f"flashdesk generate: error: {message}" in capsys.readouterr().err
 
 
 def test_stop_strings_end_the_answer_before_them(model_dir):
@@ -149,4 +214,4 @@ def test_auto_draft_length_from_the_command_line(spec_pair, capsys, monkeypatch,
     assert auto["token_ids"] == plain["token_ids"] and auto["stats"]["speculative_steps"] > 0
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", *map(str, args), "--draft-length", "many"])
-    assert exit_info.value.code == 2 and "a number or auto, got 'many'" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "not a whole number (or auto): 'many'" in capsys.readouterr().err

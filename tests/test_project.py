@@ -275,3 +275,14 @@ def test_launch_without_display_explains(tmp_path: Path) -> None:
     r = subprocess.run(_launcher(), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "no display" in r.stderr and "flashdesk generate" in r.stderr
+
+
+def test_every_subpackage_is_in_the_wheel() -> None:
+    """pyproject.toml lists the packages by hand (the repository root is the package): a folder with
+    an __init__.py missing there would be left out of an installed copy."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"flashdesk"} | {"flashdesk." + ".".join(init.parent.relative_to(ROOT).parts)
+                             for top in ("app", "engine", "kernels") for init in (ROOT / top).rglob("__init__.py")}
+    assert found == listed

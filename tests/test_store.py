@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from flashdesk.app import store as store_module
-from flashdesk.app.store import (CANCELLED, INTERRUPTED, SCHEMA_VERSION, STREAMING, Store)
+from flashdesk.app.store import (CANCELLED, HIT_END, HIT_START, INTERRUPTED, MIGRATIONS, SCHEMA_VERSION, STREAMING,
+                                  Store, fts_query)
 
 
 def test_conversations_messages_thoughts_stats_settings(tmp_path: Path) -> None:
@@ -28,8 +29,8 @@ def test_conversations_messages_thoughts_stats_settings(tmp_path: Path) -> None:
     assert s.conversation(a.id).system_prompt == "Be brief."
     assert s.conversation(a.id).sampling == {"temperature": 0.2}
 
-    assert [c.title for c in s.conversations("PASTA")] == ["Cooking pasta"]
-    assert [c.title for c in s.conversations("%")] == []  # LIKE wildcards are literal
+    assert [h.conversation.title for h in s.search("PASTA")] == ["Cooking pasta"]
+    assert [h.conversation.title for h in s.search("%")] == []  # LIKE wildcards are literal
     s.rename_conversation(b.id, "Pasta al dente")
     assert s.conversation(b.id).title == "Pasta al dente"
     # the conversation written to last comes first
@@ -137,3 +138,154 @@ def test_failed_migration_changes_nothing_and_moves_nothing(tmp_path: Path, monk
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert db.execute("SELECT name FROM sqlite_master WHERE name = 'extra'").fetchone() is None
     db.close()
+
+
+
+def test_fts_query_quotes_every_word() -> None:
+    assert fts_query("rust  life") == '"rust" "life"*'  # all words, the last a prefix while typed
+    assert fts_query("rust life ") == '"rust" "life"'
+    assert fts_query('say "hi') == '"say" """hi"*'  # a quote is doubled inside the string
+    assert fts_query("a-b NEAR( c:d *") == '"a-b" "NEAR(" "c:d"'  # syntax is text; no word in "*"
+    assert fts_query(" ?! ") == "" and fts_query("") == ""
+
+
+def test_search_finds_message_text_and_marks_the_hit(tmp_path: Path) -> None:
+    s = Store(tmp_path / "f.db")
+    assert s.fts  # this Python's sqlite3 has FTS5
+    rust = s.create_conversation("Rust lifetimes")
+    question = s.add_message(rust.id, "user", "Why does the borrow checker complain?")
+    s.add_message(rust.id, "assistant", "The borrow ends too late.")
+    pasta = s.create_conversation("Cooking")
+    boil = s.add_message(pasta.id, "user", "How long do I boil pasta?\n\n" + "Salt the water well. " * 10)
+    s.add_message(pasta.id, "assistant", "Ten minutes; then taste the pasta.")
+
+    [hit] = s.search("checker")
+    assert (hit.conversation.id, hit.message_id) == (rust.id, question.id)
+    assert hit.snippet == f"Why does the borrow {HIT_START}checker{HIT_END} complain?"
+    [hit] = s.search("BOIL past")  # every word, in any case, the last one a prefix as it is typed
+    assert hit.message_id == boil.id and f"{HIT_START}boil{HIT_END} {HIT_START}pasta{HIT_END}?" in hit.snippet
+    assert hit.snippet.endswith("…") and "\n" not in hit.snippet and len(hit.snippet) < 100
+    assert [h.message_id for h in s.search("borrow")] == [question.id]  # the first matching message
+    assert _titles(s, "lifetime") == ["Rust lifetimes"] and s.search("lifetime")[0].snippet == ""  # the title
+    assert _titles(s, "the") == ["Cooking", "Rust lifetimes"]  # newest first
+    assert _titles(s, "") == ["Cooking", "Rust lifetimes"] and _titles(s, "nothing here") == []
+    s.close()
+
+
+@pytest.mark.parametrize("query", ['"', '"borrow', "borrow-checker", "a:b", "*", "borrow*", "NEAR(", "(", ")",
+                                   "AND", "OR NOT", "^", "-", "'", "'; DROP TABLE messages; --", "\\", "%_",
+                                   "\x00", "\u2603", "title:borrow", "{content}: x", "borrow + -checker"])
+def test_weird_queries_do_not_raise(tmp_path: Path, query: str) -> None:
+    s = Store(tmp_path / "f.db")
+    conv = s.create_conversation("Symbols")
+    s.add_message(conv.id, "user", "a borrow-checker, a:b and 100% of C++ (really) -- x * y 'quoted' \"double\"")
+    for typed in (query[:n] for n in range(1, len(query) + 1)):  # as it is typed
+        for hit in s.search(typed):
+            assert hit.conversation.id == conv.id
+    assert s.messages(conv.id)  # and nothing was changed
+    s.close()
+
+
+def test_punctuation_is_searched_as_it_is(tmp_path: Path) -> None:
+    s = Store(tmp_path / "f.db")
+    conv = s.create_conversation("Arrows")
+    m = s.add_message(conv.id, "user", "In JavaScript, what does => mean?")
+    [hit] = s.search("=>")
+    assert hit.message_id == m.id and hit.snippet == f"In JavaScript, what does {HIT_START}=>{HIT_END} mean?"
+    assert s.search("<=") == []
+    s.close()
+
+
+def test_the_index_follows_edits_renames_and_deletes(tmp_path: Path) -> None:
+    s = Store(tmp_path / "f.db")
+    conv = s.create_conversation("Plans")
+    s.add_message(conv.id, "user", "Tell me about gardens")
+    reply = s.add_message(conv.id, "assistant", "", STREAMING)
+    s.update_message(reply.id, content="Tulips grow")  # written while it streams
+    s.update_message(reply.id, content="Tulips grow in spring")
+    assert [h.message_id for h in s.search("spring")] == [reply.id]
+    s.update_message(reply.id, content="Roses")
+    assert s.search("tulips") == [] and [h.message_id for h in s.search("roses")] == [reply.id]
+    s.rename_conversation(conv.id, "Flowers")
+    assert _titles(s, "flowers") == ["Flowers"] and s.search("plans") == []
+    s.delete_messages_from(conv.id, reply.id)
+    assert s.search("roses") == [] and _titles(s, "gardens") == ["Flowers"]
+    s.delete_conversation(conv.id)  # its messages go by the foreign key's cascade
+    assert s.search("gardens") == [] and s.search("flowers") == []
+    assert s.db.execute("SELECT COUNT(*) FROM message_search WHERE message_search MATCH 'gardens'").fetchone()[0] == 0
+    s.close()
+
+
+def test_migration_indexes_the_messages_of_an_old_database(tmp_path: Path) -> None:
+    path = tmp_path / "flashdesk.db"
+    db = sqlite3.connect(path)
+    for statement in MIGRATIONS[1]:
+        db.execute(statement)
+    db.execute("INSERT INTO conversations (title, created, updated) VALUES ('Old times', 1, 1)")
+    db.execute("INSERT INTO messages (conversation_id, role, content, created, updated) "
+               "VALUES (1, 'user', 'A question about telescopes', 1, 1)")
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    s = Store(path)
+    assert s.notice is None and s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    [hit] = s.search("telescope")
+    assert hit.conversation.title == "Old times" and f"{HIT_START}telescopes{HIT_END}" in hit.snippet
+    assert _titles(s, "old") == ["Old times"]
+    s.close()
+
+
+def test_without_fts5_search_uses_like(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(store_module.MIGRATIONS, 2, [])  # what a sqlite3 without FTS5 migrates to
+    s = Store(tmp_path / "f.db")
+    assert not s.fts
+    conv = s.create_conversation("Rust")
+    m = s.add_message(conv.id, "user", "What does the BORROW checker do? " + "More words here. " * 5)
+    [hit] = s.search("borrow check")
+    assert hit.message_id == m.id and hit.snippet.startswith(f"What does the {HIT_START}BORROW check{HIT_END}er")
+    assert hit.snippet.endswith("…")
+    assert _titles(s, "rus") == ["Rust"] and s.search("rust")[0].snippet == "" and s.search("%") == []
+    s.close()
+
+
+def _titles(s: Store, query: str) -> list[str]:
+    return [h.conversation.title for h in s.search(query)]
+
+
+# -- reply versions (regenerate keeps the earlier replies) ------------------------------------------------
+
+
+def test_regenerate_keeps_versions_and_the_chosen_one_is_the_conversation(tmp_path: Path) -> None:
+    s = Store(tmp_path / "f.db")
+    conv = s.create_conversation("Versions")
+    question = s.add_message(conv.id, "user", "Name a colour")
+    first = s.add_message(conv.id, "assistant", "Red")
+    s.add_message(conv.id, "user", "Another?")
+    s.add_message(conv.id, "assistant", "Blue")
+    slot = s.set_aside_for_regenerate(conv.id, first.id)  # regenerate the first reply: what followed goes
+    assert [m.content for m in s.messages(conv.id)] == ["Name a colour"]
+    second = s.add_message(conv.id, "assistant", "Green", slot=slot)
+    slot = s.set_aside_for_regenerate(conv.id, second.id)
+    third = s.add_message(conv.id, "assistant", "Yellow", slot=slot)
+    shown = s.messages(conv.id)
+    assert [m.content for m in shown] == ["Name a colour", "Yellow"]
+    assert (shown[1].version, shown[1].versions) == (3, 3) and (shown[0].version, shown[0].versions) == (1, 1)
+    assert [v.content for v in s.versions(first.id)] == ["Red", "Green", "Yellow"] == \
+        [v.content for v in s.versions(third.id)]
+
+    s.choose_version(first.id)  # browse back: it is the conversation now, also after a restart
+    s.close()
+    s = Store(tmp_path / "f.db")
+    shown = s.messages(conv.id)
+    assert [m.content for m in shown] == ["Name a colour", "Red"] and (shown[1].version, shown[1].versions) == (1, 3)
+    follow = s.add_message(conv.id, "user", "Why?")
+    assert [m.content for m in s.messages(conv.id)] == ["Name a colour", "Red", "Why?"]
+
+    # a refused new version is taken back: the version before it shows again
+    s.delete_messages_from(conv.id, follow.id)
+    slot = s.set_aside_for_regenerate(conv.id, first.id)
+    refused = s.add_message(conv.id, "assistant", "", STREAMING, slot=slot)
+    s.delete_messages_from(conv.id, refused.id)
+    assert [m.content for m in s.messages(conv.id)] == ["Name a colour", "Yellow"]  # the newest left
+    s.delete_messages_from(conv.id, question.id)  # editing the question drops every version
+    assert s.messages(conv.id) == [] and s.versions(first.id) == []

@@ -176,7 +176,7 @@ def test_panel_without_nvidia_gpu(panel) -> None:
     panel.set_gpu_available(nvml.available, nvml.problem)
     panel.on_sample(_sample(nvml))
     assert panel.notice.isVisible() and "No NVIDIA GPU" in panel.notice.text()
-    assert "Driver Not Loaded" in panel.notice.text()
+    assert "Driver Not Loaded" in panel.notice.toolTip()
     assert panel.text("worker_ram") == "3.00 GiB"
     assert panel.text("system_ram") == "10.00 GiB of 64.00 GiB"
     assert not panel.values["power"].isVisible() and not panel.values["vram"].isVisible()

@@ -139,45 +139,9 @@ def _byte_level() -> Tokenizer:
     return tok
 
 
-CHAT_TEMPLATE = r"""{#- Gemma 4 chat format (canonical 2026-07-09, text only, no tools), per MODEL-SPEC.md. -#}
-{%- macro text_of(content) -%}
-{%- if content is string -%}{{ content }}
-{%- else -%}{%- for part in content -%}{%- if part.type == 'text' -%}{{ part.text }}{%- endif -%}{%- endfor -%}
-{%- endif -%}
-{%- endmacro -%}
-{%- macro strip_thinking(text) -%}
-{%- set ns = namespace(out='') -%}
-{%- for piece in text.split('<channel|>') -%}
-{%- set ns.out = ns.out + piece.split('<|channel>')[0] -%}
-{%- endfor -%}
-{{- ns.out | trim -}}
-{%- endmacro -%}
-{%- set thinking = enable_thinking is defined and enable_thinking -%}
-{%- set loop_messages = messages -%}
-{%- set system_text = none -%}
-{%- if messages and messages[0]['role'] in ['system', 'developer'] -%}
-{%- set system_text = text_of(messages[0]['content']) -%}
-{%- set loop_messages = messages[1:] -%}
-{%- endif -%}
-{{- bos_token -}}
-{%- if thinking or system_text is not none -%}
-{{- '<|turn>system\n' -}}
-{%- if thinking -%}{{- '<|think|>\n' -}}{%- endif -%}
-{%- if system_text is not none -%}{{- system_text | trim -}}{%- endif -%}
-{{- '<turn|>\n' -}}
-{%- endif -%}
-{%- for message in loop_messages -%}
-{%- if message['role'] == 'assistant' or message['role'] == 'model' -%}
-{{- '<|turn>model\n' + strip_thinking(text_of(message['content'])) + '<turn|>\n' -}}
-{%- else -%}
-{{- '<|turn>' + message['role'] + '\n' + (text_of(message['content']) | trim) + '<turn|>\n' -}}
-{%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-{{- '<|turn>model\n' -}}
-{%- if not thinking -%}{{- '<|channel>thought\n<channel|>' -}}{%- endif -%}
-{%- endif -%}
-"""
+# Gemma 4's chat format (MODEL-SPEC.md), shared with the tiny test tokenizer and the demo pair
+CHAT_TEMPLATE = (Path(__file__).resolve().parents[1] / "assets" / "gemma4_chat_template.jinja").read_text(
+    encoding="utf-8")
 
 
 def write_tokenizer(folder: Path, *, byte_level: bool = False) -> None:

@@ -26,7 +26,7 @@ from flashdesk.engine.loading.memory_plan import context_that_fits
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.draft_length import AutoDraftLength, costs_file, load_costs, save_costs
 from flashdesk.engine.decode.prefix_cache import PrefixCache
-from flashdesk.engine.decode.speculative import Decoder, SpecControl, StepResult
+from flashdesk.engine.decode.speculative import AUTO, Decoder, SpecControl, StepResult
 from flashdesk.engine.decode.stats import SpecStats, StepRecord
 from flashdesk.kernels.backend import describe
 
@@ -118,6 +118,10 @@ class Engine:
         # the automatic draft length's costs and acceptance, kept from one generation to the next
         self.auto = AutoDraftLength(drafter.max_draft_length) if drafter is not None else None
         self.costs_path: Path | None = None  # where this card's measured step costs are kept (load sets it)
+        # what speculation drafts when no draft length is asked for: the fastest of the user's own
+        # bench on this card (auto where it was at least as fast as the best fixed K), else the longest
+        self.default_draft_length: int | str | None = None
+        self.default_note = ""  # why, in words (empty: no bench of this pair on this card yet)
 
     def cuda_graphs(self) -> str:
         """In words: whether decode and verify steps run as CUDA graphs (and why not)."""
@@ -170,7 +174,24 @@ class Engine:
         engine = cls(model, tokenizer, eos, kv, limit, drafter)
         if drafter is not None:
             engine.costs_path = _costs_path(dev, model_dir, draft_dir, torch_dtype, kv, draft_quantize)
+            engine.use_benched_default(dev, model_dir, draft_dir)
         return engine
+
+    def use_benched_default(self, device: torch.device, model_dir, draft_dir) -> None:
+        """Take the draft length that the newest kept bench of this pair on this card found fastest
+        as the default (`flashdesk bench` and the app's Benchmark page keep them in the data folder)."""
+        from flashdesk import paths
+        from flashdesk.engine.bench.device import DeviceProbe
+        from flashdesk.engine.bench.results import kept_best, model_label, results_key
+
+        probe = DeviceProbe(device)
+        try:
+            key = results_key(probe.name, probe.driver, model_label(model_dir), model_label(draft_dir))
+        finally:
+            probe.close()
+        best, note = kept_best(paths.bench_dir(), key)
+        if best == AUTO or (isinstance(best, int) and 1 <= best <= self.drafter.max_draft_length):
+            self.default_draft_length, self.default_note = best, note
 
     def check_request(self, prompt: list[int], max_new_tokens: int) -> None:
         """Refuse a request the model cannot run: empty, out of vocabulary, or over the context."""
@@ -206,7 +227,7 @@ class Engine:
         prefix = self._step_state()
         reused = prefix.start(prompt, request.reuse)
         decoder = Decoder(self.model, self.drafter, self.context_limit, self.kv_dtype, request.sampling, eos,
-                          self._cache, self._ctx, self._graphs, self.auto)
+                          self._cache, self._ctx, self._graphs, self.auto, self.default_draft_length)
         text = _TextOutput(self.tokenizer, request.stop_strings)
         tokens: list[int] = []
         stats = SpecStats()

@@ -92,11 +92,13 @@ class Decoder:
 
     def __init__(self, model: Gemma4, drafter: Drafter | None, max_context: int, kv_dtype: str,
                  sampling: SamplingParams, eos: set[int], cache: KVCache | None = None,
-                 ctx: DraftContext | None = None, graphs=None, auto: AutoDraftLength | None = None):
+                 ctx: DraftContext | None = None, graphs=None, auto: AutoDraftLength | None = None,
+                 default_draft_length: int | str | None = None):
         """`cache`, `ctx`: continue these from where they stand (a prefix cache placed them) instead
         of allocating new ones; `graphs`: a StepGraphs over them, which runs the decode, verify and
         draft passes as CUDA graphs; `auto`: the automatic draft length's state (kept across
-        generations by the engine)."""
+        generations by the engine); `default_draft_length`: what a control without a length drafts
+        (None: the drafter's longest)."""
         self.model, self.drafter, self.sampling, self.eos = model, drafter, sampling, eos
         slack = max(16, drafter.cfg.block_size) if drafter else 16
         if cache is None:
@@ -105,6 +107,7 @@ class Decoder:
             ctx = drafter.new_context(max_context)
         self.cache, self.ctx, self.graphs = cache, ctx, graphs
         self.auto = auto if auto is not None or drafter is None else AutoDraftLength(drafter.max_draft_length)
+        self.default_draft_length = default_draft_length or (drafter.max_draft_length if drafter else 0)
         self.taps = drafter.cfg.target_layer_ids if drafter else ()
         self.pending: list[torch.Tensor] = []  # target features not yet in the drafter's context
         self.generator = make_generator(sampling, model.device)
@@ -136,7 +139,7 @@ class Decoder:
         """Produce at most `remaining` (>= 1) tokens after the last one."""
         k = 0
         if self.drafter is not None and (control is None or control.enabled):
-            wanted = control.draft_length if control and control.draft_length else self.drafter.max_draft_length
+            wanted = control.draft_length if control and control.draft_length else self.default_draft_length
             if wanted == AUTO:
                 return self._auto_step(remaining)
             k = max(0, min(wanted, self.drafter.max_draft_length, remaining))

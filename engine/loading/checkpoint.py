@@ -59,21 +59,25 @@ class CheckpointReport:
 
 
 def inspect_checkpoint(model_dir: str | Path, context: int | None = None,
-                       draft_dir: str | Path | None = None) -> CheckpointReport:
-    """Check a model folder (and a drafter) as the loader would, and plan memory at `context` tokens."""
+                       draft_dir: str | Path | None = None, device: str = "cuda",
+                       flags: bool = True) -> CheckpointReport:
+    """Check a model folder (and a drafter) as the loader would, and plan memory at `context` tokens
+    on `device` ("cuda": bf16 with fp8 KV in GPU memory; "cpu": float32 in RAM, as the engine runs
+    there). `flags=False` leaves out advice phrased as command-line flags (the window's check)."""
     folder = Path(model_dir)
     report = CheckpointReport()
     context = DEFAULT_CONTEXT if context is None else int(context)
     if not folder.is_dir():
         report.problem(f"{folder} is not a folder")
         return _verdict(report)
+    cpu = device == "cpu"
     cfg = _check_config(folder, report)
     if cfg is not None:
-        _check_weights(folder, cfg, report)
+        _check_weights(folder, cfg, report, cpu)
     _check_tokenizer(folder, report)
-    draft = _check_drafter(Path(draft_dir), cfg, report) if draft_dir else None
+    draft = _check_drafter(Path(draft_dir), cfg, report, cpu) if draft_dir else None
     if cfg is not None:
-        _estimate_memory(cfg, context, report, draft)
+        (_estimate_cpu_memory if cpu else _estimate_memory)(cfg, context, report, draft, flags)
     return _verdict(report)
 
 
@@ -131,7 +135,7 @@ def _heads(layers) -> str:
     return ", ".join(f"{kv} KV head{'s' if kv > 1 else ''} x {dim}" for kv, dim in shapes)
 
 
-def _check_weights(folder: Path, cfg: Gemma4Config, report: CheckpointReport) -> None:
+def _check_weights(folder: Path, cfg: Gemma4Config, report: CheckpointReport, cpu: bool = False) -> None:
     try:
         quant = parse_quant_config(read_json(folder / "config.json", "model config"))
         entries = scan_checkpoint(folder)
@@ -145,12 +149,13 @@ def _check_weights(folder: Path, cfg: Gemma4Config, report: CheckpointReport) ->
     report.tensors = len(entries)
     report.disk_bytes = sum(stored_bytes(e) for e in entries.values())
     report.tower_bytes = sum(stored_bytes(e) for e in towers)
-    report.loaded_bytes = planned_weight_bytes(specs, packed)
+    report.loaded_bytes = planned_weight_bytes(specs, packed, CPU_DTYPE_BYTES if cpu else 2)
     report.quantized = bool(packed)
     dtypes = "+".join(sorted({e.dtype.lower() for e in entries.values()}))
-    form = f"int4 ({len(packed)} packed modules, kept packed) + bf16" if packed else "bf16"
+    rest = "float32" if cpu else "bf16"
+    form = f"int4 ({len(packed)} packed modules, kept packed) + {rest}" if packed else rest
     text = (f"complete: {len(entries)} tensors in {len(files)} file(s); {format_bytes(report.disk_bytes)} "
-            f"on disk ({dtypes}), {format_bytes(report.loaded_bytes)} as {form} on the GPU")
+            f"on disk ({dtypes}), {format_bytes(report.loaded_bytes)} as {form} {'in RAM' if cpu else 'on the GPU'}")
     report.rows.append(("weights", text))
     if towers:
         report.rows.append(("", f"vision/audio towers: {len(towers)} tensors, "
@@ -183,7 +188,8 @@ def _check_tokenizer(folder: Path, report: CheckpointReport) -> None:
     report.rows.append(("tokenizer", f"{' + '.join(files)}; {chat}"))
 
 
-def _check_drafter(folder: Path, cfg: Gemma4Config | None, report: CheckpointReport) -> DraftConfig | None:
+def _check_drafter(folder: Path, cfg: Gemma4Config | None, report: CheckpointReport,
+                   cpu: bool = False) -> DraftConfig | None:
     try:
         draft = load_draft_config(folder)
         if cfg is not None:
@@ -194,18 +200,41 @@ def _check_drafter(folder: Path, cfg: Gemma4Config | None, report: CheckpointRep
         return None
     report.rows.append(("drafter", f"DFlash, {draft.num_layers} layers, block {draft.block_size} (drafts up to "
                                    f"{draft.block_size - 1}), taps target layers {list(draft.target_layer_ids)}; "
-                                   f"{format_bytes(drafter_weight_bytes(draft))} as bf16"))
+                                   f"{format_bytes(drafter_weight_bytes(draft, CPU_DTYPE_BYTES if cpu else 2))} "
+                                   f"as {'float32' if cpu else 'bf16'}"))
     return draft
 
 
-def _estimate_memory(cfg: Gemma4Config, context: int, report: CheckpointReport, draft: DraftConfig | None) -> None:
+def _context(cfg: Gemma4Config, context: int, report: CheckpointReport, flags: bool) -> tuple[int | None, str]:
+    """The context the plan is for (the model's limit at most) and a note when it was cut; None
+    (a problem recorded) when it is impossible."""
     if context < 1:
-        report.problem(f"--context must be at least 1 token, got {context}")
-        return
-    note = ""
+        report.problem(f"{'--context' if flags else 'the context'} must be at least 1 token, got {context}")
+        return None, ""
     if context > cfg.max_position_embeddings:
-        note = f" (the model's limit; {context} asked)"
-        context = cfg.max_position_embeddings
+        return cfg.max_position_embeddings, f" (the model's limit; {context} asked)"
+    return context, ""
+
+
+def _estimate_cpu_memory(cfg: Gemma4Config, context: int, report: CheckpointReport, draft: DraftConfig | None,
+                         flags: bool = True) -> None:
+    """RAM on the CPU: float32 weights (int4 kept packed), KV and work buffers, as the engine runs there."""
+    context, note = _context(cfg, context, report, flags)
+    if context is None:
+        return
+    weights = report.loaded_bytes if report.loaded_bytes is not None else loaded_weight_bytes(cfg, CPU_DTYPE_BYTES)
+    memory = plan_memory(cfg, weights, context, "float32", draft, dtype_bytes=CPU_DTYPE_BYTES)
+    report.memory = memory
+    head, parts = memory.lines()
+    report.rows.append(("memory", f"{head} of RAM on the CPU{note}, float32 KV"))
+    report.rows.append(("", parts))
+
+
+def _estimate_memory(cfg: Gemma4Config, context: int, report: CheckpointReport, draft: DraftConfig | None,
+                     flags: bool = True) -> None:
+    context, note = _context(cfg, context, report, flags)
+    if context is None:
+        return
     weights = report.loaded_bytes if report.loaded_bytes is not None else loaded_weight_bytes(cfg)
     memory = plan_memory(cfg, weights, context, GPU_KV_DTYPE, draft)
     report.memory = memory
@@ -213,7 +242,7 @@ def _estimate_memory(cfg: Gemma4Config, context: int, report: CheckpointReport, 
     report.rows.append(("memory", f"{head}{note}, fp8 KV (bf16 KV: "
                                   f"{format_bytes(kv_cache_bytes(cfg, context, 'bfloat16'))})"))
     report.rows.append(("", parts))
-    if not report.quantized:
+    if not report.quantized and flags:
         int4 = plan_memory(cfg, int4_weight_bytes(cfg), context, GPU_KV_DTYPE, draft)
         report.rows.append(("", f"with --quantize int4: {format_bytes(int4.total)}"))
     free = _gpu_free()
@@ -224,6 +253,9 @@ def _estimate_memory(cfg: Gemma4Config, context: int, report: CheckpointReport, 
         report.rows.append(("GPU 0", f"{'fits' if fits else 'does NOT fit'}: {format_bytes(memory.total)} needed, "
                                      f"{format_bytes(free_bytes)} free of {format_bytes(total)}; longest context "
                                      f"that fits: {longest} tokens"))
+
+
+CPU_DTYPE_BYTES = 4  # float32: what the engine computes in on the CPU (bf16 matmuls are slow there)
 
 
 def _gpu_free() -> tuple[int, int] | None:

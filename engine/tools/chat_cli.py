@@ -217,7 +217,8 @@ class ChatSession:
         spec = self.control is not None and self.control.enabled
         draft_length = None
         if self.control is not None:
-            draft_length = self.control.draft_length or self.engine.drafter.max_draft_length
+            draft_length = (self.control.draft_length or self.engine.default_draft_length
+                            or self.engine.drafter.max_draft_length)
         return {"model": self.model, "draft": self.draft, "system": self.system, "thinking": self.thinking,
                 "speculation": spec, "draft_length": draft_length, "max_new_tokens": self.max_new_tokens,
                 "ignore_eos": self.ignore_eos, "stop": list(self.stop_strings),
@@ -383,6 +384,8 @@ def _interactive(session: ChatSession) -> int:
     tty = sys.stdin.isatty()
     if tty:
         _err("flashdesk chat: /help lists the commands, /bye or Ctrl-D leaves, Ctrl-C stops a reply")
+        if session.engine.default_note and session.control is not None and not session.control.draft_length:
+            _err(f"draft length {session.engine.default_note} (/k N or /k auto changes it)")
     while True:
         if tty:
             sys.stderr.write(">>> ")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from flashdesk.engine.errors import FlashDeskError
 
@@ -79,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="check this machine (and a model folder) for FlashDesk")
     doc.add_argument("--model", help="also check this checkpoint folder")
     doc.add_argument("--draft", help="and this DFlash drafter folder (the memory plan includes it)")
-    doc.add_argument("--context", type=int, default=32768, help="context for the memory estimate")
+    doc.add_argument("--context", type=_positive_int, default=32768, help="context for the memory estimate")
 
     models = sub.add_parser("models", help="download, list and check the models (--model / --draft also "
                             "accept a pulled Hub id)")
@@ -110,12 +111,13 @@ def _add_generation_flags(parser: argparse.ArgumentParser, system_help: str) -> 
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16", "float32", "fp8"])
-    parser.add_argument("--context", type=int, help="context limit in tokens (default: the model's)")
+    parser.add_argument("--context", type=_positive_int, help="context limit in tokens (default: the model's)")
     parser.add_argument("--quantize", choices=["int4"], help="quantize a bf16 checkpoint to int4 while loading")
     parser.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
     parser.add_argument("--draft-length", type=_draft_length,
-                        help="tokens drafted per step, 1..block_size-1 (default: all), or auto: each step "
-                        "drafts what gives the most tokens per second on this card")
+                        help="tokens drafted per step, 1..block_size-1, or auto: each step drafts what gives "
+                        "the most tokens per second on this card (default: what your last `flashdesk bench` "
+                        "of this pair on this card found fastest, else block_size-1)")
     parser.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
     parser.add_argument("--draft-quantize", choices=["int4"],
                         help="draft with int4 drafter weights and an int4 copy of the head (output unchanged)")
@@ -135,33 +137,58 @@ def load_engine(args):
     control = None
     if engine.drafter is not None:
         longest = engine.drafter.max_draft_length
-        if args.draft_length not in (None, "auto") and not 1 <= args.draft_length <= longest:
+        if args.draft_length not in (None, "auto") and args.draft_length > longest:
             raise ValueError(f"--draft-length must be 1..{longest} for this drafter, got {args.draft_length}")
         control = SpecControl(enabled=not args.no_speculate, draft_length=args.draft_length)
     return engine, control
 
 
 def _resolve_models(args) -> None:
-    """--model / --draft may name a pulled Hub id: replace it by its cached folder (disk only)."""
-    from flashdesk.engine.hub.models import resolve_model_path
-
-    for attr in ("model", "draft"):
+    """--model / --draft as folders (a pulled Hub id becomes its cached folder; disk only)."""
+    for attr, what in (("model", "model"), ("draft", "drafter")):
         if getattr(args, attr, None):
             try:
-                setattr(args, attr, str(resolve_model_path(getattr(args, attr))))
+                setattr(args, attr, str(_model_folder(getattr(args, attr), what)))
             except FlashDeskError as exc:
                 if args.command != "doctor":
                     raise
                 print(f"flashdesk doctor: {exc}", file=sys.stderr)  # doctor still prints its report
 
 
+def _model_folder(name: str, what: str) -> Path:
+    """The folder `name` stands for. A missing folder or a file is named here: the loader would
+    only say that config.json inside it is missing, which hides the real mistake."""
+    from flashdesk.engine.hub.models import resolve_model_path
+
+    path = resolve_model_path(name)  # a Hub id not in the cache raises with its own advice
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise FlashDeskError(f"{what} path is a file, not a folder: {path.absolute()} (give the folder "
+                             "holding config.json and the weights)")
+    raise FlashDeskError(f"{what} folder not found: {path.absolute()} (give a folder holding config.json and "
+                         "the weights, or a Hub id such as org/name that `flashdesk models pull` downloaded)")
+
+
+def _positive_int(text: str, alternative: str = "") -> int:
+    """argparse type for counts that cannot be below 1 (--context): refused before anything loads;
+    `alternative` names the word also accepted (for the message)."""
+    other = f" (or {alternative})" if alternative else ""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number{other}: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1{other}, got {value}")
+    return value
+
+
 def _draft_length(text: str) -> int | str:
+    """argparse type for --draft-length: auto or at least 1 (the drafter's own maximum is checked
+    once it is loaded, in `load_engine`)."""
     if text.strip().lower() == "auto":
         return "auto"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a draft length is a number or auto, got {text!r}") from None
+    return _positive_int(text, "auto")
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -179,7 +206,9 @@ def run_generate(args) -> int:
     from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest
     from flashdesk.engine.decode.sampling import SamplingParams
 
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+    if args.max_new_tokens < 1:  # as `chat` and `bench` say it, before the model loads
+        raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)  # refuses impossible values
     prompt_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     engine, control = load_engine(args)
     if prompt_ids is None:

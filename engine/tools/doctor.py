@@ -10,9 +10,13 @@ import importlib
 import importlib.metadata
 import platform
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
+
+if TYPE_CHECKING:
+    from flashdesk.engine.loading.checkpoint import CheckpointReport
 
 Row = tuple[str, str]
+REAL_MODEL = "Gemma 4 26B-A4B with DFlash"
 
 GIB = 1024**3
 
@@ -237,23 +241,92 @@ def format_report(rows: list[Row]) -> str:
     return "\n".join(f"{label.ljust(width)}  {text}" for label, text in rows)
 
 
+class Gpu(NamedTuple):
+    """GPU 0, the one the engine runs on."""
+
+    name: str
+    free: int
+    total: int
+
+
+def _gpu0() -> Gpu | None:
+    """GPU 0 with its free memory, or None where torch sees no GPU."""
+    torch = _import("torch")
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info(0)
+    return Gpu(torch.cuda.get_device_name(0), free, total)
+
+
+def machine_verdict(gpu: Gpu | None) -> str:
+    """What this machine runs: the real model fits where its memory plan leaves a useful context."""
+    from flashdesk.engine.loading.memory_plan import (GPU_KV_DTYPE, MIN_USEFUL_CONTEXT, format_bytes,
+                                                      longest_context, plan_memory)
+
+    from flashdesk.engine.hub.recommended import real_pair
+
+    cfg, weights, draft = real_pair()
+    need = format_bytes(plan_memory(cfg, weights, MIN_USEFUL_CONTEXT, GPU_KV_DTYPE, draft).total)
+    if gpu is None:
+        return f"CPU only: the demo and test models run; {REAL_MODEL} needs an NVIDIA GPU with at least {need} free"
+    card = f"{gpu.name} ({format_bytes(gpu.free)} free of {format_bytes(gpu.total)})"
+    longest = longest_context(cfg, weights, GPU_KV_DTYPE, gpu.free, draft)
+    if longest >= MIN_USEFUL_CONTEXT:
+        return f"{card}: {REAL_MODEL} fits, context up to {longest} tokens with fp8 KV"
+    return f"{card}: too little free memory for {REAL_MODEL} (needs at least {need})"
+
+
+def model_verdict(report: CheckpointReport, gpu: Gpu | None, draft_dir: str | None) -> str:
+    """What the checked folder can do here: its first problem, or whether its memory plan fits GPU 0."""
+    from flashdesk.engine.loading.memory_plan import GPU_KV_DTYPE, format_bytes, longest_context
+    from flashdesk.engine.model.config import load_draft_config
+
+    if not report.ok:
+        more = len(report.problems) - 1
+        return (f"the model is NOT usable: {report.problems[0].splitlines()[0]}"
+                + (f" (and {more} more problem{'s' if more > 1 else ''} above)" if more else ""))
+    plan = report.memory
+    need = f"{format_bytes(plan.total)} at {plan.context} tokens"
+    if gpu is None:
+        return f"CPU only: the model is complete and the engine runs it on the CPU here (on a GPU it needs {need})"
+    free = f"{format_bytes(gpu.free)} free on {gpu.name}"
+    if plan.total <= gpu.free:
+        return f"the model is complete and fits: {need}, {free}"
+    draft = load_draft_config(draft_dir) if draft_dir else None
+    longest = longest_context(report.config, plan.target_bytes, GPU_KV_DTYPE, gpu.free, draft)
+    if longest:
+        return f"the model is complete but needs {need}, {free}; it fits with --context {longest}"
+    return f"the model is complete but does not fit at any context, {free}"
+
+
+def _verdict_line(decide: Callable[[], str]) -> str:
+    """The report's last line; like a probe, it never fails."""
+    try:
+        return f"verdict: {decide()}"
+    except Exception as exc:  # noqa: BLE001 - the report must never fail
+        return f"verdict: could not be decided ({_err(exc)})"
+
+
 def run_doctor(model_dir: str | None, context: int | None = None, draft_dir: str | None = None) -> int:
     """Print the environment report and, given a model folder (and a drafter), the checkpoint check
-    and memory plan at `context` tokens.
+    and memory plan at `context` tokens; end with one `verdict:` line on what runs here.
 
-    Returns 0, or 1 when the model check found a problem (the returned lines carry `problems`)."""
-    from flashdesk.engine.loading.checkpoint import describe_checkpoint
+    Returns 0, or 1 when the model check found a problem."""
+    from flashdesk.engine.loading.checkpoint import inspect_checkpoint
 
     print(format_report(environment_report()))
     if model_dir is None:
+        print(_verdict_line(lambda: machine_verdict(_gpu0())))
         return 0
     print()
     print(f"Model: {model_dir}" + (f"  Drafter: {draft_dir}" if draft_dir else ""))
     try:
-        lines = describe_checkpoint(model_dir, context, draft_dir)
+        report = inspect_checkpoint(model_dir, context, draft_dir)
     except Exception as exc:  # noqa: BLE001 - doctor reports, it does not crash
         print(f"  problem: {_err(exc)}")
+        print(f"verdict: the model could not be checked: {_err(exc)}")
         return 1
-    for line in lines:
+    for line in report.lines:
         print(f"  {line}")
-    return 1 if lines.problems else 0
+    print(_verdict_line(lambda: model_verdict(report, _gpu0(), draft_dir)))
+    return 0 if report.ok else 1

@@ -1,0 +1,7 @@
+"""Measuring AR against DFlash on the user's own card: prompt sets by task type, the interleaved
+runs, results kept per (device, driver, model, drafter), the chart and the text report.
+
+`flashdesk bench` (engine/tools/bench.py) and the worker's Bench request (the app's Benchmark page)
+both run `measure.run_suite`; `results.best_draft_length` turns the kept runs into the engine's
+default draft length on this card.
+"""

@@ -1,0 +1,129 @@
+"""Bench results kept in the data folder: one file per (device, driver, model, drafter), a list of
+runs, newest last; the history of them; and the draft length the kept runs say is best here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from flashdesk.protocol import AUTO_DRAFT_LENGTH as AUTO
+
+KEPT_RUNS = 100  # runs a results file keeps, newest last
+
+
+def model_label(folder: str | Path) -> str:
+    """A readable name for a model folder: the Hub id of a cached snapshot, `demo-target` for the
+    demo pair's generic folder names, else the folder's name."""
+    p = Path(folder).expanduser().resolve()
+    for part in p.parts:
+        if part.startswith("models--") and part.count("--") >= 2:
+            return "/".join(part.split("--")[1:])
+    if p.name in ("target", "drafter", "draft", "model") and p.parent.name:
+        return f"{p.parent.name}-{p.name}"
+    return p.name
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-.")[:60] or "x"
+
+
+def results_key(device_name: str, driver: str, model: str, drafter: str) -> str:
+    return "__".join(_slug(part) for part in (device_name, driver, model, drafter))
+
+
+def compact(report: dict) -> dict:
+    """The report as a results file keeps it: no per-prompt token ids."""
+    out = {k: v for k, v in report.items() if k not in ("categories",)}
+    out["modes"] = [{k: v for k, v in m.items() if k != "per_prompt"} for m in report["modes"]]
+    return out
+
+
+def save_run(report: dict, folder: Path) -> tuple[Path, int]:
+    """Append this run to its results file (newest last, the last KEPT_RUNS); return (file, runs)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{report['results_key']}.json"
+    data = None
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data.get("runs"), list):
+                raise ValueError("no list of runs")
+        except (ValueError, AttributeError) as exc:
+            aside = path.with_suffix(".json.bad")
+            os.replace(path, aside)
+            print(f"flashdesk bench: {path} was unreadable ({exc}); kept as {aside.name}, starting afresh",
+                  file=sys.stderr)
+            data = None
+    if data is None:
+        data = {"device": report["device_name"], "driver": report["driver"], "model": report["model_name"],
+                "drafter": report["draft_name"], "runs": []}
+    data["runs"] = (data["runs"] + [compact(report)])[-KEPT_RUNS:]
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(tmp, path)
+    return path, len(data["runs"])
+
+
+def kept_runs(folder: Path, limit: int) -> list[dict]:
+    """The kept runs of every results file, newest first, at most `limit` (unreadable files skipped)."""
+    runs = []
+    for path in folder.glob("*.json") if folder.is_dir() else []:
+        try:
+            runs += [r for r in json.loads(path.read_text(encoding="utf-8"))["runs"] if isinstance(r, dict)]
+        except (ValueError, KeyError, TypeError, OSError):
+            continue
+    return sorted(runs, key=lambda r: str(r.get("date", "")), reverse=True)[:limit]
+
+
+def history(folder: Path) -> list[dict]:
+    """Every results file in `folder`: its key and a line per run."""
+    out = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            runs = data["runs"]
+        except (ValueError, KeyError, TypeError, OSError):
+            continue
+        rows = []
+        for run in runs:
+            modes = run.get("modes", [])
+            spec = [m for m in modes if m.get("draft_length") not in (0, None) and m.get("speedup_over_ar")]
+            best = max(spec, key=lambda m: m["speedup_over_ar"], default=None)
+            rows.append({"date": run.get("date"), "prompts": run.get("prompts"), "tasks": run.get("tasks"),
+                         "max_new_tokens": run.get("max_new_tokens"),
+                         "ar_tokens_per_second": modes[0].get("tokens_per_second") if modes else None,
+                         "best_mode": best and best["mode"], "best_speedup": best and best["speedup_over_ar"]})
+        out.append({"file": str(path), "device": data.get("device"), "driver": data.get("driver"),
+                    "model": data.get("model"), "drafter": data.get("drafter"), "runs": rows})
+    return out
+
+
+def best_draft_length(report: dict) -> int | str | None:
+    """The DFlash mode a run says to use, over all its task types: auto where it was at least as fast
+    as the best fixed draft length, else that length; None when no DFlash mode ran."""
+    spec = [m for m in report.get("modes", []) if m.get("draft_length") not in (0, None)
+            and m.get("tokens_per_second")]
+    fixed = max((m for m in spec if m["draft_length"] != AUTO), key=lambda m: m["tokens_per_second"], default=None)
+    auto = next((m for m in spec if m["draft_length"] == AUTO), None)
+    if auto is not None and (fixed is None or auto["tokens_per_second"] >= fixed["tokens_per_second"]):
+        return AUTO
+    return fixed["draft_length"] if fixed else None
+
+
+def kept_best(folder: Path, key: str) -> tuple[int | str | None, str]:
+    """The draft length the newest kept run of `key` says is best on this card, and why in words
+    ((None, "") when nothing was benched here yet)."""
+    try:
+        runs = json.loads((folder / f"{key}.json").read_text(encoding="utf-8"))["runs"]
+        run = next(r for r in reversed(runs) if best_draft_length(r) is not None)
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None, ""
+    best = best_draft_length(run)
+    speed = {m["draft_length"]: m["tokens_per_second"] for m in run["modes"]}
+    ar = speed.get(0)
+    gain = f", {speed[best] / ar:.2f}x AR" if ar else ""
+    name = "auto" if best == AUTO else f"K={best}"
+    return best, f"{name}: fastest in the bench of {str(run.get('date', '?'))[:10]}{gain}"
