@@ -1,13 +1,14 @@
 """The scrolling list of messages of the open conversation.
 
 It follows the end while a reply streams, unless the user scrolled up to read, in which case it
-stays where they are. In a wide window the messages keep to a centred column of a comfortable line
+stays where they are. A search result opened in the sidebar scrolls to its message and marks it
+for a moment (show_hit). In a wide window the messages keep to a centred column of a comfortable line
 length (message_widget.column_width) instead of running across the whole screen.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from flashdesk.app.message_widget import MessageWidget, column_width
@@ -16,6 +17,7 @@ from flashdesk.app.store import Message
 EMPTY_TEXT = "Write a message below and press Enter to send it (Shift+Enter for a new line)."
 SIDE_MARGIN = 16
 END_MARGIN = 12
+HIT_MARK_MS = 2500  # how long a search hit's message stays marked
 
 
 class _Column(QWidget):
@@ -41,6 +43,7 @@ class ChatView(QScrollArea):
         self.colour_by_origin = False
         self.widgets: dict[int, MessageWidget] = {}
         self._follow = True
+        self._hit: int | None = None  # the message a search result asked for, until it is in view
         inner = _Column()
         inner.setObjectName("chatInner")
         self.column = QVBoxLayout(inner)
@@ -67,6 +70,7 @@ class ChatView(QScrollArea):
                 self.add(message)
         self._update_empty()
         self._follow = True
+        self._hit = None
 
     def add(self, message: Message) -> MessageWidget:
         if message.id in self.widgets:
@@ -79,10 +83,36 @@ class ChatView(QScrollArea):
         self.widgets[message.id] = widget
         self._update_empty()
         self._follow = True
+        self._hit = None
         return widget
 
     def widget(self, message_id: int) -> MessageWidget | None:
         return self.widgets.get(message_id)
+
+    def show_hit(self, message_id: int) -> bool:
+        """Scroll to this message (a search hit) and mark it for a moment; False when it is not shown
+        (hidden behind another version of its reply, or not in this conversation)."""
+        widget = self.widgets.get(message_id)
+        if widget is None:
+            return False
+        self._follow = False  # stay on the hit, not at the end
+        self._hit = message_id
+        self._scroll_to_hit()
+        QTimer.singleShot(0, self._scroll_to_hit)  # again once the new messages are laid out
+        widget.set_marked(True)
+        QTimer.singleShot(HIT_MARK_MS, lambda: self._unmark(message_id))
+        return True
+
+    def _unmark(self, message_id: int) -> None:
+        if message_id in self.widgets:
+            self.widgets[message_id].set_marked(False)
+        if self._hit == message_id:
+            self._hit = None
+
+    def _scroll_to_hit(self) -> None:
+        widget = self.widgets.get(self._hit) if self._hit is not None else None
+        if widget is not None:
+            self.ensureWidgetVisible(widget, 0, END_MARGIN)
 
     def remove_from(self, message_id: int) -> None:
         """Remove this message and every later one."""
@@ -111,7 +141,9 @@ class ChatView(QScrollArea):
         self.empty.setVisible(not self.widgets)
 
     def _range_changed(self, _low: int, high: int) -> None:
-        if self._follow:
+        if self._hit is not None:
+            self._scroll_to_hit()
+        elif self._follow:
             self.verticalScrollBar().setValue(high)
 
     def _scrolled(self, value: int) -> None:

@@ -1,7 +1,8 @@
 """The sidebar: search (titles and message text), the conversations (newest first), new, rename, delete.
 
 A search shows under each title the snippet of its first matching message, the hit in bold, and
-says so when nothing matches rather than leaving the list blank.
+says so when nothing matches rather than leaving the list blank; opening a result shows that
+message (hit_chosen).
 
 Keyboard: Ctrl+N new (window shortcut), Ctrl+F search, F2 renames and Delete deletes the selected
 conversation while the list has focus.
@@ -21,6 +22,7 @@ from flashdesk.app.store import HIT_END, HIT_START, SearchHit
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 SNIPPET_ROLE = Qt.ItemDataRole.UserRole + 1  # the snippet as rich text, on items of a search
+HIT_ROLE = Qt.ItemDataRole.UserRole + 2  # the id of the message the snippet comes from
 SNIPPET_LINES = 2
 
 
@@ -98,6 +100,7 @@ class _List(QListWidget):
 
 class ConversationList(QWidget):
     selected = Signal(int)
+    hit_chosen = Signal(int)  # a search result was opened: the id of its matching message
     new_requested = Signal()
     renamed = Signal(int, str)
     deleted = Signal(int)
@@ -147,6 +150,7 @@ class ConversationList(QWidget):
         self.delete_button.clicked.connect(self.delete_current)
         self.list.delete_pressed.connect(self.delete_current)
         self.list.currentItemChanged.connect(self._current_changed)
+        self.list.itemClicked.connect(self._show_hit)  # again, when its conversation is already open
         self.list.itemChanged.connect(self._item_changed)
 
     def fill(self, hits: list[SearchHit], current: int | None) -> None:
@@ -160,6 +164,7 @@ class ConversationList(QWidget):
             item.setToolTip(conv.title)
             if hit.snippet:
                 item.setData(SNIPPET_ROLE, snippet_html(hit.snippet))
+                item.setData(HIT_ROLE, hit.message_id)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)
             if conv.id == current:
@@ -198,7 +203,14 @@ class ConversationList(QWidget):
         self.rename_button.setEnabled(item is not None)
         self.delete_button.setEnabled(item is not None)
         if item is not None and not self._filling:
+            hit = item.data(HIT_ROLE)  # read first: opening the conversation fills the list anew
             self.selected.emit(item.data(ID_ROLE))
+            if hit is not None:
+                self.hit_chosen.emit(hit)
+
+    def _show_hit(self, item: QListWidgetItem) -> None:
+        if item.data(HIT_ROLE) is not None:
+            self.hit_chosen.emit(item.data(HIT_ROLE))
 
     def _item_changed(self, item: QListWidgetItem) -> None:
         if self._filling:

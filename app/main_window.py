@@ -198,6 +198,7 @@ class MainWindow(QMainWindow):
         c.turn_refused.connect(self._turn_refused)
 
         self.conversations.selected.connect(c.open)
+        self.conversations.hit_chosen.connect(self.chat.show_hit)
         self.conversations.new_requested.connect(self.new_conversation)
         self.conversations.renamed.connect(c.rename)
         self.conversations.deleted.connect(c.delete)

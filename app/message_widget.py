@@ -292,12 +292,19 @@ class MessageWidget(QFrame):
             button.setIcon(theme.icon(button.property("iconName")))
         self.setStyleSheet(
             f"QFrame#userMessage {{ background: {c['user_bg']}; border-radius: 10px; }}"
+            f"QFrame[marked=\"true\"] {{ border: 2px solid {c['accent']}; border-radius: 10px; }}"
             f"QLabel#muted, QLabel#footer {{ color: {c['muted']}; }}"
             f"QLabel#contextNote {{ color: {c['warn']}; font-style: italic; }}"
             f"QLabel#status {{ color: {c['error']}; }}"
             f"QTextBrowser#thought {{ color: {c['muted']}; border: none; border-left: 3px solid {c['muted']}; "
             "padding-left: 8px; background: transparent; }"
             f"QToolButton#thoughtToggle {{ color: {c['muted']}; }}")
+
+    def set_marked(self, on: bool) -> None:
+        """Outline the message (a search hit just opened) or stop."""
+        self.setProperty("marked", on)
+        self.style().unpolish(self)
+        self.style().polish(self)
 
     # -- content ------------------------------------------------------------------------------------
 
