@@ -198,6 +198,25 @@ class BenchHistory:
     request_id: str
 
 
+@message("start_server")
+@dataclass
+class StartServer:
+    """Serve the loaded model over HTTP, as `flashdesk serve` does (OpenAI-compatible API); answered by
+    ServerState. HTTP requests take turns with the app's own generations. Any `host` but a loopback
+    address needs `api_key`; port 0 takes a free port. Load and Unload stop the server first."""
+
+    host: str = "127.0.0.1"
+    port: int = 8719
+    api_key: str | None = None
+
+
+@message("stop_server")
+@dataclass
+class StopServer:
+    """Stop serving: queued HTTP requests get a 503, a running one stops after its step; answered by
+    ServerState(running=False)."""
+
+
 @message("unload")
 @dataclass
 class Unload:
@@ -419,6 +438,44 @@ class BenchRuns:
 
     request_id: str
     runs: list[dict] = field(default_factory=list)
+
+
+@message("server_state")
+@dataclass
+class ServerState:
+    """Whether the HTTP server runs: `url` (e.g. http://127.0.0.1:8719; the API is under /v1) and the
+    `model` name it serves, or why it could not start (`error`)."""
+
+    running: bool
+    url: str = ""
+    error: str = ""
+    model: str = ""
+    host: str = ""
+    port: int = 0
+    api_key_required: bool = False
+
+
+@message("server_traffic")
+@dataclass
+class ServerTraffic:
+    """One chat completion the HTTP server ran (or refused once queued), when it ended.
+
+    `status` as HTTP says it: 200, 400 (refused: the context), 499 (the client went away and its
+    generation was stopped), 500 (the engine failed), 503 (the server stopped first)."""
+
+    request_id: str
+    status: int
+    reason: str  # "stop", "length", "context", "cancelled", "refused", "failed"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, reused from the previous request
+    completion_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tau: float | None = None  # mean acceptance length; None when nothing was drafted
+    seconds: float = 0.0  # from arrival to the end, the wait for the engine included
+    tokens_per_second: float = 0.0  # decode speed
+    stream: bool = False
+    message: str = ""  # why, when it was not a 200
 
 
 @message("error")

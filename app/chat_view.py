@@ -100,7 +100,7 @@ class ChatView(QScrollArea):
         self._scroll_to_hit()
         QTimer.singleShot(0, self._scroll_to_hit)  # again once the new messages are laid out
         widget.set_marked(True)
-        QTimer.singleShot(HIT_MARK_MS, lambda: self._unmark(message_id))
+        QTimer.singleShot(HIT_MARK_MS, self, lambda: self._unmark(message_id))  # not after the view is gone
         return True
 
     def _unmark(self, message_id: int) -> None:

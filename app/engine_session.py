@@ -37,6 +37,8 @@ class EngineSession(QObject):
     bench_result = Signal(object)  # protocol.BenchResult
     bench_runs = Signal(object)  # protocol.BenchRuns
     error = Signal(object)  # protocol.Error
+    server_state = Signal(object)  # protocol.ServerState (the HTTP server on the loaded engine)
+    server_traffic = Signal(object)  # protocol.ServerTraffic (one per HTTP chat completion)
     died = Signal(str)
 
     def __init__(self, parent: QObject | None = None, env: dict[str, str] | None = None):
@@ -190,6 +192,7 @@ class EngineSession(QObject):
                   p.PullCancelled: self.pull_cancelled, p.Started: self.started, p.Finished: self.finished,
                   p.TokenCount: self.token_count, p.BenchProgress: self.bench_progress,
                   p.BenchResult: self.bench_result, p.BenchRuns: self.bench_runs,
+                  p.ServerState: self.server_state, p.ServerTraffic: self.server_traffic,
                   p.Error: self.error}.get(type(msg))
         if signal is not None:
             signal.emit(msg)

@@ -3,6 +3,10 @@ telemetry on the right; the model setup page before a model is chosen.
 
 This module wires the parts together (store, engine session, chat controller, panels, menus and
 shortcuts); each part does its own job in its own module.
+
+The chat's engine is the local worker or a server (vLLM, SGLang, another FlashDesk) connected from
+the setup page; the choice is remembered. A switch leaves nothing of the other engine on screen:
+its status texts, its draft-length control, this computer's GPU shown as the engine's.
 """
 
 from __future__ import annotations
@@ -19,15 +23,20 @@ from flashdesk import protocol as p
 from flashdesk.app import export, paths
 from flashdesk.app.banner import Banner
 from flashdesk.app.chat_controller import ChatController
+from flashdesk.app.chat_engine import ChatEngine
 from flashdesk.app.chat_view import ChatView
 from flashdesk.app.composer import Composer
 from flashdesk.app.context_gauge import ContextGauge, context_full_text, refused_text
 from flashdesk.app.conversation_list import ConversationList
-from flashdesk.app.engine_session import DEAD, IDLE, LOADING, READY, STARTING, EngineSession
+from flashdesk.app.engine_session import DEAD, IDLE, LOADING, READY, STARTING, STOPPED, EngineSession
+from flashdesk.app.openai_client import server_address
+from flashdesk.app.remote_session import RemoteSession, ServerReading
 from flashdesk.app.reply import context_filled
+from flashdesk.app.server_metrics import SERVER_NAMES
 from flashdesk.app.settings_dialog import DROP_OLDEST, STOP, ConversationSettings
 from flashdesk.app.bench_page import BenchPage
 from flashdesk.app.setup_page import SetupPage
+from flashdesk.app.server_panel import ServerPanel
 from flashdesk.app.spec_panel import SpecPanel
 from flashdesk.app.store import Store
 from flashdesk.app.telemetry import TelemetrySampler
@@ -44,7 +53,7 @@ NEW_LIKE = "New conversation with the same system prompt"
 
 class MainWindow(QMainWindow):
     def __init__(self, store: Store, session: EngineSession | None = None,
-                 sampler: TelemetrySampler | None = None):
+                 sampler: TelemetrySampler | None = None, remote: RemoteSession | None = None):
         super().__init__()
         self.setObjectName("flashdeskMainWindow")
         self.store = store
@@ -54,8 +63,11 @@ class MainWindow(QMainWindow):
         self._load_after_download = False  # the recommended pair's one click: load once downloaded
         self.session = session or EngineSession(self)
         self.session.setParent(self)
+        self.remote = remote or RemoteSession(self)
+        self.remote.setParent(self)
+        self.engine = ChatEngine(self.session, self.remote, self)  # what the chat talks to: one of the two
         self.sampler = sampler or TelemetrySampler(parent=self)
-        self.controller = ChatController(store, self.session, self.sampler.nvml.energy_mj, self)
+        self.controller = ChatController(store, self.engine, self.sampler.nvml.energy_mj, self)
         self.gauge = ContextGauge(self.session, self.controller.prompt_messages, self.controller.sampling, self)
         self._build()
         self._connect()
@@ -79,8 +91,14 @@ class MainWindow(QMainWindow):
             self.notice_box.setModal(False)
             QTimer.singleShot(0, self.notice_box.show)
         model = store.setting("model")
+        server = store.setting("remote")
         if model and model.get("target"):
             self.setup.set_selection(model)
+        if server:
+            self.setup.set_server_selection(server)
+        if server and store.setting("engine") == "remote":
+            self.connect_server(server)
+        elif model and model.get("target"):
             self.show_chat()
             self.session.load(model)
         else:
@@ -128,11 +146,13 @@ class MainWindow(QMainWindow):
 
         self.spec = SpecPanel()
         self.telemetry = TelemetryPanel()
+        self.server_panel = ServerPanel(self.session)  # serves the local engine to other programs
         side = QWidget()
         side_layout = QVBoxLayout(side)
         side_layout.setContentsMargins(4, 8, 10, 8)
         side_layout.addWidget(self.spec)
         side_layout.addWidget(self.telemetry)
+        side_layout.addWidget(self.server_panel)
         side_layout.addStretch(1)
         self.side = QScrollArea()
         self.side.setObjectName("sidePanel")
@@ -226,6 +246,15 @@ class MainWindow(QMainWindow):
         self.setup.recommended_requested.connect(self.start_recommended)
         s.surveyed.connect(lambda msg: self.setup.show_survey(asdict(msg)))
         self.setup.cancel_requested.connect(self.show_chat)
+        self.setup.server_check_requested.connect(self.check_server)
+        self.setup.server_connect_requested.connect(self.connect_server)
+        self.setup.local_requested.connect(self.use_local_engine)
+        r = self.remote
+        r.state_changed.connect(self._remote_state)
+        r.connected.connect(self._remote_connected)
+        r.checked.connect(self.setup.show_server_check)
+        r.error.connect(self._remote_error)
+        r.server_metrics.connect(self._server_reading)
         self.bench.back_requested.connect(self.show_chat)
         self.bench.use_draft_length.connect(self.use_draft_length)
 
@@ -270,7 +299,7 @@ class MainWindow(QMainWindow):
     # -- pages and titles ------------------------------------------------------------------------------
 
     def show_setup(self) -> None:
-        self.setup.set_can_go_back(self.session.state in (READY, LOADING))
+        self.setup.set_can_go_back(self.engine.state in (READY, LOADING))
         self.session.survey(str(paths.demo_dir()))  # the recommended pair's fit, the models on disk
         self.pages.setCurrentIndex(0)
         self.setWindowTitle(APP_NAME)
@@ -338,9 +367,121 @@ class MainWindow(QMainWindow):
         if not sel["target"]:
             self.setup.show_error("Choose the model folder first.")
             return
+        if self.engine.is_remote:
+            self._leave_server()
         self.store.set_setting("model", sel)
         self.session.load(sel)
         self.show_chat()
+
+    # -- a server as the engine ------------------------------------------------------------------------------
+
+    def check_server(self, sel: dict) -> None:
+        self.setup.show_server_busy(f"Checking {sel['base_url'] or 'the address'}…")
+        self.remote.check(sel["base_url"], sel.get("api_key"))
+
+    def connect_server(self, sel: dict) -> None:
+        """Chat with a server from now on (remembered for the next start). A reply streaming from the
+        engine before is kept as stopped; the local model is unloaded to free its memory."""
+        try:
+            server_address(sel.get("base_url") or "")
+        except ValueError as exc:  # nothing to connect to: the engine stays as it is
+            self.setup.show_server_error(str(exc))
+            return
+        self.controller.close()
+        self.store.set_setting("remote", sel)
+        self.store.set_setting("engine", "remote")
+        self.engine.use(self.remote)
+        if self.session.state in (READY, LOADING):
+            self.session.unload()
+        self.load_bar.hide()
+        self.setup.set_busy(None)
+        if not self.downloading:  # a local load's words would be stale
+            self.setup.status.clear()
+        for banner in (self.demo_banner, self.crash_banner, self.context_banner):
+            banner.hide()
+        self.composer.set_gauge(None)
+        self.model_label.setText("")
+        self.model_label.setToolTip("")
+        self.bench.set_model(None)
+        self.setup.show_server_busy(f"Connecting to {sel['base_url']}…")
+        self.remote.connect_server(sel)
+        if self.remote.host:
+            self.telemetry.set_remote(self.remote.host)
+        self.show_chat()
+
+    def use_local_engine(self) -> None:
+        """Back from a server to the local engine: the model last loaded here loads again."""
+        self._leave_server()
+        model = self.store.setting("model")
+        if model and model.get("target"):
+            self.session.load(model)
+            self.show_chat()
+        else:
+            self.show_setup()
+
+    def _leave_server(self) -> None:
+        """The local engine is the chat's again; nothing of the server stays on screen."""
+        self.controller.close()
+        self.remote.disconnect_server()
+        self.engine.use(self.session)
+        self.store.set_setting("engine", "local")
+        self.setup.set_connected(None)
+        self.spec.set_remote(None)
+        self.spec.set_block_size(None)
+        self.telemetry.set_remote(None)
+        self.crash_banner.hide()
+        self.model_label.setText("")
+        self.model_label.setToolTip("")
+        self._engine_state(self.session.state)
+
+    def _remote_state(self, state: str) -> None:
+        if not self.engine.is_remote:
+            return
+        where = (self.remote.settings or {}).get("base_url", "the server")
+        if state == LOADING:
+            self.engine_label.setText(f"Connecting to {where}…")
+            self.composer.set_can_send(False, f"Connecting to {where}…")
+        elif state == STOPPED:
+            self.engine_label.setText(f"Not connected to {where}: File → Model setup → Connect to a server.")
+            self.composer.set_can_send(False, "Not connected to the server (File → Model setup)")
+
+    def _remote_connected(self, info: p.Loaded) -> None:
+        if not self.engine.is_remote:
+            return
+        r = self.remote
+        context = f" · context {info.context_limit:,} tokens" if info.context_limit else ""
+        self.model_label.setText(f"{info.name} · {info.device_name}")
+        self.model_label.setToolTip(f"{info.target}\n{info.name}, served by {info.device_name}{context}")
+        self.engine_label.setText(f"Connected: {info.name} on {info.device_name}{context}")
+        name = SERVER_NAMES.get(r.server, "the server")
+        if r.speculates:
+            source = f"Figures from {name}'s /metrics: all its requests, not only yours."
+        elif r.has_metrics:
+            source = f"The /metrics of {name} has no speculation figures: n/a."
+        else:
+            source = "This server publishes no /metrics: speculation figures are n/a."
+        self.spec.set_remote(name, r.speculates, source)
+        self.telemetry.set_remote(r.host)
+        self.setup.set_connected(f"Connected to {info.device_name}: chatting with {info.name}.")
+        self.crash_banner.hide()
+        self.composer.set_can_send(True)
+
+    def _remote_error(self, err: p.Error) -> None:
+        if err.during == "connect":
+            self.setup.show_server_error(err.message)
+            if self.engine.is_remote:
+                self.engine_label.setText(f"Not connected: {err.message}")
+                self.crash_banner.show_text(f"<b>Not connected.</b> {err.message}", "Connect again", "error")
+                self.crash_banner.close_button.setVisible(True)
+            return
+        if self.engine.is_remote:
+            self.crash_banner.show_text(f"<b>Server error.</b> {err.message} Your conversation is kept.", None,
+                                        "error")
+            self.crash_banner.close_button.setVisible(True)
+
+    def _server_reading(self, reading: ServerReading) -> None:
+        if self.engine.is_remote:
+            self.telemetry.set_server_rate(reading.tokens_per_second, reading.error)
 
     def start_recommended(self, sel: dict) -> None:
         """One click: download what of the recommended pair is missing (a complete file is only
@@ -415,6 +556,8 @@ class MainWindow(QMainWindow):
         self.load_model(sel)
 
     def _load_progress(self, msg: p.LoadProgress) -> None:
+        if self.engine.is_remote:
+            return
         self.engine_label.setText(f"Loading: {msg.text}")
         self.setup.set_busy(msg.text, msg.fraction)
         self.load_bar.setVisible(msg.fraction < 1)
@@ -425,6 +568,9 @@ class MainWindow(QMainWindow):
             self.load_bar.setValue(int(msg.fraction * 100))
 
     def _loaded(self, info: p.Loaded) -> None:
+        if self.engine.is_remote:  # a load asked before the server was chosen: free its memory again
+            self.session.unload()
+            return
         self.setup.set_busy(None)
         self.load_bar.hide()
         demo = bool((self.session.load_settings or {}).get("demo"))
@@ -447,10 +593,12 @@ class MainWindow(QMainWindow):
         self.composer.set_can_send(True)
 
     def _engine_state(self, state: str) -> None:
+        if self.engine.is_remote:
+            return  # the local worker's states are not the chat's engine's
         idle = ("No model loaded: Engine → Restart engine loads it again, File → Model setup picks another."
                 if self.session.load_settings else "No model loaded yet: pick one on the setup page, or try the demo.")
         texts = {STARTING: "Starting the engine…", LOADING: "Loading the model…", DEAD: "The engine stopped.",
-                 IDLE: idle}
+                 IDLE: idle, STOPPED: idle}
         if state in texts:
             self.engine_label.setText(texts[state])
         if state != READY:
@@ -469,6 +617,8 @@ class MainWindow(QMainWindow):
         if err.during == "inspect" and "models pull" in err.message and self.setup.hub_ids():
             self.setup.show_error(f"{title}: {err.message}. Or press Download to download it from here.")
             return
+        if self.engine.is_remote and err.during in ("load", "generate", "request"):
+            return  # the local engine is not the chat's now
         if err.during in ("load", "inspect", "demo", "startup"):
             self.load_bar.hide()
             self.engine_label.setText(f"{title}: {err.message}")
@@ -497,6 +647,8 @@ class MainWindow(QMainWindow):
             self._load_after_download = False
             self.setup.show_error(f"The engine stopped during the download: {reason} Download again to continue "
                                   "where it stopped.")
+        if self.engine.is_remote:
+            return
         self.crash_banner.show_text(f"<b>The engine stopped.</b> {reason} Your conversation is kept, up to the last "
                                     "token received.", "Restart engine", "error")
         self.crash_banner.close_button.setVisible(False)
@@ -504,6 +656,14 @@ class MainWindow(QMainWindow):
     def _send_blocked(self, why: str) -> None:
         """Enter with a message while the engine cannot take it: say so; offer the restart when the
         engine stopped or has no model (the message stays in the box)."""
+        if self.engine.is_remote:
+            if self.remote.state == STOPPED:
+                self.crash_banner.show_text(f"<b>{why}</b> Your message is kept in the box: connect again, then "
+                                            "press Enter again.", "Connect again", "error")
+                self.crash_banner.close_button.setVisible(True)
+            else:
+                self.engine_label.setText(f"{why} Your message is kept: press Enter again once connected.")
+            return
         state = self.session.state
         if state in (DEAD, IDLE) and (self.session.load_settings or state == DEAD):
             self.crash_banner.show_text(f"<b>{why or 'The engine is not running.'}</b> Your message is kept in "
@@ -516,8 +676,12 @@ class MainWindow(QMainWindow):
             self.engine_label.setText(f"{why or 'No model loaded.'} Your message is kept in the box.")
 
     def restart_engine(self) -> None:
+        """Engine → Restart: a new worker, or a new connection to the server."""
         self.crash_banner.hide()
-        self.session.restart()
+        if self.engine.is_remote:
+            self.remote.reconnect()
+        else:
+            self.session.restart()
 
     # -- chat ----------------------------------------------------------------------------------------------
 
@@ -614,7 +778,8 @@ class MainWindow(QMainWindow):
             widget.set_context(stats)
         self.telemetry.set_live(reply.live_tokens_per_second())
         self.telemetry.show_reply(stats)
-        self.spec.show_stats(reply.spec, "This reply, live.")
+        self.spec.show_stats(reply.spec, "This reply, live." if not self.engine.is_remote else
+                             "This reply, live (the server's figures since it began).")
 
     def _reply_ended(self, message) -> None:
         widget = self.chat.widget(message.id)
@@ -625,7 +790,7 @@ class MainWindow(QMainWindow):
         self.gauge.refresh()
         conv = self.controller.conversation
         if context_filled(message.stats) and conv is not None and message.conversation_id == conv.id:
-            limit = self.session.info.context_limit if self.session.info else None
+            limit = self.engine.info.context_limit if self.engine.info else None
             self.context_banner.show_choice(context_full_text(limit), (DROP_AND_CONTINUE, self._continue),
                                             (NEW_LIKE, self._new_like))
 
@@ -633,9 +798,9 @@ class MainWindow(QMainWindow):
         if self.controller.conversation is None:
             self.controller.new_conversation()
         conv = self.controller.conversation
-        info = self.session.info
+        info = self.engine.info
         dialog = ConversationSettings(conv.title, conv.system_prompt, self.controller.sampling(), self,
-                                      info.context_limit if info else None)
+                                      info.context_limit or None if info else None)
         dialog.accepted.connect(lambda: self.controller.update_settings(*dialog.result_values()))
         dialog.open()
         self.settings_dialog = dialog
@@ -647,7 +812,11 @@ class MainWindow(QMainWindow):
         self.store.set_setting("side_panel", shown)
 
     def use_draft_length(self, length: int | str) -> None:
-        """The Benchmark page's "Use the best": speculation on at that draft length (or auto)."""
+        """The Benchmark page's "Use the best": speculation on at that draft length (or auto); kept for the
+        local engine while a server (which decides its own) is the chat's."""
+        if self.engine.is_remote:
+            self._speculation_changed(True, length)
+            return
         self.spec.set_block_size(self.spec.block_size, True, length)
         self._speculation_changed(*self.spec.values())
 
@@ -694,6 +863,7 @@ class MainWindow(QMainWindow):
             self.chat.refresh_style()
             self.spec.apply_theme()
             self.telemetry.apply_theme()
+            self.server_panel.apply_theme()
             self.composer.apply_theme()
             self.bench.apply_theme()
             for banner in (self.demo_banner, self.crash_banner, self.notice_banner, self.context_banner):
@@ -703,6 +873,7 @@ class MainWindow(QMainWindow):
         """Keep the reply as it stands, stop sampling, end the engine process. Idempotent."""
         self.controller.close()
         self.sampler.stop()
+        self.remote.shutdown()
         self.session.shutdown()
 
     def closeEvent(self, event) -> None:  # noqa: N802

@@ -5,6 +5,11 @@ never imports torch. A model can be named by folder or by Hugging Face id. An id
 the local Hub cache yet is downloaded by the engine process too (Download): the page shows the
 bytes on disk out of the model's total and the file in flight, and Cancel stops the download
 with the partial weights kept, so that the next Download continues them.
+
+Below, "Connect to a server": instead of a local model, a vLLM or SGLang server (for more than one
+card, or several users) or another FlashDesk (`flashdesk serve`), at an OpenAI-compatible address.
+Check lists the models it serves and says whether its /metrics has speculation figures; Connect
+makes it the chat's engine; "Use the local engine" goes back.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ class SetupPage(QWidget):
     download_requested = Signal(list)  # the Hub ids of the Model and Drafter fields to download
     download_cancel_requested = Signal()
     recommended_requested = Signal(dict)  # the load settings of the recommended pair (download first if needed)
+    server_check_requested = Signal(dict)  # {"base_url", "api_key"}
+    server_connect_requested = Signal(dict)  # {"base_url", "api_key", "model"}
+    local_requested = Signal()  # back from a server to the local engine
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -157,6 +165,8 @@ class SetupPage(QWidget):
         demo_layout.addWidget(self.demo_text, 1)
         demo_layout.addWidget(self.demo_button, 0, Qt.AlignmentFlag.AlignVCenter)
 
+        server = self._server_box()
+
         column = QVBoxLayout()
         column.addWidget(title)
         column.addWidget(recommended)
@@ -167,6 +177,7 @@ class SetupPage(QWidget):
         column.addWidget(self.progress)
         column.addWidget(self.plan, 1)
         column.addWidget(demo)
+        column.addWidget(server)
         frame = QFrame()
         frame.setMaximumWidth(860)
         frame.setLayout(column)
@@ -188,6 +199,101 @@ class SetupPage(QWidget):
         for signal in (self.target.textChanged, self.draft.textChanged, self.device.currentIndexChanged,
                        self.context.valueChanged, self.kv_dtype.currentIndexChanged):
             signal.connect(self.clear_check)
+
+    def _server_box(self) -> QGroupBox:
+        box = QGroupBox("Connect to a server")
+        box.setObjectName("serverBox")
+        text = QLabel("Outgrown one card? Run Gemma 4 with DFlash on vLLM or SGLang (or another FlashDesk with "
+                      "<code>flashdesk serve</code>) and chat with it from here: any OpenAI-compatible address.")
+        text.setWordWrap(True)
+        self.server_url = QLineEdit()
+        self.server_url.setObjectName("serverUrl")
+        self.server_url.setPlaceholderText("http://127.0.0.1:8000/v1 (vLLM), …:30000/v1 (SGLang), "
+                                           "…:8719/v1 (FlashDesk)")
+        self.server_key = QLineEdit()
+        self.server_key.setObjectName("serverKey")
+        self.server_key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.server_key.setPlaceholderText("API key, if the server asks for one")
+        self.server_key.setToolTip("Sent as a bearer token. FlashDesk keeps it in its local database on this "
+                                   "computer (in plain text), to connect again at the next start.")
+        self.server_model = QComboBox()
+        self.server_model.setObjectName("serverModel")
+        self.server_model.setEditable(True)
+        self.server_model.setToolTip("The model to chat with; Check lists the ones the server serves (empty: "
+                                     "its first)")
+        form = QFormLayout()
+        form.addRow("Address", self.server_url)
+        form.addRow("API key", self.server_key)
+        form.addRow("Model", self.server_model)
+        self.server_check_button = QPushButton("Check")
+        self.server_check_button.setObjectName("serverCheckButton")
+        self.server_check_button.setToolTip("List the server's models and look for speculation figures in its "
+                                            "/metrics")
+        self.server_connect_button = QPushButton("Connect")
+        self.server_connect_button.setObjectName("serverConnectButton")
+        self.local_button = QPushButton("Use the local engine")
+        self.local_button.setObjectName("localEngineButton")
+        self.local_button.setToolTip("Disconnect from the server and load the model last loaded on this computer")
+        self.local_button.hide()
+        row = QHBoxLayout()
+        row.addWidget(self.server_check_button)
+        row.addStretch(1)
+        row.addWidget(self.local_button)
+        row.addWidget(self.server_connect_button)
+        self.server_status = QLabel()
+        self.server_status.setObjectName("serverStatus")
+        self.server_status.setWordWrap(True)
+        self.server_status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout = QVBoxLayout(box)
+        layout.addWidget(text)
+        layout.addLayout(form)
+        layout.addLayout(row)
+        layout.addWidget(self.server_status)
+        self.server_check_button.clicked.connect(lambda: self.server_check_requested.emit(self.server_selection()))
+        self.server_connect_button.clicked.connect(
+            lambda: self.server_connect_requested.emit(self.server_selection()))
+        self.server_url.returnPressed.connect(lambda: self.server_check_requested.emit(self.server_selection()))
+        self.local_button.clicked.connect(self.local_requested)
+        return box
+
+    def server_selection(self) -> dict:
+        return {"base_url": self.server_url.text().strip(), "api_key": self.server_key.text().strip(),
+                "model": self.server_model.currentText().strip()}
+
+    def set_server_selection(self, settings: dict) -> None:
+        self.server_url.setText(settings.get("base_url") or "")
+        self.server_key.setText(settings.get("api_key") or "")
+        self.server_model.setEditText(settings.get("model") or "")
+
+    def show_server_busy(self, text: str) -> None:
+        self.server_status.setStyleSheet("")
+        self.server_status.setText(text)
+
+    def show_server_check(self, check) -> None:
+        """What Check found (remote_session.ServerCheck): the models to pick from, or the error."""
+        if check.error:
+            self.show_server_error(check.error)
+            return
+        chosen = self.server_model.currentText().strip()
+        self.server_model.clear()
+        for model in check.models:
+            limit = check.context.get(model)
+            self.server_model.addItem(model)
+            if limit:
+                self.server_model.setItemData(self.server_model.count() - 1, f"context {limit:,} tokens",
+                                              Qt.ItemDataRole.ToolTipRole)
+        self.server_model.setEditText(chosen if chosen in check.models else (check.models[0] if check.models else ""))
+        self.show_server_busy(check.text)
+
+    def show_server_error(self, text: str) -> None:
+        self.server_status.setStyleSheet(f"color: {theme.colors()['error']};")
+        self.server_status.setText(text)
+
+    def set_connected(self, text: str | None) -> None:
+        """Connected to a server (`text` says which), or not (None): "Use the local engine" shows then."""
+        self.local_button.setVisible(text is not None)
+        if text is not None:
+            self.show_server_busy(text)
 
     def clear_check(self, *_args) -> None:
         """A field changed: the last check and memory plan speak of other settings, so they go."""

@@ -4,6 +4,11 @@ Leads with the mean acceptance length (tokens per target pass, the number that s
 rather than the acceptance rate, which looks poor for long drafts even when they pay off; shows
 per-position acceptance and the histogram of accepted drafts per step; and offers to colour the
 reply by origin (accepted draft token vs target token). Changes apply from the engine's next step.
+
+With a server as the engine, the server's launch decides speculation (vLLM's
+`num_speculative_tokens`, SGLang's `--speculative-num-draft-tokens`): the controls say so and are
+off, and the figures are the server's, from its /metrics (n/a where it publishes none); what a
+server does not tell (drafts per step, which tokens were drafted) is not shown.
 """
 
 from __future__ import annotations
@@ -61,6 +66,10 @@ class SpecPanel(QGroupBox):
         self.rate.setObjectName("rate")
         self.counts = QLabel("n/a")
         self.counts.setObjectName("counts")
+        self.source = QLabel()
+        self.source.setObjectName("specSource")
+        self.source.setWordWrap(True)
+        self.source.hide()
         self.scope = QLabel("No reply yet.")
         self.scope.setObjectName("muted")
         self.scope.setWordWrap(True)
@@ -87,6 +96,7 @@ class SpecPanel(QGroupBox):
         layout.addWidget(self.tau)
         layout.addWidget(tau_caption)
         layout.addLayout(form)
+        layout.addWidget(self.source)
         layout.addWidget(self.scope)
         layout.addWidget(self.positions)
         layout.addWidget(self.histogram)
@@ -103,7 +113,7 @@ class SpecPanel(QGroupBox):
         c = theme.colors()
         self.legend.setText(f'<span style="background-color:{c["draft_bg"]}; color:{c["draft_fg"]};">'
                             f'&nbsp;accepted draft&nbsp;</span> &nbsp;plain: chosen by the model')
-        self.setStyleSheet(f"QLabel#muted {{ color: {c['muted']}; }}")
+        self.setStyleSheet(f"QLabel#muted, QLabel#specSource {{ color: {c['muted']}; }}")
         for plot in (self.positions, self.histogram):
             plot.apply_theme()
 
@@ -125,6 +135,28 @@ class SpecPanel(QGroupBox):
             self.length_note.setText("no drafter loaded")
         self.enabled.setEnabled(has)
         self.length.setEnabled(has)
+        for w in (self.enabled, self.length):
+            w.blockSignals(False)
+
+    def set_remote(self, server: str | None, speculates: bool = False, source: str = "") -> None:
+        """A server (its name) is the engine: its launch decides speculation, so the controls are off and
+        say so; `source` says where the figures come from. None: back to the local engine (then
+        set_block_size sets the controls up again)."""
+        for w in (self.enabled, self.length):
+            w.blockSignals(True)
+        remote = server is not None
+        for w in (self.length, self.histogram, self.colour, self.legend):  # a server gives no per-step drafts
+            w.setVisible(not remote)
+        self.source.setVisible(remote)
+        self.source.setText(source)
+        if remote:
+            self.enabled.setChecked(speculates)
+            self.enabled.setEnabled(False)
+            self.length.setEnabled(False)
+            self.length_note.setText(f"set by {server}")
+            self.length_note.setToolTip("The server's launch sets speculation and the draft length: vLLM's "
+                                        "num_speculative_tokens in --speculative-config, SGLang's "
+                                        "--speculative-num-draft-tokens")
         for w in (self.enabled, self.length):
             w.blockSignals(False)
 

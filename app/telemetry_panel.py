@@ -5,6 +5,10 @@ Every value is "n/a" on its own when it is unknown (the driver lacks it, nothing
 one missing reading never hides the others. Without an NVIDIA GPU the panel says so in one line
 (the driver's own words on hover) and shows the worker's RAM instead of VRAM and power. The plots
 leave a gap for the time the engine was not running.
+
+With a server as the engine, its GPU is not this computer's: the GPU rows and the power plot say
+the GPU is remote instead of showing this computer's card as if it were the engine's, and a row
+shows the server's own output tokens per second (all its requests, from its /metrics).
 """
 
 from __future__ import annotations
@@ -21,6 +25,13 @@ NA = "n/a"
 GIB = 1024 ** 3
 HISTORY_S = 60.0
 NO_GPU_TEXT = "No NVIDIA GPU found: GPU readouts are off."
+GPU_ROWS = ("gpu_name", "vram", "worker_vram", "power", "util", "temp", "clocks")
+REMOTE_PLOT_TITLE = "Power: n/a, the engine's GPU is remote"
+
+
+def remote_text(host: str) -> str:
+    return (f"The engine runs on the server at {host}: its GPU is not measured from here (no VRAM, power or "
+            "clocks). The RAM below is this computer's.")
 
 
 def gib(n: int | None) -> str:
@@ -45,6 +56,8 @@ class TelemetryPanel(QWidget):
         self.live_tps: float | None = None
         self.history: deque[tuple[float, float | None, float | None]] = deque()  # time, tok/s, second plot
         self.gpu_mode: bool | None = None
+        self.gpu_problem: str | None = None
+        self.remote_host: str | None = None  # the server's host:port while a server is the engine
 
         speed = QGroupBox("Speed")
         form = QFormLayout(speed)
@@ -53,6 +66,11 @@ class TelemetryPanel(QWidget):
         self._row(form, "ttft", "First token")
         self._row(form, "prefill", "Prefill")
         self._row(form, "energy", "Energy (reply)")
+        self._row(form, "tps_server", "Server output")
+        self.values["tps_server"].setToolTip("Tokens per second the server made for all its requests, "
+                                             "from its /metrics")
+        form.setRowVisible(self.values["tps_server"], False)
+        self.speed_form = form
 
         self.hardware = QGroupBox("GPU")
         hw = QFormLayout(self.hardware)
@@ -107,7 +125,9 @@ class TelemetryPanel(QWidget):
     # -- readings -----------------------------------------------------------------------------------
 
     def set_gpu_available(self, available: bool, problem: str | None) -> None:
-        self.gpu_mode = available
+        self.gpu_mode, self.gpu_problem = available, problem
+        if self.remote_host is not None:
+            return  # set_remote(None) shows this computer's GPU again
         if available:
             self.hardware.setTitle("GPU")
             self.notice.hide()
@@ -118,12 +138,40 @@ class TelemetryPanel(QWidget):
             self.notice.setToolTip(problem or "")
             self.notice.show()
             self.second_plot.title = "Engine RAM (GiB), last minute"
-        for key in ("gpu_name", "vram", "worker_vram", "power", "util", "temp", "clocks"):
+        for key in GPU_ROWS:
             self._set_row_visible(key, available)
+        self._set_row_visible("worker_ram", True)
         self.second_plot.apply_theme()
 
+    def set_remote(self, host: str | None) -> None:
+        """A server at `host` is the engine (None: the local engine again)."""
+        self.remote_host = host
+        self.speed_form.setRowVisible(self.values["tps_server"], host is not None)
+        self.history.clear()
+        if host is None:
+            self.set_gpu_available(bool(self.gpu_mode), self.gpu_problem)
+            return
+        self.hardware.setTitle("GPU (remote)")
+        self.notice.setText(remote_text(host))
+        self.notice.setToolTip("")
+        self.notice.show()
+        for key in (*GPU_ROWS, "worker_ram"):
+            self._set_row_visible(key, False)
+            self.values[key].setText(NA)
+        self.second_plot.title = REMOTE_PLOT_TITLE
+        self.second_plot.apply_theme()
+        self.set_server_rate(None, None)
+
+    def set_server_rate(self, tps: float | None, problem: str | None) -> None:
+        """The server's output tokens per second (all its requests), or why there is none."""
+        if tps is not None:
+            text = f"{tps:.1f} tok/s (all requests)"
+        else:
+            text = f"{NA} ({problem})" if problem else NA
+        self.values["tps_server"].setText(text)
+
     def on_sample(self, sample: Sample) -> None:
-        gpu = sample.gpu
+        gpu = sample.gpu if self.remote_host is None else None  # a remote engine's GPU is not this one
         if gpu is not None:
             v = self.values
             v["gpu_name"].setText(gpu.name or NA)
@@ -147,7 +195,10 @@ class TelemetryPanel(QWidget):
         self._plot(sample.time)
 
     def _plotted(self, sample: Sample) -> tuple[float | None, float | None]:
-        """(tok/s, power or engine RAM) to plot; None, a gap, while the engine was not running."""
+        """(tok/s, power or engine RAM) to plot; None, a gap, while the engine was not running. A server's
+        power is not known here: its plot stays empty."""
+        if self.remote_host is not None:
+            return self.live_tps or 0.0, None
         if not sample.worker_running:
             return None, None
         gpu = sample.gpu

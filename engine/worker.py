@@ -14,6 +14,12 @@ answers TokenCount(tokens=-1, context_limit=0), and it answers -1 when the count
 gauge is informative only. Everything else is queued in order. End of input (the app went away)
 stops the worker. The message types live in `flashdesk.protocol`.
 
+StartServer serves the loaded engine over HTTP (engine/serve/, as `flashdesk serve`): uvicorn runs
+on a thread of its own, and each HTTP chat job is put on this same request queue, so HTTP requests
+and the app's generations take turns on the main thread. StopServer acts at once from the reader
+(queued jobs get a 503, a running one stops after its step) and again in turn, so a StartServer sent
+before it cannot outlive it; Load, Unload and Shutdown stop the server first.
+
 A Generate fits the conversation into the context first (engine/decode/conversation.py): under the
 "drop_oldest" policy the oldest turns are left out of the prompt (Started.dropped_messages says how
 many), under "stop" the turn is refused with a ContextOverflowError (an Error of kind bad_input);
@@ -143,6 +149,7 @@ class Worker:
         self.pull_cancels: set[str] = set()  # repo ids whose download was cancelled (running or queued)
         self._counter = None  # (engine, a tokenizer of its own) for CountTokens on the reader thread
         self.folders: tuple[Path, Path | None] | None = None  # the loaded target's and drafter's folders
+        self.serving = None  # the HTTP server on the loaded engine (engine/serve/server.py Serving), when on
 
     # -- I/O ------------------------------------------------------------------------------------
 
@@ -170,6 +177,10 @@ class Worker:
                 self.set_speculation(msg)
             elif isinstance(msg, p.CountTokens):
                 self.count_tokens(msg)
+            elif isinstance(msg, p.StopServer):  # at once (it may be queued behind replies), and again in
+                # turn, after any StartServer sent before it
+                threading.Thread(target=self.stop_server, args=(True,), name="stop-server", daemon=True).start()
+                self.requests.put(msg)
             elif isinstance(msg, p.CancelPull):
                 with self.state_lock:
                     if msg.repo_id.strip() in self.pulls:  # running or queued; otherwise nothing to stop
@@ -222,13 +233,18 @@ class Worker:
     def run(self) -> int:
         import torch
 
+        from flashdesk.engine.serve.runner import Job
+
         self.send(p.Ready(pid=os.getpid(), torch=torch.__version__, cuda=bool(torch.cuda.is_available())))
         handlers = {p.Load: self.load, p.Generate: self.generate, p.Inspect: self.inspect,
                     p.CreateDemo: self.create_demo, p.Unload: self.unload, p.Pull: self.pull,
-                    p.Bench: self.bench, p.BenchHistory: self.bench_history, p.Survey: self.survey}
+                    p.Bench: self.bench, p.BenchHistory: self.bench_history, p.Survey: self.survey,
+                    p.StartServer: self.start_server, p.StopServer: lambda msg: self.stop_server(),
+                    Job: self.http_job}
         while True:
             msg = self.requests.get()
             if isinstance(msg, p.Shutdown):
+                self.stop_server()
                 return 0
             handler = handlers.get(type(msg))
             if handler is None:
@@ -368,6 +384,7 @@ class Worker:
         self.send(p.Pulled(repo_id, str(entry.path), entry.size))
 
     def unload(self, msg: p.Unload) -> None:
+        self.stop_server()
         self._set_engine(None)
         self._free()
         self.send(p.Unloaded())
@@ -378,6 +395,7 @@ class Worker:
         from flashdesk.engine.errors import FlashDeskError
         from flashdesk.engine.decode.generation import Engine
 
+        self.stop_server()
         self._set_engine(None)
         self._free()
         started = time.perf_counter()
@@ -474,86 +492,102 @@ class Worker:
 
         self.send(p.BenchRuns(msg.request_id, kept_runs(paths.bench_dir(), p.BENCH_RUNS_SHOWN)))
 
-    def generate(self, msg: p.Generate) -> None:
-        from flashdesk.engine.decode.conversation import fit_conversation
-        from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest
-        from flashdesk.engine.decode.sampling import SamplingParams
-        from flashdesk.engine.decode.stats import SpecStats, StepRecord
+    # -- the HTTP server (`flashdesk serve` on the loaded engine) -------------------------------------
+
+    def start_server(self, msg: p.StartServer) -> None:
+        """Serve the loaded engine; its HTTP jobs come back through this queue, so they take turns with
+        the app's generations on this thread. Any failure is said in ServerState, not as an Error."""
         from flashdesk.engine.errors import FlashDeskError
+        from flashdesk.engine.serve.auth import check_exposure
+        from flashdesk.engine.serve.server import Serving, served_name
+
+        key = msg.api_key or None
+        try:
+            if self.engine is None or self.folders is None:
+                raise FlashDeskError("load a model first: the server serves the loaded model")
+            check_exposure(msg.host, key)
+            self.stop_server()  # a running one makes way for the new settings
+            target = self.folders[0]
+            serving = Serving(self.engine, self.control, host=msg.host, port=msg.port, api_key=key,
+                              model=served_name(target), sampling_defaults=sampling_defaults(target),
+                              schedule=self.requests.put, on_record=self.send_traffic, step_delay=self.step_delay)
+        except FlashDeskError as exc:
+            self.send(p.ServerState(False, error=str(exc), host=msg.host, port=msg.port, api_key_required=bool(key)))
+            return
+        with self.state_lock:
+            self.serving = serving
+        self.send(p.ServerState(True, serving.url, model=serving.model, host=msg.host, port=serving.thread.port,
+                                api_key_required=bool(key)))
+
+    def stop_server(self, announce: bool = False) -> None:
+        """Stop the server if one runs (any thread); ServerState(running=False) says so, or always with
+        `announce`."""
+        with self.state_lock:
+            serving, self.serving = self.serving, None
+        if serving is not None:
+            serving.stop()
+        if serving is not None or announce:
+            self.send(p.ServerState(False))
+
+    def http_job(self, job) -> None:
+        """An HTTP request's turn on the engine (a job of a server stopped since was already answered)."""
+        with self.state_lock:
+            serving = self.serving
+        if serving is not None:
+            serving.runner.execute(job)
+
+    def send_traffic(self, record) -> None:
+        usage = record.usage
+        self.send(p.ServerTraffic(record.id, record.status, record.reason, usage.prompt_tokens, usage.cached_tokens,
+                                  usage.completion_tokens, usage.drafted, usage.accepted, usage.tau, record.seconds,
+                                  usage.decode_tokens_per_second, record.stream, record.message))
+
+    def generate(self, msg: p.Generate) -> None:
+        from flashdesk.engine.decode.sampling import SamplingParams
+        from flashdesk.engine.errors import FlashDeskError
+        from flashdesk.engine.decode.turn import ChatTurn, TurnEnd
 
         engine = self.engine
         if engine is None:
             raise FlashDeskError("no model is loaded")
         rid = msg.request_id
-        fitted = fit_conversation(engine.tokenizer, msg.messages, thinking=msg.thinking,
-                                  context_limit=engine.context_limit, max_new_tokens=msg.max_tokens,
-                                  policy=msg.context_policy)
-        prompt = fitted.ids
-        request = GenerationRequest(prompt, fitted.max_new_tokens,
-                                    SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed), msg.ignore_eos,
-                                    reuse=msg.reuse)
-        reused = engine.reusable_tokens(prompt) if msg.reuse else 0
-        eos = set() if msg.ignore_eos else engine.eos
-        tracker = OriginTracker(engine.tokenizer, eos)
-        stats = SpecStats()
-        tokens: list[int] = []
-        answer: list[str] = []
-        thought: list[str] = []
-        prefill = 0.0
-        started = time.perf_counter()
+        turn = ChatTurn(engine, msg.messages, SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed),
+                        msg.max_tokens, thinking=msg.thinking, ignore_eos=msg.ignore_eos, policy=msg.context_policy,
+                        reuse=msg.reuse)
+        prompt_tokens = len(turn.prompt)
+        tracker = OriginTracker(engine.tokenizer, set() if msg.ignore_eos else engine.eos)
 
-        def summary(engine_stats: dict | None = None) -> dict:
-            """The reply's statistics: the engine's own when it finished (kernels, CUDA graphs,
-            reuse), else the worker's count of the steps run and the reuse it was told."""
-            return {**stats.summary(), "prompt_tokens": len(prompt), "prefill_seconds": prefill,
-                    "reused_tokens": reused, "prefill_tokens": len(prompt) - reused,
-                    "dropped_messages": fitted.dropped, "max_tokens": fitted.max_new_tokens,
-                    **(engine_stats or {})}
+        def should_stop() -> bool:
+            with self.state_lock:
+                return rid in self.cancels or self.stopping.is_set()
 
         with self.state_lock:
             self.active, self.step = rid, 0
             if rid in self.cancels:  # cancelled while it waited in the queue
                 self.active = None
                 self.cancels.pop(rid)
-                self.send(p.Finished(rid, "cancelled", "", "", [], len(prompt), 0.0, 0.0, {}, -1, None))
+                self.send(p.Finished(rid, "cancelled", "", "", [], prompt_tokens, 0.0, 0.0, {}, -1, None))
                 return
-        self.send(p.Started(rid, len(prompt), reused, fitted.dropped, fitted.max_new_tokens))
-        events = engine.generate(request, self.control)
-        index = 0
+        self.send(p.Started(rid, prompt_tokens, turn.reused, turn.fitted.dropped, turn.fitted.max_new_tokens))
+        steps = turn.run(self.control, should_stop)
         try:
-            for event in events:
-                if isinstance(event, FinishEvent):
-                    reason = fitted.finish_reason(event.finish_reason, len(event.token_ids))
-                    self.send(p.Finished(rid, reason, event.text, event.thought, event.token_ids,
-                                         len(prompt), prefill, time.perf_counter() - started,
-                                         summary(event.stats), index))
+            for item in steps:
+                if isinstance(item, TurnEnd):
+                    cancel_step = self.cancels.get(rid) if item.reason == "cancelled" else None
+                    self.send(p.Finished(rid, item.reason, item.text, item.thought, item.token_ids, prompt_tokens,
+                                         turn.prefill, item.elapsed, item.stats, item.last_step, cancel_step))
                     return
-                index = event.index
-                if index == 0:
-                    prefill = event.seconds
-                else:
-                    stats.add(StepRecord(tuple(event.draft), event.accepted, tuple(event.emitted),
-                                         event.draft_seconds, event.verify_seconds))
-                tokens += event.emitted
-                answer.append(event.answer)
-                thought.append(event.thought)
-                self.send(p.Step(rid, index, list(event.emitted), list(event.draft), event.accepted, event.answer,
-                                 event.thought, tracker.spans(event.emitted, event.accepted, event.answer),
-                                 event.seconds, event.draft_seconds, event.verify_seconds,
-                                 time.perf_counter() - started, stats.summary() if index else None))
+                event = item.event
+                self.send(p.Step(rid, event.index, list(event.emitted), list(event.draft), event.accepted,
+                                 event.answer, event.thought,
+                                 tracker.spans(event.emitted, event.accepted, event.answer), event.seconds,
+                                 event.draft_seconds, event.verify_seconds, item.elapsed, item.stats))
                 with self.state_lock:
-                    self.step = index + 1
+                    self.step = event.index + 1
                 if self.step_delay:
                     time.sleep(self.step_delay)
-                with self.state_lock:
-                    cancelled = rid in self.cancels
-                if cancelled or self.stopping.is_set():
-                    self.send(p.Finished(rid, "cancelled", "".join(answer), "".join(thought), tokens, len(prompt),
-                                         prefill, time.perf_counter() - started, summary(), index,
-                                         self.cancels.get(rid)))
-                    return
         finally:
-            events.close()
+            steps.close()  # the engine settles its cache before the next request
             with self.state_lock:
                 self.active = None
                 self.cancels.pop(rid, None)

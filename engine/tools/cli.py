@@ -1,4 +1,5 @@
-"""`flashdesk generate`, `chat`, `bench`, `doctor` and `models`: the engine from the command line, no Qt involved."""
+"""`flashdesk generate`, `chat`, `bench`, `serve`, `doctor` and `models`: the engine from the command line, no Qt
+involved."""
 
 from __future__ import annotations
 
@@ -76,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="--synthetic: token counts of the prefill-1024 and prefill-8192 steps (shrink on the CPU)")
     bench.add_argument("--repeats", type=int,
                        help="--synthetic: timed repeats per step (default 5 on a GPU, 1 on the CPU)")
+
+    serve = sub.add_parser("serve", help="serve the model to other programs: an OpenAI-compatible API on "
+                           "http://127.0.0.1:8719/v1 (chat completions, streamed; /metrics)")
+    from flashdesk.engine.tools.serve import add_arguments
+
+    add_arguments(serve)
 
     doc = sub.add_parser("doctor", help="check this machine (and a model folder) for FlashDesk")
     doc.add_argument("--model", help="also check this checkpoint folder")
@@ -263,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
             from flashdesk.engine.hub.models import run_models
 
             return run_models(args)
+        if args.command == "serve":  # its address rule comes before the models are looked for
+            from flashdesk.engine.tools.serve import run_serve
+
+            return run_serve(args)
         _resolve_models(args)
         if args.command == "generate":
             return run_generate(args)

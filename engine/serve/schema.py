@@ -1,0 +1,164 @@
+"""The request body of POST /v1/chat/completions, as OpenAI defines it, with the bounds this engine keeps.
+
+Strict types (a number is not a string, a boolean is not 1), the OpenAI ranges (temperature 0..2,
+top_p in (0, 1]), and clear refusals of what the engine cannot do (several choices, log
+probabilities, tools, response formats, penalties) instead of silently ignoring them. Fields this
+server does not know are ignored, as vLLM ignores them, so clients that send vendor extras work.
+Thinking: `reasoning_effort` other than "none", or vLLM's `chat_template_kwargs.enable_thinking`
+(which wins when both are given). `top_k` and `ignore_eos` are vLLM's extensions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+MAX_STOP_STRINGS = 16
+INT64 = 2 ** 63
+
+
+def refuse(param: str, text: str) -> PydanticCustomError:
+    """A validation error that names its field (the request-level checks have no field location)."""
+    return PydanticCustomError("refused", "{text}", {"text": text, "param": param})
+
+
+def _text(content: Any) -> str:
+    """Message content: a string, or a list of text parts (joined as the chat template joins them)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"part {i} is not a text part ({{\"type\": \"text\", \"text\": ...}}; got {kind!r}): "
+                                 "this server takes text only")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ValueError(f"content must be a string or a list of text parts, got {type(content).__name__}")
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _content_as_text(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "content" in data:
+            content = data["content"]
+            if content is None and data.get("role") == "assistant":  # an assistant turn with tool calls only
+                content = ""
+            data = {**data, "content": _text(content)}
+        return data
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    include_usage: bool = False
+
+
+class TemplateOptions(BaseModel):
+    """vLLM's `chat_template_kwargs`: only `enable_thinking` means something to Gemma 4's template here."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    enable_thinking: bool | None = None
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str | None = None  # None: the model this server serves
+    messages: list[Message]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0, le=2)  # None: the model's generation_config
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)  # -1 and 0: off (vLLM takes -1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name; wins over max_tokens
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=-INT64, lt=INT64)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: TemplateOptions | None = None
+    ignore_eos: bool = False
+    n: int = 1
+    logprobs: bool | None = None
+    tools: list | None = None
+    response_format: dict | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict | None = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _some_messages(cls, messages):
+        if isinstance(messages, list) and not messages:
+            raise refuse("messages", "messages is empty: give at least one message, the last one from the user")
+        return messages
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_strings(cls, stop):
+        if stop is None or isinstance(stop, str):
+            return stop
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise refuse("stop", f"stop must be a string or a list of strings, got {stop!r}"[:200])
+        if len(stop) > MAX_STOP_STRINGS:
+            raise refuse("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
+        return stop
+
+    @model_validator(mode="after")
+    def _supported(self) -> "ChatCompletionRequest":
+        refusals = [
+            (self.n != 1, "n", f"only n=1 is supported (one choice per request), got {self.n}"),
+            (bool(self.logprobs), "logprobs", "log probabilities are not supported"),
+            (bool(self.tools), "tools", "tool calls are not supported by this server"),
+            (self.response_format is not None and self.response_format.get("type", "text") != "text",
+             "response_format", "only the text response format is supported"),
+            (bool(self.presence_penalty), "presence_penalty",
+             "presence_penalty is not supported (give 0 or leave it out)"),
+            (bool(self.frequency_penalty), "frequency_penalty",
+             "frequency_penalty is not supported (give 0 or leave it out)"),
+            (bool(self.logit_bias), "logit_bias", "logit_bias is not supported"),
+            (self.stream_options is not None and not self.stream, "stream_options",
+             "stream_options is only allowed with stream: true"),
+        ]
+        for refused, param, text in refusals:
+            if refused:
+                raise refuse(param, text)
+        roles = [m.role for m in self.messages]
+        for i, role in enumerate(roles[1:], start=1):
+            if role in ("system", "developer"):
+                raise refuse(f"messages[{i}].role", f"a {role} message may only come first (Gemma 4's chat "
+                             f"template has one system turn, at the start); messages[{i}] is one")
+        if roles[-1] != "user":
+            raise refuse(f"messages[{len(roles) - 1}].role", f"the last message must be from the user (it is the "
+                         f"{roles[-1]}'s): the model answers the last user message")
+        return self
+
+    @property
+    def thinking(self) -> bool:
+        if self.chat_template_kwargs is not None and self.chat_template_kwargs.enable_thinking is not None:
+            return self.chat_template_kwargs.enable_thinking
+        return self.reasoning_effort not in (None, "none")
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def completion_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def chat_messages(self) -> list[dict]:
+        """The messages as the chat template takes them (developer is the system prompt)."""
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.content} for m in self.messages]
