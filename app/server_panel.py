@@ -133,7 +133,9 @@ class ServerPanel(QGroupBox):
         self.toggle.setEnabled(ready)
         if not ready:
             self.show_state(p.ServerState(False))
-        self.status.setText(self.status.text() if ready else "Load a model to serve it.")
+            self.status.setText("Load a model to serve it.")
+        elif not self.toggle.isChecked():
+            self.status.setText("Not serving.")
 
     def show_state(self, state: p.ServerState) -> None:
         self.toggle.blockSignals(True)

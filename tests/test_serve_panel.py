@@ -71,3 +71,19 @@ def test_other_devices_need_the_key_the_panel_makes(qtbot, loaded) -> None:
     loaded.unload()  # unloading stops the server first
     until(lambda: not panel.url.text(), timeout_ms=30_000)
     assert not panel.toggle.isChecked()
+
+
+def test_a_panel_made_before_the_model_loads_follows_it(qtbot, tmp_path) -> None:
+    from flashdesk.engine.hub.demo import create_demo
+
+    target, drafter = create_demo(tmp_path / "demo")
+    session = EngineSession()
+    panel = ServerPanel(session)
+    qtbot.addWidget(panel)
+    try:
+        assert not panel.toggle.isEnabled() and panel.status.text() == "Load a model to serve it."
+        session.load({"target": str(target), "draft": str(drafter), "device": "cpu", "context": 4096})
+        until(lambda: session.state == "ready", timeout_ms=LOAD_MS)
+        assert panel.toggle.isEnabled() and panel.status.text() == "Not serving."  # not the stale line
+    finally:
+        session.shutdown()
