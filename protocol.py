@@ -52,10 +52,35 @@ def encode(msg: Any) -> str:
     return json.dumps({"type": msg.TYPE, **asdict(msg)}, ensure_ascii=False, separators=(",", ":"))
 
 
+_JSON_TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool, "list": list, "dict": dict,
+               "None": type(None)}
+
+
+def _type_problem(value: Any, annotation: str) -> str | None:
+    """What is wrong with `value` for a field annotated `annotation` ("int | None", "list[dict]"...),
+    or None; only the JSON types are checked (anything else is left to the handler)."""
+    options = [part.strip() for part in annotation.split("|")]
+    names = [option.split("[")[0] for option in options]
+    if any(name not in _JSON_TYPES for name in names):
+        return None
+    for option, name in zip(options, names):
+        if isinstance(value, bool) and name in ("int", "float"):
+            continue  # JSON's true is not a number
+        if isinstance(value, _JSON_TYPES[name]):
+            inner = option[len(name) + 1:-1] if option.endswith("]") else ""
+            if name == "list" and inner in _JSON_TYPES and not all(isinstance(v, _JSON_TYPES[inner]) for v in value):
+                return f"must be a list of {inner}"
+            return None
+    return f"must be {' or '.join(names)}, got {type(value).__name__}"
+
+
 def decode(line: str | bytes) -> Any:
-    """The message a line holds; unknown fields are dropped, missing optional ones defaulted."""
+    """The message a line holds; unknown fields are dropped, missing optional ones defaulted, and a
+    field of the wrong JSON type is refused."""
     try:
         data = json.loads(line)
+    except RecursionError:
+        raise ProtocolError(f"not JSON this worker reads: nested too deeply: {line[:200]!r}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"not JSON: {exc}: {line[:200]!r}") from exc
     if not isinstance(data, dict) or data.get("type") not in _REGISTRY:
@@ -67,6 +92,10 @@ def decode(line: str | bytes) -> Any:
                and f.default is MISSING and f.default_factory is MISSING]
     if missing:
         raise ProtocolError(f"{data['type']} message lacks {', '.join(missing)}")
+    for f in fields(cls):
+        problem = _type_problem(kwargs[f.name], f.type) if f.name in kwargs else None
+        if problem:
+            raise ProtocolError(f"{data['type']} message: {f.name} {problem}")
     return cls(**kwargs)
 
 

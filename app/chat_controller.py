@@ -2,8 +2,11 @@
 
 Why apart from the window: this is the part that must be right when things go wrong (the engine
 dies mid-reply, the user stops, an error comes back) and it is easier to see that when no widget
-code is mixed in. The reply is written to the store every SAVE_INTERVAL_MS while it streams, and at
-once when the engine dies, so what the user saw is what is kept.
+code is mixed in. The reply is written to the store as each batch of steps arrives, before the
+window shows it (one UPDATE a batch: the engines batch steps to 30 a second at most, which WAL mode
+takes easily), and once more when it ends or the engine dies, so a kill of the app or of the engine
+loses none of the text the user saw. A write that fails (a full disk) is said once per reply
+(`notice`) and the reply goes on.
 
 The context: each turn is sent with the conversation's policy for a conversation that outgrew it
 (drop the oldest turns, or stop), and the engine reuses the prompt prefix it already holds from the
@@ -16,11 +19,12 @@ new conversation carrying the system prompt and settings (`new_conversation_like
 
 from __future__ import annotations
 
+import sqlite3
 import time
 import uuid
 from typing import Callable
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QObject, Signal
 
 from flashdesk import protocol as p
 from flashdesk.app.engine_session import EngineSession
@@ -29,7 +33,6 @@ from flashdesk.app.settings_dialog import DROP_OLDEST, sampling_with_defaults
 from flashdesk.app.store import CANCELLED, COMPLETE, FAILED, INTERRUPTED, STREAMING, Conversation, Store
 from flashdesk.app.titles import title_from
 
-SAVE_INTERVAL_MS = 400  # under the half second the store promises
 NEW_TITLE = "New conversation"
 CONTINUE_TEXT = "Continue."  # the follow-up that asks a reply cut off by the full context to go on
 
@@ -56,9 +59,7 @@ class ChatController(QObject):
         self.conversation: Conversation | None = None
         self.reply: Reply | None = None
         self.reuse = True  # Generate.reuse: off only to measure what the prefix reuse saves
-        self._save = QTimer(self)
-        self._save.setInterval(SAVE_INTERVAL_MS)
-        self._save.timeout.connect(self.save_reply)
+        self._unsaved_said = False  # a failed write of this reply was told (once a reply)
         session.started.connect(self._started)
         session.steps.connect(self._steps)
         session.finished.connect(self._finished)
@@ -203,12 +204,12 @@ class ChatController(QObject):
         request = p.Generate(rid, history, float(s["temperature"]), float(s["top_p"]), int(s["top_k"]), None,
                              int(s["max_tokens"]), bool(s["thinking"]),
                              context_policy=policy or s.get("context_policy") or DROP_OLDEST, reuse=self.reuse)
+        self._unsaved_said = False
         self.reply_started.emit(message)
         self.busy_changed.emit(True)
         if not self.session.generate(request):
             self._end(FAILED, "the engine is not ready")
             return False
-        self._save.start()
         return True
 
     def stop(self) -> None:
@@ -231,6 +232,7 @@ class ChatController(QObject):
         mine = [s for s in steps if s.request_id == self.reply.request_id]
         if mine:
             self.reply.add_steps(mine)
+            self.save_reply()  # before it is shown: what the window shows is in the store
             self.reply_progress.emit(self.reply)
 
     def _finished(self, msg: p.Finished) -> None:
@@ -250,7 +252,6 @@ class ChatController(QObject):
     def _refused(self, reason: str) -> None:
         """The engine refused the turn before it began: take it back, and give the user's text back."""
         r = self.reply
-        self._save.stop()
         self.reply = None
         message = self.store.message(r.message_id)
         if message is not None:
@@ -269,13 +270,26 @@ class ChatController(QObject):
             self._end(INTERRUPTED, reason)
 
     def save_reply(self) -> None:
-        """Write the reply as it stands (the streaming timer, and the end)."""
+        """Write the reply as it stands (each batch of steps, before the window shows it)."""
         r = self.reply
         if r is None:
             return
-        self.store.update_message(r.message_id, content=r.text, thought=r.thought_text if r.thought else None,
-                                  thought_seconds=r.thought_seconds)
-        r.saved_at = time.monotonic()
+        if self._write(lambda: self.store.update_message(r.message_id, content=r.text,
+                                                         thought=r.thought_text if r.thought else None,
+                                                         thought_seconds=r.thought_seconds)):
+            r.saved_at = time.monotonic()
+
+    def _write(self, write: Callable[[], None]) -> bool:
+        """Run a write of the reply; a failure (a full disk) is said once a reply, and the reply goes on."""
+        try:
+            write()
+            return True
+        except sqlite3.Error as exc:
+            if not self._unsaved_said:
+                self._unsaved_said = True
+                self.notice.emit(f"The reply could not be saved ({exc}): the window shows it, but it is not kept. "
+                                 "Free some disk space; what was saved before is safe.")
+            return False
 
     def close(self) -> None:
         """The window is closing: keep the reply as it stands, marked stopped."""
@@ -287,17 +301,19 @@ class ChatController(QObject):
         r = self.reply
         if r is None:
             return
-        self._save.stop()
         stats = r.stats()
         if error:
             stats["error"] = error
-        self.store.update_message(r.message_id, content=r.text, state=state,
-                                  thought=r.thought_text if r.thought else None, thought_seconds=r.thought_seconds,
-                                  stats=stats)
+        saved = self._write(lambda: self.store.update_message(
+            r.message_id, content=r.text, state=state, thought=r.thought_text if r.thought else None,
+            thought_seconds=r.thought_seconds, stats=stats))
         self.reply = None
         message = self.store.message(r.message_id)
         if message is not None:
-            self.store.touch(message.conversation_id)
+            if saved:
+                self._write(lambda: self.store.touch(message.conversation_id))
+            else:  # the window shows the reply as it ended, though the store could not take it
+                message.content, message.state = r.text, state
             self.reply_ended.emit(message)
         self.busy_changed.emit(False)
         self.conversations_changed.emit()

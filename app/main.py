@@ -12,12 +12,12 @@ import sys
 
 from PySide6.QtCore import QtMsgType, Qt, QTimer, qInstallMessageHandler
 from PySide6.QtGui import QGuiApplication, QIcon
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QMessageBox
 
 from flashdesk import __version__
 from flashdesk.app import paths, theme
 from flashdesk.app.main_window import APP_NAME, MainWindow
-from flashdesk.app.store import Store
+from flashdesk.app.store import DatabaseUnavailable, Store
 
 
 def _no_display() -> bool:
@@ -76,7 +76,12 @@ def run_app() -> int:
         )
         return 2
     app = application()
-    store = Store(paths.database_path())
+    try:
+        store = Store(paths.database_path())
+    except DatabaseUnavailable as exc:  # locked or read-only: said, and the file is left as it is
+        print(f"flashdesk: {exc}", file=sys.stderr)
+        QMessageBox.critical(None, "FlashDesk cannot open its database", str(exc))
+        return 1
     window = MainWindow(store)
     window.show()
 

@@ -216,6 +216,7 @@ class MainWindow(QMainWindow):
         c.reply_ended.connect(self._reply_ended)
         c.busy_changed.connect(self._busy)
         c.turn_refused.connect(self._turn_refused)
+        c.notice.connect(lambda text: self.notice_banner.show_text(text, kind="error"))  # a reply not saved
 
         self.conversations.selected.connect(c.open)
         self.conversations.hit_chosen.connect(self.chat.show_hit)

@@ -1,13 +1,17 @@
 """Conversations, messages, thoughts, per-message statistics and settings in SQLite.
 
 Why SQLite in WAL mode: every write is a small transaction that survives a crash of the app (or
-of the machine, up to the last commit), and the assistant's reply is written while it streams, so
-a crash loses at most the last half second of it. The schema carries a version (PRAGMA
+of the machine, up to the last commit), and the assistant's reply is written as the window shows
+it (app/chat_controller.py saves each batch of steps before showing it), so a crash of the app or
+of the engine loses none of the text the window showed. The schema carries a version (PRAGMA
 user_version) and is brought up to date by the migrations below, one function per version.
 
 A database that is corrupt, or that a newer FlashDesk wrote, is never overwritten or changed: it
 is renamed aside with a timestamp, a fresh one is created, and `Store.notice` says what happened
-so the window can tell the user.
+so the window can tell the user. One that is fine but cannot be used now (locked by another
+program, read-only, on a full or failing disk) is left exactly where and as it is:
+`DatabaseUnavailable` says why. A write that fails (a full disk) raises SQLite's own error after
+the transaction is undone, and the rows committed before it stay as they were.
 
 Search: an FTS5 index over message text and titles (schema version 2), kept in step by triggers
 (the reply as it streams included), so a search does not read every message. Where Python's sqlite3
@@ -115,6 +119,32 @@ class DatabaseMovedAside(Exception):
     pass
 
 
+class DatabaseUnavailable(Exception):
+    """The database cannot be opened now, though nothing says it is damaged; it was not touched."""
+
+
+# what keeps a sound database from opening: (SQLite's error names, phrases of its messages, what to tell the user)
+_UNUSABLE = [
+    (("SQLITE_BUSY", "SQLITE_LOCKED"), ("database is locked", "database table is locked"),
+     "is locked by another program (is FlashDesk already running?). Close that program and start FlashDesk again"),
+    (("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM"), ("readonly database", "unable to open"),
+     "is read-only, or in a folder FlashDesk cannot write to. Make both writable and start FlashDesk again"),
+    (("SQLITE_FULL",), ("disk is full",), "is on a full disk. Free some space and start FlashDesk again"),
+    (("SQLITE_IOERR",), ("disk i/o error",), "could not be read or written (a disk error)"),
+]
+
+
+def _unusable(path: Path, exc: sqlite3.Error) -> DatabaseUnavailable | None:
+    """The error to raise when `exc` says the database at `path` cannot be used now (locked,
+    read-only, a full or failing disk) rather than that it is damaged; None otherwise."""
+    name = getattr(exc, "sqlite_errorname", "") or ""  # Python 3.11+
+    text = str(exc).lower()
+    for names, phrases, why in _UNUSABLE:
+        if name.startswith(names) or any(phrase in text for phrase in phrases):
+            return DatabaseUnavailable(f"The database {path} {why}. It was left as it is ({exc}).")
+    return None
+
+
 @dataclass
 class Conversation:
     id: int
@@ -174,7 +204,10 @@ class Store:
 
     def _open(self) -> sqlite3.Connection:
         fresh = not self.path.exists()
-        db = sqlite3.connect(self.path, isolation_level=None)  # autocommit; explicit transactions below
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None)  # autocommit; explicit transactions below
+        except sqlite3.Error as exc:
+            raise _unusable(self.path, exc) or exc
         db.row_factory = sqlite3.Row
         try:
             if not fresh:
@@ -184,6 +217,9 @@ class Store:
             version = db.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as exc:
             db.close()
+            unusable = _unusable(self.path, exc)
+            if unusable is not None:
+                raise unusable from exc
             aside = self._move_aside("corrupt")
             raise DatabaseMovedAside(
                 f"The database {self.path} could not be read ({exc}). It was moved to {aside.name}, unchanged, "
@@ -195,11 +231,18 @@ class Store:
                 f"The database {self.path} was written by a newer FlashDesk (schema version {version}; this "
                 f"version knows {SCHEMA_VERSION}). It was moved to {aside.name}, unchanged, and a new one "
                 "was started. Open it with the newer FlashDesk to get those conversations back.")
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("PRAGMA foreign_keys=ON")
-        self._migrate(db, version)  # a failure here is our bug, not a bad file: it is raised, nothing moved
-        db.execute("UPDATE messages SET state = ? WHERE state = ?", (INTERRUPTED, STREAMING))
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            self._migrate(db, version)  # any other failure here is our bug, not a bad file: raised, nothing moved
+            db.execute("UPDATE messages SET state = ? WHERE state = ?", (INTERRUPTED, STREAMING))
+        except sqlite3.Error as exc:
+            db.close()
+            unusable = _unusable(self.path, exc)
+            if unusable is not None:
+                raise unusable from exc
+            raise
         # no index when the sqlite3 that migrated the database lacked FTS5: search then uses LIKE
         self.fts = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'message_search'").fetchone() is not None
         return db
@@ -214,7 +257,7 @@ class Store:
                 db.execute(f"PRAGMA user_version = {target}")
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                _rollback(db)
                 raise
 
     def _move_aside(self, why: str) -> Path:
@@ -339,7 +382,7 @@ class Store:
                             (conversation_id, message_id, slot))
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            _rollback(self.db)
             raise
         return slot
 
@@ -351,7 +394,7 @@ class Store:
             self.db.execute("UPDATE messages SET hidden = (id != ?) WHERE COALESCE(slot, id) = ?", (message_id, slot))
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            _rollback(self.db)
             raise
 
     def message(self, message_id: int) -> Message | None:
@@ -366,11 +409,15 @@ class Store:
         """A new message at the end; `slot`: a new version of that reply (set_aside_for_regenerate)."""
         now = time.time()
         self.db.execute("BEGIN")
-        cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, state, model, created, updated, "
-                              "slot) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                              (conversation_id, role, content, state, model, now, now, slot))
-        self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
-        self.db.execute("COMMIT")
+        try:
+            cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, state, model, created, "
+                                  "updated, slot) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                  (conversation_id, role, content, state, model, now, now, slot))
+            self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+            self.db.execute("COMMIT")
+        except BaseException:
+            _rollback(self.db)
+            raise
         return self.message(cur.lastrowid)
 
     def update_message(self, message_id: int, *, content: str | None = None, state: str | None = None,
@@ -393,7 +440,7 @@ class Store:
                                 "(message_id) DO UPDATE SET data = excluded.data", (message_id, json.dumps(stats)))
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            _rollback(self.db)
             raise
 
     def delete_messages_from(self, conversation_id: int, message_id: int) -> None:
@@ -407,8 +454,15 @@ class Store:
                 "GROUP BY COALESCE(slot, id) HAVING SUM(hidden = 0) = 0)", (conversation_id,))
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            _rollback(self.db)
             raise
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    """Undo the open transaction, unless SQLite already has (it does after a full disk or an I/O
+    error, and a second ROLLBACK would hide that error behind "no transaction is active")."""
+    if db.in_transaction:
+        db.execute("ROLLBACK")
 
 
 def _marked(content: str, text: str) -> str:

@@ -166,34 +166,37 @@ class Worker:
         """The reader thread: urgent requests act at once, the rest go to the queue."""
         for raw in stream:
             try:
-                msg = p.decode(raw)
-            except p.ProtocolError as exc:
-                self.send(p.Error(p.BAD_INPUT, str(exc), during="request"))
-                continue
-            if isinstance(msg, p.Cancel):
-                with self.state_lock:
-                    self.cancels[msg.request_id] = self.step if self.active == msg.request_id else None
-            elif isinstance(msg, p.SetSpeculation):
-                self.set_speculation(msg)
-            elif isinstance(msg, p.CountTokens):
-                self.count_tokens(msg)
-            elif isinstance(msg, p.StopServer):  # at once (it may be queued behind replies), and again in
-                # turn, after any StartServer sent before it
-                threading.Thread(target=self.stop_server, args=(True,), name="stop-server", daemon=True).start()
-                self.requests.put(msg)
-            elif isinstance(msg, p.CancelPull):
-                with self.state_lock:
-                    if msg.repo_id.strip() in self.pulls:  # running or queued; otherwise nothing to stop
-                        self.pull_cancels.add(msg.repo_id.strip())
-            else:
-                if isinstance(msg, p.Shutdown):
-                    self.stopping.set()
-                elif isinstance(msg, p.Pull):
-                    with self.state_lock:
-                        self.pulls[msg.repo_id.strip()] = self.pulls.get(msg.repo_id.strip(), 0) + 1
-                self.requests.put(msg)
+                self._take(raw)
+            except Exception as exc:  # noqa: BLE001 - no line may stop the reader (the worker would go deaf)
+                self.send(p.Error(p.BAD_INPUT, str(exc) or type(exc).__name__, during="request"))
         self.stopping.set()
         self.requests.put(p.Shutdown())
+
+    def _take(self, raw: str) -> None:
+        """One line of input: urgent requests act here, the rest are queued."""
+        msg = p.decode(raw)
+        if isinstance(msg, p.Cancel):
+            with self.state_lock:
+                self.cancels[msg.request_id] = self.step if self.active == msg.request_id else None
+        elif isinstance(msg, p.SetSpeculation):
+            self.set_speculation(msg)
+        elif isinstance(msg, p.CountTokens):
+            self.count_tokens(msg)
+        elif isinstance(msg, p.StopServer):  # at once (it may be queued behind replies), and again in
+            # turn, after any StartServer sent before it
+            threading.Thread(target=self.stop_server, args=(True,), name="stop-server", daemon=True).start()
+            self.requests.put(msg)
+        elif isinstance(msg, p.CancelPull):
+            with self.state_lock:
+                if msg.repo_id.strip() in self.pulls:  # running or queued; otherwise nothing to stop
+                    self.pull_cancels.add(msg.repo_id.strip())
+        else:
+            if isinstance(msg, p.Shutdown):
+                self.stopping.set()
+            elif isinstance(msg, p.Pull):
+                with self.state_lock:
+                    self.pulls[msg.repo_id.strip()] = self.pulls.get(msg.repo_id.strip(), 0) + 1
+            self.requests.put(msg)
 
     def count_tokens(self, msg: p.CountTokens) -> None:
         """The prompt length of `msg.messages` (reader thread): -1 with no model, or when it fails."""
@@ -220,6 +223,8 @@ class Worker:
         from flashdesk.engine.decode.speculative import AUTO
 
         length = msg.draft_length
+        if isinstance(length, str) and length != AUTO:
+            raise ValueError(f"set_speculation: draft_length must be a whole number, {AUTO!r} or null, got {length!r}")
         if length is not None and length != AUTO:
             length = max(1, int(length))
             drafter = self.engine.drafter if self.engine is not None else None

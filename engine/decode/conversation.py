@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashdesk.engine.decode.chat import build_prompt_ids
-from flashdesk.engine.errors import ContextOverflowError
+from flashdesk.engine.errors import ContextOverflowError, FlashDeskError
 
 DROP_OLDEST = "drop_oldest"  # the default: forget the oldest turns, keep the system prompt
 STOP = "stop"  # refuse the turn with a clear message; the user starts a new conversation
@@ -50,6 +50,21 @@ def _turn_starts(messages: list[dict], first: int) -> list[int]:
     return [i for i in range(first, len(messages)) if messages[i].get("role") == "user"]
 
 
+def check_messages(messages: list[dict]) -> None:
+    """Refuse messages the chat template cannot take: each a {"role", "content": text} object, its text
+    valid Unicode (a lone surrogate, which JSON's \\ud800 escapes can carry, has no UTF-8)."""
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise FlashDeskError(f"message {i} must be an object with a role and a content")
+        content = message.get("content")
+        if not isinstance(content, str):
+            raise FlashDeskError(f"message {i}: content must be text, got {type(content).__name__}")
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise FlashDeskError(f"message {i} is not valid Unicode: a lone surrogate at character {exc.start}") from None
+
+
 def fit_conversation(tokenizer: Any, messages: list[dict], *, thinking: bool, context_limit: int,
                      max_new_tokens: int, policy: str = DROP_OLDEST) -> FittedPrompt:
     """Build the prompt; when it leaves the reply less than `reply_room`, drop the oldest turns
@@ -59,6 +74,7 @@ def fit_conversation(tokenizer: Any, messages: list[dict], *, thinking: bool, co
     Raises ContextOverflowError with what to do when even the last message alone does not fit.
     """
     check_policy(policy)
+    check_messages(messages)
     if max_new_tokens < 1:
         raise ValueError(f"max new tokens must be at least 1, got {max_new_tokens}")
     room = reply_room(context_limit, max_new_tokens)

@@ -115,6 +115,8 @@ def install_error_handlers(app: FastAPI) -> None:
                      "POST /v1/chat/completions, GET /health and GET /metrics)",
                 405: f"{request.method} is not allowed on {request.url.path}",
                 413: "the request body is too large"}.get(exc.status_code, str(exc.detail))
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # FastAPI's, for
+            text = "the request body is not valid JSON: it is not UTF-8 text"  # bytes that do not decode
         return JSONResponse(ApiError(exc.status_code, text).body(), exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
