@@ -216,6 +216,8 @@ class MainWindow(QMainWindow):
         c.reply_ended.connect(self._reply_ended)
         c.busy_changed.connect(self._busy)
         c.turn_refused.connect(self._turn_refused)
+        self.session.server_traffic.connect(
+            lambda t: self.telemetry.show_api_request(t.tokens_per_second, t.tau, self.server_panel.requests))
         c.notice.connect(lambda text: self.notice_banner.show_text(text, kind="error"))  # a reply not saved
 
         self.conversations.selected.connect(c.open)

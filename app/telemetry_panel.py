@@ -170,6 +170,13 @@ class TelemetryPanel(QWidget):
             text = f"{NA} ({problem})" if problem else NA
         self.values["tps_server"].setText(text)
 
+    def show_api_request(self, tps: float, tau: float | None, requests: int) -> None:
+        """The local API server's last request (`flashdesk serve` on the loaded engine), in the
+        server row: its traffic runs on the same engine as the chat."""
+        self.speed_form.setRowVisible(self.values["tps_server"], True)
+        tau_text = f", τ {tau:.2f}" if tau is not None else ""
+        self.values["tps_server"].setText(f"{tps:.1f} tok/s{tau_text} (last of {requests} API requests)")
+
     def on_sample(self, sample: Sample) -> None:
         gpu = sample.gpu if self.remote_host is None else None  # a remote engine's GPU is not this one
         if gpu is not None:

@@ -87,3 +87,22 @@ def test_a_panel_made_before_the_model_loads_follows_it(qtbot, tmp_path) -> None
         assert panel.toggle.isEnabled() and panel.status.text() == "Not serving."  # not the stale line
     finally:
         session.shutdown()
+
+
+def test_the_window_shows_api_traffic_in_its_speed_panel(qtbot, monkeypatch, tmp_path) -> None:
+    from flashdesk import protocol as p
+    from flashdesk.app.main_window import MainWindow
+    from flashdesk.app.store import Store
+
+    monkeypatch.setenv("FLASHDESK_DATA_DIR", str(tmp_path))
+    session = EngineSession()
+    window = MainWindow(Store(tmp_path / "f.db"), session)
+    qtbot.addWidget(window)
+    try:
+        session.server_traffic.emit(p.ServerTraffic("r1", 200, "stop", 10, 0, 40, 30, 20, 3.5, 1.0, 42.0))
+        assert window.server_panel.requests == 1
+        assert window.telemetry.text("tps_server") == "42.0 tok/s, τ 3.50 (last of 1 API requests)"
+    finally:
+        window.close()
+        window.store.close()
+        session.shutdown()
