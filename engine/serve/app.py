@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from flashdesk.engine.decode.sampling import SamplingParams
+from flashdesk.engine.decode.turn import CANCELLED
 from flashdesk.engine.serve.auth import BearerAuth
 from flashdesk.engine.serve.bridge import GONE, EventBridge
 from flashdesk.engine.serve.completion import DONE, Completion, event
@@ -25,7 +26,6 @@ from flashdesk.engine.serve.metrics import CONTENT_TYPE
 from flashdesk.engine.serve.runner import (CLIENT_GONE, STOPPING, Job, JobDelta, JobDone, JobFailed, JobStarted,
                                            Runner)
 from flashdesk.engine.serve.schema import ChatCompletionRequest
-from flashdesk.engine.decode.turn import CANCELLED
 
 OWNER = "flashdesk"
 MAX_BODY_BYTES = 16 << 20  # far over any context's worth of text; a bigger body gets a 413, not the memory

@@ -26,9 +26,9 @@ from jinja2 import TemplateError
 from flashdesk.engine.decode.chat import build_prompt_ids
 from flashdesk.engine.decode.conversation import STOP, reply_room
 from flashdesk.engine.decode.sampling import SamplingParams
+from flashdesk.engine.decode.turn import CANCELLED, ChatTurn, TurnEnd
 from flashdesk.engine.errors import ContextOverflowError, FlashDeskError
 from flashdesk.engine.serve.metrics import ServeMetrics
-from flashdesk.engine.decode.turn import CANCELLED, ChatTurn, TurnEnd
 
 # statuses of finished jobs (JobRecord.status), as HTTP would say them
 OK, REFUSED, CLIENT_GONE, FAILED, STOPPING = 200, 400, 499, 500, 503  # 499: nginx's "client closed request"
