@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox
 from flashdesk import __version__
 from flashdesk.app import paths, theme
 from flashdesk.app.main_window import APP_NAME, MainWindow
-from flashdesk.app.store import DatabaseUnavailable, Store
+from flashdesk.app.history.store import DatabaseUnavailable, Store
 
 
 def _no_display() -> bool:

@@ -21,26 +21,27 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QM
                                QPushButton, QScrollArea, QSplitter, QStackedWidget, QVBoxLayout, QWidget)
 
 from flashdesk import protocol as p
-from flashdesk.app import export, paths
-from flashdesk.app.banner import Banner
-from flashdesk.app.chat_controller import ChatController
-from flashdesk.app.chat_engine import ChatEngine
-from flashdesk.app.chat_view import ChatView
-from flashdesk.app.composer import Composer
-from flashdesk.app.context_gauge import ContextGauge, context_full_text, refused_text
-from flashdesk.app.conversation_list import ConversationList
-from flashdesk.app.engine_session import DEAD, IDLE, LOADING, READY, STARTING, STOPPED, EngineSession
+from flashdesk.app import paths
+from flashdesk.app.history import export
+from flashdesk.app.chat.banner import Banner
+from flashdesk.app.chat.chat_controller import ChatController
+from flashdesk.app.engines.chat_engine import ChatEngine
+from flashdesk.app.chat.chat_view import ChatView
+from flashdesk.app.chat.composer import Composer
+from flashdesk.app.chat.context_gauge import ContextGauge, context_full_text, refused_text
+from flashdesk.app.chat.conversation_list import ConversationList
+from flashdesk.app.engines.engine_session import DEAD, IDLE, LOADING, READY, STARTING, STOPPED, EngineSession
 from flashdesk.app.model_setup_flow import ModelSetupFlow
-from flashdesk.app.remote_session import RemoteSession
-from flashdesk.app.reply import context_filled
-from flashdesk.app.settings_dialog import DROP_OLDEST, STOP, ConversationSettings
-from flashdesk.app.bench_page import BenchPage
-from flashdesk.app.setup_page import SetupPage
-from flashdesk.app.server_panel import ServerPanel
-from flashdesk.app.spec_panel import SpecPanel
-from flashdesk.app.store import Store
-from flashdesk.app.telemetry import TelemetrySampler
-from flashdesk.app.telemetry_panel import TelemetryPanel
+from flashdesk.app.engines.remote_session import RemoteSession
+from flashdesk.app.chat.reply import context_filled
+from flashdesk.app.chat.settings_dialog import DROP_OLDEST, STOP, ConversationSettings
+from flashdesk.app.pages.bench_page import BenchPage
+from flashdesk.app.pages.setup_page import SetupPage
+from flashdesk.app.panels.server_panel import ServerPanel
+from flashdesk.app.panels.spec_panel import SpecPanel
+from flashdesk.app.history.store import Store
+from flashdesk.app.panels.telemetry import TelemetrySampler
+from flashdesk.app.panels.telemetry_panel import TelemetryPanel
 
 APP_NAME = "FlashDesk"
 DEMO_NOTE = ("Demo model: a toy Gemma 4 (2.4 M parameters) and its drafter on the CPU. Its text only looks "

@@ -100,9 +100,9 @@ class Shooter:
 
     def window(self, delay: str | None = None):
         from flashdesk.app import paths
-        from flashdesk.app.engine_session import EngineSession
+        from flashdesk.app.engines.engine_session import EngineSession
         from flashdesk.app.main_window import MainWindow
-        from flashdesk.app.store import Store
+        from flashdesk.app.history.store import Store
 
         session = EngineSession(env={"FLASHDESK_WORKER_STEP_DELAY": delay} if delay else None)
         window = MainWindow(Store(paths.database_path()), session)

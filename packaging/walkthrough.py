@@ -31,9 +31,9 @@ def main() -> int:
 
     app = QApplication(sys.argv)
     from flashdesk.app import paths, theme
-    from flashdesk.app.engine_session import EngineSession
+    from flashdesk.app.engines.engine_session import EngineSession
     from flashdesk.app.main_window import MainWindow
-    from flashdesk.app.store import Store
+    from flashdesk.app.history.store import Store
 
     theme.apply(app)
 

@@ -1,4 +1,4 @@
-"""The Benchmark page (app/bench_page.py) against the real worker running the demo pair (offscreen):
+"""The Benchmark page (app/pages/bench_page.py) against the real worker running the demo pair (offscreen):
 a run with its progress, the chart and the table, the run kept and listed, "Use the best" setting the
 chat's draft length; Cancel; and what it says when nothing can run."""
 

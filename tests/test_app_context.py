@@ -14,10 +14,10 @@ import sys
 from PySide6.QtCore import Qt
 
 from flashdesk import protocol as p
-from flashdesk.app.context_gauge import NEAR, OK, OVER
+from flashdesk.app.chat.context_gauge import NEAR, OK, OVER
 from flashdesk.app.main_window import CANCEL, DROP_AND_CONTINUE, DROP_AND_SEND, NEW_LIKE, SEND_ANYWAY
-from flashdesk.app.message_widget import CONTEXT_FULL_TEXT
-from flashdesk.app.store import COMPLETE
+from flashdesk.app.chat.message_widget import CONTEXT_FULL_TEXT
+from flashdesk.app.history.store import COMPLETE
 from test_app_window import REPLY_MS, demo, greedy, messages, open_window, send, wait_idle  # noqa: F401
 from test_telemetry import until
 

@@ -13,7 +13,7 @@ import pytest
 from PySide6.QtGui import QColor, QFontDatabase, QPainterPath, QTextBlockFormat, QTextFormat
 from PySide6.QtWidgets import QScrollArea
 
-from flashdesk.app.store import COMPLETE, Message
+from flashdesk.app.history.store import COMPLETE, Message
 
 REPLY = "# Plan\n\nSome **bold** words.\n\n- first item\n- second item\n\n```python\nprint('hi')\n```\n\nDone."
 
@@ -55,7 +55,7 @@ def _drafted(block) -> list[str]:
 def test_message_actions_are_flat_icon_buttons(qtbot, role, names) -> None:
     from PySide6.QtCore import Qt
 
-    from flashdesk.app.message_widget import MessageWidget
+    from flashdesk.app.chat.message_widget import MessageWidget
 
     w = MessageWidget(_message(role, "Hi"))
     qtbot.addWidget(w)
@@ -88,7 +88,7 @@ def test_icons_take_the_theme_colour(qtbot, monkeypatch) -> None:
 
 
 def test_message_text_is_larger_with_airy_lines(qtbot) -> None:
-    from flashdesk.app.message_widget import BODY_SCALE, LINE_HEIGHT_PERCENT, MessageWidget
+    from flashdesk.app.chat.message_widget import BODY_SCALE, LINE_HEIGHT_PERCENT, MessageWidget
 
     w = MessageWidget(_message(content=REPLY))
     qtbot.addWidget(w)
@@ -105,8 +105,8 @@ def test_message_text_is_larger_with_airy_lines(qtbot) -> None:
 
 
 def test_messages_keep_to_a_centred_column(qtbot) -> None:
-    from flashdesk.app.chat_view import SIDE_MARGIN, ChatView
-    from flashdesk.app.message_widget import LINE_CHARS, column_width
+    from flashdesk.app.chat.chat_view import SIDE_MARGIN, ChatView
+    from flashdesk.app.chat.message_widget import LINE_CHARS, column_width
 
     view = ChatView()
     qtbot.addWidget(view)
@@ -129,7 +129,7 @@ def test_messages_keep_to_a_centred_column(qtbot) -> None:
 
 
 def test_settings_are_grouped_under_headings(qtbot) -> None:
-    from flashdesk.app.settings_dialog import ConversationSettings
+    from flashdesk.app.chat.settings_dialog import ConversationSettings
 
     d = ConversationSettings("Chat", "Be brief.", {"temperature": 0.5, "top_k": 20})
     qtbot.addWidget(d)
@@ -152,7 +152,7 @@ def test_settings_are_grouped_under_headings(qtbot) -> None:
 
 
 def test_colour_by_origin_keeps_the_markdown(qtbot) -> None:
-    from flashdesk.app.message_widget import MessageWidget
+    from flashdesk.app.chat.message_widget import MessageWidget
 
     bold, code = REPLY.index("bold"), REPLY.index("print")
     origins = [[bold, "t"], [4, "d"], [code - bold - 4, "t"], [5, "d"], [len(REPLY) - code - 5, "t"]]
@@ -175,7 +175,7 @@ def test_colour_by_origin_keeps_the_markdown(qtbot) -> None:
 
 
 def test_draft_ranges_skip_markdown_syntax() -> None:
-    from flashdesk.app.markdown import draft_ranges, masked_source
+    from flashdesk.app.chat.markdown import draft_ranges, masked_source
 
     text = "- [a link](https://example.org)here\n\n```python\npass\n```"
     assert masked_source(text).count("\0") == len("-") + len("(https://example.org)") + len("```python") + 3
@@ -192,8 +192,8 @@ def test_draft_ranges_skip_markdown_syntax() -> None:
 
 
 def test_plots_break_while_the_engine_was_down(qtbot) -> None:
-    from flashdesk.app.telemetry import GpuReading, Sample
-    from flashdesk.app.telemetry_panel import TelemetryPanel
+    from flashdesk.app.panels.telemetry import GpuReading, Sample
+    from flashdesk.app.panels.telemetry_panel import TelemetryPanel
 
     panel = TelemetryPanel()
     qtbot.addWidget(panel)
@@ -218,7 +218,7 @@ def test_plots_break_while_the_engine_was_down(qtbot) -> None:
 def test_worker_alive() -> None:
     import os
 
-    from flashdesk.app.telemetry import worker_alive
+    from flashdesk.app.panels.telemetry import worker_alive
 
     assert worker_alive(os.getpid()) and not worker_alive(None)
     done = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -230,7 +230,7 @@ def test_worker_alive() -> None:
 
 
 def test_no_gpu_note_is_one_line_with_the_detail_on_hover(qtbot) -> None:
-    from flashdesk.app.telemetry_panel import NO_GPU_TEXT, TelemetryPanel
+    from flashdesk.app.panels.telemetry_panel import NO_GPU_TEXT, TelemetryPanel
 
     panel = TelemetryPanel()
     qtbot.addWidget(panel)

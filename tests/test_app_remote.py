@@ -15,12 +15,12 @@ from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 
 from fake_openai_server import MODEL, REPLY, THOUGHT, FakeOpenAIServer, words
-from flashdesk.app.engine_session import EngineSession
+from flashdesk.app.engines.engine_session import EngineSession
 from flashdesk.app.main_window import MainWindow
-from flashdesk.app.remote_session import RemoteSession
-from flashdesk.app.store import CANCELLED, COMPLETE, FAILED, Store
-from flashdesk.app.telemetry import TelemetrySampler
-from flashdesk.app.telemetry_panel import REMOTE_PLOT_TITLE
+from flashdesk.app.engines.remote_session import RemoteSession
+from flashdesk.app.history.store import CANCELLED, COMPLETE, FAILED, Store
+from flashdesk.app.panels.telemetry import TelemetrySampler
+from flashdesk.app.panels.telemetry_panel import REMOTE_PLOT_TITLE
 from test_app_window import LOAD_MS, greedy, messages, send, wait_idle
 from test_telemetry import fake_nvml, until
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from PySide6.QtCore import QPoint, Qt
 
-from flashdesk.app.conversation_list import HIT_ROLE
-from flashdesk.app.engine_session import EngineSession
+from flashdesk.app.chat.conversation_list import HIT_ROLE
+from flashdesk.app.engines.engine_session import EngineSession
 from flashdesk.app.main_window import MainWindow
-from flashdesk.app.store import Store
-from flashdesk.app.telemetry import TelemetrySampler
+from flashdesk.app.history.store import Store
+from flashdesk.app.panels.telemetry import TelemetrySampler
 from test_telemetry import NVMLError, fake_nvml, until
 
 

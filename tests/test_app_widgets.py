@@ -11,9 +11,9 @@ from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication
 
 from flashdesk import protocol as p
-from flashdesk.app.markdown import code_blocks, with_copy_links
-from flashdesk.app.reply import Reply, footer_text
-from flashdesk.app.store import COMPLETE, INTERRUPTED, Conversation, Message
+from flashdesk.app.chat.markdown import code_blocks, with_copy_links
+from flashdesk.app.chat.reply import Reply, footer_text
+from flashdesk.app.history.store import COMPLETE, INTERRUPTED, Conversation, Message
 
 MD = "Intro\n\n```python\nprint('hi')\n```\n\nMiddle\n\n~~~\nraw ``` inside\n~~~\n\n```js\nunclosed();"
 
@@ -32,7 +32,7 @@ def _message(role: str = "assistant", content: str = "", **kw) -> Message:
 
 
 def test_message_thought_is_collapsible_with_its_duration(qtbot) -> None:
-    from flashdesk.app.message_widget import MessageWidget
+    from flashdesk.app.chat.message_widget import MessageWidget
 
     w = MessageWidget(_message(content="**Answer**", thought="Let me think about it.", thought_seconds=2.46))
     qtbot.addWidget(w)
@@ -51,7 +51,7 @@ def test_message_thought_is_collapsible_with_its_duration(qtbot) -> None:
 
 
 def test_copy_buttons(qtbot) -> None:
-    from flashdesk.app.message_widget import MessageWidget
+    from flashdesk.app.chat.message_widget import MessageWidget
 
     w = MessageWidget(_message(content=MD))
     qtbot.addWidget(w)
@@ -68,7 +68,7 @@ def test_copy_buttons(qtbot) -> None:
 def test_copy_code_links_work_from_the_keyboard(qtbot) -> None:
     from PySide6.QtTest import QTest
 
-    from flashdesk.app.message_widget import MessageWidget
+    from flashdesk.app.chat.message_widget import MessageWidget
 
     w = MessageWidget(_message(content=MD))
     qtbot.addWidget(w)
@@ -91,7 +91,7 @@ def test_copy_code_links_work_from_the_keyboard(qtbot) -> None:
 
 
 def test_message_body_grows_with_its_text(qtbot) -> None:
-    from flashdesk.app.message_widget import MessageWidget
+    from flashdesk.app.chat.message_widget import MessageWidget
 
     w = MessageWidget(_message(content="short"))
     qtbot.addWidget(w)
@@ -104,7 +104,7 @@ def test_message_body_grows_with_its_text(qtbot) -> None:
 
 
 def test_colour_by_origin(qtbot) -> None:
-    from flashdesk.app.message_widget import MessageWidget
+    from flashdesk.app.chat.message_widget import MessageWidget
 
     stats = {"tokens": 3, "origins": [[4, "t"], [6, "d"]]}
     w = MessageWidget(_message(content="The cat sat", stats=stats), colour_by_origin=False)
@@ -116,8 +116,8 @@ def test_colour_by_origin(qtbot) -> None:
 
 
 def test_interrupted_and_failed_states(qtbot) -> None:
-    from flashdesk.app.message_widget import MessageWidget
-    from flashdesk.app.store import FAILED
+    from flashdesk.app.chat.message_widget import MessageWidget
+    from flashdesk.app.history.store import FAILED
 
     w = MessageWidget(_message(content="half", state=INTERRUPTED))
     qtbot.addWidget(w)
@@ -128,7 +128,7 @@ def test_interrupted_and_failed_states(qtbot) -> None:
 
 
 def test_composer_keys(qtbot) -> None:
-    from flashdesk.app.composer import Composer
+    from flashdesk.app.chat.composer import Composer
 
     c = Composer()
     qtbot.addWidget(c)
@@ -186,7 +186,7 @@ def test_reply_statistics_and_energy() -> None:
 
 
 def test_spec_panel(qtbot) -> None:
-    from flashdesk.app.spec_panel import SpecPanel
+    from flashdesk.app.panels.spec_panel import SpecPanel
 
     panel = SpecPanel()
     qtbot.addWidget(panel)
@@ -215,7 +215,7 @@ def test_spec_panel(qtbot) -> None:
 
 
 def test_export() -> None:
-    from flashdesk.app.export import to_json, to_markdown
+    from flashdesk.app.history.export import to_json, to_markdown
 
     conv = Conversation(1, "Sky", 0.0, 0.0, "Be brief.", {"temperature": 0.0})
     msgs = [_message("user", "Why is the sky blue?", id=1),
@@ -244,13 +244,13 @@ def test_export() -> None:
     ("```\n```", ""),
 ])
 def test_titles_are_plain_text(message: str, title: str) -> None:
-    from flashdesk.app.titles import title_from
+    from flashdesk.app.history.titles import title_from
 
     assert title_from(message) == title
 
 
 def test_long_titles_are_cut_at_a_word() -> None:
-    from flashdesk.app.titles import TITLE_CHARS, title_from
+    from flashdesk.app.history.titles import TITLE_CHARS, title_from
 
     title = title_from("**Explain** how the borrow checker decides that a reference outlives its referent")
     assert title == "Explain how the borrow checker decides that a…" and len(title) <= TITLE_CHARS
@@ -271,13 +271,13 @@ def test_long_titles_are_cut_at_a_word() -> None:
     ("Why is the sky…", "md", "Why is the sky.md"),
 ])
 def test_export_file_name(title: str, kind: str, name: str) -> None:
-    from flashdesk.app.export import NAME_CHARS, file_name
+    from flashdesk.app.history.export import NAME_CHARS, file_name
 
     assert file_name(title, kind) == name and len(name) <= NAME_CHARS + len(".json")
 
 
 def test_export_adds_the_extension_only_when_missing(tmp_path) -> None:
-    from flashdesk.app.export import with_extension
+    from flashdesk.app.history.export import with_extension
 
     assert with_extension(tmp_path / "notes", "md") == tmp_path / "notes.md"
     assert with_extension(tmp_path / "notes.MD", "md") == tmp_path / "notes.MD"
@@ -288,8 +288,8 @@ def test_export_adds_the_extension_only_when_missing(tmp_path) -> None:
 
 
 def test_conversation_list_shows_snippets_and_says_when_nothing_matches(qtbot, tmp_path) -> None:
-    from flashdesk.app.conversation_list import ID_ROLE, SNIPPET_ROLE, ConversationList
-    from flashdesk.app.store import Store
+    from flashdesk.app.chat.conversation_list import ID_ROLE, SNIPPET_ROLE, ConversationList
+    from flashdesk.app.history.store import Store
 
     store = Store(tmp_path / "f.db")
     pasta = store.create_conversation("Dinner <ideas>")
@@ -358,7 +358,7 @@ def test_app_modules_do_not_import_torch() -> None:
 
 
 def test_reply_footer_says_the_reuse_the_cap_and_what_was_left_out() -> None:
-    from flashdesk.app.reply import context_filled, context_note
+    from flashdesk.app.chat.reply import context_filled, context_note
 
     r = Reply("r", 7, sent_at=99.9, requested_max_tokens=2048)
     r.start(p.Started("r", 830, reused_tokens=800, dropped_messages=4, max_tokens=1200))
@@ -379,7 +379,7 @@ def test_reply_footer_says_the_reuse_the_cap_and_what_was_left_out() -> None:
 
 
 def test_message_shows_the_context_note(qtbot) -> None:
-    from flashdesk.app.message_widget import CONTEXT_FULL_TEXT, MessageWidget
+    from flashdesk.app.chat.message_widget import CONTEXT_FULL_TEXT, MessageWidget
 
     w = MessageWidget(_message(content="cut", stats={"tokens": 5, "finish_reason": "context", "dropped_messages": 2}))
     qtbot.addWidget(w)
@@ -390,7 +390,7 @@ def test_message_shows_the_context_note(qtbot) -> None:
 
 
 def test_context_gauge_levels_and_words() -> None:
-    from flashdesk.app.context_gauge import NEAR, OK, OVER, Count, reply_room
+    from flashdesk.app.chat.context_gauge import NEAR, OK, OVER, Count, reply_room
 
     assert reply_room(4096, 2048) == 1024 and reply_room(4096, 100) == 100 and reply_room(2, 5) == 1
     count = lambda tokens: Count(tokens, 4096, 2048, (), False)  # noqa: E731 - usable: 3072
@@ -402,7 +402,7 @@ def test_context_gauge_levels_and_words() -> None:
 
 
 def test_composer_gauge(qtbot) -> None:
-    from flashdesk.app.composer import Composer
+    from flashdesk.app.chat.composer import Composer
 
     c = Composer()
     qtbot.addWidget(c)
@@ -417,7 +417,7 @@ def test_composer_gauge(qtbot) -> None:
 
 
 def test_settings_dialog_context_policy_and_the_max_tokens_note(qtbot) -> None:
-    from flashdesk.app.settings_dialog import DEFAULT_SAMPLING, ConversationSettings, sampling_with_defaults
+    from flashdesk.app.chat.settings_dialog import DEFAULT_SAMPLING, ConversationSettings, sampling_with_defaults
 
     assert DEFAULT_SAMPLING["context_policy"] == "drop_oldest"
     d = ConversationSettings("Chat", "", {"max_tokens": 300}, context_limit=4096)

@@ -20,10 +20,10 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 
 from flashdesk import protocol as p
-from flashdesk.app.engine_session import EngineSession
+from flashdesk.app.engines.engine_session import EngineSession
 from flashdesk.app.main_window import MainWindow
-from flashdesk.app.store import CANCELLED, COMPLETE, INTERRUPTED, Store
-from flashdesk.app.telemetry import TelemetrySampler
+from flashdesk.app.history.store import CANCELLED, COMPLETE, INTERRUPTED, Store
+from flashdesk.app.panels.telemetry import TelemetrySampler
 from test_telemetry import NVMLError, fake_nvml, until
 
 LOAD_MS = 90_000

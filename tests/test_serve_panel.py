@@ -8,8 +8,8 @@ import openai
 import pytest
 from PySide6.QtWidgets import QApplication
 
-from flashdesk.app.engine_session import EngineSession
-from flashdesk.app.server_panel import ServerPanel
+from flashdesk.app.engines.engine_session import EngineSession
+from flashdesk.app.panels.server_panel import ServerPanel
 from test_telemetry import until
 
 LOAD_MS = 90_000
@@ -92,7 +92,7 @@ def test_a_panel_made_before_the_model_loads_follows_it(qtbot, tmp_path) -> None
 def test_the_window_shows_api_traffic_in_its_speed_panel(qtbot, monkeypatch, tmp_path) -> None:
     from flashdesk import protocol as p
     from flashdesk.app.main_window import MainWindow
-    from flashdesk.app.store import Store
+    from flashdesk.app.history.store import Store
 
     monkeypatch.setenv("FLASHDESK_DATA_DIR", str(tmp_path))
     session = EngineSession()

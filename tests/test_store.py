@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from flashdesk.app import store as store_module
-from flashdesk.app.store import (CANCELLED, HIT_END, HIT_START, INTERRUPTED, MIGRATIONS, SCHEMA_VERSION, STREAMING,
+from flashdesk.app.history import store as store_module
+from flashdesk.app.history.store import (CANCELLED, HIT_END, HIT_START, INTERRUPTED, MIGRATIONS, SCHEMA_VERSION, STREAMING,
                                   Store, fts_query)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flashdesk.app.store import DatabaseUnavailable, Store
+from flashdesk.app.history.store import DatabaseUnavailable, Store
 
 
 def _populated(path: Path) -> list[tuple]:
@@ -72,7 +72,7 @@ def test_a_read_only_database_is_refused_and_left_alone(tmp_path: Path) -> None:
 FILL_UNTIL_FULL = textwrap.dedent("""
     import resource, signal, sqlite3, sys
     from pathlib import Path
-    from flashdesk.app.store import STREAMING, Store
+    from flashdesk.app.history.store import STREAMING, Store
 
     path = Path(sys.argv[1])
     store = Store(path)

@@ -9,7 +9,7 @@ import types
 import pytest
 from PySide6.QtTest import QTest
 
-from flashdesk.app.telemetry import Nvml, Sample, TelemetrySampler
+from flashdesk.app.panels.telemetry import Nvml, Sample, TelemetrySampler
 
 GIB = 1024 ** 3
 
@@ -125,7 +125,7 @@ def test_sampler_thread_delivers_on_the_gui_thread(qtbot) -> None:
 
 @pytest.fixture
 def panel(qtbot):
-    from flashdesk.app.telemetry_panel import TelemetryPanel
+    from flashdesk.app.panels.telemetry_panel import TelemetryPanel
 
     widget = TelemetryPanel()
     qtbot.addWidget(widget)

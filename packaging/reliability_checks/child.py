@@ -63,9 +63,9 @@ def leave_room(db: Path, room: int, how: str) -> None:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    from flashdesk.app.chat_controller import ChatController
-    from flashdesk.app.engine_session import READY, EngineSession
-    from flashdesk.app.store import Store
+    from flashdesk.app.chat.chat_controller import ChatController
+    from flashdesk.app.engines.engine_session import READY, EngineSession
+    from flashdesk.app.history.store import Store
 
     replies_run_to_max_tokens()
     pump = EventPump()

@@ -73,9 +73,9 @@ def tokens_lost(shown: list[tuple[int, str]], stored: str) -> int:
 # -- the engine killed --------------------------------------------------------------------------------
 
 def engine_kills(demo: tuple[Path, Path], folder: Path, count: int, rng: random.Random, log) -> KillFigures:
-    from flashdesk.app.chat_controller import ChatController
-    from flashdesk.app.engine_session import READY, EngineSession
-    from flashdesk.app.store import Store
+    from flashdesk.app.chat.chat_controller import ChatController
+    from flashdesk.app.engines.engine_session import READY, EngineSession
+    from flashdesk.app.history.store import Store
 
     replies_run_to_max_tokens()
     pump = EventPump()
@@ -105,8 +105,8 @@ def engine_kills(demo: tuple[Path, Path], folder: Path, count: int, rng: random.
 
 
 def _kill_engine_once(number, pump, store, session, controller, rng) -> tuple[list[str], int]:
-    from flashdesk.app.engine_session import DEAD, READY
-    from flashdesk.app.store import COMPLETE, INTERRUPTED
+    from flashdesk.app.engines.engine_session import DEAD, READY
+    from flashdesk.app.history.store import COMPLETE, INTERRUPTED
 
     session.set_speculation(rng.random() < 0.8, rng.choice(DRAFT_LENGTHS))
     controller.update_settings("", {"temperature": rng.choice([0.0, 0.8]), "top_p": 1.0, "top_k": 0,
@@ -233,7 +233,7 @@ def app_kills(demo: tuple[Path, Path], folder: Path, count: int, rng: random.Ran
 
 
 def _kill_app_once(number: int, demo, db: Path, log_path: Path, rng: random.Random) -> tuple[list[str], int]:
-    from flashdesk.app.store import INTERRUPTED, Store
+    from flashdesk.app.history.store import INTERRUPTED, Store
 
     kill_after = rng.randint(1, MOST_BATCHES_BEFORE_KILL)
     child = run_child(db, demo, log_path, "--max-tokens", str(REPLY_TOKENS), "--prompt",

@@ -39,7 +39,7 @@ def rows(path: Path) -> list[tuple]:
 
 def populated(path: Path, conversations: int = 30) -> list[tuple]:
     """A database of the app's with some conversations, cleanly closed; its rows."""
-    from flashdesk.app.store import COMPLETE, Store
+    from flashdesk.app.history.store import COMPLETE, Store
 
     store = Store(path)
     for i in range(conversations):
@@ -79,7 +79,7 @@ def tmpfs(folder: Path, size: str):
 
 def _moved_aside(path: Path, kind: str, phrase: str, before: bytes) -> str | None:
     """Store(path) must move the database aside saying `phrase`, keep its bytes, and start afresh."""
-    from flashdesk.app.store import Store
+    from flashdesk.app.history.store import Store
 
     store = Store(path)
     try:
@@ -97,7 +97,7 @@ def _moved_aside(path: Path, kind: str, phrase: str, before: bytes) -> str | Non
 
 def _left_alone(path: Path, phrase: str, before: list[tuple]) -> str | None:
     """Store(path) must refuse with DatabaseUnavailable saying `phrase` and touch nothing."""
-    from flashdesk.app.store import DatabaseUnavailable, Store
+    from flashdesk.app.history.store import DatabaseUnavailable, Store
 
     try:
         Store(path).close()
@@ -180,7 +180,7 @@ def store_cases(folder: Path, demo: tuple[Path, Path], mountable: bool) -> list[
         return _full_disk_while_saving(case_path("full-rlimit"), demo, folder, RLIMIT, "disk I/O error")
 
     def control_characters() -> str | None:
-        from flashdesk.app.store import Store
+        from flashdesk.app.history.store import Store
 
         text = "tide\x00 \x1b[31mred\x1b[0m \x07\x7f\x08 \r\n \u202eevil\u202c end"
         path = case_path("control")
@@ -214,7 +214,7 @@ def _full_disk_while_saving(db: Path, demo, folder: Path, how: str, phrase: str)
     """The app streams a long reply with DISK_ROOM bytes of disk left: the failed saves are said (the
     notice), the reply still ends, and afterwards the database opens with every earlier row and
     what was saved of the reply (a prefix of what was shown)."""
-    from flashdesk.app.store import Store
+    from flashdesk.app.history.store import Store
 
     before = populated(db, conversations=3)
     child = run_child(db, demo, folder / "full-disk.log", "--max-tokens", "600",

@@ -19,9 +19,9 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPus
                                QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
 from flashdesk.app import theme
-from flashdesk.app.markdown import COPY_SCHEME, draft_ranges, with_copy_links
-from flashdesk.app.reply import context_filled, context_note, footer_text
-from flashdesk.app.store import CANCELLED, FAILED, INTERRUPTED, STREAMING, Message
+from flashdesk.app.chat.markdown import COPY_SCHEME, draft_ranges, with_copy_links
+from flashdesk.app.chat.reply import context_filled, context_note, footer_text
+from flashdesk.app.history.store import CANCELLED, FAILED, INTERRUPTED, STREAMING, Message
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 STATE_TEXT = {

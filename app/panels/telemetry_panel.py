@@ -18,8 +18,8 @@ from collections import deque
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
 
 from flashdesk.app import theme
-from flashdesk.app.plots import TimePlot
-from flashdesk.app.telemetry import Sample
+from flashdesk.app.panels.plots import TimePlot
+from flashdesk.app.panels.telemetry import Sample
 
 NA = "n/a"
 GIB = 1024 ** 3

@@ -27,11 +27,11 @@ from typing import Callable
 from PySide6.QtCore import QObject, Signal
 
 from flashdesk import protocol as p
-from flashdesk.app.engine_session import EngineSession
-from flashdesk.app.reply import Reply
-from flashdesk.app.settings_dialog import DROP_OLDEST, sampling_with_defaults
-from flashdesk.app.store import CANCELLED, COMPLETE, FAILED, INTERRUPTED, STREAMING, Conversation, Store
-from flashdesk.app.titles import title_from
+from flashdesk.app.engines.engine_session import EngineSession
+from flashdesk.app.chat.reply import Reply
+from flashdesk.app.chat.settings_dialog import DROP_OLDEST, sampling_with_defaults
+from flashdesk.app.history.store import CANCELLED, COMPLETE, FAILED, INTERRUPTED, STREAMING, Conversation, Store
+from flashdesk.app.history.titles import title_from
 
 NEW_TITLE = "New conversation"
 CONTINUE_TEXT = "Continue."  # the follow-up that asks a reply cut off by the full context to go on

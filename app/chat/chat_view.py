@@ -11,8 +11,8 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QVBoxLayout, QWidget
 
-from flashdesk.app.message_widget import MessageWidget, column_width
-from flashdesk.app.store import Message
+from flashdesk.app.chat.message_widget import MessageWidget, column_width
+from flashdesk.app.history.store import Message
 
 EMPTY_TEXT = "Write a message below and press Enter to send it (Shift+Enter for a new line)."
 SIDE_MARGIN = 16

@@ -17,8 +17,8 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QFormLayout, QGroup
 
 from flashdesk import protocol as p
 from flashdesk.app import theme
-from flashdesk.app.engine_session import READY, EngineSession
-from flashdesk.app.plots import GroupedBarPlot
+from flashdesk.app.engines.engine_session import READY, EngineSession
+from flashdesk.app.panels.plots import GroupedBarPlot
 
 AUTO = p.AUTO_DRAFT_LENGTH
 TASKS = ("code", "math", "reasoning", "chat", "summarization", "translation")  # assets/prompts/

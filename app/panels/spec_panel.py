@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, Q
 
 from flashdesk.app import theme
 from flashdesk.protocol import AUTO_DRAFT_LENGTH as AUTO
-from flashdesk.app.plots import BarPlot
+from flashdesk.app.panels.plots import BarPlot
 
 
 def _pct(value) -> str:

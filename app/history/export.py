@@ -8,9 +8,9 @@ import re
 import time
 from pathlib import Path
 
-from flashdesk.app.reply import footer_text
-from flashdesk.app.store import Conversation, Message
-from flashdesk.app.titles import shorten
+from flashdesk.app.chat.reply import footer_text
+from flashdesk.app.history.store import Conversation, Message
+from flashdesk.app.history.titles import shorten
 
 FORMAT = "flashdesk-conversation"
 VERSION = 1

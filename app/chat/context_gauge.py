@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from flashdesk.app.engine_session import READY, EngineSession
-from flashdesk.app.settings_dialog import STOP
+from flashdesk.app.engines.engine_session import READY, EngineSession
+from flashdesk.app.chat.settings_dialog import STOP
 
 DEBOUNCE_MS = 250
 REPLY_SHARE = 4  # as engine/decode/conversation.py: a turn leaves its reply at least 1/4 of the context

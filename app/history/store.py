@@ -2,7 +2,7 @@
 
 Why SQLite in WAL mode: every write is a small transaction that survives a crash of the app (or
 of the machine, up to the last commit), and the assistant's reply is written as the window shows
-it (app/chat_controller.py saves each batch of steps before showing it), so a crash of the app or
+it (app/chat/chat_controller.py saves each batch of steps before showing it), so a crash of the app or
 of the engine loses none of the text the window showed. The schema carries a version (PRAGMA
 user_version) and is brought up to date by the migrations below, one function per version.
 

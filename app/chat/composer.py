@@ -1,7 +1,7 @@
 """The input at the bottom of the chat: Enter sends, Shift+Enter is a new line, one button that is
 Send while idle and Stop while a reply streams. Esc stops: here, and anywhere in the window through
 the window's shortcut. Under it, a gauge of the context the conversation and the text being typed
-take ("N / LIMIT tokens"), coloured as it nears and passes the limit; app/context_gauge.py counts."""
+take ("N / LIMIT tokens"), coloured as it nears and passes the limit; app/chat/context_gauge.py counts."""
 
 from __future__ import annotations
 

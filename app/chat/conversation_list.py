@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QLabel, QLineEdit
                                QListWidgetItem, QMessageBox, QPushButton, QStyle, QStyledItemDelegate,
                                QStyleOptionViewItem, QVBoxLayout, QWidget)
 
-from flashdesk.app.store import HIT_END, HIT_START, SearchHit
+from flashdesk.app.history.store import HIT_END, HIT_START, SearchHit
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 SNIPPET_ROLE = Qt.ItemDataRole.UserRole + 1  # the snippet as rich text, on items of a search

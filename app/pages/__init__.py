@@ -1,0 +1,1 @@
+"""Whole pages of the window besides the chat: model setup and the benchmark."""
