@@ -44,8 +44,13 @@ weights, byte for byte.
 The stages are the modules of packaging/demo_training/ (recipe: every constant; corpus, tokenizer,
 target, replies, drafter); this script runs them in order and writes the folder.
 
-    .venv/bin/python packaging/train_demo.py                  # the shipped pair, into assets/demo_model/
+    .venv/bin/python packaging/train_demo.py                  # into assets/demo_model/ (not the shipped bytes: see its NOTICE.md)
     .venv/bin/python packaging/train_demo.py --quick --out /tmp/demo   # a two-minute smoke run
+    .venv/bin/python packaging/train_demo.py --out /tmp/demo/demo_model --compare assets/demo_model
+                                                    # did this run give the shipped bytes?
+
+--seed changes the target's initial weights and the order of its training windows: a model this small
+loops more or less under greedy decoding by seed alone, and packaging/demo_quality.py counts it.
 """
 
 from __future__ import annotations
@@ -74,16 +79,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="git revision to read README.md and docs/ from, or 'worktree' (default: %(default)s)")
     parser.add_argument("--docs", type=Path, action="append", default=[], help="more Markdown folders for the corpus")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the weights depend on it)")
+    parser.add_argument("--seed", type=int, default=0, help="the target's initial weights and its order of training windows")
     parser.add_argument("--target-steps", type=int, default=900)
     parser.add_argument("--draft-steps", type=int, default=2400)
     parser.add_argument("--replies", type=int, default=5000, help="target replies generated for the drafter")
     parser.add_argument("--save-replies", type=Path, help="also keep the drafter's data (token ids) in this file")
     parser.add_argument("--quick", action="store_true", help="a smoke run: a few steps of everything")
+    parser.add_argument("--compare", type=Path, metavar="PAIR",
+                        help="then compare the weights, tokenizer and configs with this pair's (e.g. assets/demo_model) "
+                             "byte for byte; exit 1 if any differ")
     args = parser.parse_args(argv)
     if args.quick:
         args.target_steps, args.draft_steps, args.replies = 30, 30, 48
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     random.seed(0)
     times, t0 = {}, time.time()
     log(f"Python {sys.version.split()[0]} standard library at {STDLIB}; torch {torch.__version__}, "
@@ -109,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     t = time.time()
     target = build_target()
     log(f"target: {sum(p.numel() for p in target.parameters()) / 1e6:.2f} M parameters")
-    windows = Windows(plain, chats, chat_share=0.4, length=512, seed=1)
+    windows = Windows(plain, chats, chat_share=0.4, length=512, seed=1 + args.seed)
     target_loss = train_target(target, windows, args.target_steps, batch=8)
     save_target(target, target_dir)
     times["target_s"] = time.time() - t
@@ -131,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     times["total_s"] = time.time() - t0
 
     write_json(work / "training.json", {
-        "python": sys.version.split()[0], "torch": torch.__version__, "threads": args.threads,
+        "python": sys.version.split()[0], "torch": torch.__version__, "threads": args.threads, "seed": args.seed,
         "docs_revision": args.docs_revision,
         "quick": args.quick, "target_steps": args.target_steps, "draft_steps": args.draft_steps,
         "plain_tokens": n_plain, "chat_tokens": n_chat, "conversations": len(corpus["chats"]),
@@ -150,7 +159,20 @@ def main(argv: list[str] | None = None) -> int:
     work.rename(args.out)
     log(f"wrote {args.out} in {times['total_s'] / 60:.1f} min "
         f"({', '.join(f'{k} {v / 60:.1f} min' for k, v in times.items() if k != 'total_s')})")
-    return 0
+    return compare_pairs(args.out, args.compare) if args.compare else 0
+
+
+def compare_pairs(ours: Path, theirs: Path) -> int:
+    """Whether a run reproduced a pair: every file of its target/ and drafter/, byte for byte."""
+    names = sorted({f.relative_to(d).as_posix() for d in (ours, theirs) for sub in ("target", "drafter")
+                    for f in (d / sub).glob("*") if f.is_file()})
+    differ = [n for n in names if not ((ours / n).is_file() and (theirs / n).is_file()
+                                       and (ours / n).read_bytes() == (theirs / n).read_bytes())]
+    for name in names:
+        log(f"{name}: {'DIFFERS' if name in differ else 'identical'}")
+    log(f"{'reproduced' if not differ else 'NOT reproduced'}: {len(names) - len(differ)} of {len(names)} files "
+        f"identical to {theirs}")
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":
