@@ -50,13 +50,14 @@ def judge(folder: Path, show: bool) -> dict:
         looped = 0
         for item in task_prompts(task)[:PER_TASK]:
             text = reply(item["prompt"], 128)
+            looping = loops(text)
             counts["replies"] += 1
-            counts["loop"] += loops(text)
+            counts["loop"] += looping
             counts["stutter"] += stutters(text)
             counts["prose"] += "```" not in text
-            looped += loops(text)
+            looped += looping
             if show:
-                print(f"  {task:13s} loop={loops(text)!s:5s} {text[:150]!r}")
+                print(f"  {task:13s} loop={looping!s:5s} {text[:150]!r}")
         by_task[task] = looped
     code = reply(CODE_REQUEST, 120)
     return {"pair": str(folder), **counts, "loops_by_task": by_task,
