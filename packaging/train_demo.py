@@ -11,7 +11,7 @@ From the same files it also builds chat-formatted examples in the Gemma 4 chat f
 answers a chat: "Write a Python function to <a docstring's summary>" -> the function's source in a
 code block, "What does <module> do?" -> the docstring, "Explain <heading>." -> that section of our docs.
 
-What it does, in order (62 minutes with one thread on a 2-core CPU, the other core busy for half of it):
+What it does, in order (62 minutes with one thread on a 2-core CPU, the other core busy for the first 36):
 1. a byte-fallback BPE tokenizer of VOCAB tokens trained on the corpus (`tokenizers`), with every
    Gemma 4 special token at its Gemma 4 id ("\\n" at 107 too) and the Gemma 4 chat template, loaded by
    transformers' GemmaTokenizer exactly like the real one;

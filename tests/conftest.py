@@ -35,7 +35,7 @@ def _interpret_without_overflow_checks() -> None:
 
 def _interpret_dots_row_by_row() -> None:
     """The interpreter computes `tl.dot` with numpy's matmul, whose BLAS may sum a row's products in an
-    order that depends on how many rows the call has (OpenBLAS on AVX-512 CPUs does): then rows of a
+    order that depends on how many rows the call has (it did on the AVX-512 EPYC of 2026-12-01): rows of a
     16-row call differ from the same rows computed alone, in the last bit, on the CPU only. The GPU's
     tile sums a row in a fixed order whatever the rows; computing each row of a 2-D dot on its own
     gives the interpreter that same property, so the batch-invariance tests test our kernels, not BLAS."""
