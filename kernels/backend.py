@@ -36,6 +36,34 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
 
 
+def _interpreter_dots_row_by_row() -> None:
+    """Make the interpreter's fp32 `tl.dot` batch invariant, as the GPU's is.
+
+    The interpreter computes `tl.dot` with numpy's matmul, whose BLAS may sum a row's products in an
+    order that depends on how many rows the call has (it did on an AVX-512 EPYC, 2026-12-01): rows of
+    a 16-row call then differ in the last bit from the same rows computed alone, and speculation could
+    change greedy output under the interpreter. A GPU tile sums each row in a fixed order whatever
+    the other rows; computing each row of a 2-D fp32 dot on its own gives the interpreter the same."""
+    try:
+        import numpy as np
+        import triton.runtime.interpreter as interpreter
+    except ImportError:
+        return
+    plain_dot = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, *options):
+        if a.data.ndim != 2 or a.data.dtype != np.float32 or b.data.dtype != np.float32:
+            return plain_dot(self, a, b, d, *options)
+        rows = [np.matmul(row[None, :], b.data, dtype=d.data.dtype) for row in a.data]
+        return interpreter.TensorHandle(np.concatenate(rows) + d.data, d.dtype.scalar)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
+if interpreted():
+    _interpreter_dots_row_by_row()
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401

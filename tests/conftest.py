@@ -33,31 +33,7 @@ def _interpret_without_overflow_checks() -> None:
         pass
 
 
-def _interpret_dots_row_by_row() -> None:
-    """The interpreter computes `tl.dot` with numpy's matmul, whose BLAS may sum a row's products in an
-    order that depends on how many rows the call has (it did on the AVX-512 EPYC of 2026-12-01): rows of a
-    16-row call differ from the same rows computed alone, in the last bit, on the CPU only. The GPU's
-    tile sums a row in a fixed order whatever the rows; computing each row of a 2-D dot on its own
-    gives the interpreter that same property, so the batch-invariance tests test our kernels, not BLAS."""
-    try:
-        import numpy as np
-        import triton.runtime.interpreter as interpreter
-
-        plain_dot = interpreter.InterpreterBuilder.create_dot
-
-        def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-            if a.data.ndim != 2 or a.data.dtype != np.float32 or b.data.dtype != np.float32:
-                return plain_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
-            rows = [np.matmul(row[None, :], b.data, dtype=d.data.dtype) for row in a.data]
-            return interpreter.TensorHandle(np.concatenate(rows) + d.data, d.dtype.scalar)
-
-        interpreter.InterpreterBuilder.create_dot = create_dot
-    except Exception:  # noqa: BLE001 - another triton version: its own dot
-        pass
-
-
 _interpret_without_overflow_checks()
-_interpret_dots_row_by_row()
 
 
 @pytest.fixture(scope="session")
