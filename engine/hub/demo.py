@@ -2,13 +2,14 @@
 
 Why: every part of the app (streaming, speculation statistics, telemetry, storage) should work on
 a machine without a GPU or downloaded weights, and the app's tests drive the real worker with it.
-The pair was trained on the CPU by packaging/train_demo.py (which reproduces it in under an hour)
-on FlashDesk's own documentation and the Python standard library's source (PSF-licensed; see
-assets/demo_model/NOTICE.md): a 2.4 M-parameter Gemma 4 of the 26B-A4B's architecture (hidden 128,
-six layers, sliding and full attention, 8 experts top-2 beside a dense MLP, a 4096-token BPE with
-Gemma 4's special tokens and chat template) and a 3-layer DFlash drafter trained against it with the
-DFlash recipe (6 MB in all). Its text reads like code or English from a very small model (it is not
-meant to be right), and speculation pays on the CPU as it does on a GPU with the real pair.
+The pair was trained on the CPU by an earlier revision of packaging/train_demo.py (its NOTICE.md says
+which, and how close the script's runs come now) on FlashDesk's own documentation and the Python
+standard library's source (PSF-licensed; see assets/demo_model/NOTICE.md): a 2.4 M-parameter Gemma 4
+of the 26B-A4B's architecture (hidden 128, six layers, sliding and full attention, 8 experts top-2
+beside a dense MLP, a 4096-token BPE with Gemma 4's special tokens and chat template) and a 3-layer
+DFlash drafter trained against it with the DFlash recipe (6 MB in all). Its text reads like code or
+English from a very small model (it is not meant to be right), and speculation pays on the CPU as it
+does on a GPU with the real pair.
 
 The folders are in the exact on-disk layouts of the real checkpoints (a `Gemma4ForCausalLM`
 config.json and bf16 safetensors with the tokenizer files, z-lab's drafter config and weights), so
