@@ -102,9 +102,9 @@ def _short_code(block: str, limit: int = 500) -> str:
 
 
 def reply_prompts(tok, corpus: dict, plain: list[list[int]], count: int) -> list[list[int]]:
-    """Prompts for the target's replies: 70 % chat requests (the held-out ones, as many again in other
-    forms (open_requests), then ones it was trained on), 30 % plain prefixes (a few lines of the standard
-    library or of our docs)."""
+    """Prompts for the target's replies: 70 % chat requests (the held-out ones, as many again reworded by
+    open_requests, then ones it was trained on), 30 % plain prefixes (a few lines of the standard library
+    or of our docs)."""
     rng = random.Random(2)
     chat_count = count * 7 // 10
     held = [r for r, _ in corpus["held_out"]][:chat_count]
