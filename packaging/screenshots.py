@@ -126,7 +126,7 @@ class Shooter:
         w = self.window(delay="0.05")
         self.wait(lambda: w.session.state == "ready", what="the demo model to load")
         w.spec.length.setValue(8)
-        self.stream(w, "Write a Python function that reads a file and returns the number of lines in it.", seconds=3.0)
+        self.stream(w, "Write a Python function that reads a file and returns the number of lines in it.", seconds=1.2)
         self.shot(w, "screenshot-chat.png")
         self.shot(w.spec, "screenshot-speculation.png")  # the speculation panel alone, mid-reply
         self.wait(lambda: not w.controller.busy, 120, "the reply to end")

@@ -57,6 +57,7 @@ def test_a_run_shows_progress_chart_table_is_kept_and_sets_the_best(qtbot, open_
     assert [page.table.item(r, 0).text() for r in (0, 3, 6)] == ["code", "chat", "all tasks"]
     assert page.table.item(6, 3).text() == "1.00×"  # AR against itself
     assert len(page.chart.items) == 2 + 1  # a series per DFlash mode and the line at 1
+    assert page.chart.legend.columnCount == 2  # the legend in one row, above the bars
     kept = list((tmp_path / "data" / "bench").glob("*.json"))
     assert len(kept) == 1 and len(json.loads(kept[0].read_text())["runs"]) == 1
     assert list((tmp_path / "data" / "bench").glob("*.png"))  # the chart the CLI writes, too

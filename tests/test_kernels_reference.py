@@ -3,18 +3,34 @@
 import torch
 
 from flashdesk.kernels.attention import attention_reference
-from flashdesk.kernels.moe import moe_gathered, moe_reference
+from flashdesk.kernels.moe import moe_every_expert, moe_gathered, moe_reference
 
 
-def test_gathered_moe_equals_the_per_expert_loop():
-    gen = torch.Generator().manual_seed(0)
-    e, d, i, t, k = 8, 32, 24, 13, 3
+def _random_moe(seed: int, t: int, e: int = 8, d: int = 32, i: int = 24, k: int = 3):
+    """x, gate_up, down, top_idx, top_w of a random MoE call with t tokens."""
+    gen = torch.Generator().manual_seed(seed)
     x = torch.randn(t, d, generator=gen)
     gate_up, down = torch.randn(e, 2 * i, d, generator=gen), torch.randn(e, d, i, generator=gen)
     idx = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
-    w = torch.rand(t, k, generator=gen)
+    return x, gate_up, down, idx, torch.rand(t, k, generator=gen)
+
+
+def test_gathered_moe_equals_the_per_expert_loop():
+    x, gate_up, down, idx, w = _random_moe(0, t=13)
     assert torch.allclose(moe_gathered(x, gate_up, down, idx, w), moe_reference(x, gate_up, down, idx, w),
                           atol=1e-4, rtol=1e-5)
+
+
+def test_every_expert_moe_equals_the_per_expert_loop_and_is_batch_invariant_in_bf16():
+    t = 16
+    x, gate_up, down, idx, w = _random_moe(2, t)
+    assert torch.allclose(moe_every_expert(x, gate_up, down, idx, w), moe_reference(x, gate_up, down, idx, w),
+                          atol=1e-4, rtol=1e-5)
+    xb, gate_up_b, down_b = x.bfloat16(), gate_up.bfloat16(), down.bfloat16()
+    block = moe_every_expert(xb, gate_up_b, down_b, idx, w)
+    for row in range(t):  # a verify block's row is what the same token computes alone
+        alone = moe_every_expert(xb[row:row + 1], gate_up_b, down_b, idx[row:row + 1], w[row:row + 1])
+        assert torch.equal(block[row], alone[0])
 
 
 def test_attention_masks_by_position():

@@ -116,6 +116,7 @@ class GroupedBarPlot(Plot):
         for item in self.items:
             self.removeItem(item)
         self.legend.clear()
+        self.legend.setColumnCount(max(1, len(series)))  # one row: it fits the headroom above the bars
         self.items = []
         width = 0.8 / max(1, len(series))
         for j, (name, values, color) in enumerate(series):

@@ -2,9 +2,9 @@
 
 Why: every part of the app (streaming, speculation statistics, telemetry, storage) should work on
 a machine without a GPU or downloaded weights, and the app's tests drive the real worker with it.
-The pair was trained on the CPU by an earlier revision of packaging/train_demo.py (its NOTICE.md says
-which, and how close the script's runs come now) on FlashDesk's own documentation and the Python
-standard library's source (PSF-licensed; see assets/demo_model/NOTICE.md): a 2.4 M-parameter Gemma 4
+The pair was trained on the CPU by packaging/train_demo.py (its defaults write these bytes in about
+51 minutes; NOTICE.md has the runs) on FlashDesk's own documentation and the Python standard
+library's source (PSF-licensed; see assets/demo_model/NOTICE.md): a 2.4 M-parameter Gemma 4
 of the 26B-A4B's architecture (hidden 128, six layers, sliding and full attention, 8 experts top-2
 beside a dense MLP, a 4096-token BPE with Gemma 4's special tokens and chat template) and a 3-layer
 DFlash drafter trained against it with the DFlash recipe (6 MB in all). Its text reads like code or
@@ -27,7 +27,7 @@ from pathlib import Path
 
 DEMO_ASSETS = Path(__file__).resolve().parents[2] / "assets" / "demo_model"
 MARKER = "flashdesk-demo.json"  # written last: a folder without it is incomplete
-DEMO_VERSION = 2  # 1 was the random pair; a folder of any other version is rewritten
+DEMO_VERSION = 3  # 1 was the random pair, 2 a pair no committed script revision makes; others are rewritten
 
 
 def demo_paths(folder: str | Path) -> tuple[Path, Path]:
