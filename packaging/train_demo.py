@@ -51,11 +51,11 @@ target, replies, drafter); this script runs them in order and writes the folder.
     .venv/bin/python packaging/train_demo.py --out /tmp/demo/demo_model --compare assets/demo_model
                                                     # did this run give the shipped bytes?
 
-The defaults (seed 2, 1200 target steps on one thread, 6000 drafter steps on two) give the best pair this
-script has made; it speculates a little less than the shipped one (NOTICE.md has the runs and the
-figures). The target keeps one thread because its weights were chosen at that count (a model this small
-reads better or worse by seed and rounding alone); the drafter uses the second core (6 steps a second
-instead of 3.4), which takes the run from 62 to 51 minutes.
+The defaults (seed 2, 1200 target steps on one thread, 6000 drafter steps on two) write the shipped
+pair, byte for byte (NOTICE.md has the runs and the figures). The target keeps one thread because its
+weights were chosen at that count (a model this small reads better or worse by seed and rounding
+alone); the drafter uses the second core (6 steps a second instead of 3.4), which takes the run from
+62 to 51 minutes.
 --seed changes the target's initial weights and the order of its training windows: a model this small
 loops more or less under greedy decoding by seed alone (packaging/demo_quality.py counts it), and the
 less its text repeats, the longer its drafter must train to be accepted as often (NOTICE.md has the runs).
