@@ -1,10 +1,12 @@
 """Everything GPU-side in one call: correctness on CUDA, then full-size timings and memory.
 
 For a session that is lent a GPU (one H200, torch 2.11, triton 3.6, no internet, minutes of time):
-    python packaging/gpu_check.py --out "$OUT"
+    PYTHONUNBUFFERED=1 python3 packaging/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/log"
 It needs no install: it puts the checkout on sys.path as the package `flashdesk`. Results go to
-$OUT/gpu_check.json and a summary to stdout; each section records its own failure and the rest go
-on. `--smoke` runs the same code on the CPU with small shapes, so the script is tested without a GPU.
+$OUT/gpu_check.json (rewritten after every section) and a summary to stdout; each section records
+its own failure and the rest go on. After `--deadline` seconds (540) it prints every thread's stack
+and exits, so a hang inside the device tool's 10-minute limit still brings back what finished.
+`--smoke` runs the same code on the CPU with small shapes, so the script is tested without a GPU.
 
 Sections:
 1. environment: torch, CUDA, GPU, triton.
@@ -23,6 +25,7 @@ Sections:
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import statistics
@@ -338,12 +341,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--smoke", action="store_true", help="small shapes on the CPU (tests this script)")
+    parser.add_argument("--deadline", type=float, default=540.0,
+                        help="seconds after which the script prints every thread's stack and exits (default 540: "
+                             "inside the device tool's 600 s per command, so a hang still returns its results)")
     args = parser.parse_args()
     import_flashdesk()
     import torch
 
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
     smoke = args.smoke or device.type == "cpu"
+    out_file = Path(args.out) / "gpu_check.json"
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    faulthandler.dump_traceback_later(args.deadline, exit=True)
     results = {}
     sections = [("environment", lambda: section_environment(device)),
                 ("tiny_correctness", lambda: section_tiny_correctness(device, smoke)),
@@ -351,6 +360,10 @@ def main() -> int:
                 ("full_size", lambda: section_full_size(device, smoke,
                                                         ("float32",) if device.type == "cpu" else ("fp8", "bfloat16")))]
     for name, run in sections:
+        # written before and after each section: a hang or a crash still leaves what finished, and
+        # names the section it stopped in
+        results[name] = {"error": f"did not finish (crashed, or --deadline {args.deadline:g} s passed)"}
+        out_file.write_text(json.dumps(results, indent=1))
         t0 = time.perf_counter()
         try:
             results[name] = run()
@@ -358,8 +371,8 @@ def main() -> int:
             results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
         results[name]["seconds"] = round(time.perf_counter() - t0, 1)
         print(f"== {name}\n{json.dumps(results[name], indent=1)}", flush=True)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "gpu_check.json").write_text(json.dumps(results, indent=1))
+    faulthandler.cancel_dump_traceback_later()
+    out_file.write_text(json.dumps(results, indent=1))
     failed = [name for name, r in results.items() if "error" in r or r.get("ok") is False]
     print("FAILED: " + ", ".join(failed) if failed else "all sections ran")
     return 1 if failed else 0

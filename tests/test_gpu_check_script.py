@@ -18,3 +18,23 @@ def test_gpu_check_smoke(tmp_path):
     assert results["tiny_correctness"]["dflash_greedy_equals_ar"] is True
     row = results["full_size"]["float32"]
     assert row["ar_step_ms"] > 0 and row["dflash_k15_step_ms"] > 0
+
+
+def test_gpu_check_keeps_what_finished_when_a_section_hangs(tmp_path):
+    """A section that hangs past --deadline: the script prints the stacks and exits, and
+    gpu_check.json holds the sections that finished and names the one that did not."""
+    script = ROOT / "packaging" / "gpu_check.py"
+    hang = (
+        "import importlib.util, sys, time\n"
+        f"spec = importlib.util.spec_from_file_location('gpu_check', {str(script)!r})\n"
+        "gpu_check = importlib.util.module_from_spec(spec); spec.loader.exec_module(gpu_check)\n"
+        "gpu_check.section_tiny_correctness = lambda device, smoke: time.sleep(60)\n"
+        f"sys.argv = ['gpu_check', '--smoke', '--deadline', '2', '--out', {str(tmp_path)!r}]\n"
+        "sys.exit(gpu_check.main())\n")
+    done = subprocess.run([sys.executable, "-c", hang], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "Timeout" in done.stderr and "most recent call first" in done.stderr  # the hung stack
+    results = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert results["environment"]["torch"]
+    assert "did not finish" in results["tiny_correctness"]["error"]
+    assert "full_size" not in results
