@@ -1,0 +1,107 @@
+"""Record the Triton launches a run makes under the interpreter, so each can be compiled for a GPU.
+
+`compile_specs()` in each kernel module lists the specializations the real model's shapes launch;
+a recorded run covers whatever else a run launches: the fp32 activations and tiny shapes that
+`packaging/gpu_check.py` runs first on a lent GPU, say. Record with `record_launches()`, save with
+`save()`, then compile every distinct launch for a card with
+
+    FLASHDESK_LAUNCH_LOG=launches.json python -m flashdesk.kernels.check \\
+        --module flashdesk.kernels.launch_log --arch sm_90
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from flashdesk.kernels.backend import CompileSpec
+
+LOG_VARIABLE = "FLASHDESK_LAUNCH_LOG"
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+POINTER_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8e4nv",
+                 "float8_e5m2": "fp8e5", "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8",
+                 "uint8": "u8", "bool": "i1"}
+
+
+def describe_launch(fn, args: tuple, kwargs: dict) -> dict:
+    """One launch of the jitted Python function `fn` as plain data: every argument's Triton type
+    ("*bf16", "i32", ...) or, for a constexpr, its value, plus the launch options."""
+    kwargs = dict(kwargs)
+    options = {key: kwargs.pop(key) for key in LAUNCH_OPTIONS if key in kwargs}
+    params = inspect.signature(fn).parameters
+    bound = dict(zip(params, args)) | kwargs
+    signature, constexprs = {}, {}
+    for name, param in params.items():
+        if name not in bound:
+            continue  # a defaulted constexpr: the compile fills it in
+        value = bound[name]
+        if "constexpr" in str(param.annotation) or value is None:
+            constexprs[name] = value
+        else:
+            signature[name] = _triton_type(name, value)
+    return {"module": fn.__module__, "function": fn.__name__, "signature": signature,
+            "constexprs": constexprs, "num_warps": options.get("num_warps", 4),
+            "num_stages": options.get("num_stages", 3)}
+
+
+def _triton_type(name: str, value) -> str:
+    if hasattr(value, "data_ptr") and hasattr(value, "dtype"):
+        dtype = str(value.dtype).removeprefix("torch.")
+        if dtype not in POINTER_TYPES:
+            raise TypeError(f"argument {name}: no Triton pointer type for a {dtype} tensor")
+        return "*" + POINTER_TYPES[dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -2**31 <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"argument {name}: cannot type a {type(value).__name__} for a Triton launch")
+
+
+@contextmanager
+def record_launches():
+    """Yield a list that collects each distinct launch (describe_launch) while the block runs.
+    Needs TRITON_INTERPRET=1 from before triton was imported: launches go through the interpreter."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    launches: list[dict] = []
+    seen: set[str] = set()
+    original = InterpretedFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        launch = describe_launch(self.fn, args, kwargs)
+        key = json.dumps(launch, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            launches.append(launch)
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = run
+    try:
+        yield launches
+    finally:
+        InterpretedFunction.run = original
+
+
+def save(launches: list[dict], path: str | Path) -> None:
+    Path(path).write_text(json.dumps(launches, indent=1))
+
+
+def compile_specs() -> list[CompileSpec]:
+    """The launches saved at $FLASHDESK_LAUNCH_LOG as specs for `flashdesk.kernels.check`."""
+    path = os.environ.get(LOG_VARIABLE)
+    if not path:
+        raise RuntimeError(f"set {LOG_VARIABLE} to a file written by launch_log.save()")
+    specs = []
+    for i, launch in enumerate(json.loads(Path(path).read_text())):
+        fn = getattr(importlib.import_module(launch["module"]), launch["function"])
+        types = ",".join(t.lstrip("*") for t in dict.fromkeys(launch["signature"].values()))
+        consts = ",".join(f"{k}={v}" for k, v in launch["constexprs"].items())
+        specs.append(CompileSpec(f"{launch['function']}#{i}[{types}|{consts}]", fn, launch["signature"],
+                                 launch["constexprs"], launch["num_warps"], launch["num_stages"]))
+    return specs
