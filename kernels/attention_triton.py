@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashdesk.kernels.backend import CompileSpec, interpreted
+from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec, interpreted
 from flashdesk.kernels.kv_write import device_start
 
 BLOCK_T = 16  # query rows of a decode tile; verify blocks never exceed it
@@ -158,7 +158,8 @@ def kv_write_triton(k, v, cache_k, cache_v, k_scale, v_scale, start: torch.Tenso
     rows = kv_write_rows(d)
     _kv_write_kernel[(triton.cdiv(t * hkv, rows),)](k, v, ck, cv, ks, vs, start, t, capacity,
                                                     k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                                                    HKV=hkv, D=d, FP8=fp8, ROWS=rows, num_warps=KV_WRITE_WARPS)
+                                                    HKV=hkv, D=d, FP8=fp8, ROWS=rows, num_warps=KV_WRITE_WARPS,
+                                                    num_stages=LAUNCH_STAGES)
 
 
 def kv_write_rows(head_dim: int) -> int:
@@ -323,12 +324,14 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
     _decode_split_kernel[(hkv * triton.cdiv(hq // hkv * t, BLOCK_T), splits)](
         q, ck, cv, ks, vs, start, m, l, acc, out, t, capacity, w, split, scale * LOG2E,
         HQ=hq, GROUP=hq // hkv, D=d, BLOCK_T=BLOCK_T, BLOCK_N=cfg.block_n, FP8=fp8,
-        DOT_FP32=interpreted(), ONE_SPLIT=one_split, CAUSAL=causal, num_warps=cfg.num_warps)
+        DOT_FP32=interpreted(), ONE_SPLIT=one_split, CAUSAL=causal, num_warps=cfg.num_warps,
+        num_stages=LAUNCH_STAGES)
     if one_split:
         return out
     block_d = min(d, COMBINE_BLOCK_D)
     _decode_combine_kernel[(hq, d // block_d)](m, l, acc, start, out, t, w, split,
-                                               HQ=hq, D=d, BLOCK_D=block_d, BLOCK_T=BLOCK_T, num_warps=COMBINE_WARPS)
+                                               HQ=hq, D=d, BLOCK_D=block_d, BLOCK_T=BLOCK_T, num_warps=COMBINE_WARPS,
+                                               num_stages=LAUNCH_STAGES)
     return out
 
 
@@ -418,7 +421,8 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: 
     _prefill_kernel[(triton.cdiv(t, cfg.block_m), hq)](
         q, k, v, out, q_pos.to(torch.int64), k_pos.to(torch.int64), t, s, window or 0, scale * LOG2E,
         HQ=hq, GROUP=hq // hkv, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
-        WINDOWED=window is not None, DOT_FP32=interpreted(), num_warps=cfg.num_warps)
+        WINDOWED=window is not None, DOT_FP32=interpreted(), num_warps=cfg.num_warps,
+        num_stages=LAUNCH_STAGES)
     return out
 
 
@@ -489,10 +493,12 @@ def compile_specs() -> list[CompileSpec]:
 
 
 def kv_write_specs() -> list[CompileSpec]:
-    """The cache write for both layer kinds, fp8 and bf16 storage, bf16 K/V in."""
+    """The cache write for both layer kinds, fp8 and bf16 storage, bf16 K/V in; and the drafter's
+    block, written into its bf16 context past the held length."""
     specs = []
-    for d, hkv, _ in TARGET_LAYERS:
-        for fp8 in (True, False):
+    layers = [(d, hkv, (True, False)) for d, hkv, _ in TARGET_LAYERS] + [(DRAFTER[0], DRAFTER[2], (False,))]
+    for d, hkv, storage in layers:
+        for fp8 in storage:
             cache, scales = ("*u8", "*fp32") if fp8 else ("*bf16", "*bf16")
             types = {"k_ptr": "*bf16", "v_ptr": "*bf16", "ck_ptr": cache, "cv_ptr": cache, "ks_ptr": scales,
                      "vs_ptr": scales, "start_ptr": "*i32",

@@ -113,6 +113,11 @@ def kernels(choice: str):
         _override = previous
 
 
+# Pipelining depth of the kernels that choose no other: Triton's CUDA default, but passed at every
+# launch, so a launch and the CompileSpec that kernels.check compiles for it cannot drift apart.
+LAUNCH_STAGES = 3
+
+
 @dataclass(frozen=True)
 class CompileSpec:
     """One specialization of a Triton kernel, as the engine launches it for the real model.
@@ -126,4 +131,4 @@ class CompileSpec:
     signature: dict[str, str]
     constexprs: dict[str, object] = field(default_factory=dict)
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = LAUNCH_STAGES

@@ -3,7 +3,8 @@ and spills, so a kernel that fails or spills on one architecture is caught here,
 
     python -m flashdesk.kernels.check --arch sm_86,sm_89,sm_90,sm_120 [--json] [--kernel SUBSTR]
 
-Each module in SPEC_MODULES lists its specializations with `compile_specs()` (backend.CompileSpec).
+Each module in SPEC_MODULES lists its specializations with `compile_specs()` (backend.CompileSpec);
+tests/test_launch_log.py checks those lists against what the engine launches at the real shapes.
 Every spec is compiled for every arch to a cubin with `triton.compile` (no GPU or driver needed);
 the wheel's own `cuobjdump --dump-resource-usage` then reads registers and per-thread local memory.
 Spills land in the stack frame (cuobjdump's STACK; its LOCAL stays 0), so `local_bytes` is

@@ -64,9 +64,11 @@ def _triton_type(name: str, value) -> str:
 
 
 @contextmanager
-def record_launches():
+def record_launches(execute: bool = True):
     """Yield a list that collects each distinct launch (describe_launch) while the block runs.
-    Needs TRITON_INTERPRET=1 from before triton was imported: launches go through the interpreter."""
+    Needs TRITON_INTERPRET=1 from before triton was imported: launches go through the interpreter.
+    With execute=False no kernel runs (outputs keep whatever torch.empty gave them): a full-size
+    step's launches in seconds, for a run whose host side never reads a kernel's result."""
     from triton.runtime.interpreter import InterpretedFunction
 
     launches: list[dict] = []
@@ -79,13 +81,36 @@ def record_launches():
         if key not in seen:
             seen.add(key)
             launches.append(launch)
-        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs) if execute else None
 
     InterpretedFunction.run = run
     try:
         yield launches
     finally:
         InterpretedFunction.run = original
+
+
+def unlisted(launches: list[dict], modules=None) -> list[dict]:
+    """The recorded launches that no hand-written spec of `modules` (kernels.check's SPEC_MODULES)
+    compiles: same function, argument types, constexpr values (defaults filled in) and launch
+    options. DOT_FP32 is left out: the interpreter sets it for its own sake, a GPU never does."""
+    from flashdesk.kernels.check import SPEC_MODULES, _specs
+
+    listed = {_key(getattr(spec.fn, "fn", spec.fn), spec.signature, spec.constexprs, spec.num_warps,
+                   spec.num_stages) for module in (modules or SPEC_MODULES) for spec in _specs(module)}
+    return [launch for launch in launches
+            if _key(getattr(importlib.import_module(launch["module"]), launch["function"]), launch["signature"],
+                    launch["constexprs"], launch["num_warps"], launch["num_stages"]) not in listed]
+
+
+def _key(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int) -> tuple:
+    fn = getattr(fn, "fn", fn)  # the Python function under a JITFunction or InterpretedFunction
+    values = {name: param.default for name, param in inspect.signature(fn).parameters.items()
+              if param.default is not inspect.Parameter.empty} | constexprs
+    values.pop("DOT_FP32", None)
+    types = {name: kind for name, kind in signature.items() if kind != "constexpr"}
+    return (fn.__module__, fn.__name__, tuple(sorted(types.items())),
+            tuple(sorted((name, repr(value)) for name, value in values.items())), num_warps, num_stages)
 
 
 def save(launches: list[dict], path: str | Path) -> None:

@@ -33,6 +33,7 @@ from flashdesk.kernels.int4 import Int4Weight
 SMALL_M = 16  # rows per tile of the batch-invariant path; calls with more rows take the prefill path
 TARGET_PROGRAMS = 512  # ~4 resident tiles per SM on 82..170-SM cards: enough loads in flight
 SUM_BLOCK = 1024
+SUM_WARPS, SUM_STAGES = 4, 2
 
 
 @triton.jit
@@ -205,7 +206,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, zero: torch.T
                          num_stages=tiles.num_stages)
     if tiles.split > 1:
         _sum_splits_kernel[(triton.cdiv(m * n, SUM_BLOCK),)](part, out, m * n, SPLIT=tiles.split, BLOCK=SUM_BLOCK,
-                                                             num_warps=4, num_stages=2)
+                                                             num_warps=SUM_WARPS, num_stages=SUM_STAGES)
     return out
 
 
@@ -240,9 +241,10 @@ HIDDEN = 2816
 TARGET_INT4 = [(8192, HIDDEN), (8704, HIDDEN), (9216, HIDDEN), (HIDDEN, 4096), (HIDDEN, 8192),
                (4224, HIDDEN), (HIDDEN, 2112)]
 TARGET_GROUPS = (32, 128, None)
-# The drafter's linears (fc, q, kv, o, gate_up, down): bf16, or symmetric group-32 int4 when it is
-# quantized on load, with an int4 head (whole, or in the 32768-row chunks of its torch path).
-DRAFTER = [(HIDDEN, 5 * HIDDEN), (4096, HIDDEN), (2048, HIDDEN), (HIDDEN, 4096), (11264, HIDDEN),
+# The drafter's linears (fc over the 6 tapped target layers, q, kv, o, gate_up, down): bf16, or
+# symmetric group-32 int4 when it is quantized on load, with an int4 head (whole, or in the
+# 32768-row chunks of its torch path).
+DRAFTER = [(HIDDEN, 6 * HIDDEN), (4096, HIDDEN), (2048, HIDDEN), (HIDDEN, 4096), (11264, HIDDEN),
            (HIDDEN, 5632)]
 DRAFTER_INT4 = DRAFTER + [(262144, HIDDEN), (32768, HIDDEN)]
 # Dense: the tied head, the router, the bf16 drafter, and target layers a checkpoint leaves unquantized.
@@ -263,7 +265,7 @@ def _kernel_spec(n: int, k: int, group: int, int4: bool, has_zero: bool, tiles: 
 def _sum_spec(split: int) -> CompileSpec:
     signature = {"part_ptr": "*fp32", "out_ptr": "*bf16", "MN": "i32", "SPLIT": "constexpr", "BLOCK": "constexpr"}
     return CompileSpec(f"linear_sum_splits_{split}", _sum_splits_kernel, signature,
-                       {"SPLIT": split, "BLOCK": SUM_BLOCK})
+                       {"SPLIT": split, "BLOCK": SUM_BLOCK}, SUM_WARPS, SUM_STAGES)
 
 
 def compile_specs() -> list[CompileSpec]:

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashdesk.kernels.backend import CompileSpec
+from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec
 
 TILE = 4096  # elements per program: one 2816-wide hidden row (padded), or several narrow rows
 
@@ -43,7 +43,8 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, eps: float) ->
         per_program, block, warps = _shape(d)
         w = weight if weight is not None else xc  # unused pointer when there is no weight
         _rms_norm_kernel[(triton.cdiv(rows, per_program),)](xc, w, out, rows, d, eps, HAS_WEIGHT=weight is not None,
-                                                             ROWS=per_program, BLOCK=block, num_warps=warps)
+                                                             ROWS=per_program, BLOCK=block, num_warps=warps,
+                                                             num_stages=LAUNCH_STAGES)
     return out
 
 

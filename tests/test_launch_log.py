@@ -1,10 +1,11 @@
-"""Every Triton launch of the first thing packaging/gpu_check.py runs on a lent GPU compiles for it.
+"""kernels/launch_log.py: what a run launches is what kernels.check compiles.
 
-kernels.check compiles the specializations the real model launches (bf16); gpu_check's first
-section runs the tiny model in fp32 on the device. Recorded under the interpreter, each of its
-distinct launches is compiled here for the H200 (sm_90) with Triton's own ptxas, so a compile error
-cannot cost the lent minutes. The interpreter passes DOT_FP32=True where a GPU passes False; with
-fp32 activations both compile to the same fp32 dot, so these are the GPU's launches.
+Two runs are recorded under the interpreter. The engine at the real shapes (kernels not executed)
+must launch only specializations kernels.check's hand-written specs list. The first section of
+packaging/gpu_check.py (the tiny model in fp32, the first thing a lent GPU runs) is compiled for the
+H200 (sm_90) with Triton's own ptxas, so a compile error cannot cost the lent minutes. The
+interpreter passes DOT_FP32=True where a GPU passes False; with fp32 activations both compile to the
+same fp32 dot, and the comparison with the specs leaves it out.
 """
 
 import importlib.util
@@ -55,3 +56,37 @@ def test_gpu_checks_first_section_launches_only_kernels_that_compile_for_sm_90(t
     failed = [f"{row['kernel']}: {row['error']}" for row in rows
               if not row["ok"] and not (row["error"] or "").startswith("local memory")]
     assert not failed, "\n".join(failed)
+
+
+def test_every_launch_at_the_real_shapes_is_one_kernels_check_compiles():
+    """kernels.check compiles hand-written specs of the real shapes; here the engine itself runs at
+    those shapes (2 of the 30 layers: one sliding, one full; fp8 KV; bf16 and int4 drafters) with
+    the kernels recorded but not executed, and every launch must be among those specs, launch
+    options included. It found the drafter's fc listed over 5 target layers instead of 6, its
+    block's K/V write missing, and launches running 3 pipeline stages where 2 were compiled."""
+    pytest.importorskip("triton")
+    from flashdesk.engine.decode.sampling import SamplingParams
+    from flashdesk.engine.decode.speculative import Decoder, SpecControl
+    from flashdesk.engine.model.config import parse_config, parse_draft_config
+    from flashdesk.engine.model.drafter import Drafter
+    from flashdesk.engine.model.gemma4 import Gemma4
+    from flashdesk.engine.tools import bench_synthetic as synthetic
+    from flashdesk.kernels.launch_log import unlisted
+
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    with kernels("triton"), record_launches(execute=False) as launches:
+        # prefill 1024 and 8192, AR and verify 1..16 at 8K context, a draft block of 15 (bf16 and int4)
+        synthetic.run_synthetic(layers=2, context=8192, device="cpu", dtype="bfloat16", kv_dtype="fp8", repeats=1,
+                                log=lambda message: None)
+        # the decode loop: chunked prefill, AR steps, drafts of 1..15, context K/V from a few rows
+        cfg, dcfg = parse_config(synthetic.target_raw(2)), parse_draft_config(synthetic.draft_raw(2))
+        model = Gemma4(cfg, synthetic.random_target_weights(cfg, cpu, bf16), cpu, bf16)
+        for quantize in (None, "int4"):
+            drafter = Drafter(dcfg, synthetic.random_draft_weights(dcfg, cpu, bf16), model, quantize=quantize)
+            decoder = Decoder(model, drafter, 2048, "fp8", SamplingParams(), set())
+            decoder.prefill(list(range(5, 1105)))
+            for control in (SpecControl(False), SpecControl(True, 1), SpecControl(True, 7), SpecControl(True, 15)):
+                decoder.step(100, control)
+    assert len(launches) > 40
+    missing = unlisted(launches)
+    assert not missing, "launched but never compiled by kernels.check:\n" + "\n".join(map(str, missing))
