@@ -125,8 +125,20 @@ def compile_specs() -> list[CompileSpec]:
     specs = []
     for i, launch in enumerate(json.loads(Path(path).read_text())):
         fn = getattr(importlib.import_module(launch["module"]), launch["function"])
+        constexprs = as_on_gpu(launch)
         types = ",".join(t.lstrip("*") for t in dict.fromkeys(launch["signature"].values()))
-        consts = ",".join(f"{k}={v}" for k, v in launch["constexprs"].items())
+        consts = ",".join(f"{k}={v}" for k, v in constexprs.items())
         specs.append(CompileSpec(f"{launch['function']}#{i}[{types}|{consts}]", fn, launch["signature"],
-                                 launch["constexprs"], launch["num_warps"], launch["num_stages"]))
+                                 constexprs, launch["num_warps"], launch["num_stages"]))
     return specs
+
+
+def as_on_gpu(launch: dict) -> dict:
+    """The launch's constexprs as a GPU would pass them. The interpreter sets DOT_FP32 for every
+    launch (its bf16 dot is broken); a GPU sets it only where the activations (the first pointer)
+    are fp32, and a kernel that a GPU launches with False dots fp32 inputs in fp32 all the same."""
+    constexprs = dict(launch["constexprs"])
+    if "DOT_FP32" in constexprs:
+        first_pointer = next((t for t in launch["signature"].values() if t.startswith("*")), None)
+        constexprs["DOT_FP32"] = first_pointer == "*fp32"
+    return constexprs

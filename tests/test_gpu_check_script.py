@@ -18,6 +18,10 @@ def test_gpu_check_smoke(tmp_path):
     assert results["tiny_correctness"]["dflash_greedy_equals_ar"] is True
     row = results["full_size"]["float32"]
     assert row["ar_step_ms"] > 0 and row["dflash_k15_step_ms"] > 0
+    # batch invariance is measured everywhere and required on a GPU only (fp32 CPU matmuls are not)
+    for check in (results["tiny_correctness"]["bf16_int4_fp8_block_rows_equal_alone"], row["block_rows_equal_alone"]):
+        assert isinstance(check["equal"], bool) and check["max_abs_diff"] >= 0
+        assert check["equal"] == (check["max_abs_diff"] == 0)
 
 
 def test_gpu_check_keeps_what_finished_when_a_section_hangs(tmp_path):

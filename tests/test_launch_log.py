@@ -2,10 +2,10 @@
 
 Two runs are recorded under the interpreter. The engine at the real shapes (kernels not executed)
 must launch only specializations kernels.check's hand-written specs list. The first section of
-packaging/gpu_check.py (the tiny model in fp32, the first thing a lent GPU runs) is compiled for the
-H200 (sm_90) with Triton's own ptxas, so a compile error cannot cost the lent minutes. The
-interpreter passes DOT_FP32=True where a GPU passes False; with fp32 activations both compile to the
-same fp32 dot, and the comparison with the specs leaves it out.
+packaging/gpu_check.py (the tiny model in fp32 and in bf16, the first thing a lent GPU runs) is
+compiled for the H200 (sm_90) with Triton's own ptxas, so a compile error cannot cost the lent
+minutes. The interpreter passes DOT_FP32=True where a GPU may not: the compile takes the GPU's
+value (launch_log.as_on_gpu), and the comparison with the specs leaves it out.
 """
 
 import importlib.util
@@ -52,6 +52,7 @@ def test_gpu_checks_first_section_launches_only_kernels_that_compile_for_sm_90(t
     assert len(compile_specs()) == len(launches)
     rows = check(("sm_90",), modules=("flashdesk.kernels.launch_log",), workers=2)
     assert len(rows) == len(launches)
+    assert any(not spec.constexprs.get("DOT_FP32", True) for spec in compile_specs())  # bf16 as on a GPU
     # fp32 tiles sized for bf16 may spill (slow, still correct): only a compile error fails here
     failed = [f"{row['kernel']}: {row['error']}" for row in rows
               if not row["ok"] and not (row["error"] or "").startswith("local memory")]
