@@ -66,8 +66,32 @@ def _interpreter_dots_row_by_row() -> None:
     interpreter.InterpreterBuilder.create_dot = create_dot
 
 
+def _interpreter_rounds_bf16_to_nearest() -> None:
+    """Make the interpreter's fp32 -> bf16 casts round to nearest even, as a GPU's do.
+
+    The interpreter truncates (it drops the low 16 bits), so every bf16 a kernel stored under it
+    could be one unit lower than the GPU's, and a fused kernel could not be checked to round exactly
+    where the unfused torch ops round. torch's own conversion rounds to nearest even."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        import triton.runtime.interpreter as interpreter
+    except ImportError:
+        return
+    plain_cast = interpreter.InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+            return plain_cast(self, src, dst_type)
+        rounded = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32)).to(torch.bfloat16)
+        return interpreter.TensorHandle(rounded.view(torch.int16).numpy().view(np.uint16), dst_type.scalar)
+
+    interpreter.InterpreterBuilder.cast_impl = cast_impl
+
+
 if interpreted():
     _interpreter_dots_row_by_row()
+    _interpreter_rounds_bf16_to_nearest()
 
 
 def triton_available() -> bool:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from flashdesk.engine.model.config import SLIDING, DraftConfig, check_pair, load_draft_config
-from flashdesk.engine.model.gemma4 import Gemma4, apply_rope
+from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import ring_keeps
 from flashdesk.engine.loading.quant import quantize_on_load
 from flashdesk.engine.loading.weights import load_tensors, scan_checkpoint, validate
@@ -31,6 +31,7 @@ from flashdesk.kernels.attention import attention
 from flashdesk.kernels.backend import use_triton
 from flashdesk.kernels.int4 import Int4Weight, quantize_int4, weight_nbytes
 from flashdesk.kernels.linear import concat_rows, linear
+from flashdesk.kernels.norm import apply_rope
 
 QUANTIZATIONS = (None, "int4")  # None: the checkpoint's weights in the target's dtype (bf16)
 GROUP_SIZE = 32

@@ -21,7 +21,7 @@ from flashdesk.engine.loading.quant import assemble, parse_quant_config, plan, q
 from flashdesk.engine.loading.weights import expected_shapes, load_tensors, scan_checkpoint, validate
 from flashdesk.kernels.linear import concat_rows, linear
 from flashdesk.kernels.moe import moe
-from flashdesk.kernels.norm import rms_norm
+from flashdesk.kernels.norm import rms_norm, rms_norm_rope
 
 
 def ordered_sum(x: torch.Tensor) -> torch.Tensor:
@@ -31,13 +31,6 @@ def ordered_sum(x: torch.Tensor) -> torch.Tensor:
     for i in range(1, x.shape[-1]):
         total = total + x[..., i]
     return total
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """NeoX rotate-half RoPE; x [T, H, D], cos/sin [T, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 @dataclass
@@ -168,12 +161,12 @@ class Gemma4:
         k_raw = qkv[:, L.q_size:L.q_size + L.kv_size].view(t, spec.num_kv_heads, spec.head_dim)
         v_raw = k_raw if spec.k_eq_v else qkv[:, L.q_size + L.kv_size:].view(t, spec.num_kv_heads, spec.head_dim)
         cos, sin = rope
-        q = apply_rope(rms_norm(q, L.norms["self_attn.q_norm"], eps), cos, sin)
-        k = apply_rope(rms_norm(k_raw, L.norms["self_attn.k_norm"], eps), cos, sin)
+        q = rms_norm_rope(q, L.norms["self_attn.q_norm"], cos, sin, eps)
+        k = rms_norm_rope(k_raw, L.norms["self_attn.k_norm"], cos, sin, eps)
         v = rms_norm(v_raw, None, eps)
         a = cache.attend(i, q, k, v, positions, scale=1.0)
         a = linear(a.reshape(t, -1), L.o_proj)
-        h = residual + rms_norm(a, L.norms["post_attention_layernorm"], eps)
+        h = rms_norm(a, L.norms["post_attention_layernorm"], eps, residual=residual)
 
         residual = h
         x = rms_norm(h, L.norms["pre_feedforward_layernorm"], eps)
@@ -181,9 +174,8 @@ class Gemma4:
         m = linear(F.gelu(gate, approximate="tanh") * up, L.down)
         if L.moe:
             m = rms_norm(m, L.norms["post_feedforward_layernorm_1"], eps)
-            m = m + rms_norm(self._moe(L, residual), L.norms["post_feedforward_layernorm_2"], eps)
-        h = residual + rms_norm(m, L.norms["post_feedforward_layernorm"], eps)
-        return h * L.layer_scalar
+            m = rms_norm(self._moe(L, residual), L.norms["post_feedforward_layernorm_2"], eps, residual=m)
+        return rms_norm(m, L.norms["post_feedforward_layernorm"], eps, residual=residual, scale=L.layer_scalar)
 
     def _moe(self, L: _Layer, residual: torch.Tensor) -> torch.Tensor:
         """Route on the un-normalized residual stream; experts read pre_feedforward_layernorm_2 of it."""
