@@ -113,6 +113,45 @@ def _key(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int)
             tuple(sorted((name, repr(value)) for name, value in values.items())), num_warps, num_stages)
 
 
+# torch ops that make a view or an uninitialized tensor: no kernel runs for them on a GPU
+VIEW_OPS = ("empty", "view", "reshape", "slice", "select", "detach", "unsqueeze", "squeeze", "chunk", "split",
+            "expand", "alias", "as_strided", "_unsafe_view", "aten.t.", "transpose", "permute")
+
+
+@contextmanager
+def count_kernels():
+    """Yield a Counter of the kernels the block runs: each Triton launch by kernel name (counted,
+    not executed, so the results are garbage) and each torch op that computes, by op name. At batch
+    1 every kernel costs launch and tail latency whatever its size, so a step's count matters."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: Counter = Counter()
+
+    class _Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func)
+            if not any(view in name for view in VIEW_OPS):
+                counts[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    with record_launches(execute=False), _Ops():
+        from triton.runtime.interpreter import InterpretedFunction
+
+        recording = InterpretedFunction.run
+
+        def run(self, *args, grid, warmup, **kwargs):
+            counts[self.fn.__name__] += 1
+            return recording(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+        InterpretedFunction.run = run
+        try:
+            yield counts
+        finally:
+            InterpretedFunction.run = recording
+
+
 def save(launches: list[dict], path: str | Path) -> None:
     Path(path).write_text(json.dumps(launches, indent=1))
 

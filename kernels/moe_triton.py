@@ -43,6 +43,8 @@ LARGE_DOWN = (64, 32, 64, 8)  # (64, 64, ...) spills on triton 3.6 (the GPU mach
 WHOLE_EXPERT = 8192
 SUM_BLOCK = 256
 NUM_STAGES = 2
+GROUP_PAIRS = 128  # (token, expert) pairs grouped by one program: 16 tokens x top 8
+GROUP_WARPS = 4
 
 
 @triton.jit
@@ -210,6 +212,47 @@ def _zero_arg(w: Int4Weight) -> torch.Tensor:
     return w.packed if w.zero is None else w.zero
 
 
+@triton.jit
+def _group_pairs_kernel(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E: tl.constexpr,
+                        BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr):
+    """`_route` for up to BLOCK_P pairs in one program: a stable counting sort by expert."""
+    p = tl.arange(0, BLOCK_P)
+    e = tl.arange(0, BLOCK_E)
+    ok = p < P
+    ex = tl.load(idx_ptr + p, mask=ok, other=E).to(tl.int32)
+    count = tl.sum(((ex[None, :] == e[:, None]) & ok[None, :]).to(tl.int32), 1)  # pairs per expert
+    before = tl.cumsum(count, 0) - count  # where each expert's run begins in expert order
+    present = (count > 0).to(tl.int32)
+    slot = tl.cumsum(present, 0) - present  # each present expert's slot
+    # a pair's place: its expert's run start + the earlier pairs of the same expert (stable)
+    same_before = tl.sum(((ex[None, :] == ex[:, None]) & (p[None, :] < p[:, None])).to(tl.int32), 1)
+    run_start = tl.sum(tl.where(ex[:, None] == e[None, :], before[None, :], 0), 1)
+    tl.store(order_ptr + run_start + same_before, p, mask=ok)
+    # slots past the distinct experts: an empty range at the end, the last expert (as _route has)
+    empty = (e >= tl.sum(present, 0)) & (e < SLOTS)
+    none = e * 0
+    tl.store(begin_ptr + e, none + P, mask=empty)
+    tl.store(end_ptr + e, none + P, mask=empty)
+    tl.store(expert_ptr + e, none + tl.max(tl.where(ok, ex, 0), 0), mask=empty)
+    tl.store(begin_ptr + slot, before, mask=present > 0)
+    tl.store(end_ptr + slot, before + count, mask=present > 0)
+    tl.store(expert_ptr + slot, e, mask=present > 0)
+
+
+def _group_pairs(top_idx: torch.Tensor, n_experts: int):
+    """What `_route` returns, from one kernel when the pairs fit GROUP_PAIRS (decode and verify)."""
+    flat = top_idx.reshape(-1).contiguous()
+    n_pairs, slots = flat.numel(), min(n_experts, flat.numel())
+    if n_pairs > GROUP_PAIRS or n_experts > GROUP_PAIRS:
+        return _route(top_idx, n_experts)
+    order = torch.empty(n_pairs, dtype=torch.int32, device=flat.device)
+    begin, end, expert = (torch.empty(slots, dtype=torch.int32, device=flat.device) for _ in range(3))
+    _group_pairs_kernel[(1,)](flat, order, begin, end, expert, n_pairs, slots, E=n_experts,
+                              BLOCK_E=triton.next_power_of_2(n_experts), BLOCK_P=GROUP_PAIRS, num_warps=GROUP_WARPS,
+                              num_stages=NUM_STAGES)
+    return order, begin, end, expert
+
+
 def _route(top_idx: torch.Tensor, n_experts: int):
     """Group the (token, expert) pairs by expert on the device, without a host sync.
 
@@ -238,7 +281,7 @@ def fused_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, top_idx: t
     if n_tokens == 0:
         return torch.empty_like(x)
     x = x.contiguous()
-    pairs, begin, end, expert = _route(top_idx, n_experts)
+    pairs, begin, end, expert = _group_pairs(top_idx, n_experts)
     weight = top_w.reshape(-1).to(torch.float32).contiguous()
     small = n_tokens <= SMALL_T
     common = dict(USE_DOT=not small, DOT_FP32=interpreted() or x.dtype == torch.float32)
@@ -261,7 +304,7 @@ def fused_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, top_idx: t
 
 
 # Real shapes: Gemma 4 26B-A4B experts, bf16 activations, int4 group 32.
-REAL_D, REAL_I, REAL_TOP_K, REAL_GROUP = 2816, 704, 8, 32
+REAL_D, REAL_I, REAL_TOP_K, REAL_GROUP, REAL_EXPERTS = 2816, 704, 8, 32, 128
 
 
 def compile_specs() -> list[CompileSpec]:
@@ -285,6 +328,12 @@ def compile_specs() -> list[CompileSpec]:
             specs.append(_spec(f"moe_down_{path}_{'asym' if has_zero else 'sym'}", _down_kernel, sig, consts, warps))
     specs.append(_spec("moe_sum_top_k", _sum_top_k_kernel, {"y_ptr": "*fp32", "out_ptr": "*bf16"},
                        dict(D=REAL_D, TOP_K=REAL_TOP_K, BLOCK=SUM_BLOCK), 4))
+    specs.append(CompileSpec("moe_group_pairs", _group_pairs_kernel,
+                             {"idx_ptr": "*i64", "order_ptr": "*i32", "begin_ptr": "*i32", "end_ptr": "*i32",
+                              "expert_ptr": "*i32", "P": "i32", "SLOTS": "i32", "E": "constexpr",
+                              "BLOCK_E": "constexpr", "BLOCK_P": "constexpr"},
+                             {"E": REAL_EXPERTS, "BLOCK_E": REAL_EXPERTS, "BLOCK_P": GROUP_PAIRS},
+                             num_warps=GROUP_WARPS, num_stages=NUM_STAGES))
     return specs
 
 

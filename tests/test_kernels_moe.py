@@ -10,7 +10,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from flashdesk.kernels import moe_triton  # noqa: E402
+from flashdesk.kernels.backend import kernels  # noqa: E402
 from flashdesk.kernels.int4 import Int4Weight, pack_int4  # noqa: E402
+from flashdesk.kernels.launch_log import describe_launch  # noqa: E402
 from flashdesk.kernels.moe import moe_reference  # noqa: E402
 from flashdesk.kernels.moe_triton import compile_specs, fused_moe, tiles  # noqa: E402
 
@@ -129,9 +131,6 @@ class _Recorder:
         return lambda *args, **kwargs: self.launches.append((self.fn, args, kwargs))
 
 
-TYPE = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int8: "*i8"}
-
-
 def _constexpr_names(fn):
     return [name for name, ann in fn.fn.__annotations__.items() if "constexpr" in str(ann)]
 
@@ -142,10 +141,9 @@ def _key(fn, signature, constexprs, num_warps, num_stages):
 
 def _launch_key(fn, args, kwargs):
     """A launch as a (kernel, signature, constexprs, warps, stages) key comparable with a CompileSpec's."""
-    constexprs = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
-    signature = {name: TYPE[a.dtype] for name, a in zip(fn.arg_names, args)}
-    signature.update({name: "constexpr" for name in constexprs})
-    return _key(fn, signature, constexprs, kwargs["num_warps"], kwargs["num_stages"])
+    launch = describe_launch(fn.fn, args, kwargs)
+    signature = dict(launch["signature"], **dict.fromkeys(launch["constexprs"], "constexpr"))
+    return _key(fn, signature, launch["constexprs"], launch["num_warps"], launch["num_stages"])
 
 
 def test_compile_specs_match_launches(monkeypatch):
@@ -156,7 +154,7 @@ def test_compile_specs_match_launches(monkeypatch):
         assert [k for k, v in spec.signature.items() if v == "constexpr"] == _constexpr_names(spec.fn)
         assert set(spec.constexprs) == set(_constexpr_names(spec.fn))
     launches = []
-    for name in ("_gate_up_kernel", "_down_kernel", "_sum_top_k_kernel"):
+    for name in ("_group_pairs_kernel", "_gate_up_kernel", "_down_kernel", "_sum_top_k_kernel"):
         monkeypatch.setattr(moe_triton, name, _Recorder(getattr(moe_triton, name), launches))
     monkeypatch.setattr(moe_triton, "interpreted", lambda: False)
     e, d, inter, top_k, group = 128, moe_triton.REAL_D, moe_triton.REAL_I, moe_triton.REAL_TOP_K, moe_triton.REAL_GROUP
@@ -175,3 +173,20 @@ def test_compile_specs_match_launches(monkeypatch):
     launched = {_launch_key(fn, args, kwargs) for fn, args, kwargs in launches}
     listed = {_key(s.fn, s.signature, s.constexprs, s.num_warps, s.num_stages) for s in specs}
     assert launched == listed
+
+
+@pytest.mark.parametrize("tokens, top_k, experts", [(1, 8, 128), (16, 8, 128), (5, 2, 8), (7, 2, 6), (2, 2, 3),
+                                                    (40, 2, 8)])
+def test_pairs_grouped_in_one_kernel_as_the_torch_sort_groups_them(tokens, top_k, experts):
+    """The one-program counting sort gives `_route`'s order, ranges and experts exactly, the empty
+    slots past the distinct experts included (16 tokens x top 8 of 128); over GROUP_PAIRS pairs the
+    torch form runs."""
+    gen = torch.Generator().manual_seed(tokens * 7 + experts)
+    top_idx = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+    top_idx[-1] = top_idx[0]  # repeated experts across tokens
+    with kernels("triton"):
+        got = moe_triton._group_pairs(top_idx, experts)
+    for a, b in zip(got, moe_triton._route(top_idx, experts)):
+        assert torch.equal(a, b)
+    many = torch.randint(0, 128, (moe_triton.GROUP_PAIRS // 8 + 1, 8), generator=gen)
+    assert all(torch.equal(a, b) for a, b in zip(moe_triton._group_pairs(many, 128), moe_triton._route(many, 128)))

@@ -91,3 +91,31 @@ def test_every_launch_at_the_real_shapes_is_one_kernels_check_compiles():
     assert len(launches) > 40
     missing = unlisted(launches)
     assert not missing, "launched but never compiled by kernels.check:\n" + "\n".join(map(str, missing))
+
+
+def test_a_layer_at_the_real_shapes_runs_at_most_40_kernels_a_step():
+    """Kernel count is latency at batch 1 (PERFORMANCE-MODEL.md: ~600 kernels a step is the main
+    loss of today's engines). A sliding layer of the real model on the Triton path, for a decode
+    step and a 16-token verify: fused norms, router and pair grouping keep it at 40 (it was 77)."""
+    pytest.importorskip("triton")
+    from flashdesk.engine.model.config import parse_config
+    from flashdesk.engine.model.gemma4 import Gemma4
+    from flashdesk.engine.tools import bench_synthetic as synthetic
+    from flashdesk.kernels.launch_log import count_kernels
+
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    per_step = {}
+    for layers in (1, 2):  # a full layer; a sliding one before it
+        cfg = parse_config(dict(synthetic.target_raw(layers), vocab_size=1024))  # the head is not counted
+        model = Gemma4(cfg, synthetic.random_target_weights(cfg, cpu, bf16), cpu, bf16)
+        cache = model.new_cache(64, "fp8")
+        with kernels("triton"), record_launches(execute=False):
+            model.forward(torch.arange(5, 37), cache)
+        for m in (1, 16):
+            with kernels("triton"), count_kernels() as counts:
+                model.compute(torch.arange(5, 5 + m), cache, logits_rows="all")
+            per_step[layers, m] = counts
+    for m in (1, 16):
+        sliding = per_step[2, m] - per_step[1, m]
+        assert sum(sliding.values()) <= 40, dict(sliding)
+        assert sliding["_rms_norm_rope_kernel"] == 2 and "aten.topk.default" not in sliding

@@ -22,15 +22,7 @@ from flashdesk.engine.loading.weights import expected_shapes, load_tensors, scan
 from flashdesk.kernels.linear import concat_rows, linear
 from flashdesk.kernels.moe import moe
 from flashdesk.kernels.norm import rms_norm, rms_norm_rope
-
-
-def ordered_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum over the last dimension in a fixed order, one element at a time: a torch reduction may
-    split a row differently with more rows, which would break batch invariance."""
-    total = x[..., 0]
-    for i in range(1, x.shape[-1]):
-        total = total + x[..., i]
-    return total
+from flashdesk.kernels.router import route
 
 
 @dataclass
@@ -181,8 +173,6 @@ class Gemma4:
         """Route on the un-normalized residual stream; experts read pre_feedforward_layernorm_2 of it."""
         cfg = self.cfg
         r = rms_norm(residual, None, cfg.rms_norm_eps) * L.router_scale * (cfg.hidden_size ** -0.5)
-        probs = torch.softmax(linear(r, L.router), dim=-1, dtype=torch.float32)
-        top_w, top_idx = torch.topk(probs, cfg.top_k_experts, dim=-1)
-        top_w = top_w / ordered_sum(top_w).unsqueeze(-1) * L.per_expert_scale[top_idx]
+        top_w, top_idx = route(linear(r, L.router), cfg.top_k_experts, L.per_expert_scale)
         x = rms_norm(residual, L.norms["pre_feedforward_layernorm_2"], cfg.rms_norm_eps)
         return moe(x, L.experts_gate_up, L.experts_down, top_idx, top_w)

@@ -1,0 +1,61 @@
+"""The router's softmax, top-k, renormalization and expert scales in one program per token.
+
+The top k are taken by k rounds of max / argmax (the lowest index wins a tie), largest first as
+torch.topk returns them, and summed in that order as `ordered_sum` does, so the weights round as
+the torch ops round but for the softmax's own sum."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec
+
+ROUTER_WARPS = 1  # 128 experts: four a thread
+
+
+@triton.jit
+def _route_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, E: tl.constexpr, TOP_K: tl.constexpr,
+                  BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BLOCK_E)
+    x = tl.load(logits_ptr + row * E + e, mask=e < E, other=float("-inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, 0))
+    p = p / tl.sum(p, 0)
+    p = tl.where(e < E, p, -1.0)  # padding is never chosen
+    k = tl.arange(0, BLOCK_K)
+    top_w = tl.zeros([BLOCK_K], tl.float32)
+    top_i = tl.zeros([BLOCK_K], tl.int32)
+    total = tl.sum(tl.zeros([BLOCK_K], tl.float32), 0)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(p, 0)
+        at = tl.argmax(p, 0)
+        top_w = tl.where(k == j, best, top_w)
+        top_i = tl.where(k == j, at, top_i)
+        total = total + best
+        p = tl.where(e == at, -1.0, p)
+    scale = tl.load(scale_ptr + top_i, mask=k < TOP_K, other=0.0).to(tl.float32)
+    tl.store(w_ptr + row * TOP_K + k, top_w / total * scale, mask=k < TOP_K)
+    tl.store(idx_ptr + row * TOP_K + k, top_i.to(tl.int64), mask=k < TOP_K)
+
+
+def route_triton(logits: torch.Tensor, top_k: int, per_expert_scale: torch.Tensor):
+    t, e = logits.shape
+    if not 0 < top_k <= e:
+        raise ValueError(f"top_k {top_k} must be between 1 and the {e} experts")
+    weights = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((t, top_k), dtype=torch.int64, device=logits.device)
+    if t:
+        _route_kernel[(t,)](logits.contiguous(), per_expert_scale, weights, ids, E=e, TOP_K=top_k,
+                            BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k),
+                            num_warps=ROUTER_WARPS, num_stages=LAUNCH_STAGES)
+    return weights, ids
+
+
+def compile_specs() -> list[CompileSpec]:
+    """Gemma 4 26B-A4B: 128 experts, top 8, bf16 logits and scales."""
+    return [CompileSpec("route[E=128,top 8]", _route_kernel,
+                        {"logits_ptr": "*bf16", "scale_ptr": "*bf16", "w_ptr": "*fp32", "idx_ptr": "*i64",
+                         **dict.fromkeys(("E", "TOP_K", "BLOCK_E", "BLOCK_K"), "constexpr")},
+                        {"E": 128, "TOP_K": 8, "BLOCK_E": 128, "BLOCK_K": 8}, num_warps=ROUTER_WARPS)]
