@@ -44,6 +44,7 @@ WHOLE_EXPERT = 8192
 SUM_BLOCK = 256
 NUM_STAGES = 2
 GROUP_PAIRS = 128  # (token, expert) pairs grouped by one program: 16 tokens x top 8
+GROUP_CHUNK = 32
 GROUP_WARPS = 4
 
 
@@ -214,26 +215,33 @@ def _zero_arg(w: Int4Weight) -> torch.Tensor:
 
 @triton.jit
 def _group_pairs_kernel(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E: tl.constexpr,
-                        BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr):
-    """`_route` for up to BLOCK_P pairs in one program: a stable counting sort by expert."""
-    p = tl.arange(0, BLOCK_P)
+                        BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
+    """`_route` for up to BLOCK_P pairs in one program: a stable counting sort by expert, CHUNK
+    pairs at a time (whole [pairs x experts] tiles would not fit the registers)."""
     e = tl.arange(0, BLOCK_E)
-    ok = p < P
-    ex = tl.load(idx_ptr + p, mask=ok, other=E).to(tl.int32)
-    count = tl.sum(((ex[None, :] == e[:, None]) & ok[None, :]).to(tl.int32), 1)  # pairs per expert
+    p = tl.arange(0, BLOCK_P)
+    every = tl.load(idx_ptr + p, mask=p < P, other=E).to(tl.int32)
+    count = tl.zeros([BLOCK_E], tl.int32)  # pairs per expert
+    for c in range(0, BLOCK_P, CHUNK):
+        q = c + tl.arange(0, CHUNK)
+        ex = tl.load(idx_ptr + q, mask=q < P, other=E).to(tl.int32)
+        count += tl.sum(((ex[None, :] == e[:, None]) & (q < P)[None, :]).to(tl.int32), 1)
     before = tl.cumsum(count, 0) - count  # where each expert's run begins in expert order
     present = (count > 0).to(tl.int32)
     slot = tl.cumsum(present, 0) - present  # each present expert's slot
-    # a pair's place: its expert's run start + the earlier pairs of the same expert (stable)
-    same_before = tl.sum(((ex[None, :] == ex[:, None]) & (p[None, :] < p[:, None])).to(tl.int32), 1)
-    run_start = tl.sum(tl.where(ex[:, None] == e[None, :], before[None, :], 0), 1)
-    tl.store(order_ptr + run_start + same_before, p, mask=ok)
+    for c in range(0, BLOCK_P, CHUNK):
+        # a pair's place: its expert's run start + the earlier pairs of the same expert (stable)
+        q = c + tl.arange(0, CHUNK)
+        ex = tl.load(idx_ptr + q, mask=q < P, other=E).to(tl.int32)
+        run_start = tl.sum(tl.where(ex[:, None] == e[None, :], before[None, :], 0), 1)
+        same_before = tl.sum(((every[None, :] == ex[:, None]) & (p[None, :] < q[:, None])).to(tl.int32), 1)
+        tl.store(order_ptr + run_start + same_before, q, mask=q < P)
     # slots past the distinct experts: an empty range at the end, the last expert (as _route has)
     empty = (e >= tl.sum(present, 0)) & (e < SLOTS)
     none = e * 0
     tl.store(begin_ptr + e, none + P, mask=empty)
     tl.store(end_ptr + e, none + P, mask=empty)
-    tl.store(expert_ptr + e, none + tl.max(tl.where(ok, ex, 0), 0), mask=empty)
+    tl.store(expert_ptr + e, none + tl.max(tl.where(p < P, every, 0), 0), mask=empty)
     tl.store(begin_ptr + slot, before, mask=present > 0)
     tl.store(end_ptr + slot, before + count, mask=present > 0)
     tl.store(expert_ptr + slot, e, mask=present > 0)
@@ -248,8 +256,8 @@ def _group_pairs(top_idx: torch.Tensor, n_experts: int):
     order = torch.empty(n_pairs, dtype=torch.int32, device=flat.device)
     begin, end, expert = (torch.empty(slots, dtype=torch.int32, device=flat.device) for _ in range(3))
     _group_pairs_kernel[(1,)](flat, order, begin, end, expert, n_pairs, slots, E=n_experts,
-                              BLOCK_E=triton.next_power_of_2(n_experts), BLOCK_P=GROUP_PAIRS, num_warps=GROUP_WARPS,
-                              num_stages=NUM_STAGES)
+                              BLOCK_E=triton.next_power_of_2(n_experts), BLOCK_P=GROUP_PAIRS, CHUNK=GROUP_CHUNK,
+                              num_warps=GROUP_WARPS, num_stages=NUM_STAGES)
     return order, begin, end, expert
 
 
@@ -331,8 +339,8 @@ def compile_specs() -> list[CompileSpec]:
     specs.append(CompileSpec("moe_group_pairs", _group_pairs_kernel,
                              {"idx_ptr": "*i64", "order_ptr": "*i32", "begin_ptr": "*i32", "end_ptr": "*i32",
                               "expert_ptr": "*i32", "P": "i32", "SLOTS": "i32", "E": "constexpr",
-                              "BLOCK_E": "constexpr", "BLOCK_P": "constexpr"},
-                             {"E": REAL_EXPERTS, "BLOCK_E": REAL_EXPERTS, "BLOCK_P": GROUP_PAIRS},
+                              "BLOCK_E": "constexpr", "BLOCK_P": "constexpr", "CHUNK": "constexpr"},
+                             {"E": REAL_EXPERTS, "BLOCK_E": REAL_EXPERTS, "BLOCK_P": GROUP_PAIRS, "CHUNK": GROUP_CHUNK},
                              num_warps=GROUP_WARPS, num_stages=NUM_STAGES))
     return specs
 
