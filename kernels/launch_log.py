@@ -1,12 +1,12 @@
-"""Record the Triton launches a run makes under the interpreter, so each can be compiled for a GPU.
+"""What a run launches, recorded under Triton's interpreter: to compile it, check it, or count it.
 
-`compile_specs()` in each kernel module lists the specializations the real model's shapes launch;
-a recorded run covers whatever else a run launches: the fp32 activations and tiny shapes that
-`packaging/gpu_check.py` runs first on a lent GPU, say. Record with `record_launches()`, save with
-`save()`, then compile every distinct launch for a card with
-
-    FLASHDESK_LAUNCH_LOG=launches.json python -m flashdesk.kernels.check \\
-        --module flashdesk.kernels.launch_log --arch sm_90
+- `record_launches()` collects each distinct launch (kernel, argument types, constexprs, options),
+  optionally without executing the kernels, so a full-size step's launches take seconds;
+- `unlisted()` names the launches no hand-written `compile_specs()` of kernels.check lists;
+- `compile_specs()` hands a saved recording to kernels.check:
+      FLASHDESK_LAUNCH_LOG=launches.json python -m flashdesk.kernels.check \\
+          --module flashdesk.kernels.launch_log --arch sm_90
+- `count_kernels()` counts a block's Triton launches and computing torch ops (latency at batch 1).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from flashdesk.kernels.backend import CompileSpec
+from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec
 
 LOG_VARIABLE = "FLASHDESK_LAUNCH_LOG"
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -45,7 +45,7 @@ def describe_launch(fn, args: tuple, kwargs: dict) -> dict:
             signature[name] = _triton_type(name, value)
     return {"module": fn.__module__, "function": fn.__name__, "signature": signature,
             "constexprs": constexprs, "num_warps": options.get("num_warps", 4),
-            "num_stages": options.get("num_stages", 3)}
+            "num_stages": options.get("num_stages", LAUNCH_STAGES)}  # Triton's default
 
 
 def _triton_type(name: str, value) -> str:
@@ -93,7 +93,7 @@ def record_launches(execute: bool = True):
 def unlisted(launches: list[dict], modules=None) -> list[dict]:
     """The recorded launches that no hand-written spec of `modules` (kernels.check's SPEC_MODULES)
     compiles: same function, argument types, constexpr values (defaults filled in) and launch
-    options. DOT_FP32 is left out: the interpreter sets it for its own sake, a GPU never does."""
+    options. DOT_FP32 is left out: the interpreter sets it for its own sake (see as_on_gpu)."""
     from flashdesk.kernels.check import SPEC_MODULES, _specs
 
     listed = {_key(getattr(spec.fn, "fn", spec.fn), spec.signature, spec.constexprs, spec.num_warps,
@@ -126,6 +126,7 @@ def count_kernels():
     from collections import Counter
 
     from torch.utils._python_dispatch import TorchDispatchMode
+    from triton.runtime.interpreter import InterpretedFunction
 
     counts: Counter = Counter()
 
@@ -136,20 +137,16 @@ def count_kernels():
                 counts[name] += 1
             return func(*args, **(kwargs or {}))
 
-    with record_launches(execute=False), _Ops():
-        from triton.runtime.interpreter import InterpretedFunction
+    def run(self, *args, grid, warmup, **kwargs):
+        counts[self.fn.__name__] += 1
 
-        recording = InterpretedFunction.run
-
-        def run(self, *args, grid, warmup, **kwargs):
-            counts[self.fn.__name__] += 1
-            return recording(self, *args, grid=grid, warmup=warmup, **kwargs)
-
-        InterpretedFunction.run = run
-        try:
+    original = InterpretedFunction.run
+    InterpretedFunction.run = run
+    try:
+        with _Ops():
             yield counts
-        finally:
-            InterpretedFunction.run = recording
+    finally:
+        InterpretedFunction.run = original
 
 
 def save(launches: list[dict], path: str | Path) -> None:

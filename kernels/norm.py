@@ -47,9 +47,10 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin:
                   eps: float) -> torch.Tensor:
     """apply_rope(rms_norm(x, weight), cos, sin) for q or k heads x [T, H, D]: one kernel on the
     Triton path (read in place from the fused qkv output) instead of a copy, a norm and five
-    elementwise ops."""
+    elementwise ops; heads of another size or layout take those ops."""
     if use_triton(x):
-        from flashdesk.kernels.norm_triton import rms_norm_rope_triton
+        from flashdesk.kernels.norm_triton import rms_norm_rope_triton, rope_fusable
 
-        return rms_norm_rope_triton(x, weight, cos, sin, eps)
-    return apply_rope(rms_norm_reference(x, weight, eps), cos, sin)
+        if rope_fusable(x):
+            return rms_norm_rope_triton(x, weight, cos, sin, eps)
+    return apply_rope(rms_norm(x, weight, eps), cos, sin)

@@ -89,11 +89,18 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, eps: float, re
     return out
 
 
+def rope_fusable(x: torch.Tensor) -> bool:
+    """Heads [T, H, D] the fused kernel reads: contiguous heads (a column slice of a wider row is
+    fine) of a power-of-two size (Gemma 4's 256 and 512)."""
+    d = x.shape[-1]
+    return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == d and d == triton.next_power_of_2(d)
+
+
 def rms_norm_rope_triton(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                          eps: float) -> torch.Tensor:
-    """x [T, H, D] whose heads are contiguous (a column slice of a wider row is fine); cos/sin [T, D]."""
+    """x [T, H, D] as `rope_fusable` describes; cos/sin [T, D]."""
     t, h, d = x.shape
-    if x.stride(2) != 1 or x.stride(1) != d or d != triton.next_power_of_2(d):
+    if not rope_fusable(x):
         raise ValueError(f"rms_norm_rope needs contiguous heads of a power-of-two size, got {tuple(x.shape)} "
                          f"with strides {x.stride()}")
     out = torch.empty((t, h, d), dtype=x.dtype, device=x.device)
@@ -106,17 +113,18 @@ def rms_norm_rope_triton(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tenso
 
 
 def compile_specs() -> list[CompileSpec]:
-    """Hidden 2816 (layer norms; fused with the residual add, and with the layer scalar), head dims
-    256 and 512 (q/k norms fused with RoPE, v norms), bf16 rows, fp32 weights."""
+    """Hidden 2816 (layer norms, the router's; fused with the residual add, and with the layer
+    scalar), head dims 256 and 512 (v norms without a weight; q/k norms fused with RoPE), bf16 rows,
+    fp32 weights."""
     specs = []
-    plain = [(2816, True, False, False), (2816, False, False, False), (256, True, False, False),
-             (256, False, False, False), (512, True, False, False), (512, False, False, False),
-             (2816, True, True, False), (2816, True, True, True)]
-    for d, has_weight, has_residual, has_scale in plain:
+    variants = [(2816, True, False, False), (2816, False, False, False), (256, False, False, False),
+                (512, False, False, False), (2816, True, True, False), (2816, True, True, True)]
+    for d, has_weight, has_residual, has_scale in variants:
         per_program, block, warps = _shape(d)
         flags = {"HAS_WEIGHT": has_weight, "HAS_RESIDUAL": has_residual, "HAS_SCALE": has_scale,
                  "ROWS": per_program, "BLOCK": block}
-        name = f"rms_norm[D={d},weight={has_weight}{',residual' if has_residual else ''}{',scale' if has_scale else ''}]"
+        fused = (",residual" if has_residual else "") + (",scale" if has_scale else "")
+        name = f"rms_norm[D={d},weight={has_weight}{fused}]"
         specs.append(CompileSpec(
             name, _rms_norm_kernel,
             {"x_ptr": "*bf16", "w_ptr": "*fp32" if has_weight else "*bf16", "res_ptr": "*bf16",

@@ -19,8 +19,9 @@ Sections:
    bandwidth (its table is printed, its JSON kept under "synthetic_bench").
 4. full-size Gemma 4 26B-A4B (random int4 weights, bf16 embedding) + the full-size drafter (random):
    memory held vs the memory plan, the same batch invariance at the full size, prefill speed, AR
-   decode step, DFlash step at K = 4, 8, 15, for fp8 and bf16 KV; speedup projected from the measured step times at acceptance lengths 1..8;
-   the memory a prompt filling 8K, 32K and 64K tokens allocates against the memory plan.
+   decode step, DFlash step at K = 4, 8, 15, for fp8 and bf16 KV; speedup projected from the
+   measured step times at acceptance lengths 1..8; the memory a prompt filling 8K, 32K and 64K
+   tokens allocates against the memory plan.
 """
 
 from __future__ import annotations

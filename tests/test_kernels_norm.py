@@ -73,6 +73,7 @@ def test_norm_fused_with_the_residual_add_and_the_layer_scalar(dtype):
 @pytest.mark.parametrize("head_dim", [16, 64])
 def test_head_norm_fused_with_rope_reads_the_heads_in_place(dtype, head_dim):
     from flashdesk.kernels.norm import apply_rope, rms_norm_rope
+    from flashdesk.kernels.norm_triton import rms_norm_rope_triton
 
     gen = torch.Generator().manual_seed(5)
     t, heads = 16, 3
@@ -93,6 +94,11 @@ def test_head_norm_fused_with_rope_reads_the_heads_in_place(dtype, head_dim):
         assert torch.equal(row[0], got[r])
     if dtype == torch.bfloat16:  # rounded where the unfused bf16 ops round
         assert torch.equal(got, unfused)
+    # heads the kernel cannot read (48 wide) take the unfused ops; the kernel itself refuses them
+    odd, w48 = torch.randn(2, 1, 48, generator=gen), torch.rand(48, generator=gen)
+    cos48, sin48 = torch.rand(2, 48, generator=gen), torch.rand(2, 48, generator=gen)
+    with kernels("triton"):
+        fused_or_not = rms_norm_rope(odd, w48, cos48, sin48, 1e-6)
+        assert torch.equal(fused_or_not, apply_rope(rms_norm(odd, w48, 1e-6), cos48, sin48))
     with pytest.raises(ValueError, match="power-of-two"):
-        with kernels("triton"):
-            rms_norm_rope(torch.zeros(2, 1, 48), torch.ones(48), torch.ones(2, 48), torch.zeros(2, 48), 1e-6)
+        rms_norm_rope_triton(odd, w48, cos48, sin48, 1e-6)
