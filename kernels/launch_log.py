@@ -64,50 +64,61 @@ def _triton_type(name: str, value) -> str:
 
 
 @contextmanager
+def _launches_through(run):
+    """While the block runs, every interpreted launch calls run(launch_now, kernel, args, kwargs)
+    instead, where launch_now() runs the launch as it would have run."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    original = InterpretedFunction.run
+
+    def patched(self, *args, grid, warmup, **kwargs):
+        return run(lambda: original(self, *args, grid=grid, warmup=warmup, **kwargs), self, args, kwargs)
+
+    InterpretedFunction.run = patched
+    try:
+        yield
+    finally:
+        InterpretedFunction.run = original
+
+
+@contextmanager
 def record_launches(execute: bool = True):
     """Yield a list that collects each distinct launch (describe_launch) while the block runs.
     Needs TRITON_INTERPRET=1 from before triton was imported: launches go through the interpreter.
     With execute=False no kernel runs (outputs keep whatever torch.empty gave them): a full-size
     step's launches in seconds, for a run whose host side never reads a kernel's result."""
-    from triton.runtime.interpreter import InterpretedFunction
-
     launches: list[dict] = []
     seen: set[str] = set()
-    original = InterpretedFunction.run
 
-    def run(self, *args, grid, warmup, **kwargs):
-        launch = describe_launch(self.fn, args, kwargs)
+    def run(launch_now, kernel, args, kwargs):
+        launch = describe_launch(kernel.fn, args, kwargs)
         key = json.dumps(launch, sort_keys=True, default=str)
         if key not in seen:
             seen.add(key)
             launches.append(launch)
-        return original(self, *args, grid=grid, warmup=warmup, **kwargs) if execute else None
+        return launch_now() if execute else None
 
-    InterpretedFunction.run = run
-    try:
+    with _launches_through(run):
         yield launches
-    finally:
-        InterpretedFunction.run = original
 
 
 def unlisted(launches: list[dict], modules=None) -> list[dict]:
     """The recorded launches that no hand-written spec of `modules` (kernels.check's SPEC_MODULES)
-    compiles: same function, argument types, constexpr values (defaults filled in) and launch
-    options. DOT_FP32 is left out: the interpreter sets it for its own sake (see as_on_gpu)."""
+    compiles: same function, argument types, constexpr values as a GPU passes them (as_on_gpu;
+    defaults filled in) and launch options."""
     from flashdesk.kernels.check import SPEC_MODULES, _specs
 
     listed = {_key(getattr(spec.fn, "fn", spec.fn), spec.signature, spec.constexprs, spec.num_warps,
                    spec.num_stages) for module in (modules or SPEC_MODULES) for spec in _specs(module)}
     return [launch for launch in launches
             if _key(getattr(importlib.import_module(launch["module"]), launch["function"]), launch["signature"],
-                    launch["constexprs"], launch["num_warps"], launch["num_stages"]) not in listed]
+                    as_on_gpu(launch), launch["num_warps"], launch["num_stages"]) not in listed]
 
 
 def _key(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int) -> tuple:
     fn = getattr(fn, "fn", fn)  # the Python function under a JITFunction or InterpretedFunction
     values = {name: param.default for name, param in inspect.signature(fn).parameters.items()
               if param.default is not inspect.Parameter.empty} | constexprs
-    values.pop("DOT_FP32", None)
     types = {name: kind for name, kind in signature.items() if kind != "constexpr"}
     return (fn.__module__, fn.__name__, tuple(sorted(types.items())),
             tuple(sorted((name, repr(value)) for name, value in values.items())), num_warps, num_stages)
@@ -126,7 +137,6 @@ def count_kernels():
     from collections import Counter
 
     from torch.utils._python_dispatch import TorchDispatchMode
-    from triton.runtime.interpreter import InterpretedFunction
 
     counts: Counter = Counter()
 
@@ -137,16 +147,11 @@ def count_kernels():
                 counts[name] += 1
             return func(*args, **(kwargs or {}))
 
-    def run(self, *args, grid, warmup, **kwargs):
-        counts[self.fn.__name__] += 1
+    def run(launch_now, kernel, args, kwargs):
+        counts[kernel.fn.__name__] += 1
 
-    original = InterpretedFunction.run
-    InterpretedFunction.run = run
-    try:
-        with _Ops():
-            yield counts
-    finally:
-        InterpretedFunction.run = original
+    with _launches_through(run), _Ops():
+        yield counts
 
 
 def save(launches: list[dict], path: str | Path) -> None:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from flashdesk.kernels.backend import use_triton
 from flashdesk.kernels.int4 import Int4Weight, as_dense
 from flashdesk.kernels.linear import linear
+from flashdesk.kernels.router import ordered_sum
 
 
 def moe_reference(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_idx: torch.Tensor,
@@ -61,16 +62,13 @@ def moe_every_expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                      top_w: torch.Tensor) -> torch.Tensor:
     """Same function as moe_reference: every expert on every token, then each token's top-k picked
     and summed in top-k order. Which path runs depends on the weights only, never on the token count."""
-    t, k = top_idx.shape
+    t = top_idx.shape[0]
     e, two_i, d = gate_up.shape
     gate, up = F.linear(x, as_dense(gate_up, x.dtype).reshape(e * two_i, d)).view(t, e, two_i).chunk(2, dim=-1)
     act = (F.gelu(gate, approximate="tanh") * up).transpose(0, 1)  # [E, T, I]
     y = torch.bmm(act, as_dense(down, x.dtype).transpose(1, 2))  # [E, T, D]
     picked = y[top_idx, torch.arange(t, device=x.device).unsqueeze(-1)] * top_w.unsqueeze(-1)  # [T, K, D]
-    out = picked[:, 0]
-    for j in range(1, k):  # a fixed order per row, whatever the number of rows
-        out = out + picked[:, j]
-    return out.to(x.dtype)
+    return ordered_sum(picked.movedim(1, -1)).to(x.dtype)  # a fixed order per row, whatever the row count
 
 
 def moe(x, gate_up, down, top_idx, top_w):

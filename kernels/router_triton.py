@@ -27,7 +27,7 @@ def _route_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, E: tl.constexpr, TOP_K:
     k = tl.arange(0, BLOCK_K)
     top_w = tl.zeros([BLOCK_K], tl.float32)
     top_i = tl.zeros([BLOCK_K], tl.int32)
-    total = tl.sum(tl.zeros([BLOCK_K], tl.float32), 0)
+    total = 0.0
     for j in tl.static_range(TOP_K):
         best = tl.max(p, 0)
         at = tl.argmax(p, 0)

@@ -4,8 +4,8 @@ Two runs are recorded under the interpreter. The engine at the real shapes (kern
 must launch only specializations kernels.check's hand-written specs list. The first section of
 packaging/gpu_check.py (the tiny model in fp32 and in bf16, the first thing a lent GPU runs) is
 compiled for the H200 (sm_90) with Triton's own ptxas, so a compile error cannot cost the lent
-minutes. The interpreter passes DOT_FP32=True where a GPU may not: the compile takes the GPU's
-value (launch_log.as_on_gpu), and the comparison with the specs leaves it out.
+minutes. The interpreter passes DOT_FP32=True where a GPU may not: the compile and the comparison
+with the specs both take the GPU's value (launch_log.as_on_gpu).
 """
 
 import importlib.util
