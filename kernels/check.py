@@ -41,6 +41,7 @@ SPEC_MODULES = (
     "flashdesk.kernels.moe_triton",
     "flashdesk.kernels.attention_triton",
     "flashdesk.kernels.norm_triton",
+    "flashdesk.kernels.layer_norms_triton",
     "flashdesk.kernels.router_triton",
     "flashdesk.kernels.kv_write",
 )

@@ -34,6 +34,26 @@ def linear(x: torch.Tensor, weight) -> torch.Tensor:
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
+def gate(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(gate) * up of gate_up [..., 2K] = [gate | up], for "gelu_tanh" or "silu"."""
+    g, up = gate_up.chunk(2, dim=-1)
+    return (F.gelu(g, approximate="tanh") if activation == "gelu_tanh" else F.silu(g)) * up
+
+
+def gated_linear(gate_up: torch.Tensor, weight, activation: str) -> torch.Tensor:
+    """linear(act(gate) * up, weight): a GLU MLP's down projection from its fused gate_up output.
+    On the Triton path the activation is computed as the projection loads its input, so it runs
+    no kernels of its own (two fewer a layer)."""
+    if isinstance(weight, tuple) or not use_triton(gate_up):
+        return linear(gate(gate_up, activation), weight)
+    from flashdesk.kernels.linear_triton import dense_linear, w4a16_linear
+
+    rows = gate_up.reshape(-1, gate_up.shape[-1])
+    project = w4a16_linear if isinstance(weight, Int4Weight) else dense_linear
+    y = project(rows, weight, activation)
+    return y.view(*gate_up.shape[:-1], y.shape[-1])
+
+
 def concat_rows(parts: list):
     """Stack weights along the output dimension, keeping their format when the parts agree."""
     if all(isinstance(p, torch.Tensor) for p in parts):

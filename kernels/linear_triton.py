@@ -8,9 +8,11 @@ dequantizes it in registers and feeds `tl.dot` with fp32 accumulation.
 - 1..16 rows (decode, verify; bandwidth-bound): BLOCK_M is always 16 with masked rows, and the
   tiles and the K split come from the weight's shape alone, so row r gets the same bits in an
   m-row call as alone (batch invariance: a tensor-core row never mixes with other rows). Where
-  the N tiles alone would not fill the GPU, K is cut into SPLIT chunks: each writes fp32
-  partials [SPLIT, M, N] and a second kernel adds them in chunk order. No atomics, no host sync,
-  grids from shapes only: a captured launch replays.
+  the N tiles alone would not fill the GPU, K is cut into SPLIT chunks: each writes its fp32
+  partial [SPLIT, M, N] and counts itself in on a per-tile counter; the chunk that arrives last
+  adds the partials in chunk order (whichever chunk that is, the sum is the same) and resets the
+  counter. One launch per linear instead of two (at batch 1 a launch costs more than the adds),
+  no host sync, grids from shapes only: a captured launch replays.
 - more rows (prefill, compute-bound): 128x128 tiles over the whole K; the dense case is torch.
 
 The tensor-core operands are x's dtype; under the interpreter (whose bf16 dot is broken) fp32.
@@ -20,6 +22,7 @@ A dequantized bf16 weight equals the torch reference's bf16 dequantization bit f
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -29,11 +32,11 @@ import triton.language as tl
 
 from flashdesk.kernels.backend import CompileSpec, interpreted
 from flashdesk.kernels.int4 import Int4Weight
+from flashdesk.kernels.linear import gate
 
 SMALL_M = 16  # rows per tile of the batch-invariant path; calls with more rows take the prefill path
 TARGET_PROGRAMS = 512  # ~4 resident tiles per SM on 82..170-SM cards: enough loads in flight
-SUM_BLOCK = 1024
-SUM_WARPS, SUM_STAGES = 4, 2
+MAX_SPLIT_TILES = 512  # output tiles of a split launch: fewer than TARGET_PROGRAMS, or it would not split
 
 
 @triton.jit
@@ -93,12 +96,35 @@ def _int4_tile(w_rows, k0, scale, zero, one, K: tl.constexpr, HAS_ZERO: tl.const
     return tl.reshape(w, (w_rows.shape[0], BLOCK_K))
 
 
+@triton.jit
+def gelu_tanh(g):
+    """0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) of fp32 g, tanh from exp(-2|u|): never overflows."""
+    u = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+    e = tl.exp(-2.0 * tl.abs(u))
+    t = (1.0 - e) / (1.0 + e)
+    return 0.5 * g * (1.0 + tl.where(u < 0, -t, t))
+
+
+@triton.jit
+def _gated(gate, up, ACTIVATION: tl.constexpr):
+    """act(gate) * up, each rounded to the activations' dtype as the torch ops round."""
+    g = gate.to(tl.float32)
+    if ACTIVATION == "gelu_tanh":
+        a = gelu_tanh(g)
+    else:  # silu
+        a = g / (1.0 + tl.exp(-g))
+    return (a.to(gate.dtype).to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
+
+
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count: M = 1 is not special
-def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, M, N,
-                   K: tl.constexpr, K_CHUNK: tl.constexpr, GROUP: tl.constexpr,
+def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, part_ptr, count_ptr, M, N,
+                   K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr,
                    INT4: tl.constexpr, HAS_ZERO: tl.constexpr, DOT_FP32: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[s, m, n] = sum over k in chunk s of x[m, k] * w[n, k]; grid (N tiles, chunks, M tiles).
+                   ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[m, n] = sum over k of x[m, k] * w[n, k]; grid (N tiles, SPLIT chunks of K, M tiles).
+    With SPLIT > 1 each chunk writes part[s, m, n]; the last to finish sums them (count_ptr: one
+    int32 per output tile, zero between launches). With an ACTIVATION, x rows are [gate | up]
+    (2K wide) and the input is act(gate) * up, computed as it is loaded.
 
     Weight loads have no row mask: rows past N read row N - 1 and are never stored (fewer live
     predicates; ptxas 13 spilled one across the loop). x is masked, so columns past K add 0."""
@@ -107,7 +133,7 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, M, N,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(offs_n, N - 1)
     m_mask = offs_m < M
-    x_rows = x_ptr + offs_m[:, None] * K
+    x_rows = x_ptr + offs_m[:, None] * (K if ACTIVATION == "" else 2 * K)
     if INT4:
         w_rows = w_ptr + rows[:, None] * (K // 8)
         scale_rows = scale_ptr + (rows * (K // GROUP))[:, None]
@@ -126,8 +152,13 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, M, N,
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if K % BLOCK_K == 0:  # no step runs past K: no column masks
             x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
+            if ACTIVATION != "":
+                x = _gated(x, tl.load(x_rows + K + offs_k[None, :], mask=m_mask[:, None], other=0.0), ACTIVATION)
         else:
-            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+            x_mask = m_mask[:, None] & (offs_k < K)[None, :]
+            x = tl.load(x_rows + offs_k[None, :], mask=x_mask, other=0.0)
+            if ACTIVATION != "":
+                x = _gated(x, tl.load(x_rows + K + offs_k[None, :], mask=x_mask, other=0.0), ACTIVATION)
         if INT4:
             cur_scale, cur_zero = scale, zero
             if GROUP != K:
@@ -138,19 +169,23 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, M, N,
         else:
             w = tl.load(w_rows + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0)
         acc = tl.dot(x.to(dot_ty), tl.trans(w.to(dot_ty)), acc, input_precision="ieee")
-    out = out_ptr + pid_s * M * N + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & (offs_n < N)[None, :])
-
-
-@triton.jit
-def _sum_splits_kernel(part_ptr, out_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-    """out = part[0] + part[1] + ... in that order (the fixed order keeps rows batch invariant)."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT):
-        acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    at = offs_m[:, None] * N + offs_n[None, :]
+    mask = m_mask[:, None] & (offs_n < N)[None, :]
+    if SPLIT == 1:
+        tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(part_ptr + pid_s * M * N + at, acc, mask=mask)
+        tl.debug_barrier()  # all of this program's partial is written before the release below
+        counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
+        if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT - 1:  # the others' partials are visible
+            flat = tl.arange(0, BLOCK_M * BLOCK_N)  # the tile as one vector: few registers for the sum
+            row, col = pid_m * BLOCK_M + flat // BLOCK_N, pid_n * BLOCK_N + flat % BLOCK_N
+            flat_at, flat_mask = row * N + col, (row < M) & (col < N)
+            total = tl.load(part_ptr + flat_at, mask=flat_mask, other=0.0, cache_modifier=".cg")
+            for s in range(1, SPLIT):  # chunk order, the same bits whichever chunk came last
+                total += tl.load(part_ptr + s * M * N + flat_at, mask=flat_mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + flat_at, total.to(out_ptr.dtype.element_ty), mask=flat_mask)
+            tl.atomic_xchg(counter, 0, sem="relaxed")  # the next launch starts from zero
 
 
 class Tiles(NamedTuple):
@@ -165,72 +200,96 @@ class Tiles(NamedTuple):
     num_stages: int
 
 
-def small_tiles(n: int, k: int, group: int | None) -> Tiles:
-    """The 1..16-row configuration; `group` None for a dense weight.
+def small_tiles(n: int, k: int, group: int | None, gated: bool = False) -> Tiles:
+    """The 1..16-row configuration; `group` None for a dense weight, `gated` when the kernel
+    applies an activation to its [gate | up] input.
 
     Chunks of >= 2 K steps are added until about TARGET_PROGRAMS tiles are in flight: a narrow N
     (router, o_proj, down) would otherwise leave most SMs idle while one reads the whole K.
     int4 runs 8 warps and 2 stages: with 4 warps or 3 stages ptxas 13 (sm_90, sm_120) spills a
-    register or two around the loop."""
-    block_n, block_k = 64, (128 if k >= 256 else 32)
+    register or two around the loop. A gated dense weight takes 32-column steps over 8 warps: with
+    64 or 128 its activation spills on sm_86..sm_120."""
+    dense_gated = gated and group is None
+    block_n, block_k = 64, (128 if k >= 256 and not dense_gated else 32)
     k_steps = triton.cdiv(k, block_k)
     wanted = triton.cdiv(TARGET_PROGRAMS, triton.cdiv(n, block_n))
     steps_per_chunk = max(2, triton.cdiv(k_steps, wanted))
     split = triton.cdiv(k_steps, steps_per_chunk)
-    num_warps, num_stages = (4, 3) if group is None else (8, 2)
+    num_warps, num_stages = (4, 3) if group is None and not gated else (8, 2 if group else 3)
     return Tiles(SMALL_M, block_n, block_k, split, steps_per_chunk * block_k, num_warps, num_stages)
 
 
 def prefill_tiles(n: int, k: int, group: int | None) -> Tiles:
     """The >16-row int4 configuration: 128x128 output tiles over the whole K, 32 columns a step
-    (one group-32 scale per row and step; the dequantization is shared by 128 rows)."""
+    (one group-32 scale per row and step; the dequantization is shared by 128 rows). Never gated:
+    an activation runs on its own first."""
     return Tiles(128, 128, 32, 1, triton.cdiv(k, 32) * 32, 8, 3)
 
 
-def _check(x: torch.Tensor, k: int) -> None:
-    if x.dim() != 2 or x.shape[1] != k:
-        raise ValueError(f"x {tuple(x.shape)} does not match a weight with {k} inputs")
+ACTIVATIONS = ("gelu_tanh", "silu")
+
+
+def _check(x: torch.Tensor, k: int, activation: str) -> None:
+    if activation and activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}: the choice is {', '.join(ACTIVATIONS)}")
+    width = 2 * k if activation else k
+    if x.dim() != 2 or x.shape[1] != width:
+        raise ValueError(f"x {tuple(x.shape)} does not match a weight with {k} inputs"
+                         + (" ([gate | up] rows are twice as wide)" if activation else ""))
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, n: int, group: int,
-            int4: bool, has_zero: bool, tiles: Tiles) -> torch.Tensor:
-    m, k = x.shape
+            int4: bool, has_zero: bool, tiles: Tiles, activation: str) -> torch.Tensor:
+    m, k = x.shape[0], x.shape[1] // 2 if activation else x.shape[1]
     out = torch.empty(m, n, device=x.device, dtype=x.dtype)
     if m == 0:
         return out
-    part = out if tiles.split == 1 else torch.empty(tiles.split, m, n, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(n, tiles.block_n), tiles.split, triton.cdiv(m, tiles.block_m))
-    _linear_kernel[grid](x, w, scale, zero, part, m, n, K=k, K_CHUNK=tiles.k_chunk, GROUP=group, INT4=int4,
-                         HAS_ZERO=has_zero, DOT_FP32=interpreted(), BLOCK_M=tiles.block_m,
-                         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
-                         num_stages=tiles.num_stages)
-    if tiles.split > 1:
-        _sum_splits_kernel[(triton.cdiv(m * n, SUM_BLOCK),)](part, out, m * n, SPLIT=tiles.split, BLOCK=SUM_BLOCK,
-                                                             num_warps=SUM_WARPS, num_stages=SUM_STAGES)
+    part = out if tiles.split == 1 else torch.empty(tiles.split, m, n, device=x.device, dtype=torch.float32)
+    if tiles.split > 1 and grid[0] * grid[2] > MAX_SPLIT_TILES:
+        raise ValueError(f"a split launch of {grid[0] * grid[2]} output tiles: more than the "
+                         f"{MAX_SPLIT_TILES} counters")
+    _linear_kernel[grid](x, w, scale, zero, out, part, split_counters(x.device), m, n, K=k, K_CHUNK=tiles.k_chunk,
+                         SPLIT=tiles.split, GROUP=group, INT4=int4, HAS_ZERO=has_zero, DOT_FP32=interpreted(),
+                         ACTIVATION=activation, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+                         num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return out
 
 
-def w4a16_linear(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
-    """x [M, K] @ w.dequantize().T -> [M, N] in x's dtype, fp32 accumulation.
+@functools.cache
+def split_counters(device: torch.device) -> torch.Tensor:
+    """The per-tile arrival counters of split launches on a device: zeroed once, and left at zero
+    by every launch (the last chunk resets its tile's), so all linears and CUDA graphs share them.
+    Allocated by the first launch: the warm-up runs before a graph capture, never inside one."""
+    return torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
+
+
+def w4a16_linear(x: torch.Tensor, w: Int4Weight, activation: str = "") -> torch.Tensor:
+    """x [M, K] @ w.dequantize().T -> [M, N] in x's dtype, fp32 accumulation; with an
+    `activation` x is [M, 2K] = [gate | up] and the input act(gate) * up.
 
     Rows 1..16 are batch invariant (row r is bit-identical to the same row computed alone)."""
     n, k = w.shape
-    _check(x, k)
-    tiles = (small_tiles if x.shape[0] <= SMALL_M else prefill_tiles)(n, k, w.group_size)
+    _check(x, k, activation)
+    if x.shape[0] > SMALL_M:  # compute-bound: the activation's own kernels cost little, its registers a lot
+        x, activation, tiles = gate(x, activation) if activation else x, "", prefill_tiles(n, k, w.group_size)
+    else:
+        tiles = small_tiles(n, k, w.group_size, bool(activation))
     packed = w.packed.contiguous()
     zero = packed.view(torch.int8) if w.zero is None else w.zero.contiguous()  # an unread int8 stand-in
     return _launch(x.contiguous(), packed, w.scale.contiguous(), zero, n, w.group_size, True, w.zero is not None,
-                   tiles)
+                   tiles, activation)
 
 
-def dense_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ w.T for a dense [N, K] weight: the batch-invariant kernel for 1..16 rows, torch beyond."""
+def dense_linear(x: torch.Tensor, w: torch.Tensor, activation: str = "") -> torch.Tensor:
+    """x [M, K] @ w.T for a dense [N, K] weight (`activation` as in w4a16_linear): the
+    batch-invariant kernel for 1..16 rows, torch beyond."""
     n, k = w.shape
-    _check(x, k)
+    _check(x, k, activation)
     if x.shape[0] > SMALL_M:
-        return F.linear(x, w)
+        return F.linear(gate(x, activation) if activation else x, w)
     w = w.contiguous()
-    return _launch(x.contiguous(), w, w, w, n, 0, False, False, small_tiles(n, k, None))
+    return _launch(x.contiguous(), w, w, w, n, 0, False, False, small_tiles(n, k, None, bool(activation)), activation)
 
 
 # --- compile specs: the real model's shapes -------------------------------------------------------
@@ -251,21 +310,23 @@ DRAFTER_INT4 = DRAFTER + [(262144, HIDDEN), (32768, HIDDEN)]
 DENSE = [(262144, HIDDEN), (128, HIDDEN)] + DRAFTER + TARGET_INT4
 
 
+# The down projections read their MLP's [gate | up] and apply its activation while loading.
+ACTIVATION_OF = {(HIDDEN, 2112): "gelu_tanh", (HIDDEN, 5632): "silu"}
+
+
 def _kernel_spec(n: int, k: int, group: int, int4: bool, has_zero: bool, tiles: Tiles, kind: str) -> CompileSpec:
-    out = "*bf16" if tiles.split == 1 else "*fp32"
     signature = {"x_ptr": "*bf16", "w_ptr": "*i32" if int4 else "*bf16", "scale_ptr": "*bf16",
-                 "zero_ptr": "*i8" if int4 else "*bf16", "out_ptr": out, "M": "i32", "N": "i32"}
-    constexprs = {"K": k, "K_CHUNK": tiles.k_chunk, "GROUP": group, "INT4": int4, "HAS_ZERO": has_zero,
-                  "DOT_FP32": False, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k}
+                 "zero_ptr": "*i8" if int4 else "*bf16", "out_ptr": "*bf16",
+                 "part_ptr": "*bf16" if tiles.split == 1 else "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32"}
+    constexprs = {"K": k, "K_CHUNK": tiles.k_chunk, "SPLIT": tiles.split, "GROUP": group, "INT4": int4,
+                  "HAS_ZERO": has_zero,
+                  "DOT_FP32": False, "ACTIVATION": ACTIVATION_OF.get((n, k), "") if kind == "small" else "",
+                  "BLOCK_M": tiles.block_m,
+                  "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k}
     signature.update({name: "constexpr" for name in constexprs})
-    name = f"linear_{kind}_{'w4' if int4 else 'bf16'}_n{n}_k{k}_g{group}{'_zero' if has_zero else ''}"
+    gated = f"_{constexprs['ACTIVATION']}" if constexprs["ACTIVATION"] else ""
+    name = f"linear_{kind}_{'w4' if int4 else 'bf16'}_n{n}_k{k}_g{group}{'_zero' if has_zero else ''}{gated}"
     return CompileSpec(name, _linear_kernel, signature, constexprs, tiles.num_warps, tiles.num_stages)
-
-
-def _sum_spec(split: int) -> CompileSpec:
-    signature = {"part_ptr": "*fp32", "out_ptr": "*bf16", "MN": "i32", "SPLIT": "constexpr", "BLOCK": "constexpr"}
-    return CompileSpec(f"linear_sum_splits_{split}", _sum_splits_kernel, signature,
-                       {"SPLIT": split, "BLOCK": SUM_BLOCK}, SUM_WARPS, SUM_STAGES)
 
 
 def compile_specs() -> list[CompileSpec]:
@@ -279,10 +340,8 @@ def compile_specs() -> list[CompileSpec]:
     int4 = [(n, k, g or k, zero) for n, k in TARGET_INT4 for g in TARGET_GROUPS for zero in (False, True)
             if k % (g or k) == 0] + [(n, k, 32, False) for n, k in DRAFTER_INT4]
     for n, k, group, has_zero in int4:
-        for kind, choose in (("small", small_tiles), ("prefill", prefill_tiles)):
-            add(_kernel_spec(n, k, group, True, has_zero, choose(n, k, group), kind))
+        add(_kernel_spec(n, k, group, True, has_zero, small_tiles(n, k, group, (n, k) in ACTIVATION_OF), "small"))
+        add(_kernel_spec(n, k, group, True, has_zero, prefill_tiles(n, k, group), "prefill"))
     for n, k in DENSE:
-        add(_kernel_spec(n, k, 0, False, False, small_tiles(n, k, None), "small"))
-    for split in sorted({small_tiles(n, k, None).split for n, k in TARGET_INT4 + DRAFTER_INT4 + DENSE} - {1}):
-        add(_sum_spec(split))
+        add(_kernel_spec(n, k, 0, False, False, small_tiles(n, k, None, (n, k) in ACTIVATION_OF), "small"))
     return list(specs.values())

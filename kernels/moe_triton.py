@@ -28,6 +28,7 @@ import triton.language as tl
 
 from flashdesk.kernels.backend import CompileSpec, interpreted
 from flashdesk.kernels.int4 import Int4Weight
+from flashdesk.kernels.linear_triton import gelu_tanh
 
 SMALL_T = 16  # up to this many tokens: the batch-invariant path (decode, verify)
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) per kernel and path for the real experts, none spilling on
@@ -117,11 +118,7 @@ def _gate_up_kernel(x_ptr, packed_ptr, scale_ptr, zero_ptr, pair_ptr, slot_begin
         if not USE_DOT:
             gate = tl.sum(gate3, axis=2)
             up = tl.sum(up3, axis=2)
-        # gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), tanh from exp(-2|u|): never overflows
-        u = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-        e = tl.exp(-2.0 * tl.abs(u))
-        t = (1.0 - e) / (1.0 + e)
-        h = 0.5 * gate * (1.0 + tl.where(u < 0, -t, t)) * up
+        h = gelu_tanh(gate) * up
         tl.store(h_ptr + rows[:, None].to(tl.int64) * I + n[None, :], h.to(h_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & (n < I)[None, :])
 

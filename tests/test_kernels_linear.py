@@ -60,6 +60,25 @@ def test_w4a16_matches_the_dequantized_reference(case):
         torch.testing.assert_close(lt.w4a16_linear(x, w), reference(x, w), rtol=1e-5, atol=5e-5)
 
 
+def test_a_split_launch_is_one_kernel_that_leaves_its_counters_at_zero():
+    """The last chunk of each tile adds the partials and resets the tile's counter, so the next
+    launch (or a CUDA graph's replay) starts clean and no second kernel runs."""
+    from flashdesk.kernels.launch_log import count_kernels
+
+    n, k, group, symmetric = INT4_CASES[5]
+    w = random_int4(n, k, group, symmetric)
+    assert lt.small_tiles(n, k, group).split > 1
+    x = randn(3, k)
+    with count_kernels() as counts:
+        lt.w4a16_linear(x, w)
+    assert counts["_linear_kernel"] == 1 and not any("sum" in name or "add" in name for name in counts)
+    counters = lt.split_counters(x.device)
+    assert not counters.any()
+    for _ in range(2):  # again, with the counters as the first launches left them
+        torch.testing.assert_close(lt.w4a16_linear(x, w), reference(x, w), rtol=1e-5, atol=5e-5)
+    assert not counters.any()
+
+
 @pytest.mark.parametrize("case", [INT4_CASES[0], INT4_CASES[2], INT4_CASES[5], INT4_CASES[7]], ids=case_id)
 def test_w4a16_rows_are_batch_invariant(case):
     n, k, group, symmetric = case
@@ -129,7 +148,7 @@ def test_small_tiles_cover_k_in_whole_chunks(n, k):
 def test_compile_specs_name_the_kernel_parameters():
     specs = lt.compile_specs()
     kernels = {spec.fn for spec in specs}
-    assert kernels == {lt._linear_kernel, lt._sum_splits_kernel}
+    assert kernels == {lt._linear_kernel}
     names = {spec.name for spec in specs}
     assert len(names) == len(specs)
     for needle in ("small_w4_n8192_k2816_g32", "prefill_w4_n2816_k4096_g4096_zero", "small_bf16_n262144_k2816",
@@ -141,3 +160,39 @@ def test_compile_specs_name_the_kernel_parameters():
         constexpr = {name for name, p in params.items() if "constexpr" in str(p.annotation)}
         assert {name for name, ty in spec.signature.items() if ty == "constexpr"} == constexpr, spec.name
         assert set(spec.constexprs) == constexpr, spec.name
+
+
+@pytest.mark.parametrize("activation", ["gelu_tanh", "silu"])
+@pytest.mark.parametrize("int4", [True, False], ids=["int4", "dense"])
+def test_a_gated_projection_applies_the_activation_as_it_loads(activation, int4):
+    """gated_linear(gate_up, w) == linear(act(gate) * up, w): in fp32 to float rounding, in bf16
+    within a few units of its last place (our tanh and torch's may round act(gate) apart, and each
+    output rounds); 1..16 rows batch invariant;
+    one kernel for 1..16 rows (no separate activation or product)."""
+    from flashdesk.kernels.backend import kernels
+    from flashdesk.kernels.launch_log import count_kernels
+    from flashdesk.kernels.linear import gate, gated_linear, linear_reference
+
+    n, k = 40, 320  # K ends in a partial step; split K
+    for dtype, tol in ((torch.float32, 5e-5), (torch.bfloat16, 0.1)):
+        w = random_int4(n, k, 32, False, dtype) if int4 else randn(n, k, dtype=dtype, seed=3)
+        gate_up = randn(17, 2 * k, dtype=dtype, seed=4) * 2
+        with kernels("triton"):
+            out = gated_linear(gate_up, w, activation)
+            assert out.dtype == dtype
+            torch.testing.assert_close(out.float(), linear_reference(gate(gate_up, activation), w).float(),
+                                       rtol=tol, atol=tol)
+            small = gated_linear(gate_up[:16], w, activation)
+            for row in (0, 9, 15):
+                assert torch.equal(gated_linear(gate_up[row:row + 1], w, activation), small[row:row + 1])
+            with count_kernels() as counts:
+                gated_linear(gate_up[:3], w, activation)
+    assert sum(counts.values()) == 1, dict(counts)
+
+
+def test_a_gated_projection_checks_its_input():
+    w = random_int4(24, 64, 8, True)
+    with pytest.raises(ValueError, match="twice as wide"):
+        lt.w4a16_linear(torch.zeros(2, 64), w, "gelu_tanh")
+    with pytest.raises(ValueError, match="unknown activation"):
+        lt.w4a16_linear(torch.zeros(2, 128), w, "relu")

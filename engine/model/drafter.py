@@ -30,7 +30,7 @@ from flashdesk.engine.loading.weights import load_tensors, scan_checkpoint, vali
 from flashdesk.kernels.attention import attention
 from flashdesk.kernels.backend import use_triton
 from flashdesk.kernels.int4 import Int4Weight, quantize_int4, weight_nbytes
-from flashdesk.kernels.linear import concat_rows, linear
+from flashdesk.kernels.linear import concat_rows, gated_linear, linear
 from flashdesk.kernels.norm import apply_rope
 
 QUANTIZATIONS = (None, "int4")  # None: the checkpoint's weights in the target's dtype (bf16)
@@ -270,8 +270,8 @@ class Drafter:
             vb = kv[:, self.kv_size:].view(t, cfg.num_kv_heads, cfg.head_dim)
             a = self._attend(ctx, i, q, kb, vb, positions, window)
             h = h + linear(a.reshape(t, -1), layer["o"])
-            gate, up = linear(qwen_rms_norm(h, layer["post_norm"], eps), layer["gate_up"]).chunk(2, dim=-1)
-            h = h + linear(F.silu(gate) * up, layer["down"])
+            gate_up = linear(qwen_rms_norm(h, layer["post_norm"], eps), layer["gate_up"])
+            h = h + gated_linear(gate_up, layer["down"], "silu")
         h = qwen_rms_norm(h[1:], self.norm, eps)
         logits = self._head(h).float() * cfg.output_multiplier
         if cfg.final_logit_softcapping:

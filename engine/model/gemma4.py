@@ -19,7 +19,8 @@ from flashdesk.engine.model.config import Gemma4Config, load_config, read_json
 from flashdesk.engine.model.kv_cache import CacheLayout, KVCache
 from flashdesk.engine.loading.quant import assemble, parse_quant_config, plan, quantize_on_load
 from flashdesk.engine.loading.weights import expected_shapes, load_tensors, scan_checkpoint, validate
-from flashdesk.kernels.linear import concat_rows, linear
+from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput, attention_out_norms, mlp_out_norms
+from flashdesk.kernels.linear import concat_rows, gated_linear, linear
 from flashdesk.kernels.moe import moe
 from flashdesk.kernels.norm import rms_norm, rms_norm_rope
 from flashdesk.kernels.router import route
@@ -35,6 +36,8 @@ class _Layer:
     """The weights of one decoder layer, fused where that saves a matmul."""
 
     def __init__(self, w: dict, i: int, cfg: Gemma4Config):
+        """`mlp_out` (the weights of the norms after the MLPs) still needs the norm that reads the
+        layer's output: `Gemma4` sets it once every layer is built."""
         p = f"layers.{i}."
         spec = cfg.layers[i]
         self.spec = spec
@@ -52,6 +55,7 @@ class _Layer:
             "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm")}
         self.layer_scalar = w.pop(p + "layer_scalar")
         self.moe = cfg.enable_moe
+        self.router_input = None
         if self.moe:
             for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
                          "pre_feedforward_layernorm_2"):
@@ -61,6 +65,14 @@ class _Layer:
             self.per_expert_scale = w.pop(p + "router.per_expert_scale")
             self.experts_gate_up = w.pop(p + "experts.gate_up_proj")
             self.experts_down = w.pop(p + "experts.down_proj")
+            self.router_input = RouterInput(self.norms["pre_feedforward_layernorm_2"], self.router_scale,
+                                            cfg.hidden_size ** -0.5)
+
+    def read_by(self, next_norm: torch.Tensor) -> None:
+        """Fuse `next_norm` (the next layer's input norm, or the final one) into this layer's last kernel."""
+        n = self.norms
+        self.mlp_out = MlpOutWeights(n.get("post_feedforward_layernorm_1"), n.get("post_feedforward_layernorm_2"),
+                                     n["post_feedforward_layernorm"], self.layer_scalar, next_norm)
 
 
 class Gemma4:
@@ -75,6 +87,8 @@ class Gemma4:
         self.embed_scale = torch.tensor(cfg.embed_scale).to(dtype)  # bf16 53.0, not 53.066, as transformers
         self.final_norm = w.pop("norm.weight").float()
         self.layers = [_Layer(w, i, cfg) for i in range(cfg.num_layers)]
+        for layer, reader in zip(self.layers, self.layers[1:] + [None]):
+            layer.read_by(reader.norms["input_layernorm"] if reader else self.final_norm)
         if w:
             raise ValueError(f"unused weights: {sorted(w)[:5]}")
         self.inv_freq = {kind: spec.inv_freq().to(self.device) for kind, spec in cfg.rope.items()}
@@ -129,25 +143,25 @@ class Gemma4:
         positions = cache.position + torch.arange(ids.shape[0], device=self.device)
         rope = self._rope_tables(positions)
         h = F.embedding(ids, self.embed) * self.embed_scale
+        x = rms_norm(h, self.layers[0].norms["input_layernorm"], cfg.rms_norm_eps)
         tapped = {}
         for i, layer in enumerate(self.layers):
-            h = self._layer(i, layer, h, positions, rope[layer.spec.kind], cache)
+            h, x = self._layer(i, layer, h, x, positions, rope[layer.spec.kind], cache)
             if i in taps:
                 tapped[i] = h
         if logits_rows == "last":
-            h = h[-1:]
-        h = rms_norm(h, self.final_norm, cfg.rms_norm_eps)
-        logits = linear(h, self.embed).float()
+            x = x[-1:]
+        logits = linear(x, self.embed).float()  # x: the final norm of the last layer's output
         if cfg.final_logit_softcapping:
             cap = cfg.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
         return ForwardOutput(logits, torch.cat([tapped[t] for t in taps], dim=-1) if taps else None)
 
-    def _layer(self, i: int, L: _Layer, h, positions, rope, cache: KVCache):
+    def _layer(self, i: int, L: _Layer, h, x, positions, rope, cache: KVCache):
+        """The residual stream h and its input norm x -> the layer's output and the norm its reader
+        takes of it (the next layer's input, or the final norm)."""
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         spec, t = L.spec, h.shape[0]
-        residual = h
-        x = rms_norm(h, L.norms["input_layernorm"], eps)
         qkv = linear(x, L.qkv)
         q = qkv[:, :L.q_size].view(t, cfg.num_heads, spec.head_dim)
         k_raw = qkv[:, L.q_size:L.q_size + L.kv_size].view(t, spec.num_kv_heads, spec.head_dim)
@@ -158,21 +172,15 @@ class Gemma4:
         v = rms_norm(v_raw, None, eps)
         a = cache.attend(i, q, k, v, positions, scale=1.0)
         a = linear(a.reshape(t, -1), L.o_proj)
-        h = rms_norm(a, L.norms["post_attention_layernorm"], eps, residual=residual)
+        # h = residual + norm(a); the dense MLP, the experts and the router each read a norm of h
+        h, x, *moe_inputs = attention_out_norms(a, h, eps, L.norms["post_attention_layernorm"],
+                                                L.norms["pre_feedforward_layernorm"], L.router_input)
+        m = gated_linear(linear(x, L.gate_up), L.down, "gelu_tanh")
+        experts = self._moe(L, *moe_inputs) if L.moe else None
+        return mlp_out_norms(m, experts, h, eps, L.mlp_out)
 
-        residual = h
-        x = rms_norm(h, L.norms["pre_feedforward_layernorm"], eps)
-        gate, up = linear(x, L.gate_up).chunk(2, dim=-1)
-        m = linear(F.gelu(gate, approximate="tanh") * up, L.down)
-        if L.moe:
-            m = rms_norm(m, L.norms["post_feedforward_layernorm_1"], eps)
-            m = rms_norm(self._moe(L, residual), L.norms["post_feedforward_layernorm_2"], eps, residual=m)
-        return rms_norm(m, L.norms["post_feedforward_layernorm"], eps, residual=residual, scale=L.layer_scalar)
-
-    def _moe(self, L: _Layer, residual: torch.Tensor) -> torch.Tensor:
-        """Route on the un-normalized residual stream; experts read pre_feedforward_layernorm_2 of it."""
-        cfg = self.cfg
-        r = rms_norm(residual, None, cfg.rms_norm_eps) * L.router_scale * (cfg.hidden_size ** -0.5)
-        top_w, top_idx = route(linear(r, L.router), cfg.top_k_experts, L.per_expert_scale)
-        x = rms_norm(residual, L.norms["pre_feedforward_layernorm_2"], cfg.rms_norm_eps)
+    def _moe(self, L: _Layer, x: torch.Tensor, router_x: torch.Tensor) -> torch.Tensor:
+        """The experts on x (pre_feedforward_layernorm_2 of the residual stream), routed on router_x
+        (its weightless norm, scaled)."""
+        top_w, top_idx = route(linear(router_x, L.router), self.cfg.top_k_experts, L.per_expert_scale)
         return moe(x, L.experts_gate_up, L.experts_down, top_idx, top_w)

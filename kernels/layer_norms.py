@@ -1,0 +1,80 @@
+"""The chains of RMSNorms between a Gemma 4 layer's blocks, each one kernel on the Triton path.
+
+After attention a layer adds the normalized output to the residual stream, then normalizes that
+row three more times for its three readers (dense MLP, experts, router); after the MLPs it
+normalizes both MLP outputs, adds them, normalizes the sum, adds the residual, scales by the layer
+scalar, and the next layer starts by normalizing the result again. Each norm reduces the same
+row, so one program per row does a chain: 2 kernels a layer instead of 8 norms and 2 multiplies
+(at batch 1 each launch costs more than its bytes). The Triton kernels round where these torch
+references round; rows are reduced on their own (batch invariant).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.norm import rms_norm_reference as norm
+
+
+class RouterInput(NamedTuple):
+    """The MoE's two norms of the residual row: pre_feedforward_layernorm_2's weight, and the
+    router's input norm(h) * scale * scalar (its weightless norm, times a vector, times a number)."""
+
+    experts_weight: torch.Tensor
+    router_scale: torch.Tensor
+    router_scalar: float
+
+
+def attention_out_reference(a, residual, eps, post_attention, pre_feedforward, moe: RouterInput | None):
+    h = norm(a, post_attention, eps, residual=residual)
+    outputs = [h, norm(h, pre_feedforward, eps)]
+    if moe is not None:
+        outputs += [norm(h, moe.experts_weight, eps), norm(h, None, eps) * moe.router_scale * moe.router_scalar]
+    return tuple(outputs)
+
+
+def attention_out_norms(a: torch.Tensor, residual: torch.Tensor, eps: float, post_attention: torch.Tensor,
+                        pre_feedforward: torch.Tensor, moe: RouterInput | None = None) -> tuple:
+    """h = residual + norm(a) * post_attention, then the MLP input norm(h) * pre_feedforward and,
+    with `moe`, the experts' input and the router's input: (h, x) or (h, x, experts_x, router_x).
+    Rows [T, D]; norm weights fp32."""
+    if use_triton(a):
+        from flashdesk.kernels.layer_norms_triton import attention_out_triton
+
+        return attention_out_triton(a, residual, eps, post_attention, pre_feedforward, moe)
+    return attention_out_reference(a, residual, eps, post_attention, pre_feedforward, moe)
+
+
+class MlpOutWeights(NamedTuple):
+    """post_feedforward_layernorm_1 and _2 (None without MoE), post_feedforward_layernorm, the
+    layer scalar (a one-element tensor), and the norm that reads the result next (the next
+    layer's input_layernorm, or the final norm)."""
+
+    dense: torch.Tensor | None
+    experts: torch.Tensor | None
+    output: torch.Tensor
+    layer_scalar: torch.Tensor
+    next_norm: torch.Tensor
+
+
+def mlp_out_reference(dense, experts, residual, eps, w: MlpOutWeights):
+    m = dense
+    if experts is not None:
+        m = norm(experts, w.experts, eps, residual=norm(dense, w.dense, eps))
+    h = norm(m, w.output, eps, residual=residual, scale=w.layer_scalar)
+    return h, norm(h, w.next_norm, eps)
+
+
+def mlp_out_norms(dense: torch.Tensor, experts: torch.Tensor | None, residual: torch.Tensor, eps: float,
+                  w: MlpOutWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's output h = (residual + norm(m) * output) * layer_scalar, where m is the dense
+    MLP's output or, with the experts' output, norm(dense) * w.dense + norm(experts) * w.experts;
+    and norm(h) * next_norm, the next layer's input. Rows [T, D]."""
+    if use_triton(dense):
+        from flashdesk.kernels.layer_norms_triton import mlp_out_triton
+
+        return mlp_out_triton(dense, experts, residual, eps, w)
+    return mlp_out_reference(dense, experts, residual, eps, w)
