@@ -43,14 +43,26 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  eps: float) -> torch.Tensor:
-    """apply_rope(rms_norm(x, weight), cos, sin) for q or k heads x [T, H, D]: one kernel on the
-    Triton path (read in place from the fused qkv output) instead of a copy, a norm and five
-    elementwise ops; heads of another size or layout take those ops."""
-    if use_triton(x):
-        from flashdesk.kernels.norm_triton import rms_norm_rope_triton, rope_fusable
+def qkv_norms_reference(qkv, q_norm, k_norm, cos, sin, eps, heads, kv_heads, head_dim, k_eq_v):
+    t = qkv.shape[0]
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    q = qkv[:, :q_size].view(t, heads, head_dim)
+    k = qkv[:, q_size:q_size + kv_size].view(t, kv_heads, head_dim)
+    v = k if k_eq_v else qkv[:, q_size + kv_size:].view(t, kv_heads, head_dim)
+    return (apply_rope(rms_norm(q, q_norm, eps), cos, sin), apply_rope(rms_norm(k, k_norm, eps), cos, sin),
+            rms_norm(v, None, eps))
 
-        if rope_fusable(x):
-            return rms_norm_rope_triton(x, weight, cos, sin, eps)
-    return apply_rope(rms_norm(x, weight, eps), cos, sin)
+
+def qkv_norms(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              eps: float, heads: int, kv_heads: int, head_dim: int, k_eq_v: bool) -> tuple:
+    """Gemma 4's attention inputs from its fused projection qkv [T, (H + Hkv [+ Hkv]) * D]:
+    q = rope(norm(q) * q_norm), k = rope(norm(k) * k_norm), v = norm(v) without a weight (v is the
+    k projection when k_eq_v); cos/sin [T, D]. Returns q [T, H, D], k and v [T, Hkv, D]. One kernel
+    on the Triton path instead of three norms, two copies and ten elementwise ops; heads of a size
+    that is not a power of two take those ops."""
+    if use_triton(qkv):
+        from flashdesk.kernels.norm_triton import qkv_fusable, qkv_norms_triton
+
+        if qkv_fusable(qkv, head_dim):
+            return qkv_norms_triton(qkv, q_norm, k_norm, cos, sin, eps, heads, kv_heads, head_dim, k_eq_v)
+    return qkv_norms_reference(qkv, q_norm, k_norm, cos, sin, eps, heads, kv_heads, head_dim, k_eq_v)

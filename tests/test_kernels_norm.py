@@ -70,35 +70,45 @@ def test_norm_fused_with_the_residual_add_and_the_layer_scalar(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [16, 64])
-def test_head_norm_fused_with_rope_reads_the_heads_in_place(dtype, head_dim):
-    from flashdesk.kernels.norm import apply_rope, rms_norm_rope
-    from flashdesk.kernels.norm_triton import rms_norm_rope_triton
+@pytest.mark.parametrize("k_eq_v", [False, True], ids=["v", "k_eq_v"])
+def test_q_k_v_norms_and_rope_are_one_kernel_on_the_projection(dtype, k_eq_v):
+    """q and k: their head norm and rotate-half RoPE; v: a weightless norm (of the k projection
+    with k_eq_v); read in place from the fused projection, rounded where the unfused ops round."""
+    from flashdesk.kernels.launch_log import count_kernels
+    from flashdesk.kernels.norm import qkv_norms, qkv_norms_reference
+    from flashdesk.kernels.norm_triton import qkv_norms_triton
 
     gen = torch.Generator().manual_seed(5)
-    t, heads = 16, 3
-    qkv = (torch.randn(t, heads * head_dim + 40, generator=gen) * 2).to(dtype)  # q is a column slice
-    q = qkv[:, :heads * head_dim].view(t, heads, head_dim)
-    w = torch.rand(head_dim, generator=gen) + 0.5
-    angles = torch.arange(t)[:, None] * torch.rand(head_dim // 2, generator=gen)[None, :]
-    angles[:, head_dim // 4:] = 0  # partial rotary: the rest of the dims keep cos 1, sin 0
+    t, heads, kv_heads, d = 16, 4, 2, 32
+    qkv = (torch.randn(t, (heads + kv_heads * (1 if k_eq_v else 2)) * d, generator=gen) * 2).to(dtype)
+    q_w, k_w = torch.rand(d, generator=gen) + 0.5, torch.rand(d, generator=gen) + 0.5
+    angles = torch.arange(t)[:, None] * torch.rand(d // 2, generator=gen)[None, :]
+    angles[:, d // 4:] = 0  # partial rotary: the rest of the dims keep cos 1, sin 0
     cos, sin = torch.cat([angles, angles], -1).cos().to(dtype), torch.cat([angles, angles], -1).sin().to(dtype)
+    args = (q_w, k_w, cos, sin, 1e-6, heads, kv_heads, d, k_eq_v)
     with kernels("triton"):
-        got = rms_norm_rope(q, w, cos, sin, 1e-6)
-        alone = [rms_norm_rope(q[r:r + 1], w, cos[r:r + 1], sin[r:r + 1], 1e-6) for r in (0, 9, 15)]
-        unfused = apply_rope(rms_norm(q, w, 1e-6), cos, sin)
-    assert got.shape == (t, heads, head_dim) and got.dtype == dtype
+        got = qkv_norms(qkv, *args)
+        unfused = qkv_norms_reference(qkv, *args)  # its norms are the Triton norm kernel
+        alone = {r: qkv_norms(qkv[r:r + 1], q_w, k_w, cos[r:r + 1], sin[r:r + 1], *args[4:]) for r in (0, 9, 15)}
+        with count_kernels() as counts:
+            qkv_norms(qkv, *args)
+    assert sum(counts.values()) == 1, dict(counts)
+    with kernels("torch"):
+        reference = qkv_norms_reference(qkv, *args)
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 3e-2}
-    torch.testing.assert_close(got.float(), apply_rope(rms_norm_reference(q, w, 1e-6), cos, sin).float(), **tol)
-    for r, row in zip((0, 9, 15), alone):
-        assert torch.equal(row[0], got[r])
-    if dtype == torch.bfloat16:  # rounded where the unfused bf16 ops round
-        assert torch.equal(got, unfused)
+    for name, fused, plain, ref in zip("qkv", got, unfused, reference):
+        assert fused.shape == ref.shape and fused.dtype == dtype, name
+        torch.testing.assert_close(fused.float(), ref.float(), **tol, msg=name)
+        if dtype == torch.bfloat16:  # rounded where the unfused bf16 ops round
+            assert torch.equal(fused, plain), name
+        for r, row in alone.items():
+            assert torch.equal(row["qkv".index(name)][0], fused[r]), (name, r)
     # heads the kernel cannot read (48 wide) take the unfused ops; the kernel itself refuses them
-    odd, w48 = torch.randn(2, 1, 48, generator=gen), torch.rand(48, generator=gen)
-    cos48, sin48 = torch.rand(2, 48, generator=gen), torch.rand(2, 48, generator=gen)
+    odd = torch.randn(2, (heads + 2 * kv_heads) * 48, generator=gen)
+    w48, cs48 = torch.rand(48, generator=gen), torch.rand(2, 48, generator=gen)
+    odd_args = (w48, w48, cs48, cs48, 1e-6, heads, kv_heads, 48, False)
     with kernels("triton"):
-        fused_or_not = rms_norm_rope(odd, w48, cos48, sin48, 1e-6)
-        assert torch.equal(fused_or_not, apply_rope(rms_norm(odd, w48, 1e-6), cos48, sin48))
-    with pytest.raises(ValueError, match="power-of-two"):
-        rms_norm_rope_triton(odd, w48, cos48, sin48, 1e-6)
+        for fused_or_not, plain in zip(qkv_norms(odd, *odd_args), qkv_norms_reference(odd, *odd_args)):
+            assert torch.equal(fused_or_not, plain)
+        with pytest.raises(ValueError, match="power-of-two"):
+            qkv_norms_triton(odd, *odd_args)

@@ -93,10 +93,12 @@ def test_every_launch_at_the_real_shapes_is_one_kernels_check_compiles():
     assert not missing, "launched but never compiled by kernels.check:\n" + "\n".join(map(str, missing))
 
 
-def test_a_layer_at_the_real_shapes_runs_at_most_40_kernels_a_step():
+def test_a_layer_at_the_real_shapes_runs_15_kernels_a_step():
     """Kernel count is latency at batch 1 (PERFORMANCE-MODEL.md: ~600 kernels a step is the main
     loss of today's engines). A sliding layer of the real model on the Triton path, for a decode
-    step and a 16-token verify: fused norms, router and pair grouping keep it at 40 (it was 77)."""
+    step and a 16-token verify: 5 linears, q/k/v norms + RoPE, K/V write, attention, the norms after
+    attention, router, pair grouping, the experts' two kernels and their sum, the norms after the
+    MLPs; no torch op computes (it was 77 kernels, 50 of them torch ops)."""
     pytest.importorskip("triton")
     from flashdesk.engine.model.config import parse_config
     from flashdesk.engine.model.gemma4 import Gemma4
@@ -105,7 +107,7 @@ def test_a_layer_at_the_real_shapes_runs_at_most_40_kernels_a_step():
 
     cpu, bf16 = torch.device("cpu"), torch.bfloat16
     per_step = {}
-    for layers in (1, 2):  # a full layer; a sliding one before it
+    for layers in (2, 3):  # sliding layers before a full one: the difference is one sliding layer
         cfg = parse_config(dict(synthetic.target_raw(layers), vocab_size=1024))  # the head is not counted
         model = Gemma4(cfg, synthetic.random_target_weights(cfg, cpu, bf16), cpu, bf16)
         cache = model.new_cache(64, "fp8")
@@ -116,6 +118,6 @@ def test_a_layer_at_the_real_shapes_runs_at_most_40_kernels_a_step():
                 model.compute(torch.arange(5, 5 + m), cache, logits_rows="all")
             per_step[layers, m] = counts
     for m in (1, 16):
-        sliding = per_step[2, m] - per_step[1, m]
-        assert sum(sliding.values()) <= 40, dict(sliding)
-        assert sliding["_rms_norm_rope_kernel"] == 2 and "aten.topk.default" not in sliding
+        sliding = per_step[3, m] - per_step[2, m]
+        assert sum(sliding.values()) <= 15, dict(sliding)
+        assert sliding["_linear_kernel"] == 5 and not any(name.startswith("aten.") for name in sliding)

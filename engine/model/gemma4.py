@@ -22,7 +22,7 @@ from flashdesk.engine.loading.weights import expected_shapes, load_tensors, scan
 from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput, attention_out_norms, mlp_out_norms
 from flashdesk.kernels.linear import concat_rows, gated_linear, linear
 from flashdesk.kernels.moe import moe
-from flashdesk.kernels.norm import rms_norm, rms_norm_rope
+from flashdesk.kernels.norm import qkv_norms, rms_norm
 from flashdesk.kernels.router import route
 
 
@@ -36,8 +36,6 @@ class _Layer:
     """The weights of one decoder layer, fused where that saves a matmul."""
 
     def __init__(self, w: dict, i: int, cfg: Gemma4Config):
-        """`mlp_out` (the weights of the norms after the MLPs) still needs the norm that reads the
-        layer's output: `Gemma4` sets it once every layer is built."""
         p = f"layers.{i}."
         spec = cfg.layers[i]
         self.spec = spec
@@ -45,8 +43,6 @@ class _Layer:
         if not spec.k_eq_v:
             attn.append(w.pop(p + "self_attn.v_proj.weight"))
         self.qkv = concat_rows(attn)
-        self.q_size = cfg.num_heads * spec.head_dim
-        self.kv_size = spec.num_kv_heads * spec.head_dim
         self.o_proj = w.pop(p + "self_attn.o_proj.weight")
         self.gate_up = concat_rows([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
         self.down = w.pop(p + "mlp.down_proj.weight")
@@ -55,7 +51,6 @@ class _Layer:
             "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm")}
         self.layer_scalar = w.pop(p + "layer_scalar")
         self.moe = cfg.enable_moe
-        self.router_input = None
         if self.moe:
             for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
                          "pre_feedforward_layernorm_2"):
@@ -65,14 +60,6 @@ class _Layer:
             self.per_expert_scale = w.pop(p + "router.per_expert_scale")
             self.experts_gate_up = w.pop(p + "experts.gate_up_proj")
             self.experts_down = w.pop(p + "experts.down_proj")
-            self.router_input = RouterInput(self.norms["pre_feedforward_layernorm_2"], self.router_scale,
-                                            cfg.hidden_size ** -0.5)
-
-    def read_by(self, next_norm: torch.Tensor) -> None:
-        """Fuse `next_norm` (the next layer's input norm, or the final one) into this layer's last kernel."""
-        n = self.norms
-        self.mlp_out = MlpOutWeights(n.get("post_feedforward_layernorm_1"), n.get("post_feedforward_layernorm_2"),
-                                     n["post_feedforward_layernorm"], self.layer_scalar, next_norm)
 
 
 class Gemma4:
@@ -87,8 +74,6 @@ class Gemma4:
         self.embed_scale = torch.tensor(cfg.embed_scale).to(dtype)  # bf16 53.0, not 53.066, as transformers
         self.final_norm = w.pop("norm.weight").float()
         self.layers = [_Layer(w, i, cfg) for i in range(cfg.num_layers)]
-        for layer, reader in zip(self.layers, self.layers[1:] + [None]):
-            layer.read_by(reader.norms["input_layernorm"] if reader else self.final_norm)
         if w:
             raise ValueError(f"unused weights: {sorted(w)[:5]}")
         self.inv_freq = {kind: spec.inv_freq().to(self.device) for kind, spec in cfg.rope.items()}
@@ -146,7 +131,8 @@ class Gemma4:
         x = rms_norm(h, self.layers[0].norms["input_layernorm"], cfg.rms_norm_eps)
         tapped = {}
         for i, layer in enumerate(self.layers):
-            h, x = self._layer(i, layer, h, x, positions, rope[layer.spec.kind], cache)
+            reader = self.layers[i + 1].norms["input_layernorm"] if i + 1 < len(self.layers) else self.final_norm
+            h, x = self._layer(i, layer, h, x, reader, positions, rope[layer.spec.kind], cache)
             if i in taps:
                 tapped[i] = h
         if logits_rows == "last":
@@ -157,27 +143,25 @@ class Gemma4:
             logits = torch.tanh(logits / cap) * cap
         return ForwardOutput(logits, torch.cat([tapped[t] for t in taps], dim=-1) if taps else None)
 
-    def _layer(self, i: int, L: _Layer, h, x, positions, rope, cache: KVCache):
-        """The residual stream h and its input norm x -> the layer's output and the norm its reader
-        takes of it (the next layer's input, or the final norm)."""
-        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+    def _layer(self, i: int, L: _Layer, h, x, reader: torch.Tensor, positions, rope, cache: KVCache):
+        """The residual stream h and its input norm x -> the layer's output and its norm by the
+        `reader` weight (the next layer's input norm, or the final norm), fused in the last kernel."""
+        cfg, eps, n = self.cfg, self.cfg.rms_norm_eps, L.norms
         spec, t = L.spec, h.shape[0]
-        qkv = linear(x, L.qkv)
-        q = qkv[:, :L.q_size].view(t, cfg.num_heads, spec.head_dim)
-        k_raw = qkv[:, L.q_size:L.q_size + L.kv_size].view(t, spec.num_kv_heads, spec.head_dim)
-        v_raw = k_raw if spec.k_eq_v else qkv[:, L.q_size + L.kv_size:].view(t, spec.num_kv_heads, spec.head_dim)
-        cos, sin = rope
-        q = rms_norm_rope(q, L.norms["self_attn.q_norm"], cos, sin, eps)
-        k = rms_norm_rope(k_raw, L.norms["self_attn.k_norm"], cos, sin, eps)
-        v = rms_norm(v_raw, None, eps)
+        q, k, v = qkv_norms(linear(x, L.qkv), n["self_attn.q_norm"], n["self_attn.k_norm"], *rope, eps,
+                            cfg.num_heads, spec.num_kv_heads, spec.head_dim, spec.k_eq_v)
         a = cache.attend(i, q, k, v, positions, scale=1.0)
         a = linear(a.reshape(t, -1), L.o_proj)
         # h = residual + norm(a); the dense MLP, the experts and the router each read a norm of h
-        h, x, *moe_inputs = attention_out_norms(a, h, eps, L.norms["post_attention_layernorm"],
-                                                L.norms["pre_feedforward_layernorm"], L.router_input)
+        router = RouterInput(n["pre_feedforward_layernorm_2"], L.router_scale, cfg.hidden_size ** -0.5) \
+            if L.moe else None
+        h, x, *moe_inputs = attention_out_norms(a, h, eps, n["post_attention_layernorm"],
+                                                n["pre_feedforward_layernorm"], router)
         m = gated_linear(linear(x, L.gate_up), L.down, "gelu_tanh")
         experts = self._moe(L, *moe_inputs) if L.moe else None
-        return mlp_out_norms(m, experts, h, eps, L.mlp_out)
+        return mlp_out_norms(m, experts, h, eps, MlpOutWeights(
+            n.get("post_feedforward_layernorm_1"), n.get("post_feedforward_layernorm_2"),
+            n["post_feedforward_layernorm"], L.layer_scalar, reader))
 
     def _moe(self, L: _Layer, x: torch.Tensor, router_x: torch.Tensor) -> torch.Tensor:
         """The experts on x (pre_feedforward_layernorm_2 of the residual stream), routed on router_x
