@@ -43,12 +43,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def qkv_norms_reference(qkv, q_norm, k_norm, cos, sin, eps, heads, kv_heads, head_dim, k_eq_v):
-    t = qkv.shape[0]
-    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+def _heads(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, k_eq_v: bool) -> tuple:
+    """Views of the q, k and v heads [T, heads, D] in a fused projection [T, (H + Hkv [+ Hkv]) * D]."""
+    t, q_size, kv_size = qkv.shape[0], heads * head_dim, kv_heads * head_dim
     q = qkv[:, :q_size].view(t, heads, head_dim)
     k = qkv[:, q_size:q_size + kv_size].view(t, kv_heads, head_dim)
-    v = k if k_eq_v else qkv[:, q_size + kv_size:].view(t, kv_heads, head_dim)
+    return q, k, k if k_eq_v else qkv[:, q_size + kv_size:].view(t, kv_heads, head_dim)
+
+
+def qkv_norms_reference(qkv, q_norm, k_norm, cos, sin, eps, heads, kv_heads, head_dim, k_eq_v):
+    q, k, v = _heads(qkv, heads, kv_heads, head_dim, k_eq_v)
     return (apply_rope(rms_norm(q, q_norm, eps), cos, sin), apply_rope(rms_norm(k, k_norm, eps), cos, sin),
             rms_norm(v, None, eps))
 
@@ -60,9 +64,44 @@ def qkv_norms(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos
     k projection when k_eq_v); cos/sin [T, D]. Returns q [T, H, D], k and v [T, Hkv, D]. One kernel
     on the Triton path instead of three norms, two copies and ten elementwise ops; heads of a size
     that is not a power of two take those ops."""
-    if use_triton(qkv):
-        from flashdesk.kernels.norm_triton import qkv_fusable, qkv_norms_triton
+    if use_triton(qkv) and qkv.dim() == 2 and qkv.stride(1) == 1:
+        from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
 
-        if qkv_fusable(qkv, head_dim):
-            return qkv_norms_triton(qkv, q_norm, k_norm, cos, sin, eps, heads, kv_heads, head_dim, k_eq_v)
+        q, k, _ = _heads(qkv, heads, kv_heads, head_dim, k_eq_v)
+        kv = qkv[:, heads * head_dim:].view(qkv.shape[0], -1, head_dim)
+        if heads_fusable(q, head_dim) and heads_fusable(kv, head_dim):
+            q, kv = head_norms_triton(q, kv, q_norm, k_norm, cos, sin, eps, kv_heads, "k" if k_eq_v else "norm",
+                                      weight_after_cast=False)
+            return q, kv[:, :kv_heads], kv[:, kv_heads:]
     return qkv_norms_reference(qkv, q_norm, k_norm, cos, sin, eps, heads, kv_heads, head_dim, k_eq_v)
+
+
+def qwen_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3 RMSNorm (the DFlash drafter's): normalize in fp32, cast back, then scale (the cast
+    comes before the weight)."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def add_qwen_norm(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple:
+    """(h + y, qwen_rms_norm(h + y)) of rows [T, D] (without y: h and its norm): a residual add and
+    the norm that reads the sum, one kernel on the Triton path instead of eight."""
+    if use_triton(h) and h.dim() == 2:
+        from flashdesk.kernels.norm_triton import add_norm_triton
+
+        return add_norm_triton(h, y, weight, eps)
+    total = h if y is None else h + y
+    return total, qwen_rms_norm(total, weight, eps)
+
+
+def drafter_qk_norms(q: torch.Tensor | None, k: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
+                     cos: torch.Tensor, sin: torch.Tensor, eps: float) -> tuple:
+    """The drafter's rope(qwen_rms_norm(x)) of q [T, H, D] (or None: context keys only) and k
+    [T, Hkv, D]; one kernel on the Triton path (views of a projection are read in place)."""
+    if use_triton(k):
+        from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
+
+        if heads_fusable(q, k.shape[-1]) and heads_fusable(k, k.shape[-1]):
+            return head_norms_triton(q, k, q_norm, k_norm, cos, sin, eps, k.shape[1], "none", weight_after_cast=True)
+    q_out = None if q is None else apply_rope(qwen_rms_norm(q, q_norm, eps), cos, sin)
+    return q_out, apply_rope(qwen_rms_norm(k, k_norm, eps), cos, sin)

@@ -41,13 +41,17 @@ def _rms_norm_kernel(x_ptr, w_ptr, res_ptr, scale_ptr, out_ptr, R, D, eps, HAS_W
 
 
 @triton.jit
-def _qkv_norms_kernel(qkv_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, R, eps, H: tl.constexpr,
-                      KVH: tl.constexpr, K_EQ_V: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
-    """Rows are the (token, head) pairs of qkv [T, HEADS * D], heads q (H), k (KVH), v (KVH, none
-    with K_EQ_V). q heads: rope(norm(x) * q_w) into q [T, H, D]; k heads: rope(norm(x) * k_w) into
-    kv [T, 2 KVH, D] at j - H; v heads: norm(x) into kv at j - H too, or with K_EQ_V the k heads'
-    norm(x) at j - H + KVH. RoPE is y * cos + rotate_half(y) * sin with cos/sin [T, D]."""
-    HEADS: tl.constexpr = H + KVH if K_EQ_V else H + 2 * KVH
+def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, R, q_stride,
+                       kv_stride, eps, H: tl.constexpr, KVH: tl.constexpr, V_MODE: tl.constexpr,
+                       WEIGHT_AFTER_CAST: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
+    """Rows are (token, head) pairs: q heads j < H at q_src[t * q_stride + j * D], then the k heads
+    and (V_MODE "norm") the v heads at kv_src[t * kv_stride + (j - H) * D]. q heads: rope(norm(x) *
+    q_w) into q [T, H, D]; k heads: rope(norm(x) * k_w) into kv; v: norm(x) of the v heads
+    ("norm"), of the k heads ("k": Gemma's k_eq_v), or not written ("none": kv holds k only,
+    [T, KVH, D]; else [T, 2 KVH, D], v after k). RoPE: y * cos + rotate_half(y) * sin, cos/sin
+    [T, D]. WEIGHT_AFTER_CAST rounds norm(x) before the weight (Qwen3's norm, the drafter's)."""
+    HEADS: tl.constexpr = H + 2 * KVH if V_MODE == "norm" else H + KVH
+    KV_OUT: tl.constexpr = KVH if V_MODE == "none" else 2 * KVH
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, D)
     half = D // 2
@@ -55,13 +59,17 @@ def _qkv_norms_kernel(qkv_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr
     ok = (rows < R)[:, None]
     t, j = rows // HEADS, rows % HEADS
     is_q, is_k = (j < H)[:, None], ((j >= H) & (j < H + KVH))[:, None]
-    x = tl.load(qkv_ptr + (rows * D)[:, None] + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    xp = tl.load(qkv_ptr + (rows * D)[:, None] + partner[None, :], mask=ok, other=0.0).to(tl.float32)
+    src = tl.where(j < H, q_src_ptr + t * q_stride + j * D, kv_src_ptr + t * kv_stride + (j - H) * D)[:, None]
+    x = tl.load(src + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    xp = tl.load(src + partner[None, :], mask=ok, other=0.0).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
-    n, n_partner = x * inv[:, None], xp * inv[:, None]
     out_ty = q_ptr.dtype.element_ty
-    w = tl.where(is_q, tl.load(q_w_ptr + cols)[None, :], tl.load(k_w_ptr + cols)[None, :])
-    wp = tl.where(is_q, tl.load(q_w_ptr + partner)[None, :], tl.load(k_w_ptr + partner)[None, :])
+    n, n_partner = x * inv[:, None], xp * inv[:, None]
+    if WEIGHT_AFTER_CAST:
+        n, n_partner = n.to(out_ty).to(tl.float32), n_partner.to(out_ty).to(tl.float32)
+    w = tl.where(is_q, tl.load(q_w_ptr + cols).to(tl.float32)[None, :], tl.load(k_w_ptr + cols).to(tl.float32)[None, :])
+    wp = tl.where(is_q, tl.load(q_w_ptr + partner).to(tl.float32)[None, :],
+                  tl.load(k_w_ptr + partner).to(tl.float32)[None, :])
     y = (n * w).to(out_ty).to(tl.float32)
     yp = (n_partner * wp).to(out_ty).to(tl.float32)
     yp = tl.where((cols < half)[None, :], -yp, yp)  # rotate_half: [-y2, y1]
@@ -69,14 +77,29 @@ def _qkv_norms_kernel(qkv_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr
     c = tl.load(cos_ptr + table, mask=ok, other=0.0).to(tl.float32)
     s = tl.load(sin_ptr + table, mask=ok, other=0.0).to(tl.float32)
     roped = ((y * c).to(out_ty).to(tl.float32) + (yp * s).to(out_ty).to(tl.float32)).to(out_ty)
-    tl.store(q_ptr + ((t * H + j) * D)[:, None] + cols[None, :], roped, mask=ok & is_q)
-    kv_row = t * (2 * KVH) + j - H
+    if H > 0:
+        tl.store(q_ptr + ((t * H + j) * D)[:, None] + cols[None, :], roped, mask=ok & is_q)
+    kv_row = t * KV_OUT + j - H
     tl.store(kv_ptr + (kv_row * D)[:, None] + cols[None, :], roped, mask=ok & is_k)
-    if K_EQ_V:
-        v_at, is_v = kv_row + KVH, is_k
-    else:
-        v_at, is_v = kv_row, (j >= H + KVH)[:, None]
-    tl.store(kv_ptr + (v_at * D)[:, None] + cols[None, :], n.to(out_ty), mask=ok & is_v)
+    if V_MODE == "k":
+        tl.store(kv_ptr + ((kv_row + KVH) * D)[:, None] + cols[None, :], n.to(out_ty), mask=ok & is_k)
+    elif V_MODE == "norm":
+        tl.store(kv_ptr + (kv_row * D)[:, None] + cols[None, :], n.to(out_ty), mask=ok & (j >= H + KVH)[:, None])
+
+
+@triton.jit
+def _add_norm_kernel(h_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, D, eps, HAS_Y: tl.constexpr, BLOCK: tl.constexpr):
+    """sum = h + y (rounded), out = w * norm(sum) with the norm rounded before the weight (Qwen3)."""
+    cols = tl.arange(0, BLOCK)
+    ok = cols < D
+    at = tl.program_id(0).to(tl.int64) * D + cols
+    out_ty = out_ptr.dtype.element_ty
+    x = tl.load(h_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    if HAS_Y:
+        x = (x + tl.load(y_ptr + at, mask=ok, other=0.0).to(tl.float32)).to(out_ty).to(tl.float32)
+        tl.store(sum_ptr + at, x.to(out_ty), mask=ok)
+    n = (x * (1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps))).to(out_ty).to(tl.float32)
+    tl.store(out_ptr + at, (n * tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)).to(out_ty), mask=ok)
 
 
 def _shape(d: int) -> tuple[int, int, int]:
@@ -101,28 +124,55 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, eps: float, re
     return out
 
 
-def qkv_fusable(qkv: torch.Tensor, head_dim: int) -> bool:
-    """A projection the fused kernel reads: contiguous rows of power-of-two heads (Gemma 4's 256, 512)."""
-    return qkv.dim() == 2 and qkv.is_contiguous() and head_dim == triton.next_power_of_2(head_dim)
+def _head_rows(d: int) -> tuple[int, int]:
+    """(heads per program, warps) of the head-norm kernel: 2048 elements a program, half the plain
+    norm's tile (it holds each head twice, for RoPE's partner, and 32 heads of 128 spilled)."""
+    return max(1, TILE // 2 // d), 4
 
 
-def qkv_norms_triton(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor, eps: float, heads: int, kv_heads: int, head_dim: int, k_eq_v: bool) -> tuple:
-    """`norm.qkv_norms` for a projection `qkv_fusable` accepts: q [T, H, D] and k, v [T, Hkv, D],
-    the two of them views of one [T, 2 Hkv, D] tensor (the K/V write reads any row stride)."""
-    t, d = qkv.shape[0], head_dim
-    heads_in = heads + kv_heads * (1 if k_eq_v else 2)
-    if not qkv_fusable(qkv, d) or qkv.shape[1] != heads_in * d:
-        raise ValueError(f"qkv_norms needs contiguous rows of {heads_in} heads of a power-of-two size, got "
-                         f"{tuple(qkv.shape)} with head dim {d}")
-    q = torch.empty((t, heads, d), dtype=qkv.dtype, device=qkv.device)
-    kv = torch.empty((t, 2 * kv_heads, d), dtype=qkv.dtype, device=qkv.device)
+def heads_fusable(x: torch.Tensor | None, head_dim: int) -> bool:
+    """Heads the fused kernel reads: rows [T, H, D] of contiguous heads (any row stride) of a
+    power-of-two size (Gemma 4's 256 and 512, the drafter's 128)."""
+    return x is None or (x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == head_dim
+                         and head_dim == triton.next_power_of_2(head_dim))
+
+
+def head_norms_triton(q: torch.Tensor | None, kv: torch.Tensor, q_w, k_w, cos: torch.Tensor, sin: torch.Tensor,
+                      eps: float, kv_heads: int, v_mode: str, weight_after_cast: bool) -> tuple:
+    """q [T, H, D] (or None) and kv [T, KVH or 2 KVH, D] heads as `heads_fusable` describes (kv's
+    k heads first, then its v heads when v_mode is "norm"). Returns (q or None, kv): kv [T, 2 KVH,
+    D] with k then v, or [T, KVH, D] with k only when v_mode is "none"."""
+    t, d = kv.shape[0], kv.shape[2]
+    heads = 0 if q is None else q.shape[1]
+    if not (heads_fusable(q, d) and heads_fusable(kv, d)):
+        raise ValueError(f"head norms need contiguous heads of a power-of-two size, got kv {tuple(kv.shape)} "
+                         f"with strides {kv.stride()}")
+    heads_in = heads + kv_heads * (2 if v_mode == "norm" else 1)
+    q_out = None if q is None else torch.empty((t, heads, d), dtype=kv.dtype, device=kv.device)
+    kv_out = torch.empty((t, kv_heads if v_mode == "none" else 2 * kv_heads, d), dtype=kv.dtype, device=kv.device)
     if t:
-        per_program, _, warps = _shape(d)
-        _qkv_norms_kernel[(triton.cdiv(t * heads_in, per_program),)](
-            qkv, q_norm, k_norm, cos.contiguous(), sin.contiguous(), q, kv, t * heads_in, eps, H=heads, KVH=kv_heads,
-            K_EQ_V=k_eq_v, D=d, ROWS=per_program, num_warps=warps, num_stages=LAUNCH_STAGES)
-    return q, kv[:, :kv_heads], kv[:, kv_heads:]
+        per_program, warps = _head_rows(d)
+        _head_norms_kernel[(triton.cdiv(t * heads_in, per_program),)](
+            kv if q is None else q, kv, k_w if q is None else q_w, k_w, cos.contiguous(), sin.contiguous(),
+            kv_out if q is None else q_out, kv_out, t * heads_in, 0 if q is None else q.stride(0), kv.stride(0), eps,
+            H=heads, KVH=kv_heads, V_MODE=v_mode, WEIGHT_AFTER_CAST=weight_after_cast, D=d, ROWS=per_program,
+            num_warps=warps, num_stages=LAUNCH_STAGES)
+    return q_out, kv_out
+
+
+def add_norm_triton(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple:
+    """(h + y, w * norm(h + y)) of rows [T, D], or (h, w * norm(h)) without y."""
+    if h.dim() != 2:
+        raise ValueError(f"add_norm takes rows [T, D], got {tuple(h.shape)}")
+    h = h.contiguous()
+    t, d = h.shape
+    total = torch.empty_like(h) if y is not None else h
+    out = torch.empty_like(h)
+    if t:
+        block = triton.next_power_of_2(d)
+        _add_norm_kernel[(t,)](h, h if y is None else y.contiguous(), weight, total, out, d, eps, HAS_Y=y is not None,
+                               BLOCK=block, num_warps=8 if block >= 2048 else 4, num_stages=LAUNCH_STAGES)
+    return total, out
 
 
 def compile_specs() -> list[CompileSpec]:
@@ -143,13 +193,25 @@ def compile_specs() -> list[CompileSpec]:
             {"x_ptr": "*bf16", "w_ptr": "*fp32" if has_weight else "*bf16", "res_ptr": "*bf16",
              "scale_ptr": "*bf16", "out_ptr": "*bf16", "R": "i32", "D": "i32", "eps": "fp32",
              **dict.fromkeys(flags, "constexpr")}, flags, num_warps=warps))
-    # sliding layers (16 q, 8 k, 8 v heads of 256); full layers (16 q, 2 k heads of 512; v = k, or its own)
-    for heads, kv_heads, d, k_eq_v in ((16, 8, 256, False), (16, 2, 512, True), (16, 2, 512, False)):
-        per_program, _, warps = _shape(d)
-        flags = {"H": heads, "KVH": kv_heads, "K_EQ_V": k_eq_v, "D": d, "ROWS": per_program}
+    # target: sliding layers (16 q, 8 k, 8 v heads of 256), full layers (16 q, 2 k heads of 512, v = k
+    # or its own); drafter (Qwen3 norms, v as projected): its block's q and k, its context's k
+    heads_specs = [(16, 8, 256, "norm", False), (16, 2, 512, "k", False), (16, 2, 512, "norm", False),
+                   (32, 8, 128, "none", True), (0, 8, 128, "none", True)]
+    for heads, kv_heads, d, v_mode, after_cast in heads_specs:
+        per_program, warps = _head_rows(d)
+        flags = {"H": heads, "KVH": kv_heads, "V_MODE": v_mode, "WEIGHT_AFTER_CAST": after_cast, "D": d,
+                 "ROWS": per_program}
+        weight = "*bf16" if after_cast else "*fp32"
         specs.append(CompileSpec(
-            f"qkv_norms[D={d},H={heads},KVH={kv_heads}{',k_eq_v' if k_eq_v else ''}]", _qkv_norms_kernel,
-            {"qkv_ptr": "*bf16", "q_w_ptr": "*fp32", "k_w_ptr": "*fp32", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
-             "q_ptr": "*bf16", "kv_ptr": "*bf16", "R": "i32", "eps": "fp32", **dict.fromkeys(flags, "constexpr")},
-            flags, num_warps=warps))
+            f"head_norms[D={d},H={heads},KVH={kv_heads},v={v_mode}{',qwen' if after_cast else ''}]",
+            _head_norms_kernel,
+            {"q_src_ptr": "*bf16", "kv_src_ptr": "*bf16", "q_w_ptr": weight, "k_w_ptr": weight, "cos_ptr": "*bf16",
+             "sin_ptr": "*bf16", "q_ptr": "*bf16", "kv_ptr": "*bf16", "R": "i32", "q_stride": "i32",
+             "kv_stride": "i32", "eps": "fp32", **dict.fromkeys(flags, "constexpr")}, flags, num_warps=warps))
+    for has_y in (True, False):  # the drafter's residual adds with the next norm; its context's norm
+        flags = {"HAS_Y": has_y, "BLOCK": 4096}
+        specs.append(CompileSpec(
+            f"add_norm[D=2816{',y' if has_y else ''}]", _add_norm_kernel,
+            {"h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*bf16", "sum_ptr": "*bf16", "out_ptr": "*bf16", "D": "i32",
+             "eps": "fp32", **dict.fromkeys(flags, "constexpr")}, flags, num_warps=8))
     return specs

@@ -76,7 +76,7 @@ def test_q_k_v_norms_and_rope_are_one_kernel_on_the_projection(dtype, k_eq_v):
     with k_eq_v); read in place from the fused projection, rounded where the unfused ops round."""
     from flashdesk.kernels.launch_log import count_kernels
     from flashdesk.kernels.norm import qkv_norms, qkv_norms_reference
-    from flashdesk.kernels.norm_triton import qkv_norms_triton
+    from flashdesk.kernels.norm_triton import head_norms_triton
 
     gen = torch.Generator().manual_seed(5)
     t, heads, kv_heads, d = 16, 4, 2, 32
@@ -111,4 +111,67 @@ def test_q_k_v_norms_and_rope_are_one_kernel_on_the_projection(dtype, k_eq_v):
         for fused_or_not, plain in zip(qkv_norms(odd, *odd_args), qkv_norms_reference(odd, *odd_args)):
             assert torch.equal(fused_or_not, plain)
         with pytest.raises(ValueError, match="power-of-two"):
-            qkv_norms_triton(odd, *odd_args)
+            head_norms_triton(None, odd.view(2, -1, 48), w48, w48, cs48, cs48, 1e-6, kv_heads, "none", True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_q", [True, False], ids=["block", "context"])
+def test_the_drafters_q_k_norms_and_rope_are_one_kernel(dtype, with_q):
+    """The DFlash drafter's Qwen3 norms (rounded before the weight) + RoPE of q and k, read in place
+    from its projections (k a column slice of kv); without q, the context's keys alone."""
+    from flashdesk.kernels.launch_log import count_kernels
+    from flashdesk.kernels.norm import apply_rope, drafter_qk_norms, qwen_rms_norm
+
+    gen = torch.Generator().manual_seed(11)
+    t, heads, kv_heads, d = 16, 4, 2, 32
+    q = (torch.randn(t, heads, d, generator=gen) * 2).to(dtype) if with_q else None
+    kv = (torch.randn(t, 2 * kv_heads, d, generator=gen) * 2).to(dtype)
+    k = kv[:, :kv_heads]
+    q_w, k_w = (torch.rand(d, generator=gen) + 0.5).to(dtype), (torch.rand(d, generator=gen) + 0.5).to(dtype)
+    angles = torch.arange(t)[:, None] * torch.rand(d // 2, generator=gen)[None, :]
+    cos, sin = torch.cat([angles, angles], -1).cos().to(dtype), torch.cat([angles, angles], -1).sin().to(dtype)
+    with kernels("triton"):
+        got_q, got_k = drafter_qk_norms(q, k, q_w, k_w, cos, sin, 1e-6)
+        alone = drafter_qk_norms(None if q is None else q[9:10], k[9:10], q_w, k_w, cos[9:10], sin[9:10], 1e-6)
+        with count_kernels() as counts:
+            drafter_qk_norms(q, k, q_w, k_w, cos, sin, 1e-6)
+    assert sum(counts.values()) == 1, dict(counts)
+    want_k = apply_rope(qwen_rms_norm(k, k_w, 1e-6), cos, sin)
+    pairs = [(got_k, want_k, alone[1])]
+    if with_q:
+        pairs.append((got_q, apply_rope(qwen_rms_norm(q, q_w, 1e-6), cos, sin), alone[0]))
+    else:
+        assert got_q is None
+    for got, want, row in pairs:
+        assert got.shape == want.shape and got.dtype == dtype
+        if dtype == torch.bfloat16:  # rounds where the torch ops round (the norm before the weight):
+            # the same bits but where their sums of squares, added in another order, round apart
+            torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=4e-2)
+            assert (got == want).float().mean() >= 0.99  # rounding after the weight instead: ~75%
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(row[0], got[9])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_drafters_residual_add_and_norm_are_one_kernel(dtype):
+    from flashdesk.kernels.launch_log import count_kernels
+    from flashdesk.kernels.norm import add_qwen_norm, qwen_rms_norm
+
+    gen = torch.Generator().manual_seed(12)
+    h, y = (torch.randn(16, 96, generator=gen) * 3).to(dtype), torch.randn(16, 96, generator=gen).to(dtype)
+    w = (torch.rand(96, generator=gen) + 0.5).to(dtype)
+    with kernels("triton"):
+        total, x = add_qwen_norm(h, y, w, 1e-6)
+        alone = add_qwen_norm(h[4:5], y[4:5], w, 1e-6)
+        same, plain = add_qwen_norm(h, None, w, 1e-6)
+        with count_kernels() as counts:
+            add_qwen_norm(h, y, w, 1e-6)
+    assert sum(counts.values()) == 1, dict(counts)
+    assert torch.equal(total, h + y) and same is h
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 4e-2}
+    torch.testing.assert_close(x.float(), qwen_rms_norm(h + y, w, 1e-6).float(), **tol)
+    if dtype == torch.bfloat16:  # rounded before the weight, as the torch ops round
+        assert (x == qwen_rms_norm(h + y, w, 1e-6)).float().mean() >= 0.99
+    torch.testing.assert_close(plain.float(), qwen_rms_norm(h, w, 1e-6).float(), **tol)
+    assert torch.equal(alone[0][0], total[4]) and torch.equal(alone[1][0], x[4])

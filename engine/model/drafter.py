@@ -31,17 +31,11 @@ from flashdesk.kernels.attention import attention
 from flashdesk.kernels.backend import use_triton
 from flashdesk.kernels.int4 import Int4Weight, quantize_int4, weight_nbytes
 from flashdesk.kernels.linear import concat_rows, gated_linear, linear
-from flashdesk.kernels.norm import apply_rope
+from flashdesk.kernels.norm import add_qwen_norm, drafter_qk_norms
 
 QUANTIZATIONS = (None, "int4")  # None: the checkpoint's weights in the target's dtype (bf16)
 GROUP_SIZE = 32
 HEAD_CHUNK_ROWS = 32768  # the int4 head is quantized and applied this many vocab rows at a time
-
-
-def qwen_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen3 RMSNorm: normalize in fp32, cast back, then scale (the cast comes before the weight)."""
-    xf = x.float()
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def check_draft_quantize(quantize: str | None) -> None:
@@ -190,7 +184,6 @@ class Drafter:
         self.inv_freq = (1.0 / cfg.rope_theta ** exponents).to(self.device)
         # Gemma targets embed with sqrt(hidden); the drafter was trained on those embeddings
         self.embed_scale = math.sqrt(target.cfg.hidden_size) * cfg.input_embedding_scale
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
 
     @classmethod
     def from_pretrained(cls, draft_dir: str | Path, target: Gemma4, progress=None,
@@ -233,13 +226,12 @@ class Drafter:
             return
         positions = torch.arange(ctx.length, ctx.length + c, device=self.device)
         cos, sin = self._rope(positions)
-        hidden = qwen_rms_norm(linear(taps, self.fc), self.hidden_norm, eps)
+        _, hidden = add_qwen_norm(linear(taps, self.fc), None, self.hidden_norm, eps)
+        heads = cfg.num_kv_heads
         for i, layer in enumerate(self.layers):
-            kv = linear(hidden, layer["kv"])  # the context skips input_layernorm
-            k = kv[:, :self.kv_size].view(c, cfg.num_kv_heads, cfg.head_dim)
-            v = kv[:, self.kv_size:].view(c, cfg.num_kv_heads, cfg.head_dim)
-            k = apply_rope(qwen_rms_norm(k, layer["k_norm"], eps), cos, sin)
-            ctx.write(i, ctx.length, k, v)
+            kv = linear(hidden, layer["kv"]).view(c, 2 * heads, cfg.head_dim)  # the context skips input_layernorm
+            _, k = drafter_qk_norms(None, kv[:, :heads], None, layer["k_norm"], cos, sin, eps)
+            ctx.write(i, ctx.length, k, kv[:, heads:])
         ctx.advance(c)
 
     @torch.inference_mode()
@@ -258,21 +250,19 @@ class Drafter:
         else:
             ids[0] = anchor
         h = F.embedding(ids, self.target.embed) * self.embed_scale
+        _, x = add_qwen_norm(h, None, self.layers[0]["in_norm"], eps)
+        heads = cfg.num_kv_heads
         for i, layer in enumerate(self.layers):
             sliding = cfg.layer_kinds[i] == SLIDING
             window = cfg.sliding_window if sliding else None
-            x = qwen_rms_norm(h, layer["in_norm"], eps)
-            q = linear(x, layer["q"]).view(t, cfg.num_heads, cfg.head_dim)
-            q = apply_rope(qwen_rms_norm(q, layer["q_norm"], eps), cos, sin)
-            kv = linear(x, layer["kv"])
-            kb = apply_rope(qwen_rms_norm(kv[:, :self.kv_size].view(t, cfg.num_kv_heads, cfg.head_dim),
-                                          layer["k_norm"], eps), cos, sin)
-            vb = kv[:, self.kv_size:].view(t, cfg.num_kv_heads, cfg.head_dim)
-            a = self._attend(ctx, i, q, kb, vb, positions, window)
-            h = h + linear(a.reshape(t, -1), layer["o"])
-            gate_up = linear(qwen_rms_norm(h, layer["post_norm"], eps), layer["gate_up"])
-            h = h + gated_linear(gate_up, layer["down"], "silu")
-        h = qwen_rms_norm(h[1:], self.norm, eps)
+            kv = linear(x, layer["kv"]).view(t, 2 * heads, cfg.head_dim)
+            q, kb = drafter_qk_norms(linear(x, layer["q"]).view(t, cfg.num_heads, cfg.head_dim), kv[:, :heads],
+                                     layer["q_norm"], layer["k_norm"], cos, sin, eps)
+            a = self._attend(ctx, i, q, kb, kv[:, heads:], positions, window)
+            h, x = add_qwen_norm(h, linear(a.reshape(t, -1), layer["o"]), layer["post_norm"], eps)
+            reader = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.norm  # fused into the add
+            h, x = add_qwen_norm(h, gated_linear(linear(x, layer["gate_up"]), layer["down"], "silu"), reader, eps)
+        h = x[1:]  # the final norm of the block's drafts (not the anchor)
         logits = self._head(h).float() * cfg.output_multiplier
         if cfg.final_logit_softcapping:
             cap = cfg.final_logit_softcapping
