@@ -34,6 +34,18 @@ def linear(x: torch.Tensor, weight) -> torch.Tensor:
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
+def rows_from(weight, start: int):
+    """Output rows start.. of a weight in any of the formats above, as views (nothing copied)."""
+    if not isinstance(weight, tuple):
+        return weight[start:]
+    parts = []
+    for part in weight:
+        if start < part.shape[0]:
+            parts.append(part[start:] if start else part)
+        start = max(0, start - part.shape[0])
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
 def gate(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     """act(gate) * up of gate_up [..., 2K] = [gate | up], for "gelu_tanh" or "silu"."""
     g, up = gate_up.chunk(2, dim=-1)

@@ -300,10 +300,10 @@ HIDDEN = 2816
 TARGET_INT4 = [(8192, HIDDEN), (8704, HIDDEN), (9216, HIDDEN), (HIDDEN, 4096), (HIDDEN, 8192),
                (4224, HIDDEN), (HIDDEN, 2112)]
 TARGET_GROUPS = (32, 128, None)
-# The drafter's linears (fc over the 6 tapped target layers, q, kv, o, gate_up, down): bf16, or
+# The drafter's linears (fc over the 6 tapped target layers, qkv; kv alone, for its context; o, gate_up, down): bf16, or
 # symmetric group-32 int4 when it is quantized on load, with an int4 head (whole, or in the
 # 32768-row chunks of its torch path).
-DRAFTER = [(HIDDEN, 6 * HIDDEN), (4096, HIDDEN), (2048, HIDDEN), (HIDDEN, 4096), (11264, HIDDEN),
+DRAFTER = [(HIDDEN, 6 * HIDDEN), (6144, HIDDEN), (2048, HIDDEN), (HIDDEN, 4096), (11264, HIDDEN),
            (HIDDEN, 5632)]
 DRAFTER_INT4 = DRAFTER + [(262144, HIDDEN), (32768, HIDDEN)]
 # Dense: the tied head, the router, the bf16 drafter, and target layers a checkpoint leaves unquantized.

@@ -34,7 +34,7 @@ def test_every_linear_and_the_head_are_int4(int4_engine, spec_pair):
     drafter = int4_engine.drafter
     assert isinstance(drafter.fc, Int4Weight) and isinstance(drafter.head, Int4Weight)
     for layer in drafter.layers:
-        for name in ("q", "kv", "o", "gate_up", "down"):
+        for name in ("qkv", "o", "gate_up", "down"):
             assert isinstance(layer[name], Int4Weight), name
     assert drafter.head.shape == tuple(spec_pair[0].model.embed.shape)
     assert not isinstance(spec_pair[0].model.embed, Int4Weight)  # the target's own head stays dense

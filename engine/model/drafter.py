@@ -30,7 +30,7 @@ from flashdesk.engine.loading.weights import load_tensors, scan_checkpoint, vali
 from flashdesk.kernels.attention import attention
 from flashdesk.kernels.backend import use_triton
 from flashdesk.kernels.int4 import Int4Weight, quantize_int4, weight_nbytes
-from flashdesk.kernels.linear import concat_rows, gated_linear, linear
+from flashdesk.kernels.linear import concat_rows, gated_linear, linear, rows_from
 from flashdesk.kernels.norm import add_qwen_norm, drafter_qk_norms
 
 QUANTIZATIONS = (None, "int4")  # None: the checkpoint's weights in the target's dtype (bf16)
@@ -174,8 +174,9 @@ class Drafter:
             get = lambda name: w.pop(p + name)  # noqa: E731
             self.layers.append({
                 "in_norm": get("input_layernorm.weight"), "post_norm": get("post_attention_layernorm.weight"),
-                "q": get("self_attn.q_proj.weight"), "q_norm": get("self_attn.q_norm.weight"),
-                "kv": concat_rows([get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")]),
+                "qkv": concat_rows([get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight"),
+                                    get("self_attn.v_proj.weight")]),
+                "q_norm": get("self_attn.q_norm.weight"),
                 "k_norm": get("self_attn.k_norm.weight"), "o": get("self_attn.o_proj.weight"),
                 "gate_up": concat_rows([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
                 "down": get("mlp.down_proj.weight"),
@@ -227,9 +228,9 @@ class Drafter:
         positions = torch.arange(ctx.length, ctx.length + c, device=self.device)
         cos, sin = self._rope(positions)
         _, hidden = add_qwen_norm(linear(taps, self.fc), None, self.hidden_norm, eps)
-        heads = cfg.num_kv_heads
+        heads, q_rows = cfg.num_kv_heads, cfg.num_heads * cfg.head_dim
         for i, layer in enumerate(self.layers):
-            kv = linear(hidden, layer["kv"]).view(c, 2 * heads, cfg.head_dim)  # the context skips input_layernorm
+            kv = linear(hidden, rows_from(layer["qkv"], q_rows)).view(c, 2 * heads, cfg.head_dim)  # no input norm
             _, k = drafter_qk_norms(None, kv[:, :heads], None, layer["k_norm"], cos, sin, eps)
             ctx.write(i, ctx.length, k, kv[:, heads:])
         ctx.advance(c)
@@ -255,9 +256,9 @@ class Drafter:
         for i, layer in enumerate(self.layers):
             sliding = cfg.layer_kinds[i] == SLIDING
             window = cfg.sliding_window if sliding else None
-            kv = linear(x, layer["kv"]).view(t, 2 * heads, cfg.head_dim)
-            q, kb = drafter_qk_norms(linear(x, layer["q"]).view(t, cfg.num_heads, cfg.head_dim), kv[:, :heads],
-                                     layer["q_norm"], layer["k_norm"], cos, sin, eps)
+            qkv = linear(x, layer["qkv"]).view(t, cfg.num_heads + 2 * heads, cfg.head_dim)
+            q, kv = qkv[:, :cfg.num_heads], qkv[:, cfg.num_heads:]
+            q, kb = drafter_qk_norms(q, kv[:, :heads], layer["q_norm"], layer["k_norm"], cos, sin, eps)
             a = self._attend(ctx, i, q, kb, kv[:, heads:], positions, window)
             h, x = add_qwen_norm(h, linear(a.reshape(t, -1), layer["o"]), layer["post_norm"], eps)
             reader = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.norm  # fused into the add
