@@ -130,3 +130,20 @@ def test_a_step_reads_back_only_its_tokens(spec_pair, choice, sampling, forbid_r
             assert forbid_reads["reads"] - before == 1
             assert result.emitted
         forbid_reads["armed"] = False
+
+
+def test_the_drafters_triton_path_computes_its_torch_path(spec_pair):
+    """Context K/V written by the K/V-write kernel (in two updates, the second at the held length),
+    the fused Qwen3 norms, q/k/v projection and RoPE: the same draft logits as the torch path."""
+    drafter = spec_pair[0].drafter
+    taps = torch.randn(21, drafter.fc.shape[1], generator=torch.Generator().manual_seed(4)).to(drafter.dtype)
+    logits = {}
+    for choice in ("torch", "triton"):
+        ctx = drafter.new_context(64)
+        with kernels(choice):
+            drafter.add_context(ctx, taps[:13])
+            drafter.add_context(ctx, taps[13:])
+            ctx.note_block(8)
+            logits[choice] = drafter.draft_logits(ctx, 300, 7)
+    torch.testing.assert_close(logits["triton"], logits["torch"], rtol=1e-4, atol=1e-4)
+    assert logits["torch"].abs().max() > 1  # logits, not zeros

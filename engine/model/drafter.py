@@ -30,6 +30,7 @@ from flashdesk.engine.loading.weights import load_tensors, scan_checkpoint, vali
 from flashdesk.kernels.attention import attention
 from flashdesk.kernels.backend import use_triton
 from flashdesk.kernels.int4 import Int4Weight, quantize_int4, weight_nbytes
+from flashdesk.kernels.kv_write import kv_write
 from flashdesk.kernels.linear import concat_rows, gated_linear, linear, rows_from
 from flashdesk.kernels.norm import add_qwen_norm, drafter_qk_norms
 
@@ -130,7 +131,12 @@ class DraftContext:
         return self.cfg.sliding_window if sliding else None
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K/V [T, Hkv, D] of positions start.. (a ring keeps the newest `capacity` of them)."""
         cap = self.capacity[layer]
+        if use_triton(k):  # one kernel, which reads a start at `length` from the device
+            kv_write(k, v, self.k[layer], self.v[layer], None, None, self.position if start == self.length else start,
+                     cap)
+            return
         keep = min(k.shape[0], cap)
         slots = torch.arange(start + k.shape[0] - keep, start + k.shape[0], device=k.device) % cap
         self.k[layer][slots] = k[-keep:]
@@ -278,7 +284,6 @@ class Drafter:
         scale = cfg.head_dim ** -0.5
         if use_triton(q) and t <= ctx.max_context - ctx.length and t <= ctx.capacity[i] - (window or 0):
             from flashdesk.kernels.attention_triton import decode_attention
-            from flashdesk.kernels.kv_write import kv_write
 
             kv_write(kb, vb, ctx.k[i], ctx.v[i], None, None, ctx.position, ctx.capacity[i])
             return decode_attention(q, ctx.k[i], ctx.v[i], None, None, ctx.position, window, ctx.capacity[i],
