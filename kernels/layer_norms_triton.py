@@ -1,5 +1,7 @@
-"""Triton kernels of `layer_norms`: one program per row runs a whole chain of norms, holding the
-row in registers, rounding to the activations' dtype wherever the torch ops round."""
+"""Triton kernels of `layer_norms`: a program runs a whole chain of norms on its rows, holding them
+in registers, rounding to the activations' dtype wherever the torch ops round. The rows a program
+takes depend on the row width only (one at Gemma 4's 2816; many for tiny test models, which keeps
+the interpreter quick), so each row is reduced the same way whatever the number of rows."""
 
 from __future__ import annotations
 
@@ -12,11 +14,17 @@ from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput
 
 
 @triton.jit
-def _norm(x, w_ptr, cols, ok, D, eps, HAS_WEIGHT: tl.constexpr):
-    """norm(x) [* w] in fp32 of one fp32 row (zero past D), as norm_triton computes it."""
-    y = x * (1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps))
+def _weight(w_ptr, cols, D):
+    """A per-column vector [1, BLOCK] in fp32 (zero past D)."""
+    return tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+
+
+@triton.jit
+def _norm(x, w_ptr, cols, D, eps, HAS_WEIGHT: tl.constexpr):
+    """norm(x) [* w] in fp32 of fp32 rows [ROWS, BLOCK] (zero past D), as norm_triton computes it."""
+    y = x * (1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps))[:, None]
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        y = y * _weight(w_ptr, cols, D)
     return y
 
 
@@ -28,48 +36,53 @@ def _round(y, ty: tl.constexpr):
 
 @triton.jit
 def _attention_out_kernel(a_ptr, res_ptr, w_post_ptr, w_pre_ptr, w_experts_ptr, router_scale_ptr, router_scalar,
-                          h_ptr, x_ptr, experts_x_ptr, router_x_ptr, D, eps, MOE: tl.constexpr,
-                          BLOCK: tl.constexpr):
+                          h_ptr, x_ptr, experts_x_ptr, router_x_ptr, R, D, eps, MOE: tl.constexpr,
+                          ROWS: tl.constexpr, BLOCK: tl.constexpr):
     cols = tl.arange(0, BLOCK)
-    ok = cols < D
-    at = tl.program_id(0).to(tl.int64) * D + cols
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    ok = (rows < R)[:, None] & (cols < D)[None, :]
+    at = rows[:, None] * D + cols[None, :]
     ty: tl.constexpr = h_ptr.dtype.element_ty
     a = tl.load(a_ptr + at, mask=ok, other=0.0).to(tl.float32)
-    h = _round(_round(_norm(a, w_post_ptr, cols, ok, D, eps, True), ty)
+    h = _round(_round(_norm(a, w_post_ptr, cols, D, eps, True), ty)
                + tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32), ty)
     tl.store(h_ptr + at, h.to(ty), mask=ok)
-    n = _norm(h, w_post_ptr, cols, ok, D, eps, False)
-    tl.store(x_ptr + at, (n * tl.load(w_pre_ptr + cols, mask=ok, other=0.0).to(tl.float32)).to(ty), mask=ok)
+    n = _norm(h, w_post_ptr, cols, D, eps, False)
+    tl.store(x_ptr + at, (n * _weight(w_pre_ptr, cols, D)).to(ty), mask=ok)
     if MOE:
-        w_experts = tl.load(w_experts_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-        tl.store(experts_x_ptr + at, (n * w_experts).to(ty), mask=ok)
-        r = _round(n, ty) * tl.load(router_scale_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        tl.store(experts_x_ptr + at, (n * _weight(w_experts_ptr, cols, D)).to(ty), mask=ok)
+        r = _round(n, ty) * _weight(router_scale_ptr, cols, D)
         tl.store(router_x_ptr + at, (_round(r, ty) * router_scalar).to(ty), mask=ok)
 
 
 @triton.jit
 def _mlp_out_kernel(dense_ptr, experts_ptr, res_ptr, w_dense_ptr, w_experts_ptr, w_out_ptr, scalar_ptr,
-                    w_next_ptr, h_ptr, x_ptr, D, eps, MOE: tl.constexpr, BLOCK: tl.constexpr):
+                    w_next_ptr, h_ptr, x_ptr, R, D, eps, MOE: tl.constexpr, ROWS: tl.constexpr,
+                    BLOCK: tl.constexpr):
     cols = tl.arange(0, BLOCK)
-    ok = cols < D
-    at = tl.program_id(0).to(tl.int64) * D + cols
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    ok = (rows < R)[:, None] & (cols < D)[None, :]
+    at = rows[:, None] * D + cols[None, :]
     ty: tl.constexpr = h_ptr.dtype.element_ty
     m = tl.load(dense_ptr + at, mask=ok, other=0.0).to(tl.float32)
     if MOE:
         e = tl.load(experts_ptr + at, mask=ok, other=0.0).to(tl.float32)
-        m = _round(_round(_norm(e, w_experts_ptr, cols, ok, D, eps, True), ty)
-                   + _round(_norm(m, w_dense_ptr, cols, ok, D, eps, True), ty), ty)
-    h = _round(_round(_norm(m, w_out_ptr, cols, ok, D, eps, True), ty)
+        m = _round(_round(_norm(e, w_experts_ptr, cols, D, eps, True), ty)
+                   + _round(_norm(m, w_dense_ptr, cols, D, eps, True), ty), ty)
+    h = _round(_round(_norm(m, w_out_ptr, cols, D, eps, True), ty)
                + tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32), ty)
     h = _round(h * tl.load(scalar_ptr).to(tl.float32), ty)
     tl.store(h_ptr + at, h.to(ty), mask=ok)
-    tl.store(x_ptr + at, _norm(h, w_next_ptr, cols, ok, D, eps, True).to(ty), mask=ok)
+    tl.store(x_ptr + at, _norm(h, w_next_ptr, cols, D, eps, True).to(ty), mask=ok)
 
 
-def _shape(d: int) -> tuple[int, int]:
-    """(block, warps) for rows of width d: the whole row in one block."""
+TILE = 4096  # elements a program holds per row chain: one 2816-wide row (padded), or several narrow ones
+
+
+def _shape(d: int) -> tuple[int, int, int]:
+    """(rows per program, block, warps) for rows of width d: each row whole in one block."""
     block = triton.next_power_of_2(d)
-    return block, 8 if block >= 2048 else 4
+    return max(1, TILE // block), block, 8 if block >= 2048 else 4
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -85,11 +98,11 @@ def attention_out_triton(a: torch.Tensor, residual: torch.Tensor, eps: float, po
     h, x = torch.empty_like(a), torch.empty_like(a)
     experts_x, router_x = (torch.empty_like(a), torch.empty_like(a)) if moe else (x, x)  # unused stand-ins
     if t:
-        block, warps = _shape(d)
-        _attention_out_kernel[(t,)](
+        rows, block, warps = _shape(d)
+        _attention_out_kernel[(triton.cdiv(t, rows),)](
             a, residual, post_attention, pre_feedforward, moe.experts_weight if moe else pre_feedforward,
-            moe.router_scale if moe else a, moe.router_scalar if moe else 1.0, h, x, experts_x, router_x, d, eps,
-            MOE=moe is not None, BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES)
+            moe.router_scale if moe else a, moe.router_scalar if moe else 1.0, h, x, experts_x, router_x, t, d, eps,
+            MOE=moe is not None, ROWS=rows, BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES)
     return (h, x, experts_x, router_x) if moe else (h, x)
 
 
@@ -99,21 +112,21 @@ def mlp_out_triton(dense: torch.Tensor, experts: torch.Tensor | None, residual: 
     t, d = dense.shape
     h, x = torch.empty_like(dense), torch.empty_like(dense)
     if t:
-        block, warps = _shape(d)
+        rows, block, warps = _shape(d)
         moe = experts is not None
-        _mlp_out_kernel[(t,)](
+        _mlp_out_kernel[(triton.cdiv(t, rows),)](
             dense, _rows(experts) if moe else dense, residual, w.dense if moe else w.output,
-            w.experts if moe else w.output, w.output, w.layer_scalar, w.next_norm, h, x, d, eps,
-            MOE=moe, BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES)
+            w.experts if moe else w.output, w.output, w.layer_scalar, w.next_norm, h, x, t, d, eps,
+            MOE=moe, ROWS=rows, BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES)
     return h, x
 
 
 def compile_specs() -> list[CompileSpec]:
     """The real model's rows: hidden 2816 in bf16, fp32 norm weights, bf16 router scale and layer
     scalar; every layer has its MoE."""
-    block, warps = _shape(2816)
-    rows = {"D": "i32", "eps": "fp32", "MOE": "constexpr", "BLOCK": "constexpr"}
-    flags = {"MOE": True, "BLOCK": block}
+    per_program, block, warps = _shape(2816)
+    rows = {"R": "i32", "D": "i32", "eps": "fp32", "MOE": "constexpr", "ROWS": "constexpr", "BLOCK": "constexpr"}
+    flags = {"MOE": True, "ROWS": per_program, "BLOCK": block}
     attention_out = {"a_ptr": "*bf16", "res_ptr": "*bf16", "w_post_ptr": "*fp32", "w_pre_ptr": "*fp32",
                      "w_experts_ptr": "*fp32", "router_scale_ptr": "*bf16", "router_scalar": "fp32",
                      "h_ptr": "*bf16", "x_ptr": "*bf16", "experts_x_ptr": "*bf16", "router_x_ptr": "*bf16"} | rows

@@ -88,18 +88,21 @@ def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr
 
 
 @triton.jit
-def _add_norm_kernel(h_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, D, eps, HAS_Y: tl.constexpr, BLOCK: tl.constexpr):
+def _add_norm_kernel(h_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, R, D, eps, HAS_Y: tl.constexpr, ROWS: tl.constexpr,
+                     BLOCK: tl.constexpr):
     """sum = h + y (rounded), out = w * norm(sum) with the norm rounded before the weight (Qwen3)."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
-    ok = cols < D
-    at = tl.program_id(0).to(tl.int64) * D + cols
+    ok = (rows < R)[:, None] & (cols < D)[None, :]
+    at = rows[:, None] * D + cols[None, :]
     out_ty = out_ptr.dtype.element_ty
     x = tl.load(h_ptr + at, mask=ok, other=0.0).to(tl.float32)
     if HAS_Y:
         x = (x + tl.load(y_ptr + at, mask=ok, other=0.0).to(tl.float32)).to(out_ty).to(tl.float32)
         tl.store(sum_ptr + at, x.to(out_ty), mask=ok)
-    n = (x * (1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps))).to(out_ty).to(tl.float32)
-    tl.store(out_ptr + at, (n * tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)).to(out_ty), mask=ok)
+    n = (x * (1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps))[:, None]).to(out_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + at, (n * w).to(out_ty), mask=ok)
 
 
 def _shape(d: int) -> tuple[int, int, int]:
@@ -169,9 +172,10 @@ def add_norm_triton(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tenso
     total = torch.empty_like(h) if y is not None else h
     out = torch.empty_like(h)
     if t:
-        block = triton.next_power_of_2(d)
-        _add_norm_kernel[(t,)](h, h if y is None else y.contiguous(), weight, total, out, d, eps, HAS_Y=y is not None,
-                               BLOCK=block, num_warps=8 if block >= 2048 else 4, num_stages=LAUNCH_STAGES)
+        per_program, block, warps = _shape(d)
+        _add_norm_kernel[(triton.cdiv(t, per_program),)](
+            h, h if y is None else y.contiguous(), weight, total, out, t, d, eps, HAS_Y=y is not None, ROWS=per_program,
+            BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES)
     return total, out
 
 
@@ -209,9 +213,10 @@ def compile_specs() -> list[CompileSpec]:
              "sin_ptr": "*bf16", "q_ptr": "*bf16", "kv_ptr": "*bf16", "R": "i32", "q_stride": "i32",
              "kv_stride": "i32", "eps": "fp32", **dict.fromkeys(flags, "constexpr")}, flags, num_warps=warps))
     for has_y in (True, False):  # the drafter's residual adds with the next norm; its context's norm
-        flags = {"HAS_Y": has_y, "BLOCK": 4096}
+        per_program, block, warps = _shape(2816)
+        flags = {"HAS_Y": has_y, "ROWS": per_program, "BLOCK": block}
         specs.append(CompileSpec(
             f"add_norm[D=2816{',y' if has_y else ''}]", _add_norm_kernel,
-            {"h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*bf16", "sum_ptr": "*bf16", "out_ptr": "*bf16", "D": "i32",
-             "eps": "fp32", **dict.fromkeys(flags, "constexpr")}, flags, num_warps=8))
+            {"h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*bf16", "sum_ptr": "*bf16", "out_ptr": "*bf16", "R": "i32",
+             "D": "i32", "eps": "fp32", **dict.fromkeys(flags, "constexpr")}, flags, num_warps=warps))
     return specs
