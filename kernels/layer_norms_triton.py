@@ -14,6 +14,14 @@ from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput
 
 
 @triton.jit
+def _tile(R, D, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's rows [ROWS, BLOCK] of a [R, D] tensor: columns, offsets and the in-bounds mask."""
+    cols = tl.arange(0, BLOCK)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    return cols, rows[:, None] * D + cols[None, :], (rows < R)[:, None] & (cols < D)[None, :]
+
+
+@triton.jit
 def _weight(w_ptr, cols, D):
     """A per-column vector [1, BLOCK] in fp32 (zero past D)."""
     return tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
@@ -38,10 +46,7 @@ def _round(y, ty: tl.constexpr):
 def _attention_out_kernel(a_ptr, res_ptr, w_post_ptr, w_pre_ptr, w_experts_ptr, router_scale_ptr, router_scalar,
                           h_ptr, x_ptr, experts_x_ptr, router_x_ptr, R, D, eps, MOE: tl.constexpr,
                           ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    cols = tl.arange(0, BLOCK)
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    ok = (rows < R)[:, None] & (cols < D)[None, :]
-    at = rows[:, None] * D + cols[None, :]
+    cols, at, ok = _tile(R, D, ROWS, BLOCK)
     ty: tl.constexpr = h_ptr.dtype.element_ty
     a = tl.load(a_ptr + at, mask=ok, other=0.0).to(tl.float32)
     h = _round(_round(_norm(a, w_post_ptr, cols, D, eps, True), ty)
@@ -59,10 +64,7 @@ def _attention_out_kernel(a_ptr, res_ptr, w_post_ptr, w_pre_ptr, w_experts_ptr, 
 def _mlp_out_kernel(dense_ptr, experts_ptr, res_ptr, w_dense_ptr, w_experts_ptr, w_out_ptr, scalar_ptr,
                     w_next_ptr, h_ptr, x_ptr, R, D, eps, MOE: tl.constexpr, ROWS: tl.constexpr,
                     BLOCK: tl.constexpr):
-    cols = tl.arange(0, BLOCK)
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    ok = (rows < R)[:, None] & (cols < D)[None, :]
-    at = rows[:, None] * D + cols[None, :]
+    cols, at, ok = _tile(R, D, ROWS, BLOCK)
     ty: tl.constexpr = h_ptr.dtype.element_ty
     m = tl.load(dense_ptr + at, mask=ok, other=0.0).to(tl.float32)
     if MOE:
