@@ -4,7 +4,7 @@ After attention a layer adds the normalized output to the residual stream, then 
 row three more times for its three readers (dense MLP, experts, router); after the MLPs it
 normalizes both MLP outputs, adds them, normalizes the sum, adds the residual, scales by the layer
 scalar, and the next layer starts by normalizing the result again. Each norm reduces the same
-row, so one program per row does a chain: 2 kernels a layer instead of 8 norms and 2 multiplies
+row, so one program runs a whole chain on its rows: 2 kernels a layer instead of 8 norms and 2 multiplies
 (at batch 1 each launch costs more than its bytes). The Triton kernels round where these torch
 references round; rows are reduced on their own (batch invariant).
 """

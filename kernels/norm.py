@@ -67,8 +67,7 @@ def qkv_norms(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos
     if use_triton(qkv) and qkv.dim() == 2 and qkv.stride(1) == 1:
         from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
 
-        q, k, _ = _heads(qkv, heads, kv_heads, head_dim, k_eq_v)
-        kv = qkv[:, heads * head_dim:].view(qkv.shape[0], -1, head_dim)
+        q, kv = qkv.view(qkv.shape[0], -1, head_dim).split([heads, qkv.shape[1] // head_dim - heads], dim=1)
         if heads_fusable(q, head_dim) and heads_fusable(kv, head_dim):
             q, kv = head_norms_triton(q, kv, q_norm, k_norm, cos, sin, eps, kv_heads, "k" if k_eq_v else "norm",
                                       weight_after_cast=False)
