@@ -117,9 +117,10 @@ def _e4m3_encode(y):
 # ----------------------------------------------------------------------------- cache write
 
 @triton.jit
-def _quantize_rows(x_ptr, c_ptr, s_ptr, ok, FP8: tl.constexpr):
-    """Rows [ROWS, D] at x_ptr quantized to c_ptr, one scale per row at s_ptr (fp8); `ok` masks rows."""
-    x = tl.load(x_ptr, mask=ok[:, None], other=0.0)
+def store_quantized(x, c_ptr, s_ptr, ok, FP8: tl.constexpr):
+    """Rows x [ROWS, D] (values of the activations' dtype) stored at c_ptr: fp8 with one scale per
+    row at s_ptr, or cast to the cache's dtype; `ok` masks rows. Shared with the head-norm kernel,
+    which stores a decode block's K/V straight into the cache."""
     if FP8:
         x = x.to(tl.float32)
         scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), 1), 1e-12), 448.0)  # IEEE, as torch divides
@@ -142,8 +143,10 @@ def _kv_write_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, ks_ptr, vs_ptr, start_ptr, T,
     row = ((tl.load(start_ptr).to(tl.int32) + t) % capacity) * HKV + h
     d = tl.arange(0, D)[None, :]
     cache = row[:, None] * D + d
-    _quantize_rows(k_ptr + (t * stride_kt + h * stride_kh)[:, None] + d, ck_ptr + cache, ks_ptr + row, ok, FP8)
-    _quantize_rows(v_ptr + (t * stride_vt + h * stride_vh)[:, None] + d, cv_ptr + cache, vs_ptr + row, ok, FP8)
+    k = tl.load(k_ptr + (t * stride_kt + h * stride_kh)[:, None] + d, mask=ok[:, None], other=0.0)
+    store_quantized(k, ck_ptr + cache, ks_ptr + row, ok, FP8)
+    v = tl.load(v_ptr + (t * stride_vt + h * stride_vh)[:, None] + d, mask=ok[:, None], other=0.0)
+    store_quantized(v, cv_ptr + cache, vs_ptr + row, ok, FP8)
 
 
 def kv_write_triton(k, v, cache_k, cache_v, k_scale, v_scale, start: torch.Tensor, capacity: int) -> None:

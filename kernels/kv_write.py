@@ -9,12 +9,27 @@ This module imports no Triton unless the Triton path runs (it is absent on some 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from flashdesk.kernels.backend import use_triton
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
+
+
+class KVSlots(NamedTuple):
+    """Where a block's K/V go (`kv_write`'s destination arguments): a layer's caches [capacity, Hkv,
+    D], their fp32 scales [capacity, Hkv] when fp8 (else None), the block's first position (a
+    1-element int32 device tensor) and the capacity (slot = position % capacity)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None
+    start: torch.Tensor
+    capacity: int
 
 
 def quantize_reference(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:

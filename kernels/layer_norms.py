@@ -17,6 +17,7 @@ import torch
 
 from flashdesk.kernels.backend import use_triton
 from flashdesk.kernels.norm import rms_norm as norm
+from flashdesk.kernels.router import ordered_sum
 
 
 class RouterInput(NamedTuple):
@@ -62,6 +63,8 @@ class MlpOutWeights(NamedTuple):
 
 def mlp_out_reference(dense, experts, residual, eps, w: MlpOutWeights):
     m = dense
+    if experts is not None and experts.dim() == 3:
+        experts = ordered_sum(experts.movedim(1, -1)).to(dense.dtype)
     if experts is not None:
         m = norm(experts, w.experts, eps, residual=norm(dense, w.dense, eps))
     h = norm(m, w.output, eps, residual=residual, scale=w.layer_scalar)
@@ -72,7 +75,9 @@ def mlp_out_norms(dense: torch.Tensor, experts: torch.Tensor | None, residual: t
                   w: MlpOutWeights) -> tuple[torch.Tensor, torch.Tensor]:
     """The layer's output h = (residual + norm(m) * output) * layer_scalar, where m is the dense
     MLP's output or, with the experts' output, norm(dense) * w.dense + norm(experts) * w.experts;
-    and norm(h) * next_norm, the next layer's input. Rows [T, D]."""
+    and norm(h) * next_norm, the next layer's input. Rows [T, D]. `experts` may also be each
+    token's weighted expert outputs [T, K, D] fp32 (`moe(..., summed=False)`): they are summed here
+    in top-k order and rounded, as the experts' own sum would be, so the MoE needs no sum kernel."""
     if use_triton(dense):
         from flashdesk.kernels.layer_norms_triton import mlp_out_triton
 

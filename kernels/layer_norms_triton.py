@@ -15,10 +15,11 @@ from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput
 
 @triton.jit
 def _tile(R, D, ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """This program's rows [ROWS, BLOCK] of a [R, D] tensor: columns, offsets and the in-bounds mask."""
+    """This program's rows [ROWS, BLOCK] of a [R, D] tensor: row and column indices, offsets and
+    the in-bounds mask."""
     cols = tl.arange(0, BLOCK)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    return cols, rows[:, None] * D + cols[None, :], (rows < R)[:, None] & (cols < D)[None, :]
+    return rows, cols, rows[:, None] * D + cols[None, :], (rows < R)[:, None] & (cols < D)[None, :]
 
 
 @triton.jit
@@ -46,7 +47,7 @@ def _round(y, ty: tl.constexpr):
 def _attention_out_kernel(a_ptr, res_ptr, w_post_ptr, w_pre_ptr, w_experts_ptr, router_scale_ptr, router_scalar,
                           h_ptr, x_ptr, experts_x_ptr, router_x_ptr, R, D, eps, MOE: tl.constexpr,
                           ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    cols, at, ok = _tile(R, D, ROWS, BLOCK)
+    _, cols, at, ok = _tile(R, D, ROWS, BLOCK)
     ty: tl.constexpr = h_ptr.dtype.element_ty
     a = tl.load(a_ptr + at, mask=ok, other=0.0).to(tl.float32)
     h = _round(_round(_norm(a, w_post_ptr, cols, D, eps, True), ty)
@@ -62,13 +63,22 @@ def _attention_out_kernel(a_ptr, res_ptr, w_post_ptr, w_pre_ptr, w_experts_ptr, 
 
 @triton.jit
 def _mlp_out_kernel(dense_ptr, experts_ptr, res_ptr, w_dense_ptr, w_experts_ptr, w_out_ptr, scalar_ptr,
-                    w_next_ptr, h_ptr, x_ptr, R, D, eps, MOE: tl.constexpr, ROWS: tl.constexpr,
-                    BLOCK: tl.constexpr):
-    cols, at, ok = _tile(R, D, ROWS, BLOCK)
+                    w_next_ptr, h_ptr, x_ptr, R, D, eps, MOE: tl.constexpr, TOP_K: tl.constexpr,
+                    ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """TOP_K 0: the experts' output is rows [R, D]; else each row's TOP_K weighted expert outputs
+    [R, TOP_K, D] fp32, summed in order and rounded (as moe's sum kernel would)."""
+    rows, cols, at, ok = _tile(R, D, ROWS, BLOCK)
     ty: tl.constexpr = h_ptr.dtype.element_ty
     m = tl.load(dense_ptr + at, mask=ok, other=0.0).to(tl.float32)
     if MOE:
-        e = tl.load(experts_ptr + at, mask=ok, other=0.0).to(tl.float32)
+        if TOP_K:
+            pairs = experts_ptr + rows[:, None] * (TOP_K * D) + cols[None, :]
+            e = tl.load(pairs, mask=ok, other=0.0)
+            for k in tl.static_range(1, TOP_K):
+                e += tl.load(pairs + k * D, mask=ok, other=0.0)
+            e = _round(e, ty)
+        else:
+            e = tl.load(experts_ptr + at, mask=ok, other=0.0).to(tl.float32)
         m = _round(_round(_norm(e, w_experts_ptr, cols, D, eps, True), ty)
                    + _round(_norm(m, w_dense_ptr, cols, D, eps, True), ty), ty)
     h = _round(_round(_norm(m, w_out_ptr, cols, D, eps, True), ty)
@@ -113,13 +123,17 @@ def mlp_out_triton(dense: torch.Tensor, experts: torch.Tensor | None, residual: 
     dense, residual = _rows(dense), _rows(residual)
     t, d = dense.shape
     h, x = torch.empty_like(dense), torch.empty_like(dense)
+    moe = experts is not None
+    top_k = experts.shape[1] if moe and experts.dim() == 3 else 0
+    if top_k and (experts.dtype != torch.float32 or experts.shape != (t, top_k, d)):
+        raise ValueError(f"per-expert outputs must be fp32 [{t}, K, {d}], got {experts.dtype} {tuple(experts.shape)}")
     if t:
         rows, block, warps = _shape(d)
-        moe = experts is not None
         _mlp_out_kernel[(triton.cdiv(t, rows),)](
-            dense, _rows(experts) if moe else dense, residual, w.dense if moe else w.output,
-            w.experts if moe else w.output, w.output, w.layer_scalar, w.next_norm, h, x, t, d, eps,
-            MOE=moe, ROWS=rows, BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES)
+            dense, (experts.contiguous() if top_k else _rows(experts)) if moe else dense, residual,
+            w.dense if moe else w.output, w.experts if moe else w.output, w.output, w.layer_scalar, w.next_norm,
+            h, x, t, d, eps, MOE=moe, TOP_K=top_k, ROWS=rows, BLOCK=block, num_warps=warps,
+            num_stages=LAUNCH_STAGES)
     return h, x
 
 
@@ -132,8 +146,9 @@ def compile_specs() -> list[CompileSpec]:
     attention_out = {"a_ptr": "*bf16", "res_ptr": "*bf16", "w_post_ptr": "*fp32", "w_pre_ptr": "*fp32",
                      "w_experts_ptr": "*fp32", "router_scale_ptr": "*bf16", "router_scalar": "fp32",
                      "h_ptr": "*bf16", "x_ptr": "*bf16", "experts_x_ptr": "*bf16", "router_x_ptr": "*bf16"} | rows
-    mlp_out = {"dense_ptr": "*bf16", "experts_ptr": "*bf16", "res_ptr": "*bf16", "w_dense_ptr": "*fp32",
+    mlp_out = {"dense_ptr": "*bf16", "experts_ptr": "*fp32", "res_ptr": "*bf16", "w_dense_ptr": "*fp32",
                "w_experts_ptr": "*fp32", "w_out_ptr": "*fp32", "scalar_ptr": "*bf16", "w_next_ptr": "*fp32",
                "h_ptr": "*bf16", "x_ptr": "*bf16"} | rows
+    mlp_out = {name: mlp_out.get(name, "constexpr") for name in _mlp_out_kernel.arg_names}
     return [CompileSpec("attention_out_norms[D=2816]", _attention_out_kernel, attention_out, flags, warps),
-            CompileSpec("mlp_out_norms[D=2816]", _mlp_out_kernel, mlp_out, flags, warps)]
+            CompileSpec("mlp_out_norms[D=2816, top 8]", _mlp_out_kernel, mlp_out, flags | {"TOP_K": 8}, warps)]

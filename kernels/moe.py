@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from flashdesk.kernels.backend import use_triton
 from flashdesk.kernels.int4 import Int4Weight, as_dense
 from flashdesk.kernels.linear import linear
-from flashdesk.kernels.router import ordered_sum
+from flashdesk.kernels.router import ordered_sum, route
 
 
 def moe_reference(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_idx: torch.Tensor,
@@ -71,17 +71,31 @@ def moe_every_expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     return ordered_sum(picked.movedim(1, -1)).to(x.dtype)  # a fixed order per row, whatever the row count
 
 
-def moe(x, gate_up, down, top_idx, top_w):
+def moe(x, gate_up, down, top_idx, top_w, summed: bool = True):
     """Dispatcher: the fused Triton kernel for int4 experts on the Triton path; in torch, every
     expert on every token for small models, gathered pairs for small pair volumes, the per-expert
-    loop otherwise (the real model)."""
+    loop otherwise (the real model). Returns [T, D] in x's dtype; with summed=False the fused
+    kernel may instead return each token's weighted expert outputs [T, K, D] fp32 for the next
+    kernel to sum (`layer_norms.mlp_out_norms` does: one launch a layer fewer)."""
     if use_triton(x) and isinstance(gate_up, Int4Weight) and isinstance(down, Int4Weight):
         from flashdesk.kernels.moe_triton import fused_moe
 
-        return fused_moe(x, gate_up, down, top_idx, top_w)
+        return fused_moe(x, gate_up, down, top_idx, top_w, summed)
     per_pair = (gate_up.shape[1] * gate_up.shape[2] + down.shape[1] * down.shape[2]) * x.element_size()
     if x.device.type == "cpu" and gate_up.shape[0] * per_pair <= EVERY_EXPERT_LIMIT_BYTES:
         return moe_every_expert(x, gate_up, down, top_idx, top_w)
     if top_idx.numel() * per_pair <= GATHER_LIMIT_BYTES:
         return moe_gathered(x, gate_up, down, top_idx, top_w)
     return moe_reference(x, gate_up, down, top_idx, top_w)
+
+
+def routed_moe(x, gate_up, down, logits: torch.Tensor, top_k: int, per_expert_scale: torch.Tensor,
+               summed: bool = True):
+    """The router's top-k of its logits [T, E] (router.route), then `moe`. On the fused path a
+    decode or verify block's routing and the grouping of its pairs by expert are one kernel."""
+    if use_triton(x) and isinstance(gate_up, Int4Weight) and isinstance(down, Int4Weight):
+        from flashdesk.kernels.moe_triton import fused_routed_moe
+
+        return fused_routed_moe(x, gate_up, down, logits, top_k, per_expert_scale, summed)
+    top_w, top_idx = route(logits, top_k, per_expert_scale)
+    return moe(x, gate_up, down, top_idx, top_w, summed)

@@ -8,7 +8,8 @@ Three launches, all with grids that depend only on shapes (CUDA-graph friendly, 
    (the reference rounds h to x's dtype too), at the pair's sorted position.
 2. down + routing weight: one program per (slot, block of D); y = down_e h times the pair's weight,
    fp32, stored at the pair's original (t, k) position.
-3. out[t] = sum over k = 0..K-1 of y[t, k] in that fixed order, cast to x's dtype.
+3. out[t] = sum over k = 0..K-1 of y[t, k] in that fixed order, cast to x's dtype; skipped when
+   the caller sums y itself (the model's norms after the MLPs do, in the same order).
 
 Batch invariance (1..16 tokens): the small path uses a fixed BLOCK_M with masked rows and no
 tl.dot; each row accumulates x * w elementwise into a [BLOCK_M, BLOCK_N, BLOCK_K] fp32 tile over the
@@ -29,6 +30,7 @@ import triton.language as tl
 from flashdesk.kernels.backend import CompileSpec, interpreted
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.linear_triton import gelu_tanh
+from flashdesk.kernels.router_triton import route_rows, route_triton
 
 SMALL_T = 16  # up to this many tokens: the batch-invariant path (decode, verify)
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) per kernel and path for the real experts, none spilling on
@@ -47,6 +49,7 @@ NUM_STAGES = 2
 GROUP_PAIRS = 128  # (token, expert) pairs grouped by one program: 16 tokens x top 8
 GROUP_CHUNK = 32
 GROUP_WARPS = 4
+ROUTE_ROWS = 4  # tokens the routing-and-grouping program routes a step (16 x 128 tiles at once compiled slowly)
 
 
 @triton.jit
@@ -213,6 +216,25 @@ def _zero_arg(w: Int4Weight) -> torch.Tensor:
 @triton.jit
 def _group_pairs_kernel(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E: tl.constexpr,
                         BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
+    group_pairs(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E, BLOCK_E, BLOCK_P, CHUNK)
+
+
+@triton.jit
+def _route_group_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T, SLOTS,
+                        E: tl.constexpr, TOP_K: tl.constexpr, ROUTE_ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
+                        BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
+    """A decode or verify block's routing and pair grouping in one program: every token's top-k
+    (router_triton.route_rows, ROUTE_ROWS tokens a step, each row reduced on its own whatever its
+    place in the tile), then, once the whole program has stored them, the grouping by expert."""
+    for t0 in range(0, T, ROUTE_ROWS):
+        route_rows(logits_ptr, scale_ptr, w_ptr, idx_ptr, t0 + tl.arange(0, ROUTE_ROWS), T, E, TOP_K, BLOCK_E, BLOCK_K)
+    tl.debug_barrier()  # the ids each thread stored are read back by others
+    group_pairs(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T * TOP_K, SLOTS, E, BLOCK_E, BLOCK_P, CHUNK)
+
+
+@triton.jit
+def group_pairs(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E: tl.constexpr,
+                BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
     """`_route` for up to BLOCK_P pairs in one program: a stable counting sort by expert, CHUNK
     pairs at a time (whole [pairs x experts] tiles would not fit the registers)."""
     e = tl.arange(0, BLOCK_E)
@@ -278,16 +300,51 @@ def _route(top_idx: torch.Tensor, n_experts: int):
 
 
 def fused_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, top_idx: torch.Tensor,
-              top_w: torch.Tensor) -> torch.Tensor:
-    """x [T, D], gate_up [E, 2I, D], down [E, D, I] int4, top_idx/top_w [T, K] -> [T, D] in x's dtype."""
+              top_w: torch.Tensor, summed: bool = True) -> torch.Tensor:
+    """x [T, D], gate_up [E, 2I, D], down [E, D, I] int4, top_idx/top_w [T, K] -> [T, D] in x's
+    dtype; summed=False skips the third launch and returns the weighted pair outputs [T, K, D] fp32."""
     n_tokens, top_k = top_idx.shape
+    if n_tokens == 0:
+        return _nothing(x, top_k, summed)
+    grouping = _group_pairs(top_idx, gate_up.shape[0])
+    return _experts(x, gate_up, down, top_w.reshape(-1).to(torch.float32).contiguous(), top_k, grouping, summed)
+
+
+def fused_routed_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, logits: torch.Tensor, top_k: int,
+                     per_expert_scale: torch.Tensor, summed: bool = True) -> torch.Tensor:
+    """router.route of the router's logits [T, E], then fused_moe. When one program groups the
+    block's pairs (decode, verify) it routes them first: one launch instead of two."""
+    n_tokens, n_experts = logits.shape
+    n_pairs, slots = n_tokens * top_k, min(n_experts, n_tokens * top_k)
+    if not n_tokens or n_pairs > GROUP_PAIRS or n_experts > GROUP_PAIRS or not 0 < top_k <= n_experts:
+        top_w, top_idx = route_triton(logits, top_k, per_expert_scale)  # (it refuses a bad top_k)
+        return fused_moe(x, gate_up, down, top_idx, top_w, summed)
+    device = logits.device
+    weight = torch.empty(n_pairs, dtype=torch.float32, device=device)
+    ids, order = (torch.empty(n_pairs, dtype=torch.int32, device=device) for _ in range(2))
+    begin, end, expert = (torch.empty(slots, dtype=torch.int32, device=device) for _ in range(3))
+    _route_group_kernel[(1,)](logits.contiguous(), per_expert_scale, weight, ids, order, begin, end, expert, n_tokens,
+                              slots, E=n_experts, TOP_K=top_k, ROUTE_ROWS=ROUTE_ROWS,
+                              BLOCK_E=triton.next_power_of_2(n_experts), BLOCK_K=triton.next_power_of_2(top_k),
+                              BLOCK_P=GROUP_PAIRS, CHUNK=GROUP_CHUNK, num_warps=GROUP_WARPS, num_stages=NUM_STAGES)
+    return _experts(x, gate_up, down, weight, top_k, (order, begin, end, expert), summed)
+
+
+def _nothing(x: torch.Tensor, top_k: int, summed: bool) -> torch.Tensor:
+    return torch.empty_like(x) if summed else torch.empty(0, top_k, x.shape[1], device=x.device, dtype=torch.float32)
+
+
+def _experts(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, weight: torch.Tensor, top_k: int,
+             grouping: tuple, summed: bool) -> torch.Tensor:
+    """The three launches on pairs already grouped by expert (order, begin, end, expert) with their
+    routing weights [T * K] fp32."""
+    n_tokens = x.shape[0]
     n_experts, two_i, d = gate_up.shape
     inter = two_i // 2
     if n_tokens == 0:
-        return torch.empty_like(x)
+        return _nothing(x, top_k, summed)
     x = x.contiguous()
-    pairs, begin, end, expert = _group_pairs(top_idx, n_experts)
-    weight = top_w.reshape(-1).to(torch.float32).contiguous()
+    pairs, begin, end, expert = grouping
     small = n_tokens <= SMALL_T
     common = dict(USE_DOT=not small, DOT_FP32=interpreted() or x.dtype == torch.float32)
     bm, bn, bk, warps = tiles(SMALL_GATE_UP if small else LARGE_GATE_UP, inter, d, small)
@@ -302,6 +359,8 @@ def fused_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, top_idx: t
         h, down.packed, down.scale, _zero_arg(down), pairs, weight, begin, end, expert, y,
         D=d, I=inter, GROUP=down.group_size, HAS_ZERO=down.zero is not None,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=NUM_STAGES, **common)
+    if not summed:
+        return y.view(n_tokens, top_k, d)
     out = torch.empty(n_tokens, d, device=x.device, dtype=x.dtype)
     _sum_top_k_kernel[(n_tokens, triton.cdiv(d, SUM_BLOCK))](y, out, D=d, TOP_K=top_k, BLOCK=SUM_BLOCK, num_warps=4,
                                                             num_stages=NUM_STAGES)
@@ -333,6 +392,14 @@ def compile_specs() -> list[CompileSpec]:
             specs.append(_spec(f"moe_down_{path}_{'asym' if has_zero else 'sym'}", _down_kernel, sig, consts, warps))
     specs.append(_spec("moe_sum_top_k", _sum_top_k_kernel, {"y_ptr": "*fp32", "out_ptr": "*bf16"},
                        dict(D=REAL_D, TOP_K=REAL_TOP_K, BLOCK=SUM_BLOCK), 4))
+    specs.append(CompileSpec("moe_route_group_pairs[top 8]", _route_group_kernel,
+                             {"logits_ptr": "*bf16", "scale_ptr": "*bf16", "w_ptr": "*fp32", "idx_ptr": "*i32",
+                              "order_ptr": "*i32", "begin_ptr": "*i32", "end_ptr": "*i32", "expert_ptr": "*i32",
+                              "T": "i32", "SLOTS": "i32", **dict.fromkeys(("E", "TOP_K", "ROUTE_ROWS", "BLOCK_E",
+                                                                            "BLOCK_K", "BLOCK_P", "CHUNK"), "constexpr")},
+                             {"E": REAL_EXPERTS, "TOP_K": REAL_TOP_K, "ROUTE_ROWS": ROUTE_ROWS,
+                              "BLOCK_E": REAL_EXPERTS, "BLOCK_K": REAL_TOP_K, "BLOCK_P": GROUP_PAIRS, "CHUNK": GROUP_CHUNK},
+                             num_warps=GROUP_WARPS, num_stages=NUM_STAGES))
     specs.append(CompileSpec("moe_group_pairs", _group_pairs_kernel,
                              {"idx_ptr": "*i64", "order_ptr": "*i32", "begin_ptr": "*i32", "end_ptr": "*i32",
                               "expert_ptr": "*i32", "P": "i32", "SLOTS": "i32", "E": "constexpr",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.kv_write import KVSlots, kv_write
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None = None,
@@ -58,21 +59,26 @@ def qkv_norms_reference(qkv, q_norm, k_norm, cos, sin, eps, heads, kv_heads, hea
 
 
 def qkv_norms(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              eps: float, heads: int, kv_heads: int, head_dim: int, k_eq_v: bool) -> tuple:
+              eps: float, heads: int, kv_heads: int, head_dim: int, k_eq_v: bool, into: KVSlots | None = None) -> tuple:
     """Gemma 4's attention inputs from its fused projection qkv [T, (H + Hkv [+ Hkv]) * D]:
     q = rope(norm(q) * q_norm), k = rope(norm(k) * k_norm), v = norm(v) without a weight (v is the
-    k projection when k_eq_v); cos/sin [T, D]. Returns q [T, H, D], k and v [T, Hkv, D]. One kernel
-    on the Triton path instead of three norms, two copies and ten elementwise ops; heads of a size
-    that is not a power of two take those ops."""
+    k projection when k_eq_v); cos/sin [T, D]. Returns q [T, H, D], k and v [T, Hkv, D]; with
+    `into` k and v are stored in that cache (as kv_write stores them) and returned as None. One
+    kernel on the Triton path instead of three norms, two copies, ten elementwise ops and the cache
+    write; heads of a size that is not a power of two take those ops."""
     if use_triton(qkv) and qkv.dim() == 2 and qkv.stride(1) == 1:
         from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
 
         q, kv = qkv.view(qkv.shape[0], -1, head_dim).split([heads, qkv.shape[1] // head_dim - heads], dim=1)
         if heads_fusable(q, head_dim) and heads_fusable(kv, head_dim):
             q, kv = head_norms_triton(q, kv, q_norm, k_norm, cos, sin, eps, kv_heads, "k" if k_eq_v else "norm",
-                                      weight_after_cast=False)
-            return q, kv[:, :kv_heads], kv[:, kv_heads:]
-    return qkv_norms_reference(qkv, q_norm, k_norm, cos, sin, eps, heads, kv_heads, head_dim, k_eq_v)
+                                      weight_after_cast=False, into=into)
+            return (q, None, None) if into is not None else (q, kv[:, :kv_heads], kv[:, kv_heads:])
+    q, k, v = qkv_norms_reference(qkv, q_norm, k_norm, cos, sin, eps, heads, kv_heads, head_dim, k_eq_v)
+    if into is None:
+        return q, k, v
+    kv_write(k, v, *into)
+    return q, None, None
 
 
 def qwen_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

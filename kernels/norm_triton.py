@@ -14,7 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
+from flashdesk.kernels.attention_triton import store_quantized
 from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec
+from flashdesk.kernels.kv_write import KVSlots
 
 TILE = 4096  # elements per program: one 2816-wide hidden row (padded), or several narrow rows
 
@@ -41,15 +43,18 @@ def _rms_norm_kernel(x_ptr, w_ptr, res_ptr, scale_ptr, out_ptr, R, D, eps, HAS_W
 
 
 @triton.jit
-def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, R, q_stride,
-                       kv_stride, eps, H: tl.constexpr, KVH: tl.constexpr, V_MODE: tl.constexpr,
-                       WEIGHT_AFTER_CAST: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
+def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, ck_ptr, cv_ptr,
+                       ks_ptr, vs_ptr, start_ptr, capacity, R, q_stride, kv_stride, eps, H: tl.constexpr,
+                       KVH: tl.constexpr, V_MODE: tl.constexpr, WEIGHT_AFTER_CAST: tl.constexpr, STORE: tl.constexpr,
+                       FP8: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
     """Rows are (token, head) pairs: q heads j < H at q_src[t * q_stride + j * D], then the k heads
     and (V_MODE "norm") the v heads at kv_src[t * kv_stride + (j - H) * D]. q heads: rope(norm(x) *
     q_w) into q [T, H, D]; k heads: rope(norm(x) * k_w) into kv; v: norm(x) of the v heads
     ("norm"), of the k heads ("k": Gemma's k_eq_v), or not written ("none": kv holds k only,
     [T, KVH, D]; else [T, 2 KVH, D], v after k). RoPE: y * cos + rotate_half(y) * sin, cos/sin
-    [T, D]. WEIGHT_AFTER_CAST rounds norm(x) before the weight (Qwen3's norm, the drafter's)."""
+    [T, D]. WEIGHT_AFTER_CAST rounds norm(x) before the weight (Qwen3's norm, the drafter's).
+    STORE: k and v go straight into a layer's cache [capacity, KVH, D] at slot (start + t) %
+    capacity instead of kv (quantized to fp8 with per-row scales when FP8), as kv_write stores them."""
     HEADS: tl.constexpr = H + 2 * KVH if V_MODE == "norm" else H + KVH
     KV_OUT: tl.constexpr = KVH if V_MODE == "none" else 2 * KVH
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -79,12 +84,23 @@ def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr
     roped = ((y * c).to(out_ty).to(tl.float32) + (yp * s).to(out_ty).to(tl.float32)).to(out_ty)
     if H > 0:
         tl.store(q_ptr + ((t * H + j) * D)[:, None] + cols[None, :], roped, mask=ok & is_q)
-    kv_row = t * KV_OUT + j - H
-    tl.store(kv_ptr + (kv_row * D)[:, None] + cols[None, :], roped, mask=ok & is_k)
-    if V_MODE == "k":
-        tl.store(kv_ptr + ((kv_row + KVH) * D)[:, None] + cols[None, :], n.to(out_ty), mask=ok & is_k)
-    elif V_MODE == "norm":
-        tl.store(kv_ptr + (kv_row * D)[:, None] + cols[None, :], n.to(out_ty), mask=ok & (j >= H + KVH)[:, None])
+    if STORE:
+        k_row = ((tl.load(start_ptr).to(tl.int64) + t) % capacity) * KVH + j - H  # (slot, head)
+        k_ok = (rows < R) & (j >= H) & (j < H + KVH)
+        store_quantized(roped, ck_ptr + (k_row * D)[:, None] + cols[None, :], ks_ptr + k_row, k_ok, FP8)
+        if V_MODE == "k":
+            store_quantized(n.to(out_ty), cv_ptr + (k_row * D)[:, None] + cols[None, :], vs_ptr + k_row, k_ok, FP8)
+        elif V_MODE == "norm":
+            v_row = k_row - KVH
+            store_quantized(n.to(out_ty), cv_ptr + (v_row * D)[:, None] + cols[None, :], vs_ptr + v_row,
+                            (rows < R) & (j >= H + KVH), FP8)
+    else:
+        kv_row = t * KV_OUT + j - H
+        tl.store(kv_ptr + (kv_row * D)[:, None] + cols[None, :], roped, mask=ok & is_k)
+        if V_MODE == "k":
+            tl.store(kv_ptr + ((kv_row + KVH) * D)[:, None] + cols[None, :], n.to(out_ty), mask=ok & is_k)
+        elif V_MODE == "norm":
+            tl.store(kv_ptr + (kv_row * D)[:, None] + cols[None, :], n.to(out_ty), mask=ok & (j >= H + KVH)[:, None])
 
 
 @triton.jit
@@ -127,10 +143,11 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, eps: float, re
     return out
 
 
-def _head_rows(d: int) -> tuple[int, int]:
+def _head_rows(d: int, store: bool = False) -> tuple[int, int]:
     """(heads per program, warps) of the head-norm kernel: 2048 elements a program, half the plain
-    norm's tile (it holds each head twice, for RoPE's partner, and 32 heads of 128 spilled)."""
-    return max(1, TILE // 2 // d), 4
+    norm's tile (it holds each head twice, for RoPE's partner, and 32 heads of 128 spilled); 1024
+    when it also quantizes K/V into the cache (2048 spilled 8 bytes)."""
+    return max(1, TILE // (4 if store else 2) // d), 4
 
 
 def heads_fusable(x: torch.Tensor | None, head_dim: int) -> bool:
@@ -141,10 +158,12 @@ def heads_fusable(x: torch.Tensor | None, head_dim: int) -> bool:
 
 
 def head_norms_triton(q: torch.Tensor | None, kv: torch.Tensor, q_w, k_w, cos: torch.Tensor, sin: torch.Tensor,
-                      eps: float, kv_heads: int, v_mode: str, weight_after_cast: bool) -> tuple:
+                      eps: float, kv_heads: int, v_mode: str, weight_after_cast: bool,
+                      into: KVSlots | None = None) -> tuple:
     """q [T, H, D] (or None) and kv [T, KVH or 2 KVH, D] heads as `heads_fusable` describes (kv's
     k heads first, then its v heads when v_mode is "norm"). Returns (q or None, kv): kv [T, 2 KVH,
-    D] with k then v, or [T, KVH, D] with k only when v_mode is "none"."""
+    D] with k then v, or [T, KVH, D] with k only when v_mode is "none"; with `into` (not with
+    v_mode "none") k and v are stored in that cache instead and kv is None."""
     t, d = kv.shape[0], kv.shape[2]
     heads = 0 if q is None else q.shape[1]
     if not (heads_fusable(q, d) and heads_fusable(kv, d)):
@@ -152,15 +171,33 @@ def head_norms_triton(q: torch.Tensor | None, kv: torch.Tensor, q_w, k_w, cos: t
                          f"with strides {kv.stride()}")
     heads_in = heads + kv_heads * (2 if v_mode == "norm" else 1)
     q_out = None if q is None else torch.empty((t, heads, d), dtype=kv.dtype, device=kv.device)
-    kv_out = torch.empty((t, kv_heads if v_mode == "none" else 2 * kv_heads, d), dtype=kv.dtype, device=kv.device)
+    kv_out = None
+    if into is None:
+        kv_out = torch.empty((t, kv_heads if v_mode == "none" else 2 * kv_heads, d), dtype=kv.dtype, device=kv.device)
+        cache = (kv_out, kv_out, kv_out, kv_out, kv_out, 1)  # unused stand-ins
+    else:
+        if v_mode == "none" or q is None or t > into.capacity:
+            raise ValueError(f"storing into the cache needs q, a v and at most {into.capacity} tokens")
+        cache = _cache_args(into, kv_heads, d)
     if t:
-        per_program, warps = _head_rows(d)
+        per_program, warps = _head_rows(d, into is not None)
         _head_norms_kernel[(triton.cdiv(t * heads_in, per_program),)](
             kv if q is None else q, kv, k_w if q is None else q_w, k_w, cos.contiguous(), sin.contiguous(),
-            kv_out if q is None else q_out, kv_out, t * heads_in, 0 if q is None else q.stride(0), kv.stride(0), eps,
-            H=heads, KVH=kv_heads, V_MODE=v_mode, WEIGHT_AFTER_CAST=weight_after_cast, D=d, ROWS=per_program,
-            num_warps=warps, num_stages=LAUNCH_STAGES)
+            kv if q_out is None else q_out, kv if kv_out is None else kv_out, *cache, t * heads_in,
+            0 if q is None else q.stride(0), kv.stride(0), eps, H=heads, KVH=kv_heads, V_MODE=v_mode,
+            WEIGHT_AFTER_CAST=weight_after_cast, STORE=into is not None, FP8=into is not None and into.k_scale is not None,
+            D=d, ROWS=per_program, num_warps=warps, num_stages=LAUNCH_STAGES)
     return q_out, kv_out
+
+
+def _cache_args(into: KVSlots, kv_heads: int, head_dim: int) -> tuple:
+    """The kernel's cache arguments: fp8 caches as bytes, the scales (or stand-ins), start, capacity."""
+    if into.k.shape[1:] != (kv_heads, head_dim) or not (into.k.is_contiguous() and into.v.is_contiguous()):
+        raise ValueError(f"cache {tuple(into.k.shape)} does not hold contiguous [slots, {kv_heads}, {head_dim}] heads")
+    if into.k_scale is None:
+        return into.k, into.v, into.k, into.v, into.start, into.capacity
+    return (into.k.view(torch.uint8), into.v.view(torch.uint8), into.k_scale, into.v_scale, into.start,
+            into.capacity)
 
 
 def add_norm_triton(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple:
@@ -199,19 +236,24 @@ def compile_specs() -> list[CompileSpec]:
              **dict.fromkeys(flags, "constexpr")}, flags, num_warps=warps))
     # target: sliding layers (16 q, 8 k, 8 v heads of 256), full layers (16 q, 2 k heads of 512, v = k
     # or its own); drafter (Qwen3 norms, v as projected): its block's q and k, its context's k
-    heads_specs = [(16, 8, 256, "norm", False), (16, 2, 512, "k", False), (16, 2, 512, "norm", False),
-                   (32, 8, 128, "none", True), (0, 8, 128, "none", True)]
-    for heads, kv_heads, d, v_mode, after_cast in heads_specs:
-        per_program, warps = _head_rows(d)
-        flags = {"H": heads, "KVH": kv_heads, "V_MODE": v_mode, "WEIGHT_AFTER_CAST": after_cast, "D": d,
-                 "ROWS": per_program}
+    # (prefill: k and v returned; decode and verify: stored into an fp8 or bf16 cache)
+    target = [(16, 8, 256, "norm"), (16, 2, 512, "k"), (16, 2, 512, "norm")]
+    heads_specs = [(h, kvh, d, v, False, store) for h, kvh, d, v in target for store in (None, "fp8", "bf16")]
+    heads_specs += [(32, 8, 128, "none", True, None), (0, 8, 128, "none", True, None)]
+    for heads, kv_heads, d, v_mode, after_cast, store in heads_specs:
+        per_program, warps = _head_rows(d, store is not None)
+        flags = {"H": heads, "KVH": kv_heads, "V_MODE": v_mode, "WEIGHT_AFTER_CAST": after_cast,
+                 "STORE": store is not None, "FP8": store == "fp8", "D": d, "ROWS": per_program}
         weight = "*bf16" if after_cast else "*fp32"
+        cache = {"ck_ptr": "*u8", "cv_ptr": "*u8", "ks_ptr": "*fp32", "vs_ptr": "*fp32"} if store == "fp8" else \
+            dict.fromkeys(("ck_ptr", "cv_ptr", "ks_ptr", "vs_ptr"), "*bf16")
+        types = {"q_src_ptr": "*bf16", "kv_src_ptr": "*bf16", "q_w_ptr": weight, "k_w_ptr": weight, "cos_ptr": "*bf16",
+                 "sin_ptr": "*bf16", "q_ptr": "*bf16", "kv_ptr": "*bf16", **cache, "start_ptr": "*i32" if store else "*bf16",
+                 "capacity": "i32", "R": "i32", "q_stride": "i32", "kv_stride": "i32", "eps": "fp32"}
         specs.append(CompileSpec(
-            f"head_norms[D={d},H={heads},KVH={kv_heads},v={v_mode}{',qwen' if after_cast else ''}]",
-            _head_norms_kernel,
-            {"q_src_ptr": "*bf16", "kv_src_ptr": "*bf16", "q_w_ptr": weight, "k_w_ptr": weight, "cos_ptr": "*bf16",
-             "sin_ptr": "*bf16", "q_ptr": "*bf16", "kv_ptr": "*bf16", "R": "i32", "q_stride": "i32",
-             "kv_stride": "i32", "eps": "fp32", **dict.fromkeys(flags, "constexpr")}, flags, num_warps=warps))
+            f"head_norms[D={d},H={heads},KVH={kv_heads},v={v_mode}{',qwen' if after_cast else ''}"
+            f"{f',into {store} cache' if store else ''}]", _head_norms_kernel,
+            {name: types.get(name, "constexpr") for name in _head_norms_kernel.arg_names}, flags, num_warps=warps))
     for has_y in (True, False):  # the drafter's residual adds with the next norm; its context's norm
         per_program, block, warps = _shape(2816)
         flags = {"HAS_Y": has_y, "ROWS": per_program, "BLOCK": block}

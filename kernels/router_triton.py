@@ -1,4 +1,5 @@
-"""The router's softmax, top-k, renormalization and expert scales in one program per token.
+"""The router's softmax, top-k, renormalization and expert scales, one program per token (the
+fused MoE's decode and verify blocks route all their tokens in its grouping kernel instead).
 
 The top k are taken by k rounds of max / argmax (the lowest index wins a tie), largest first as
 torch.topk returns them, and summed in that order as `ordered_sum` does, so the weights round as
@@ -16,28 +17,41 @@ ROUTER_WARPS = 1  # 128 experts: four a thread
 
 
 @triton.jit
-def _route_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, E: tl.constexpr, TOP_K: tl.constexpr,
-                  BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def route_rows(logits_ptr, scale_ptr, w_ptr, idx_ptr, rows, R, E: tl.constexpr, TOP_K: tl.constexpr,
+               BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Route the logits rows `rows` (a vector; those >= R are skipped): weights [R, TOP_K] fp32 and
+    expert ids [R, TOP_K] in idx's dtype. Each row is reduced along its own axis: rows never mix."""
     e = tl.arange(0, BLOCK_E)
-    x = tl.load(logits_ptr + row * E + e, mask=e < E, other=float("-inf")).to(tl.float32)
-    p = tl.exp(x - tl.max(x, 0))
-    p = p / tl.sum(p, 0)
-    p = tl.where(e < E, p, -1.0)  # padding is never chosen
-    k = tl.arange(0, BLOCK_K)
-    top_w = tl.zeros([BLOCK_K], tl.float32)
-    top_i = tl.zeros([BLOCK_K], tl.int32)
-    total = 0.0
+    ok = (rows < R)[:, None]
+    x = tl.load(logits_ptr + rows[:, None] * E + e[None, :], mask=ok & (e < E)[None, :], other=0.0).to(tl.float32)
+    x = tl.where((e < E)[None, :], x, float("-inf"))
+    p = tl.exp(x - tl.max(x, 1)[:, None])
+    p = p / tl.sum(p, 1)[:, None]
+    p = tl.where((e < E)[None, :], p, -1.0)  # padding is never chosen
+    k = tl.arange(0, BLOCK_K)[None, :]
+    top_w = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
+    top_i = tl.zeros([rows.shape[0], BLOCK_K], tl.int32)
+    total = tl.zeros([rows.shape[0]], tl.float32)
     for j in tl.static_range(TOP_K):
-        best = tl.max(p, 0)
-        at = tl.argmax(p, 0)
-        top_w = tl.where(k == j, best, top_w)
-        top_i = tl.where(k == j, at, top_i)
+        best = tl.max(p, 1)
+        at = tl.argmax(p, 1)
+        top_w = tl.where(k == j, best[:, None], top_w)
+        top_i = tl.where(k == j, at[:, None], top_i)
         total = total + best
-        p = tl.where(e == at, -1.0, p)
-    scale = tl.load(scale_ptr + top_i, mask=k < TOP_K, other=0.0).to(tl.float32)
-    tl.store(w_ptr + row * TOP_K + k, top_w / total * scale, mask=k < TOP_K)
-    tl.store(idx_ptr + row * TOP_K + k, top_i.to(tl.int64), mask=k < TOP_K)
+        p = tl.where(e[None, :] == at[:, None], -1.0, p)
+    chosen = ok & (k < TOP_K)
+    scale = tl.load(scale_ptr + top_i, mask=chosen, other=0.0).to(tl.float32)
+    out = rows[:, None] * TOP_K + k
+    tl.store(w_ptr + out, top_w / total[:, None] * scale, mask=chosen)
+    tl.store(idx_ptr + out, top_i.to(idx_ptr.dtype.element_ty), mask=chosen)
+
+
+@triton.jit
+def _route_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, R, E: tl.constexpr, TOP_K: tl.constexpr,
+                  BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One row a program (prefill's many rows in parallel)."""
+    rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1)
+    route_rows(logits_ptr, scale_ptr, w_ptr, idx_ptr, rows, R, E, TOP_K, BLOCK_E, BLOCK_K)
 
 
 def route_triton(logits: torch.Tensor, top_k: int, per_expert_scale: torch.Tensor):
@@ -47,7 +61,7 @@ def route_triton(logits: torch.Tensor, top_k: int, per_expert_scale: torch.Tenso
     weights = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((t, top_k), dtype=torch.int64, device=logits.device)
     if t:
-        _route_kernel[(t,)](logits.contiguous(), per_expert_scale, weights, ids, E=e, TOP_K=top_k,
+        _route_kernel[(t,)](logits.contiguous(), per_expert_scale, weights, ids, t, E=e, TOP_K=top_k,
                             BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k),
                             num_warps=ROUTER_WARPS, num_stages=LAUNCH_STAGES)
     return weights, ids
@@ -56,6 +70,6 @@ def route_triton(logits: torch.Tensor, top_k: int, per_expert_scale: torch.Tenso
 def compile_specs() -> list[CompileSpec]:
     """Gemma 4 26B-A4B: 128 experts, top 8, bf16 logits and scales."""
     return [CompileSpec("route[E=128,top 8]", _route_kernel,
-                        {"logits_ptr": "*bf16", "scale_ptr": "*bf16", "w_ptr": "*fp32", "idx_ptr": "*i64",
+                        {"logits_ptr": "*bf16", "scale_ptr": "*bf16", "w_ptr": "*fp32", "idx_ptr": "*i64", "R": "i32",
                          **dict.fromkeys(("E", "TOP_K", "BLOCK_E", "BLOCK_K"), "constexpr")},
                         {"E": 128, "TOP_K": 8, "BLOCK_E": 128, "BLOCK_K": 8}, num_warps=ROUTER_WARPS)]

@@ -11,6 +11,7 @@ import torch  # noqa: E402
 
 from flashdesk.kernels import layer_norms as ln  # noqa: E402
 from flashdesk.kernels.backend import kernels  # noqa: E402
+from flashdesk.kernels.router import ordered_sum  # noqa: E402
 
 pytest.importorskip("triton")
 
@@ -75,14 +76,24 @@ def test_the_norms_after_attention_are_one_kernel(dtype, d, with_moe):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("d", [64, 2816])
-@pytest.mark.parametrize("with_moe", [True, False], ids=["moe", "dense"])
-def test_the_norms_after_the_mlps_are_one_kernel(dtype, d, with_moe):
+@pytest.mark.parametrize("experts_out", ["summed", "pairs", None], ids=["moe", "moe-pairs", "dense"])
+def test_the_norms_after_the_mlps_are_one_kernel(dtype, d, experts_out):
+    """With the experts' output as each token's 8 weighted pair outputs (fp32, what the fused MoE
+    hands over unsummed), the kernel sums them in top-k order first: the same bits as the sum."""
+    with_moe = experts_out is not None
     rand = _rows(d, dtype, seed=d + 1)
     dense_w, experts_w, out_w, next_w = _weights(d, 2, 4)
     w = ln.MlpOutWeights(dense_w if with_moe else None, experts_w if with_moe else None, out_w,
                          torch.tensor([0.37]).to(dtype), next_w)
     dense, experts, residual = rand(16, d, scale=2.0), rand(16, d, scale=5.0), rand(16, d)
     experts = experts if with_moe else None
+    if experts_out == "pairs":
+        pairs = torch.randn(16, 8, d, generator=torch.Generator().manual_seed(d)) * 0.6
+        experts = pairs
+        with kernels("triton"):
+            as_sum = ln.mlp_out_norms(dense, ordered_sum(pairs.movedim(1, -1)).to(dtype), residual, EPS, w)
+            for got, want in zip(ln.mlp_out_norms(dense, pairs, residual, EPS, w), as_sum):
+                assert torch.equal(got, want)
     with kernels("triton"):
         fused = ln.mlp_out_norms(dense, experts, residual, EPS, w)
         unfused = ln.mlp_out_reference(dense, experts, residual, EPS, w)

@@ -14,7 +14,8 @@ from flashdesk.kernels.backend import kernels  # noqa: E402
 from flashdesk.kernels.int4 import Int4Weight, pack_int4  # noqa: E402
 from flashdesk.kernels.launch_log import describe_launch  # noqa: E402
 from flashdesk.kernels.moe import moe_reference  # noqa: E402
-from flashdesk.kernels.moe_triton import compile_specs, fused_moe, tiles  # noqa: E402
+from flashdesk.kernels.moe_triton import compile_specs, fused_moe, fused_routed_moe, tiles  # noqa: E402
+from flashdesk.kernels.router import ordered_sum  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not moe_triton.interpreted(), reason="needs TRITON_INTERPRET=1 before triton import")
 
@@ -97,6 +98,41 @@ def test_batch_invariant(top_k, group, asym, dims):
         assert torch.equal(part, full[rows]), rows
 
 
+def test_unsummed_pair_outputs_sum_in_top_k_order_to_the_output():
+    """summed=False hands the next kernel each token's weighted expert outputs: summed in top-k
+    order and rounded, they are the summed call's bits (what mlp_out_norms relies on)."""
+    x, gate_up, down, top_idx, top_w = problem(13, 5, 3, 16, True, torch.bfloat16)
+    pairs = fused_moe(x, gate_up, down, top_idx, top_w, summed=False)
+    assert pairs.shape == (5, 3, x.shape[1]) and pairs.dtype == torch.float32
+    assert torch.equal(ordered_sum(pairs.movedim(1, -1)).to(x.dtype), fused_moe(x, gate_up, down, top_idx, top_w))
+
+
+@pytest.mark.parametrize("tokens,top_k", [(1, 2), (16, 3), (70, 2)])
+def test_routing_with_the_grouping_is_route_then_the_experts(tokens, top_k):
+    """Decode and verify blocks route their tokens in the grouping kernel (one launch for both);
+    past what one program groups (70 x 2 pairs) the router's own kernel runs first. Either way it is
+    route() then fused_moe, and a token's output has the same bits alone as among the block."""
+    from flashdesk.kernels.launch_log import count_kernels
+    from flashdesk.kernels.router import route
+
+    x, gate_up, down, _, _ = problem(tokens + top_k, tokens, top_k, 8, True, torch.bfloat16)
+    gen = torch.Generator().manual_seed(tokens)
+    logits = torch.stack([torch.randperm(E, generator=gen) for _ in range(tokens)]).to(torch.bfloat16) / 4 - 1
+    scale = (torch.rand(E, generator=gen) + 0.5).to(torch.bfloat16)
+    with kernels("triton"):
+        got = fused_routed_moe(x, gate_up, down, logits, top_k, scale)
+        with count_kernels() as counts:  # (launches counted, not run)
+            fused_routed_moe(x, gate_up, down, logits, top_k, scale)
+        top_w, top_idx = route(logits, top_k, scale)
+        want = fused_moe(x, gate_up, down, top_idx, top_w)
+        alone = [fused_routed_moe(x[r:r + 1], gate_up, down, logits[r:r + 1], top_k, scale) for r in (0, tokens - 1)]
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)  # the softmax sums in another order
+    one_program = tokens * top_k <= moe_triton.GROUP_PAIRS
+    assert (counts["_route_group_kernel"], counts["_route_kernel"]) == ((1, 0) if one_program else (0, 1))
+    if one_program:
+        assert torch.equal(alone[0][0], got[0]) and torch.equal(alone[1][0], got[-1])
+
+
 def _no_sync(name):
     original = getattr(torch.Tensor, name)
 
@@ -154,7 +190,7 @@ def test_compile_specs_match_launches(monkeypatch):
         assert [k for k, v in spec.signature.items() if v == "constexpr"] == _constexpr_names(spec.fn)
         assert set(spec.constexprs) == set(_constexpr_names(spec.fn))
     launches = []
-    for name in ("_group_pairs_kernel", "_gate_up_kernel", "_down_kernel", "_sum_top_k_kernel"):
+    for name in ("_group_pairs_kernel", "_route_group_kernel", "_gate_up_kernel", "_down_kernel", "_sum_top_k_kernel"):
         monkeypatch.setattr(moe_triton, name, _Recorder(getattr(moe_triton, name), launches))
     monkeypatch.setattr(moe_triton, "interpreted", lambda: False)
     e, d, inter, top_k, group = 128, moe_triton.REAL_D, moe_triton.REAL_I, moe_triton.REAL_TOP_K, moe_triton.REAL_GROUP
@@ -170,6 +206,8 @@ def test_compile_specs_match_launches(monkeypatch):
             x = torch.zeros(tokens, d, dtype=torch.bfloat16)
             top_idx = torch.stack([torch.randperm(e)[:top_k] for _ in range(tokens)])
             fused_moe(x, fake(2 * inter, d, asym), fake(d, inter, asym), top_idx, torch.rand(tokens, top_k))
+            logits, scale = torch.randn(tokens, e).to(torch.bfloat16), torch.ones(e, dtype=torch.bfloat16)
+            fused_routed_moe(x, fake(2 * inter, d, asym), fake(d, inter, asym), logits, top_k, scale, summed=False)
     launched = {_launch_key(fn, args, kwargs) for fn, args, kwargs in launches}
     listed = {_key(s.fn, s.signature, s.constexprs, s.num_warps, s.num_stages) for s in specs}
     assert launched == listed

@@ -114,6 +114,49 @@ def test_q_k_v_norms_and_rope_are_one_kernel_on_the_projection(dtype, k_eq_v):
             head_norms_triton(None, odd.view(2, -1, 48), w48, w48, cs48, cs48, 1e-6, kv_heads, "none", True)
 
 
+@pytest.mark.parametrize("storage", ["fp8", "bf16"])
+@pytest.mark.parametrize("k_eq_v", [False, True], ids=["v", "k_eq_v"])
+def test_q_k_v_norms_store_k_and_v_into_the_cache_as_kv_write_does(storage, k_eq_v):
+    """A decode block's k and v go straight from the norm kernel into the cache (one kernel, not
+    two): the same bytes and scales as returning them and writing them with kv_write's definition,
+    at slots that wrap around a ring; the torch path stores them too."""
+    from flashdesk.kernels.kv_write import FP8, KVSlots, kv_write_reference
+    from flashdesk.kernels.launch_log import count_kernels
+    from flashdesk.kernels.norm import qkv_norms
+
+    gen = torch.Generator().manual_seed(8)
+    t, heads, kv_heads, d, capacity = 5, 4, 2, 32, 8
+    qkv = (torch.randn(t, (heads + kv_heads * (1 if k_eq_v else 2)) * d, generator=gen) * 2).to(torch.bfloat16)
+    angles = torch.arange(6, 6 + t)[:, None] * torch.rand(d // 2, generator=gen)[None, :]
+    cos, sin = (f(torch.cat([angles, angles], -1)).to(torch.bfloat16) for f in (torch.cos, torch.sin))
+    args = (torch.rand(d, generator=gen) + 0.5, torch.rand(d, generator=gen) + 0.5, cos, sin, 1e-6, heads, kv_heads,
+            d, k_eq_v)
+
+    def cache():
+        dtype, fp8 = (FP8, True) if storage == "fp8" else (torch.bfloat16, False)
+        k, v = (torch.zeros(capacity, kv_heads, d, dtype=dtype) for _ in range(2))
+        scales = (torch.zeros(capacity, kv_heads), torch.zeros(capacity, kv_heads)) if fp8 else (None, None)
+        return KVSlots(k, v, *scales, torch.tensor([6], dtype=torch.int32), capacity)  # slots 6, 7, 0, 1, 2
+
+    def as_bits(x):
+        return x.view(torch.uint8) if x.dtype == FP8 else x
+
+    for path in ("triton", "torch"):
+        stored, written, again = cache(), cache(), cache()
+        with kernels(path):
+            q, k, v = qkv_norms(qkv, *args, into=stored)
+            q_plain, k_plain, v_plain = qkv_norms(qkv, *args)
+            with count_kernels() as counts:
+                qkv_norms(qkv, *args, into=again)
+        kv_write_reference(k_plain, v_plain, *written)
+        assert k is None and v is None and torch.equal(q, q_plain), path
+        for got, want in zip(stored[:4], written[:4]):
+            assert (got is None) == (want is None) and (got is None or torch.equal(as_bits(got), as_bits(want))), path
+        assert torch.equal(as_bits(stored.k[3:6]), torch.zeros_like(as_bits(stored.k[3:6])))  # slots not in the block
+        if path == "triton":
+            assert sum(counts.values()) == 1, dict(counts)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_q", [True, False], ids=["block", "context"])
 def test_the_drafters_q_k_norms_and_rope_are_one_kernel(dtype, with_q):

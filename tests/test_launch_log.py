@@ -42,11 +42,11 @@ def test_gpu_checks_first_section_launches_only_kernels_that_compile_for_sm_90(t
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
     with kernels("triton"), record_launches() as launches:
-        result = gpu_check.section_tiny_correctness(torch.device("cpu"), smoke=True, new_tokens=24)
+        result = gpu_check.section_tiny_correctness(torch.device("cpu"), smoke=True, new_tokens=8)  # same launches as 24
     assert result["ok"], result
     functions = {launch["function"] for launch in launches}
     assert {"_linear_kernel", "_gate_up_kernel", "_down_kernel", "_decode_split_kernel", "_prefill_kernel",
-            "_kv_write_kernel", "_rms_norm_kernel"} <= functions
+            "_head_norms_kernel", "_route_group_kernel", "_rms_norm_kernel"} <= functions
     save(launches, tmp_path / "launches.json")
     monkeypatch.setenv(LOG_VARIABLE, str(tmp_path / "launches.json"))
     assert len(compile_specs()) == len(launches)
@@ -93,12 +93,13 @@ def test_every_launch_at_the_real_shapes_is_one_kernels_check_compiles():
     assert not missing, "launched but never compiled by kernels.check:\n" + "\n".join(map(str, missing))
 
 
-def test_a_layer_at_the_real_shapes_runs_15_kernels_a_step():
+def test_a_layer_at_the_real_shapes_runs_12_kernels_a_step():
     """Kernel count is latency at batch 1 (PERFORMANCE-MODEL.md: ~600 kernels a step is the main
     loss of today's engines). A sliding layer of the real model on the Triton path, for a decode
-    step and a 16-token verify: 5 linears, q/k/v norms + RoPE, K/V write, attention, the norms after
-    attention, router, pair grouping, the experts' two kernels and their sum, the norms after the
-    MLPs; no torch op computes (it was 77 kernels, 50 of them torch ops)."""
+    step and a 16-token verify: 5 linears, q/k/v norms + RoPE + the K/V write into the cache,
+    attention, the norms after attention, routing + pair grouping, the experts' two kernels, the
+    norms after the MLPs (which sum the experts' outputs); no torch op computes (it was 77
+    kernels, 50 of them torch ops)."""
     pytest.importorskip("triton")
     from flashdesk.engine.model.config import parse_config
     from flashdesk.engine.model.gemma4 import Gemma4
@@ -119,5 +120,5 @@ def test_a_layer_at_the_real_shapes_runs_15_kernels_a_step():
             per_step[layers, m] = counts
     for m in (1, 16):
         sliding = per_step[3, m] - per_step[2, m]
-        assert sum(sliding.values()) <= 15, dict(sliding)
+        assert sum(sliding.values()) <= 12, dict(sliding)
         assert sliding["_linear_kernel"] == 5 and not any(name.startswith("aten.") for name in sliding)

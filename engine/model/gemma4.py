@@ -21,9 +21,8 @@ from flashdesk.engine.loading.quant import assemble, parse_quant_config, plan, q
 from flashdesk.engine.loading.weights import expected_shapes, load_tensors, scan_checkpoint, validate
 from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput, attention_out_norms, mlp_out_norms
 from flashdesk.kernels.linear import concat_rows, gated_linear, linear
-from flashdesk.kernels.moe import moe
+from flashdesk.kernels.moe import routed_moe
 from flashdesk.kernels.norm import qkv_norms, rms_norm
-from flashdesk.kernels.router import route
 
 
 @dataclass
@@ -149,7 +148,7 @@ class Gemma4:
         cfg, eps, n = self.cfg, self.cfg.rms_norm_eps, L.norms
         spec, t = L.spec, h.shape[0]
         q, k, v = qkv_norms(linear(x, L.qkv), n["self_attn.q_norm"], n["self_attn.k_norm"], *rope, eps,
-                            cfg.num_heads, spec.num_kv_heads, spec.head_dim, spec.k_eq_v)
+                            cfg.num_heads, spec.num_kv_heads, spec.head_dim, spec.k_eq_v, cache.block_slots(i, t))
         a = cache.attend(i, q, k, v, positions, scale=1.0)
         a = linear(a.reshape(t, -1), L.o_proj)
         # h = residual + norm(a); the dense MLP, the experts and the router each read a norm of h
@@ -166,5 +165,5 @@ class Gemma4:
     def _moe(self, L: _Layer, x: torch.Tensor, router_x: torch.Tensor) -> torch.Tensor:
         """The experts on x (pre_feedforward_layernorm_2 of the residual stream), routed on router_x
         (its weightless norm, scaled)."""
-        top_w, top_idx = route(linear(router_x, L.router), self.cfg.top_k_experts, L.per_expert_scale)
-        return moe(x, L.experts_gate_up, L.experts_down, top_idx, top_w)
+        return routed_moe(x, L.experts_gate_up, L.experts_down, linear(router_x, L.router), self.cfg.top_k_experts,
+                          L.per_expert_scale, summed=False)  # mlp_out_norms sums

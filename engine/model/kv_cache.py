@@ -28,7 +28,8 @@ import torch
 
 from flashdesk.kernels.attention import attention
 from flashdesk.kernels.backend import use_triton
-from flashdesk.kernels.kv_write import FP8, FP8_MAX, quantize_reference as quantize  # noqa: F401 (re-exported)
+from flashdesk.kernels.kv_write import FP8, FP8_MAX, KVSlots  # noqa: F401 (FP8_MAX re-exported)
+from flashdesk.kernels.kv_write import quantize_reference as quantize
 
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "fp8": FP8}
 
@@ -124,18 +125,25 @@ class KVCache:
             store.k_scale[slots] = ks
             store.v_scale[slots] = vs
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-               scale: float) -> torch.Tensor:
-        """Store the block's K/V [T, Hkv, Dh] at positions length.. and attend its queries [T, Hq, Dh]
-        (at `positions`) over every key each may see under the layer's window. Returns [T, Hq, Dh]."""
+    def block_slots(self, layer: int, t: int) -> KVSlots | None:
+        """Where the step kernels store a decode or verify block's K/V (the Triton path, up to
+        slack + 1 tokens: the kernel that makes K/V writes them into the cache, and `attend` gets
+        k = v = None); None where `attend` takes k and v and stores them itself."""
         store = self.layers[layer]
-        t = k.shape[0]
-        if use_triton(k) and t <= self.slack + 1:
-            from flashdesk.kernels.attention_triton import decode_attention
-            from flashdesk.kernels.kv_write import kv_write
+        if not (use_triton(store.k) and t <= self.slack + 1):
+            return None
+        self._check_write(self.length, t)
+        return KVSlots(store.k, store.v, store.k_scale, store.v_scale, self.position, store.capacity)
 
-            self._check_write(self.length, t)
-            kv_write(k, v, store.k, store.v, store.k_scale, store.v_scale, self.position, store.capacity)
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+               positions: torch.Tensor, scale: float) -> torch.Tensor:
+        """Store the block's K/V [T, Hkv, Dh] at positions length.. (None: already stored at
+        `block_slots`) and attend its queries [T, Hq, Dh] (at `positions`) over every key each may
+        see under the layer's window. Returns [T, Hq, Dh]."""
+        store = self.layers[layer]
+        if k is None:
+            from flashdesk.kernels.attention_triton import decode_attention
+
             return decode_attention(q, store.k, store.v, store.k_scale, store.v_scale, self.position,
                                     store.layout.window, store.capacity, scale, self.max_context)
         keys, values, key_pos = self.update(layer, self.length, k, v)

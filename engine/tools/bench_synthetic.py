@@ -273,42 +273,44 @@ def draft_step_bytes(drafter, context: int) -> Bytes:
 # --- routing record -------------------------------------------------------------------------------
 
 class RouterRecorder:
-    """Wraps the MoE call of flashdesk.engine.model.gemma4 to keep each layer's top-k expert ids."""
+    """Wraps the MoE call of flashdesk.engine.model.gemma4 to keep each layer's router logits
+    (a reference, nothing computed in the timed step); `union` takes their top-k afterwards."""
 
     def __init__(self, model):
         self.layer_of = {id(layer.experts_gate_up): i for i, layer in enumerate(model.layers)
                          if getattr(layer, "experts_gate_up", None) is not None}
         self.moe_layers = sorted(self.layer_of.values())
-        self.calls: list[tuple[int | None, torch.Tensor]] = []
+        self.calls: list[tuple[int | None, torch.Tensor, int]] = []
 
     @contextmanager
     def active(self):
         from flashdesk.engine.model import gemma4
 
-        original = gemma4.moe
+        original = gemma4.routed_moe
 
-        def recording(x, gate_up, down, top_idx, top_w, *args, **kwargs):
-            self.calls.append((self.layer_of.get(id(gate_up)), top_idx))
-            return original(x, gate_up, down, top_idx, top_w, *args, **kwargs)
+        def recording(x, gate_up, down, logits, top_k, *args, **kwargs):
+            self.calls.append((self.layer_of.get(id(gate_up)), logits, top_k))
+            return original(x, gate_up, down, logits, top_k, *args, **kwargs)
 
-        gemma4.moe = recording
+        gemma4.routed_moe = recording
         try:
             yield self
         finally:
-            gemma4.moe = original
+            gemma4.routed_moe = original
 
     def reset(self) -> None:
         self.calls = []
 
     def union(self) -> dict[int, int] | None:
-        """Layer -> distinct experts over every call since reset (None if the MoE call was not seen)."""
+        """Layer -> distinct experts over every call since reset (None if the MoE call was not seen):
+        each token's top-k of its logits (the softmax keeps their order)."""
         if not self.calls:
             return None
         ids: dict[int, list] = {}
-        for n, (layer, top_idx) in enumerate(self.calls):
+        for n, (layer, logits, top_k) in enumerate(self.calls):
             if layer is None and self.moe_layers:  # experts not passed as stored: layers run in order
                 layer = self.moe_layers[n % len(self.moe_layers)]
-            ids.setdefault(layer, []).append(top_idx.reshape(-1))
+            ids.setdefault(layer, []).append(torch.topk(logits.float(), top_k, dim=-1).indices.reshape(-1))
         return {layer: int(torch.unique(torch.cat(parts)).numel()) for layer, parts in ids.items()}
 
 
