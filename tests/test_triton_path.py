@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 
 VARIANTS = [("conditional", "fused", True), ("causal", "per_expert", False), ("conditional", "per_expert", False),
             ("causal", "fused", True)]
-TOKENS = 24
+TOKENS = 16  # new tokens per run; 24 took half as long again under the interpreter
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=["-".join(map(str, v)) for v in VARIANTS])
