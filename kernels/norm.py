@@ -110,3 +110,20 @@ def drafter_qk_norms(q: torch.Tensor | None, k: torch.Tensor, q_norm: torch.Tens
             return head_norms_triton(q, k, q_norm, k_norm, cos, sin, eps, k.shape[1], "none", weight_after_cast=True)
     q_out = None if q is None else apply_rope(qwen_rms_norm(q, q_norm, eps), cos, sin)
     return q_out, apply_rope(qwen_rms_norm(k, k_norm, eps), cos, sin)
+
+
+def drafter_store_kv(q: torch.Tensor | None, kv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
+                     cos: torch.Tensor, sin: torch.Tensor, eps: float, into: KVSlots) -> torch.Tensor | None:
+    """drafter_qk_norms of q and of kv's k heads, with k and v (as projected) stored at `into`:
+    kv [T, 2 Hkv, D], the k heads then the v heads. Returns q's, or None. One kernel on the Triton
+    path for up to the cache's capacity of tokens (else the norms, then kv_write keeps the newest)."""
+    heads, d = kv.shape[1] // 2, kv.shape[-1]
+    if use_triton(kv) and kv.shape[0] <= into.capacity:
+        from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
+
+        if heads_fusable(q, d) and heads_fusable(kv, d):
+            return head_norms_triton(q, kv, q_norm, k_norm, cos, sin, eps, heads, "copy", weight_after_cast=True,
+                                     into=into)[0]
+    q_out, k = drafter_qk_norms(q, kv[:, :heads], q_norm, k_norm, cos, sin, eps)
+    kv_write(k, kv[:, heads:], *into)
+    return q_out

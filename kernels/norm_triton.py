@@ -48,14 +48,15 @@ def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr
                        KVH: tl.constexpr, V_MODE: tl.constexpr, WEIGHT_AFTER_CAST: tl.constexpr, STORE: tl.constexpr,
                        FP8: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
     """Rows are (token, head) pairs: q heads j < H at q_src[t * q_stride + j * D], then the k heads
-    and (V_MODE "norm") the v heads at kv_src[t * kv_stride + (j - H) * D]. q heads: rope(norm(x) *
-    q_w) into q [T, H, D]; k heads: rope(norm(x) * k_w) into kv; v: norm(x) of the v heads
-    ("norm"), of the k heads ("k": Gemma's k_eq_v), or not written ("none": kv holds k only,
-    [T, KVH, D]; else [T, 2 KVH, D], v after k). RoPE: y * cos + rotate_half(y) * sin, cos/sin
+    and (V_MODE "norm" or "copy") the v heads at kv_src[t * kv_stride + (j - H) * D]. q heads:
+    rope(norm(x) * q_w) into q [T, H, D]; k heads: rope(norm(x) * k_w) into kv; v: norm(x) of the v
+    heads ("norm"), the v heads as they are ("copy": the drafter's), norm(x) of the k heads ("k":
+    Gemma's k_eq_v), or not written ("none": kv holds k only, [T, KVH, D]; else [T, 2 KVH, D], v
+    after k). RoPE: y * cos + rotate_half(y) * sin, cos/sin
     [T, D]. WEIGHT_AFTER_CAST rounds norm(x) before the weight (Qwen3's norm, the drafter's).
     STORE: k and v go straight into a layer's cache [capacity, KVH, D] at slot (start + t) %
     capacity instead of kv (quantized to fp8 with per-row scales when FP8), as kv_write stores them."""
-    HEADS: tl.constexpr = H + 2 * KVH if V_MODE == "norm" else H + KVH
+    HEADS: tl.constexpr = H + KVH if V_MODE == "k" or V_MODE == "none" else H + 2 * KVH
     KV_OUT: tl.constexpr = KVH if V_MODE == "none" else 2 * KVH
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, D)
@@ -84,23 +85,27 @@ def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr
     roped = ((y * c).to(out_ty).to(tl.float32) + (yp * s).to(out_ty).to(tl.float32)).to(out_ty)
     if H > 0:
         tl.store(q_ptr + ((t * H + j) * D)[:, None] + cols[None, :], roped, mask=ok & is_q)
+    if V_MODE == "copy":
+        v = x.to(out_ty)
+    else:
+        v = n.to(out_ty)
     if STORE:
         k_row = ((tl.load(start_ptr).to(tl.int64) + t) % capacity) * KVH + j - H  # (slot, head)
         k_ok = (rows < R) & (j >= H) & (j < H + KVH)
         store_quantized(roped, ck_ptr + (k_row * D)[:, None] + cols[None, :], ks_ptr + k_row, k_ok, FP8)
         if V_MODE == "k":
-            store_quantized(n.to(out_ty), cv_ptr + (k_row * D)[:, None] + cols[None, :], vs_ptr + k_row, k_ok, FP8)
-        elif V_MODE == "norm":
+            store_quantized(v, cv_ptr + (k_row * D)[:, None] + cols[None, :], vs_ptr + k_row, k_ok, FP8)
+        elif V_MODE != "none":
             v_row = k_row - KVH
-            store_quantized(n.to(out_ty), cv_ptr + (v_row * D)[:, None] + cols[None, :], vs_ptr + v_row,
+            store_quantized(v, cv_ptr + (v_row * D)[:, None] + cols[None, :], vs_ptr + v_row,
                             (rows < R) & (j >= H + KVH), FP8)
     else:
         kv_row = t * KV_OUT + j - H
         tl.store(kv_ptr + (kv_row * D)[:, None] + cols[None, :], roped, mask=ok & is_k)
         if V_MODE == "k":
-            tl.store(kv_ptr + ((kv_row + KVH) * D)[:, None] + cols[None, :], n.to(out_ty), mask=ok & is_k)
-        elif V_MODE == "norm":
-            tl.store(kv_ptr + (kv_row * D)[:, None] + cols[None, :], n.to(out_ty), mask=ok & (j >= H + KVH)[:, None])
+            tl.store(kv_ptr + ((kv_row + KVH) * D)[:, None] + cols[None, :], v, mask=ok & is_k)
+        elif V_MODE != "none":
+            tl.store(kv_ptr + (kv_row * D)[:, None] + cols[None, :], v, mask=ok & (j >= H + KVH)[:, None])
 
 
 @triton.jit
@@ -161,23 +166,23 @@ def head_norms_triton(q: torch.Tensor | None, kv: torch.Tensor, q_w, k_w, cos: t
                       eps: float, kv_heads: int, v_mode: str, weight_after_cast: bool,
                       into: KVSlots | None = None) -> tuple:
     """q [T, H, D] (or None) and kv [T, KVH or 2 KVH, D] heads as `heads_fusable` describes (kv's
-    k heads first, then its v heads when v_mode is "norm"). Returns (q or None, kv): kv [T, 2 KVH,
-    D] with k then v, or [T, KVH, D] with k only when v_mode is "none"; with `into` (not with
-    v_mode "none") k and v are stored in that cache instead and kv is None."""
+    k heads first, then its v heads when v_mode is "norm" or "copy"). Returns (q or None, kv): kv
+    [T, 2 KVH, D] with k then v, or [T, KVH, D] with k only when v_mode is "none"; with `into` (not
+    with v_mode "none") k and v are stored in that cache instead and kv is None."""
     t, d = kv.shape[0], kv.shape[2]
     heads = 0 if q is None else q.shape[1]
     if not (heads_fusable(q, d) and heads_fusable(kv, d)):
         raise ValueError(f"head norms need contiguous heads of a power-of-two size, got kv {tuple(kv.shape)} "
                          f"with strides {kv.stride()}")
-    heads_in = heads + kv_heads * (2 if v_mode == "norm" else 1)
+    heads_in = heads + kv_heads * (2 if v_mode in ("norm", "copy") else 1)
     q_out = None if q is None else torch.empty((t, heads, d), dtype=kv.dtype, device=kv.device)
     kv_out = None
     if into is None:
         kv_out = torch.empty((t, kv_heads if v_mode == "none" else 2 * kv_heads, d), dtype=kv.dtype, device=kv.device)
         cache = (kv_out, kv_out, kv_out, kv_out, kv_out, 1)  # unused stand-ins
     else:
-        if v_mode == "none" or q is None or t > into.capacity:
-            raise ValueError(f"storing into the cache needs q, a v and at most {into.capacity} tokens")
+        if v_mode == "none" or t > into.capacity:
+            raise ValueError(f"storing into the cache needs a v and at most {into.capacity} tokens, got {t}")
         cache = _cache_args(into, kv_heads, d)
     if t:
         per_program, warps = _head_rows(d, into is not None)
@@ -235,11 +240,13 @@ def compile_specs() -> list[CompileSpec]:
              "scale_ptr": "*bf16", "out_ptr": "*bf16", "R": "i32", "D": "i32", "eps": "fp32",
              **dict.fromkeys(flags, "constexpr")}, flags, num_warps=warps))
     # target: sliding layers (16 q, 8 k, 8 v heads of 256), full layers (16 q, 2 k heads of 512, v = k
-    # or its own); drafter (Qwen3 norms, v as projected): its block's q and k, its context's k
-    # (prefill: k and v returned; decode and verify: stored into an fp8 or bf16 cache)
+    # or its own) (prefill: k and v returned; decode and verify: stored into an fp8 or bf16 cache);
+    # drafter (Qwen3 norms, v as projected): its block's q and k, its context's k, or either storing
+    # k and v into its bf16 context
     target = [(16, 8, 256, "norm"), (16, 2, 512, "k"), (16, 2, 512, "norm")]
     heads_specs = [(h, kvh, d, v, False, store) for h, kvh, d, v in target for store in (None, "fp8", "bf16")]
-    heads_specs += [(32, 8, 128, "none", True, None), (0, 8, 128, "none", True, None)]
+    heads_specs += [(32, 8, 128, "none", True, None), (0, 8, 128, "none", True, None),
+                    (32, 8, 128, "copy", True, "bf16"), (0, 8, 128, "copy", True, "bf16")]
     for heads, kv_heads, d, v_mode, after_cast, store in heads_specs:
         per_program, warps = _head_rows(d, store is not None)
         flags = {"H": heads, "KVH": kv_heads, "V_MODE": v_mode, "WEIGHT_AFTER_CAST": after_cast,

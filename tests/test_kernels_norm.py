@@ -157,6 +157,42 @@ def test_q_k_v_norms_store_k_and_v_into_the_cache_as_kv_write_does(storage, k_eq
             assert sum(counts.values()) == 1, dict(counts)
 
 
+@pytest.mark.parametrize("with_q", [True, False], ids=["block", "context"])
+def test_the_drafters_norms_store_k_and_v_into_its_context_as_kv_write_does(with_q):
+    """The drafter's block (q, k, v) and context (k, v) projections: q/k norms + RoPE with k and v
+    (as projected) stored in the context ring, one kernel, the bytes of the norms then kv_write; a
+    block longer than the ring takes the norms and kv_write, which keeps the newest positions."""
+    from flashdesk.kernels.kv_write import KVSlots, kv_write
+    from flashdesk.kernels.launch_log import count_kernels
+    from flashdesk.kernels.norm import drafter_qk_norms, drafter_store_kv
+
+    gen = torch.Generator().manual_seed(12)
+    heads, kv_heads, d, capacity = 4, 2, 32, 8
+    w = [(torch.rand(d, generator=gen) + 0.5).to(torch.bfloat16) for _ in range(2)]
+
+    def ring():
+        return KVSlots(torch.zeros(capacity, kv_heads, d, dtype=torch.bfloat16),
+                       torch.zeros(capacity, kv_heads, d, dtype=torch.bfloat16), None, None,
+                       torch.tensor([5], dtype=torch.int32), capacity)
+
+    for t in (5, 11):  # within the ring, and past it
+        qkv = torch.randn(t, heads + 2 * kv_heads, d, generator=gen).to(torch.bfloat16)
+        q, kv = (qkv[:, :heads] if with_q else None), qkv[:, heads:]
+        angles = torch.arange(5, 5 + t)[:, None] * torch.rand(d // 2, generator=gen)[None, :]
+        cos, sin = (f(torch.cat([angles, angles], -1)).to(torch.bfloat16) for f in (torch.cos, torch.sin))
+        stored, written, again = ring(), ring(), ring()
+        with kernels("triton"):
+            got_q = drafter_store_kv(q, kv, w[0] if with_q else None, w[1], cos, sin, 1e-6, stored)
+            want_q, k = drafter_qk_norms(q, kv[:, :kv_heads], w[0] if with_q else None, w[1], cos, sin, 1e-6)
+            kv_write(k, kv[:, kv_heads:], *written)
+            with count_kernels() as counts:
+                drafter_store_kv(q, kv, w[0] if with_q else None, w[1], cos, sin, 1e-6, again)
+        assert (got_q is None) == (not with_q) and (got_q is None or torch.equal(got_q, want_q))
+        assert torch.equal(stored.k, written.k) and torch.equal(stored.v, written.v), t
+        if t <= capacity:
+            assert sum(counts.values()) == 1, dict(counts)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_q", [True, False], ids=["block", "context"])
 def test_the_drafters_q_k_norms_and_rope_are_one_kernel(dtype, with_q):

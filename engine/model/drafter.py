@@ -30,9 +30,9 @@ from flashdesk.engine.loading.weights import load_tensors, scan_checkpoint, vali
 from flashdesk.kernels.attention import attention
 from flashdesk.kernels.backend import use_triton
 from flashdesk.kernels.int4 import Int4Weight, quantize_int4, weight_nbytes
-from flashdesk.kernels.kv_write import kv_write
+from flashdesk.kernels.kv_write import KVSlots
 from flashdesk.kernels.linear import concat_rows, gated_linear, linear, rows_from
-from flashdesk.kernels.norm import add_qwen_norm, drafter_qk_norms
+from flashdesk.kernels.norm import add_qwen_norm, drafter_qk_norms, drafter_store_kv
 
 QUANTIZATIONS = (None, "int4")  # None: the checkpoint's weights in the target's dtype (bf16)
 GROUP_SIZE = 32
@@ -130,17 +130,10 @@ class DraftContext:
         sliding = self.cfg.layer_kinds[layer] == SLIDING and self.cfg.sliding_window is not None
         return self.cfg.sliding_window if sliding else None
 
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store K/V [T, Hkv, D] of positions start.. (a ring keeps the newest `capacity` of them)."""
-        cap = self.capacity[layer]
-        if use_triton(k):  # one kernel, which reads a start at `length` from the device
-            kv_write(k, v, self.k[layer], self.v[layer], None, None, self.position if start == self.length else start,
-                     cap)
-            return
-        keep = min(k.shape[0], cap)
-        slots = torch.arange(start + k.shape[0] - keep, start + k.shape[0], device=k.device) % cap
-        self.k[layer][slots] = k[-keep:]
-        self.v[layer][slots] = v[-keep:]
+    def slots(self, layer: int) -> KVSlots:
+        """Where K/V written at `length` go (a ring keeps the newest `capacity` positions); the
+        start is read from the device, so a captured block replays."""
+        return KVSlots(self.k[layer], self.v[layer], None, None, self.position, self.capacity[layer])
 
     def read(self, layer: int, lo: int):
         """K, V and positions of the held context from position lo (clamped to what is held)."""
@@ -237,8 +230,7 @@ class Drafter:
         heads, q_rows = cfg.num_kv_heads, cfg.num_heads * cfg.head_dim
         for i, layer in enumerate(self.layers):
             kv = linear(hidden, rows_from(layer["qkv"], q_rows)).view(c, 2 * heads, cfg.head_dim)  # no input norm
-            _, k = drafter_qk_norms(None, kv[:, :heads], None, layer["k_norm"], cos, sin, eps)
-            ctx.write(i, ctx.length, k, kv[:, heads:])
+            drafter_store_kv(None, kv, None, layer["k_norm"], cos, sin, eps, ctx.slots(i))
         ctx.advance(c)
 
     @torch.inference_mode()
@@ -258,14 +250,9 @@ class Drafter:
             ids[0] = anchor
         h = F.embedding(ids, self.target.embed) * self.embed_scale
         _, x = add_qwen_norm(h, None, self.layers[0]["in_norm"], eps)
-        heads = cfg.num_kv_heads
         for i, layer in enumerate(self.layers):
-            sliding = cfg.layer_kinds[i] == SLIDING
-            window = cfg.sliding_window if sliding else None
-            qkv = linear(x, layer["qkv"]).view(t, cfg.num_heads + 2 * heads, cfg.head_dim)
-            q, kv = qkv[:, :cfg.num_heads], qkv[:, cfg.num_heads:]
-            q, kb = drafter_qk_norms(q, kv[:, :heads], layer["q_norm"], layer["k_norm"], cos, sin, eps)
-            a = self._attend(ctx, i, q, kb, kv[:, heads:], positions, window)
+            qkv = linear(x, layer["qkv"]).view(t, cfg.num_heads + 2 * cfg.num_kv_heads, cfg.head_dim)
+            a = self._attend(ctx, i, layer, qkv, cos, sin, positions)
             h, x = add_qwen_norm(h, linear(a.reshape(t, -1), layer["o"]), layer["post_norm"], eps)
             reader = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.norm  # fused into the add
             h, x = add_qwen_norm(h, gated_linear(linear(x, layer["gate_up"]), layer["down"], "silu"), reader, eps)
@@ -276,18 +263,23 @@ class Drafter:
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def _attend(self, ctx: DraftContext, i: int, q, kb, vb, positions, window):
-        """The block's queries over the held context and the whole block (causal or not per layer).
-        On the Triton path the block's K/V go into the context stores past `length` and are read in
-        place (no host-side shapes); otherwise the context is gathered and joined to the block."""
-        cfg, t = self.cfg, q.shape[0]
+    def _attend(self, ctx: DraftContext, i: int, layer: dict, qkv: torch.Tensor, cos, sin, positions):
+        """The block's queries over the held context and the whole block (causal or not per layer),
+        from its projection qkv [T, H + 2 Hkv, D]. On the Triton path the norm kernel writes the
+        block's K/V into the context stores past `length` and attention reads them in place (no
+        host-side shapes); otherwise the context is gathered and joined to the block."""
+        cfg, t, eps = self.cfg, qkv.shape[0], self.cfg.rms_norm_eps
+        window = ctx.window(i)
         scale = cfg.head_dim ** -0.5
+        q, kv = qkv[:, :cfg.num_heads], qkv[:, cfg.num_heads:]
         if use_triton(q) and t <= ctx.max_context - ctx.length and t <= ctx.capacity[i] - (window or 0):
             from flashdesk.kernels.attention_triton import decode_attention
 
-            kv_write(kb, vb, ctx.k[i], ctx.v[i], None, None, ctx.position, ctx.capacity[i])
+            q = drafter_store_kv(q, kv, layer["q_norm"], layer["k_norm"], cos, sin, eps, ctx.slots(i))
             return decode_attention(q, ctx.k[i], ctx.v[i], None, None, ctx.position, window, ctx.capacity[i],
                                     scale, ctx.max_context, causal=cfg.causal[i])
+        q, kb = drafter_qk_norms(q, kv[:, :cfg.num_kv_heads], layer["q_norm"], layer["k_norm"], cos, sin, eps)
+        vb = kv[:, cfg.num_kv_heads:]
         start = ctx.length
         kc, vc, pc = ctx.read(i, 0 if window is None else start - window + 1)
         return attention(q, torch.cat([kc, kb]), torch.cat([vc, vb]), positions, torch.cat([pc, positions]),
