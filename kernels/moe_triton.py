@@ -1,6 +1,9 @@
 """Fused W4A16 mixture of experts in Triton: the same function as `moe.moe_reference`.
 
-Three launches, all with grids that depend only on shapes (CUDA-graph friendly, no host sync):
+Launches with grids that depend only on shapes (CUDA-graph friendly, no host sync):
+0. the grouping of the (token, expert) pairs by expert: for up to GROUP_PAIRS pairs (decode,
+   verify) one program, which can also route the tokens first (`fused_routed_moe`); past that
+   torch's sort.
 1. gate_up + GeGLU: one program per (slot, block of I). A slot is one distinct expert hit by the
    call; the (token, expert) pairs are sorted by expert on the device, so a slot owns a contiguous
    range of pairs. The program reads its expert's gate and up tiles and applies them to every pair

@@ -207,6 +207,6 @@ def test_the_triton_path_resumes_the_same_way(engine):
         first = run(engine, prompt_of(engine, messages), 20)  # past the rings' slack: a snapshot is needed
         messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": sentence(91, 4)}]
         follow = prompt_of(engine, messages)
-        got = run(engine, follow, 20)
+        got = run(engine, follow, 10)  # (the interpreter is slow: enough tokens for a draft block)
         assert got.stats["reused_tokens"] >= first.stats["prompt_tokens"] - 4
-        assert got.token_ids == fresh(engine, follow, 20).token_ids
+        assert got.token_ids == fresh(engine, follow, 10).token_ids
