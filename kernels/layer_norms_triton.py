@@ -125,15 +125,19 @@ def mlp_out_triton(dense: torch.Tensor, experts: torch.Tensor | None, residual: 
     h, x = torch.empty_like(dense), torch.empty_like(dense)
     moe = experts is not None
     top_k = experts.shape[1] if moe and experts.dim() == 3 else 0
-    if top_k and (experts.dtype != torch.float32 or experts.shape != (t, top_k, d)):
-        raise ValueError(f"per-expert outputs must be fp32 [{t}, K, {d}], got {experts.dtype} {tuple(experts.shape)}")
+    if top_k:
+        if experts.dtype != torch.float32 or experts.shape != (t, top_k, d):
+            raise ValueError(f"per-expert outputs must be fp32 [{t}, K, {d}], got {experts.dtype} "
+                             f"{tuple(experts.shape)}")
+        experts = experts.contiguous()
+    elif moe:
+        experts = _rows(experts)
     if t:
         rows, block, warps = _shape(d)
         _mlp_out_kernel[(triton.cdiv(t, rows),)](
-            dense, (experts.contiguous() if top_k else _rows(experts)) if moe else dense, residual,
-            w.dense if moe else w.output, w.experts if moe else w.output, w.output, w.layer_scalar, w.next_norm,
-            h, x, t, d, eps, MOE=moe, TOP_K=top_k, ROWS=rows, BLOCK=block, num_warps=warps,
-            num_stages=LAUNCH_STAGES)
+            dense, experts if moe else dense, residual, w.dense if moe else w.output, w.experts if moe else w.output,
+            w.output, w.layer_scalar, w.next_norm, h, x, t, d, eps, MOE=moe, TOP_K=top_k, ROWS=rows, BLOCK=block,
+            num_warps=warps, num_stages=LAUNCH_STAGES)
     return h, x
 
 

@@ -222,7 +222,7 @@ def _group_pairs_kernel(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, S
     group_pairs(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E, BLOCK_E, BLOCK_P, CHUNK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one compiled kernel for every block size: T = 1 is not special
 def _route_group_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T, SLOTS,
                         E: tl.constexpr, TOP_K: tl.constexpr, ROUTE_ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
                         BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
@@ -339,13 +339,11 @@ def _nothing(x: torch.Tensor, top_k: int, summed: bool) -> torch.Tensor:
 
 def _experts(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, weight: torch.Tensor, top_k: int,
              grouping: tuple, summed: bool) -> torch.Tensor:
-    """The three launches on pairs already grouped by expert (order, begin, end, expert) with their
-    routing weights [T * K] fp32."""
+    """The expert launches on pairs already grouped by expert (order, begin, end, expert), with
+    their routing weights [T * K] fp32; T > 0."""
     n_tokens = x.shape[0]
     n_experts, two_i, d = gate_up.shape
     inter = two_i // 2
-    if n_tokens == 0:
-        return _nothing(x, top_k, summed)
     x = x.contiguous()
     pairs, begin, end, expert = grouping
     small = n_tokens <= SMALL_T
