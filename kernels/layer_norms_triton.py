@@ -11,15 +11,7 @@ import triton.language as tl
 
 from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec
 from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput
-
-
-@triton.jit
-def _tile(R, D, ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """This program's rows [ROWS, BLOCK] of a [R, D] tensor: row and column indices, offsets and
-    the in-bounds mask."""
-    cols = tl.arange(0, BLOCK)
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    return rows, cols, rows[:, None] * D + cols[None, :], (rows < R)[:, None] & (cols < D)[None, :]
+from flashdesk.kernels.norm_triton import row_shape, row_tile
 
 
 @triton.jit
@@ -47,7 +39,7 @@ def _round(y, ty: tl.constexpr):
 def _attention_out_kernel(a_ptr, res_ptr, w_post_ptr, w_pre_ptr, w_experts_ptr, router_scale_ptr, router_scalar,
                           h_ptr, x_ptr, experts_x_ptr, router_x_ptr, R, D, eps, MOE: tl.constexpr,
                           ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    _, cols, at, ok = _tile(R, D, ROWS, BLOCK)
+    _, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
     ty: tl.constexpr = h_ptr.dtype.element_ty
     a = tl.load(a_ptr + at, mask=ok, other=0.0).to(tl.float32)
     h = _round(_round(_norm(a, w_post_ptr, cols, D, eps, True), ty)
@@ -67,7 +59,7 @@ def _mlp_out_kernel(dense_ptr, experts_ptr, res_ptr, w_dense_ptr, w_experts_ptr,
                     ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """TOP_K 0: the experts' output is rows [R, D]; else each row's TOP_K weighted expert outputs
     [R, TOP_K, D] fp32, summed in order and rounded (as moe's sum kernel would)."""
-    rows, cols, at, ok = _tile(R, D, ROWS, BLOCK)
+    rows, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
     ty: tl.constexpr = h_ptr.dtype.element_ty
     m = tl.load(dense_ptr + at, mask=ok, other=0.0).to(tl.float32)
     if MOE:
@@ -88,15 +80,6 @@ def _mlp_out_kernel(dense_ptr, experts_ptr, res_ptr, w_dense_ptr, w_experts_ptr,
     tl.store(x_ptr + at, _norm(h, w_next_ptr, cols, D, eps, True).to(ty), mask=ok)
 
 
-TILE = 4096  # elements a program holds per row chain: one 2816-wide row (padded), or several narrow ones
-
-
-def _shape(d: int) -> tuple[int, int, int]:
-    """(rows per program, block, warps) for rows of width d: each row whole in one block."""
-    block = triton.next_power_of_2(d)
-    return max(1, TILE // block), block, 8 if block >= 2048 else 4
-
-
 def _rows(x: torch.Tensor) -> torch.Tensor:
     if x.dim() != 2:
         raise ValueError(f"layer norms take rows [T, D], got {tuple(x.shape)}")
@@ -110,7 +93,7 @@ def attention_out_triton(a: torch.Tensor, residual: torch.Tensor, eps: float, po
     h, x = torch.empty_like(a), torch.empty_like(a)
     experts_x, router_x = (torch.empty_like(a), torch.empty_like(a)) if moe else (x, x)  # unused stand-ins
     if t:
-        rows, block, warps = _shape(d)
+        rows, block, warps = row_shape(d)
         _attention_out_kernel[(triton.cdiv(t, rows),)](
             a, residual, post_attention, pre_feedforward, moe.experts_weight if moe else pre_feedforward,
             moe.router_scale if moe else a, moe.router_scalar if moe else 1.0, h, x, experts_x, router_x, t, d, eps,
@@ -133,7 +116,7 @@ def mlp_out_triton(dense: torch.Tensor, experts: torch.Tensor | None, residual: 
     elif moe:
         experts = _rows(experts)
     if t:
-        rows, block, warps = _shape(d)
+        rows, block, warps = row_shape(d)
         _mlp_out_kernel[(triton.cdiv(t, rows),)](
             dense, experts if moe else dense, residual, w.dense if moe else w.output, w.experts if moe else w.output,
             w.output, w.layer_scalar, w.next_norm, h, x, t, d, eps, MOE=moe, TOP_K=top_k, ROWS=rows, BLOCK=block,
@@ -144,7 +127,7 @@ def mlp_out_triton(dense: torch.Tensor, experts: torch.Tensor | None, residual: 
 def compile_specs() -> list[CompileSpec]:
     """The real model's rows: hidden 2816 in bf16, fp32 norm weights, bf16 router scale and layer
     scalar; every layer has its MoE."""
-    per_program, block, warps = _shape(2816)
+    per_program, block, warps = row_shape(2816)
     rows = {"R": "i32", "D": "i32", "eps": "fp32", "MOE": "constexpr", "ROWS": "constexpr", "BLOCK": "constexpr"}
     flags = {"MOE": True, "ROWS": per_program, "BLOCK": block}
     attention_out = {"a_ptr": "*bf16", "res_ptr": "*bf16", "w_post_ptr": "*fp32", "w_pre_ptr": "*fp32",

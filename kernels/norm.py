@@ -66,7 +66,7 @@ def qkv_norms(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos
     `into` k and v are stored in that cache (as kv_write stores them) and returned as None. One
     kernel on the Triton path instead of three norms, two copies, ten elementwise ops and the cache
     write; heads of a size that is not a power of two take those ops."""
-    if use_triton(qkv) and qkv.dim() == 2 and qkv.stride(1) == 1:
+    if use_triton(qkv) and qkv.dim() == 2 and qkv.stride(1) == 1 and (into is None or qkv.shape[0] <= into.capacity):
         from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
 
         q, kv = qkv.view(qkv.shape[0], -1, head_dim).split([heads, qkv.shape[1] // head_dim - heads], dim=1)

@@ -21,14 +21,27 @@ from flashdesk.kernels.kv_write import KVSlots
 TILE = 4096  # elements per program: one 2816-wide hidden row (padded), or several narrow rows
 
 
+def row_shape(d: int) -> tuple[int, int, int]:
+    """(rows per program, block, warps) for rows of width d, each whole in one block: from the width
+    alone, so every row is reduced the same way whatever the number of rows."""
+    block = triton.next_power_of_2(d)
+    return max(1, TILE // block), block, 8 if block >= 2048 else 4
+
+
+@triton.jit
+def row_tile(R, D, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's rows [ROWS, BLOCK] of a [R, D] tensor: row and column indices, offsets and
+    the in-bounds mask."""
+    cols = tl.arange(0, BLOCK)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    return rows, cols, rows[:, None] * D + cols[None, :], (rows < R)[:, None] & (cols < D)[None, :]
+
+
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, res_ptr, scale_ptr, out_ptr, R, D, eps, HAS_WEIGHT: tl.constexpr,
                      HAS_RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """out = norm(x) * w [+ residual] [* scale], rounded to the output type after each step."""
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK)
-    mask = (rows < R)[:, None] & (cols < D)[None, :]
-    at = rows[:, None] * D + cols[None, :]
+    _, cols, at, mask = row_tile(R, D, ROWS, BLOCK)
     x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
     y = x * inv[:, None]
@@ -52,8 +65,8 @@ def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr
     rope(norm(x) * q_w) into q [T, H, D]; k heads: rope(norm(x) * k_w) into kv; v: norm(x) of the v
     heads ("norm"), the v heads as they are ("copy": the drafter's), norm(x) of the k heads ("k":
     Gemma's k_eq_v), or not written ("none": kv holds k only, [T, KVH, D]; else [T, 2 KVH, D], v
-    after k). RoPE: y * cos + rotate_half(y) * sin, cos/sin
-    [T, D]. WEIGHT_AFTER_CAST rounds norm(x) before the weight (Qwen3's norm, the drafter's).
+    after k). RoPE: y * cos + rotate_half(y) * sin, cos/sin [T, D]. WEIGHT_AFTER_CAST rounds norm(x)
+    before the weight (Qwen3's norm, the drafter's).
     STORE: k and v go straight into a layer's cache [capacity, KVH, D] at slot (start + t) %
     capacity instead of kv (quantized to fp8 with per-row scales when FP8), as kv_write stores them."""
     HEADS: tl.constexpr = H + KVH if V_MODE == "k" or V_MODE == "none" else H + 2 * KVH
@@ -64,7 +77,7 @@ def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr
     partner = tl.where(cols < half, cols + half, cols - half)
     ok = (rows < R)[:, None]
     t, j = rows // HEADS, rows % HEADS
-    is_q, is_k = (j < H)[:, None], ((j >= H) & (j < H + KVH))[:, None]
+    is_q = (j < H)[:, None]
     src = tl.where(j < H, q_src_ptr + t * q_stride + j * D, kv_src_ptr + t * kv_stride + (j - H) * D)[:, None]
     x = tl.load(src + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     xp = tl.load(src + partner[None, :], mask=ok, other=0.0).to(tl.float32)
@@ -89,33 +102,26 @@ def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr
         v = x.to(out_ty)
     else:
         v = n.to(out_ty)
-    if STORE:
-        k_row = ((tl.load(start_ptr).to(tl.int64) + t) % capacity) * KVH + j - H  # (slot, head)
-        k_ok = (rows < R) & (j >= H) & (j < H + KVH)
-        store_quantized(roped, ck_ptr + (k_row * D)[:, None] + cols[None, :], ks_ptr + k_row, k_ok, FP8)
-        if V_MODE == "k":
-            store_quantized(v, cv_ptr + (k_row * D)[:, None] + cols[None, :], vs_ptr + k_row, k_ok, FP8)
-        elif V_MODE != "none":
-            v_row = k_row - KVH
-            store_quantized(v, cv_ptr + (v_row * D)[:, None] + cols[None, :], vs_ptr + v_row,
-                            (rows < R) & (j >= H + KVH), FP8)
-    else:
-        kv_row = t * KV_OUT + j - H
-        tl.store(kv_ptr + (kv_row * D)[:, None] + cols[None, :], roped, mask=ok & is_k)
-        if V_MODE == "k":
-            tl.store(kv_ptr + ((kv_row + KVH) * D)[:, None] + cols[None, :], v, mask=ok & is_k)
-        elif V_MODE != "none":
-            tl.store(kv_ptr + (kv_row * D)[:, None] + cols[None, :], v, mask=ok & (j >= H + KVH)[:, None])
+    if STORE:  # the cache's (slot, head) rows: k and v in their own stores
+        k_row = ((tl.load(start_ptr).to(tl.int64) + t) % capacity) * KVH + j - H
+        v_row = k_row if V_MODE == "k" else k_row - KVH
+        k_dst, v_dst = ck_ptr, cv_ptr
+    else:  # kv's rows [T, KV_OUT]: v after k
+        k_row = t * KV_OUT + j - H
+        v_row = k_row + KVH if V_MODE == "k" else k_row
+        k_dst, v_dst = kv_ptr, kv_ptr
+    k_ok = (rows < R) & (j >= H) & (j < H + KVH)
+    store_quantized(roped, k_dst + (k_row * D)[:, None] + cols[None, :], ks_ptr + k_row, k_ok, FP8)
+    if V_MODE != "none":
+        v_ok = k_ok if V_MODE == "k" else (rows < R) & (j >= H + KVH)
+        store_quantized(v, v_dst + (v_row * D)[:, None] + cols[None, :], vs_ptr + v_row, v_ok, FP8)
 
 
 @triton.jit
 def _add_norm_kernel(h_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, R, D, eps, HAS_Y: tl.constexpr, ROWS: tl.constexpr,
                      BLOCK: tl.constexpr):
     """sum = h + y (rounded), out = w * norm(sum) with the norm rounded before the weight (Qwen3)."""
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK)
-    ok = (rows < R)[:, None] & (cols < D)[None, :]
-    at = rows[:, None] * D + cols[None, :]
+    _, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
     out_ty = out_ptr.dtype.element_ty
     x = tl.load(h_ptr + at, mask=ok, other=0.0).to(tl.float32)
     if HAS_Y:
@@ -126,12 +132,6 @@ def _add_norm_kernel(h_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, R, D, eps, HAS_Y: tl
     tl.store(out_ptr + at, (n * w).to(out_ty), mask=ok)
 
 
-def _shape(d: int) -> tuple[int, int, int]:
-    """(rows per program, block, warps) from the row width alone."""
-    block = triton.next_power_of_2(d)
-    return max(1, TILE // block), block, 8 if block >= 2048 else 4
-
-
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None = None,
                     scale: torch.Tensor | None = None) -> torch.Tensor:
     d = x.shape[-1]
@@ -139,7 +139,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, eps: float, re
     out = torch.empty_like(xc)
     rows = xc.numel() // d
     if rows:
-        per_program, block, warps = _shape(d)
+        per_program, block, warps = row_shape(d)
         res = residual.contiguous() if residual is not None else xc  # unused pointers stand in for absent ones
         _rms_norm_kernel[(triton.cdiv(rows, per_program),)](
             xc, weight if weight is not None else xc, res, scale if scale is not None else xc, out, rows, d, eps,
@@ -214,7 +214,7 @@ def add_norm_triton(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tenso
     total = torch.empty_like(h) if y is not None else h
     out = torch.empty_like(h)
     if t:
-        per_program, block, warps = _shape(d)
+        per_program, block, warps = row_shape(d)
         _add_norm_kernel[(triton.cdiv(t, per_program),)](
             h, h if y is None else y.contiguous(), weight, total, out, t, d, eps, HAS_Y=y is not None, ROWS=per_program,
             BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES)
@@ -229,7 +229,7 @@ def compile_specs() -> list[CompileSpec]:
     variants = [(2816, True, False, False), (2816, False, False, False), (256, False, False, False),
                 (512, False, False, False), (2816, True, True, False), (2816, True, True, True)]
     for d, has_weight, has_residual, has_scale in variants:
-        per_program, block, warps = _shape(d)
+        per_program, block, warps = row_shape(d)
         flags = {"HAS_WEIGHT": has_weight, "HAS_RESIDUAL": has_residual, "HAS_SCALE": has_scale,
                  "ROWS": per_program, "BLOCK": block}
         fused = (",residual" if has_residual else "") + (",scale" if has_scale else "")
@@ -262,7 +262,7 @@ def compile_specs() -> list[CompileSpec]:
             f"{f',into {store} cache' if store else ''}]", _head_norms_kernel,
             {name: types.get(name, "constexpr") for name in _head_norms_kernel.arg_names}, flags, num_warps=warps))
     for has_y in (True, False):  # the drafter's residual adds with the next norm; its context's norm
-        per_program, block, warps = _shape(2816)
+        per_program, block, warps = row_shape(2816)
         flags = {"HAS_Y": has_y, "ROWS": per_program, "BLOCK": block}
         specs.append(CompileSpec(
             f"add_norm[D=2816{',y' if has_y else ''}]", _add_norm_kernel,
