@@ -133,7 +133,7 @@ def test_a_step_reads_back_only_its_tokens(spec_pair, choice, sampling, forbid_r
 
 
 def test_the_drafters_triton_path_computes_its_torch_path(spec_pair):
-    """Context K/V written by the K/V-write kernel (in two updates, the second at the held length),
+    """Context K/V stored by the q/k norm kernel (in two updates, the second at the held length),
     the fused Qwen3 norms, q/k/v projection and RoPE: the same draft logits as the torch path."""
     drafter = spec_pair[0].drafter
     taps = torch.randn(21, drafter.fc.shape[1], generator=torch.Generator().manual_seed(4)).to(drafter.dtype)
