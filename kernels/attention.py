@@ -12,6 +12,7 @@ import torch
 
 from flashdesk.kernels.backend import use_triton
 
+DECODE_QUERIES = 16  # the most queries a decode / verify attention call takes: a DFlash block
 SCORE_BUDGET_BYTES = 256 << 20  # peak score memory of one attention call; longer blocks go in passes
 SCORE_MATRICES_AT_PEAK = 2  # fp32 scores (masked in place) and their softmax alive together
 MASK_BYTES_PER_ENTRY = 2  # the bool mask and, while it is built, a second one, per (query, key)

@@ -38,10 +38,11 @@ import torch
 import triton
 import triton.language as tl
 
+from flashdesk.kernels.attention import DECODE_QUERIES
 from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec, interpreted
 from flashdesk.kernels.kv_write import device_start
 
-BLOCK_T = 16  # query rows of a decode tile; verify blocks never exceed it
+BLOCK_T = DECODE_QUERIES  # query rows of a decode tile: one tile takes a whole verify block
 MIN_SPLIT = 256  # positions per flash-decoding split, at least
 MAX_SPLITS = 64  # splits of a full layer: bounds the fp32 partials (<= 32 MB at T=16, D=512)
 COMBINE_BLOCK_D = 64  # columns per combine program: 16 heads x D/64 programs
@@ -354,7 +355,7 @@ def _lower_bound(pos_ptr, n, target):
     return lo.to(tl.int32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "S"])
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_pos_ptr, k_pos_ptr, T, S, window, qk_scale,
                     HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, DOT_FP32: tl.constexpr):

@@ -122,3 +122,23 @@ def test_writes_must_follow_the_committed_length(model):
     cache = model.new_cache(8, "float32")
     with pytest.raises(IndexError, match="context limit 8"):
         model.forward(torch.arange(5, 14), cache)
+
+
+def test_blocks_of_seventeen_tokens_take_the_prefill_path_on_triton(model):
+    """The rings hold a block of slack + 1 = 17 tokens, the decode attention 16 queries: a prompt of
+    17 tokens, or a follow-up's 17 new ones, must go through the prefill attention. (It raised on
+    the Triton path: "decode attention takes <= 16 queries".)"""
+    pytest.importorskip("triton")
+    from flashdesk.kernels.backend import kernels
+
+    ids = torch.randint(5, 512, (34,), generator=torch.Generator().manual_seed(7))
+    logits = {}
+    for choice in ("torch", "triton"):
+        with kernels(choice):
+            cache = model.new_cache(64, "float32")
+            first = model.forward(ids[:17], cache).logits
+            then = model.forward(ids[17:], cache).logits
+            logits[choice] = torch.cat([first, then])
+            assert cache.block_slots(0, 17) is None
+            assert (cache.block_slots(0, 16) is not None) == (choice == "triton")
+    assert (logits["triton"] - logits["torch"]).abs().max().item() < 1e-4

@@ -13,9 +13,10 @@ Every write is read back through the same quantization before use, so a token at
 key values whether it was processed alone (AR) or inside a verify block: speculation cannot change
 the numbers the model sees.
 
-`attend()` is the model's one entry: on the Triton path a decode or verify block (up to slack + 1
-tokens) is written by one kernel and attended in place, addressed by slot, with the block's start
-read from `position` on the device, so the step has no host-side shapes and can be a CUDA graph.
+`attend()` is the model's one entry: on the Triton path a decode or verify block (up to 16 tokens,
+and at most slack + 1) is written by one kernel and attended in place, addressed by slot, with the
+block's start read from `position` on the device, so the step has no host-side shapes and can be a
+CUDA graph.
 Longer blocks (prefill chunks) read the visible keys before writing, since a chunk may overwrite
 ring slots its own first queries still need.
 """
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashdesk.kernels.attention import attention
+from flashdesk.kernels.attention import DECODE_QUERIES, attention
 from flashdesk.kernels.backend import use_triton
 from flashdesk.kernels.kv_write import FP8, FP8_MAX, KVSlots  # noqa: F401 (FP8_MAX re-exported)
 from flashdesk.kernels.kv_write import quantize_reference as quantize
@@ -127,10 +128,11 @@ class KVCache:
 
     def block_slots(self, layer: int, t: int) -> KVSlots | None:
         """Where the step kernels store a decode or verify block's K/V (the Triton path, up to
-        slack + 1 tokens: the kernel that makes K/V writes them into the cache, and `attend` gets
-        k = v = None); None where `attend` takes k and v and stores them itself."""
+        slack + 1 tokens and the decode attention's 16 queries: the kernel that makes K/V writes them
+        into the cache, and `attend` gets k = v = None); None where `attend` takes k and v and stores
+        them itself (longer blocks: a prompt's chunks, 17 tokens as well as 1024)."""
         store = self.layers[layer]
-        if not (use_triton(store.k) and t <= self.slack + 1):
+        if not (use_triton(store.k) and t <= min(self.slack + 1, DECODE_QUERIES)):
             return None
         self._check_write(self.length, t)
         return KVSlots(store.k, store.v, store.k_scale, store.v_scale, self.position, store.capacity)
