@@ -417,7 +417,8 @@ class Worker:
                 last[0] = now
                 self.send(p.LoadProgress("weights", 0.05 + 0.9 * fraction, text))
 
-        engine = Engine.load(target, msg.device, msg.dtype, msg.kv_dtype, msg.context, draft, progress=progress)
+        engine = Engine.load(target, msg.device, msg.dtype, msg.kv_dtype, msg.context, draft, progress=progress,
+                             stage=lambda text: self.send(p.LoadProgress("kernels", -1, text)))
         if engine.tokenizer is None:
             raise FlashDeskError(f"{target} has no tokenizer (tokenizer.json and a chat template): "
                                  "the app needs one to turn messages into tokens")

@@ -137,6 +137,10 @@ def kernels(choice: str):
         _override = previous
 
 
+# Every row count and length a kernel takes as an integer argument is in its do_not_specialize:
+# Triton otherwise compiles a kernel again for a count of 1 and for counts divisible by 16, so a
+# prompt's length would decide when a user waits for a compile (test_compile_ahead checks it).
+
 # Pipelining depth of the kernels that choose no other: Triton's CUDA default, but passed at every
 # launch, so a launch and the CompileSpec that kernels.check compiles for it cannot drift apart.
 LAUNCH_STAGES = 3

@@ -35,7 +35,7 @@ def _round(y, ty: tl.constexpr):
     return y.to(ty).to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _attention_out_kernel(a_ptr, res_ptr, w_post_ptr, w_pre_ptr, w_experts_ptr, router_scale_ptr, router_scalar,
                           h_ptr, x_ptr, experts_x_ptr, router_x_ptr, R, D, eps, MOE: tl.constexpr,
                           ROWS: tl.constexpr, BLOCK: tl.constexpr):
@@ -53,7 +53,7 @@ def _attention_out_kernel(a_ptr, res_ptr, w_post_ptr, w_pre_ptr, w_experts_ptr, 
         tl.store(router_x_ptr + at, (_round(r, ty) * router_scalar).to(ty), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _mlp_out_kernel(dense_ptr, experts_ptr, res_ptr, w_dense_ptr, w_experts_ptr, w_out_ptr, scalar_ptr,
                     w_next_ptr, h_ptr, x_ptr, R, D, eps, MOE: tl.constexpr, TOP_K: tl.constexpr,
                     ROWS: tl.constexpr, BLOCK: tl.constexpr):

@@ -216,13 +216,13 @@ def _zero_arg(w: Int4Weight) -> torch.Tensor:
     return w.packed if w.zero is None else w.zero
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P", "SLOTS"])
 def _group_pairs_kernel(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E: tl.constexpr,
                         BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
     group_pairs(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E, BLOCK_E, BLOCK_P, CHUNK)
 
 
-@triton.jit(do_not_specialize=["T"])  # one compiled kernel for every block size: T = 1 is not special
+@triton.jit(do_not_specialize=["T", "SLOTS"])  # one compiled kernel for every block size: T = 1 is not special
 def _route_group_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T, SLOTS,
                         E: tl.constexpr, TOP_K: tl.constexpr, ROUTE_ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
                         BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):

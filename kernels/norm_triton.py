@@ -37,7 +37,7 @@ def row_tile(R, D, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     return rows, cols, rows[:, None] * D + cols[None, :], (rows < R)[:, None] & (cols < D)[None, :]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _rms_norm_kernel(x_ptr, w_ptr, res_ptr, scale_ptr, out_ptr, R, D, eps, HAS_WEIGHT: tl.constexpr,
                      HAS_RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """out = norm(x) * w [+ residual] [* scale], rounded to the output type after each step."""
@@ -55,7 +55,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, res_ptr, scale_ptr, out_ptr, R, D, eps, HAS_W
     tl.store(out_ptr + at, y.to(out_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, ck_ptr, cv_ptr,
                        ks_ptr, vs_ptr, start_ptr, capacity, R, q_stride, kv_stride, eps, H: tl.constexpr,
                        KVH: tl.constexpr, V_MODE: tl.constexpr, WEIGHT_AFTER_CAST: tl.constexpr, STORE: tl.constexpr,
@@ -117,7 +117,7 @@ def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr
         store_quantized(v, v_dst + (v_row * D)[:, None] + cols[None, :], vs_ptr + v_row, v_ok, FP8)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _add_norm_kernel(h_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, R, D, eps, HAS_Y: tl.constexpr, ROWS: tl.constexpr,
                      BLOCK: tl.constexpr):
     """sum = h + y (rounded), out = w * norm(sum) with the norm rounded before the weight (Qwen3)."""

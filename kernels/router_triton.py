@@ -46,7 +46,7 @@ def route_rows(logits_ptr, scale_ptr, w_ptr, idx_ptr, rows, R, E: tl.constexpr, 
     tl.store(idx_ptr + out, top_i.to(idx_ptr.dtype.element_ty), mask=chosen)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _route_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, R, E: tl.constexpr, TOP_K: tl.constexpr,
                   BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
     """One row a program (prefill's many rows in parallel)."""

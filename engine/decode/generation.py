@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.loading.memory_plan import context_that_fits
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.draft_length import AutoDraftLength, costs_file, load_costs, save_costs
+from flashdesk.engine.decode.kernel_warmup import compile_generation_kernels
 from flashdesk.engine.decode.prefix_cache import PrefixCache
 from flashdesk.engine.decode.speculative import AUTO, Decoder, SpecControl, StepResult
 from flashdesk.engine.decode.stats import SpecStats, StepRecord
@@ -122,6 +124,7 @@ class Engine:
         # bench on this card (auto where it was at least as fast as the best fixed K), else the longest
         self.default_draft_length: int | str | None = None
         self.default_note = ""  # why, in words (empty: no bench of this pair on this card yet)
+        self.compile_seconds: float | None = None  # what compiling the kernels at load took (load sets it)
 
     def cuda_graphs(self) -> str:
         """In words: whether decode and verify steps run as CUDA graphs (and why not)."""
@@ -143,6 +146,14 @@ class Engine:
             self._prefix = PrefixCache(self._cache, self._ctx, self.prefix_budget)
         return self._prefix
 
+    def compile_kernels(self) -> float | None:
+        """Compile every Triton kernel a generation launches now, in parallel, rather than one by
+        one during the first replies; the seconds it took, or None where kernels do not compile
+        ahead (the torch kernels, the interpreter). Allocates the step state (the memory plan
+        counts it); before the first generation only (the cache must be empty)."""
+        self._step_state()
+        return compile_generation_kernels(self.model, self._cache, self.drafter, self._ctx)
+
     def reusable_tokens(self, prompt_ids: list[int]) -> int:
         """How many of the prompt's tokens the next generation would take from earlier ones."""
         return self._prefix.reusable(list(prompt_ids)) if self._prefix is not None else 0
@@ -150,9 +161,11 @@ class Engine:
     @classmethod
     def load(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto", kv_dtype: str = "auto",
              context_limit: int | None = None, draft_dir: str | Path | None = None,
-             quantize: str | None = None, progress=None, draft_quantize: str | None = None) -> "Engine":
+             quantize: str | None = None, progress=None, draft_quantize: str | None = None,
+             stage=None) -> "Engine":
         """Load the target (and drafter) on the device. `progress(fraction)` follows the weights read:
-        the target takes 0..0.95 of the way, the drafter the rest."""
+        the target takes 0..0.95 of the way, the drafter the rest. On a GPU the kernels are then
+        compiled (compile_kernels), announced through `stage(text)`."""
         dev = resolve_device(device)
         torch_dtype = resolve_dtype(dtype, dev)
         kv = resolve_kv_dtype(kv_dtype, dev, torch_dtype)
@@ -175,6 +188,14 @@ class Engine:
         if drafter is not None:
             engine.costs_path = _costs_path(dev, model_dir, draft_dir, torch_dtype, kv, draft_quantize)
             engine.use_benched_default(dev, model_dir, draft_dir)
+        if dev.type == "cuda":
+            if stage is not None:
+                stage("compiling the GPU kernels (the first load on this machine takes longest)")
+            try:
+                engine.compile_seconds = engine.compile_kernels()
+            except Exception as exc:  # noqa: BLE001 - they compile at first use instead, and fail there if they must
+                print(f"flashdesk: kernels not compiled ahead ({type(exc).__name__}: {exc}); "
+                      "they compile at first use", file=sys.stderr, flush=True)
         return engine
 
     def use_benched_default(self, device: torch.device, model_dir, draft_dir) -> None:

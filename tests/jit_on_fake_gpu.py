@@ -1,0 +1,89 @@
+"""Run in a subprocess by test_compile_ahead: Triton's real JIT on CPU tensors, for an sm_90 target.
+
+Triton's launch path (the binder that specializes arguments, the cache key, the compile through
+ptxas) needs a driver only for the target, the device and the stream. With a stand-in driver that
+names an H200 (sm_90) it runs here without a GPU; a launch then cannot run, so every launch is
+made a compile-only one (`warmup=True`), and `_do_compile` counts each specialization compiled.
+
+This prints one JSON object: the kernels `Engine.compile_kernels` compiled at the real shapes (two
+layers, a drafter of two), the seconds it took, whether the cache and context were left empty, and
+the kernels a conversation afterwards (a prompt of two chunks, then follow-ups resumed from the
+prefix cache; plain steps, speculative steps at K = 15, 7, 1 and the automatic length, which
+measures every verify and draft length) compiled on top: none when the warm-up covers it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def main() -> None:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        sys.exit("run without TRITON_INTERPRET: this checks the real JIT")
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+
+    class Sm90:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    driver.set_active(Sm90())
+    import flashdesk.kernels.backend as backend
+
+    backend.use_triton = lambda x: True  # Triton on CPU tensors, not interpreted: launches see a GPU's values
+    compiled: list[str] = []
+    do_compile, run = JITFunction._do_compile, JITFunction.run
+
+    def counting(self, *args, **kwargs):
+        compiled.append(self.fn.__name__)
+        return do_compile(self, *args, **kwargs)
+
+    def compile_only(self, *args, grid, warmup, **kwargs):  # nothing can run: there is no GPU
+        return run(self, *args, grid=grid, warmup=True, **kwargs)
+
+    JITFunction._do_compile = counting
+    from flashdesk.engine.decode.generation import Engine, GenerationRequest
+    from flashdesk.engine.decode.speculative import AUTO, PREFILL_CHUNK, SpecControl
+    from flashdesk.engine.model.config import parse_config, parse_draft_config
+    from flashdesk.engine.model.drafter import Drafter
+    from flashdesk.engine.model.gemma4 import Gemma4
+    from flashdesk.engine.tools import bench_synthetic as synthetic
+
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    cfg = parse_config(dict(synthetic.target_raw(2), vocab_size=4096))
+    dcfg = parse_draft_config(dict(synthetic.draft_raw(2), vocab_size=4096))
+    model = Gemma4(cfg, synthetic.random_target_weights(cfg, cpu, bf16), cpu, bf16)
+    drafter = Drafter(dcfg, synthetic.random_draft_weights(dcfg, cpu, bf16), model)
+    engine = Engine(model, None, set(), "fp8", 4096, drafter)
+    began = time.perf_counter()
+    seconds = engine.compile_kernels()  # as Engine.load does on a GPU: on every core
+    cache, ctx = engine._cache, engine._ctx
+    report = {"seconds": seconds, "wall": time.perf_counter() - began, "ahead": sorted(set(compiled)),
+              "left_empty": [cache.length, int(cache.position), ctx.length, int(ctx.position)]}
+    compiled.clear()
+    JITFunction.run = compile_only
+    prompt = list(range(5, 5 + PREFILL_CHUNK + 37))  # a whole chunk and a part
+    controls = [SpecControl(False), SpecControl(True, 15), SpecControl(True, 7), SpecControl(True, 1),
+                SpecControl(True, AUTO)]  # AUTO first measures every verify and draft length
+    report["prefilled"] = []
+    for control, more in zip(controls, (48, 17, 5, 30, 1)):
+        *_, finish = engine.generate(GenerationRequest(prompt, 6, ignore_eos=True), control)
+        report["prefilled"].append(finish.stats["prompt_tokens"] - finish.stats["reused_tokens"])
+        prompt = prompt + finish.token_ids + [9] * more  # the follow-up resumes from the prefix cache
+    report["after"] = sorted(set(compiled))
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
