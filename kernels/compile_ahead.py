@@ -33,6 +33,22 @@ def _async_mode():
     return AsyncCompileMode
 
 
+def where_compiled(device) -> str:
+    """In words, for `doctor`: when this device's kernels compile, and where they are kept."""
+    from flashdesk.kernels.backend import use_triton
+
+    if not use_triton(device):
+        return "nothing to compile: the torch kernels run"
+    if interpreted():
+        return "nothing to compile: Triton's interpreter runs the kernels"
+    from triton import knobs
+
+    kept = f"kept in {knobs.cache.dir} for later loads"
+    if _async_mode() is None:
+        return f"one by one at first use (this Triton has no async compile mode); {kept}"
+    return f"at load, on {os.cpu_count()} threads at once; {kept}"
+
+
 @contextmanager
 def compile_ahead(workers: int | None = None):
     """Yield True when the block's Triton launches compile on `workers` threads (default: every

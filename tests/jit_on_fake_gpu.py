@@ -59,6 +59,7 @@ def main() -> None:
     from flashdesk.engine.model.drafter import Drafter
     from flashdesk.engine.model.gemma4 import Gemma4
     from flashdesk.engine.tools import bench_synthetic as synthetic
+    from flashdesk.kernels.compile_ahead import where_compiled
 
     cpu, bf16 = torch.device("cpu"), torch.bfloat16
     cfg = parse_config(dict(synthetic.target_raw(2), vocab_size=4096))
@@ -70,6 +71,7 @@ def main() -> None:
     seconds = engine.compile_kernels()  # as Engine.load does on a GPU: on every core
     cache, ctx = engine._cache, engine._ctx
     report = {"seconds": seconds, "wall": time.perf_counter() - began, "ahead": sorted(set(compiled)),
+              "where": where_compiled(cpu),
               "left_empty": [cache.length, int(cache.position), ctx.length, int(ctx.position)]}
     compiled.clear()
     JITFunction.run = compile_only

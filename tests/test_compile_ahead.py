@@ -17,7 +17,8 @@ import torch
 
 from flashdesk.engine.decode.kernel_warmup import compile_generation_kernels
 from flashdesk.engine.model.gemma4 import Gemma4
-from flashdesk.kernels.compile_ahead import compile_ahead
+from flashdesk.kernels.backend import kernels
+from flashdesk.kernels.compile_ahead import compile_ahead, where_compiled
 from tiny_checkpoints import write_checkpoint
 
 HERE = Path(__file__).resolve().parent
@@ -33,6 +34,10 @@ def model(tmp_path_factory):
 def test_under_the_interpreter_nothing_compiles_ahead_and_the_cache_is_untouched(model):
     with compile_ahead() as ahead:
         assert ahead is False  # launches run as usual: the caller skips its block
+    with kernels("triton"):
+        assert where_compiled(torch.device("cpu")) == "nothing to compile: Triton's interpreter runs the kernels"
+    with kernels("torch"):
+        assert where_compiled(torch.device("cpu")) == "nothing to compile: the torch kernels run"
     cache = model.new_cache(64, "fp8")
     assert compile_generation_kernels(model, cache) is None
     assert (cache.length, int(cache.position)) == (0, 0)
@@ -52,6 +57,7 @@ def test_after_the_engine_compiled_its_kernels_a_conversation_compiles_nothing(t
     assert isinstance(report["seconds"], float)
     assert {"_linear_kernel", "_head_norms_kernel", "_decode_split_kernel", "_prefill_kernel",
             "_route_group_kernel", "_gate_up_kernel", "_down_kernel", "_mlp_out_kernel"} <= set(report["ahead"])
+    assert report["where"].startswith("at load, on ")  # what doctor says on such a machine
     assert report["left_empty"] == [0, 0, 0, 0]  # cache and drafter context: length and device position
     # a prompt of 1061 tokens, follow-ups resuming from the prefix cache with 49, 18, 6 and 31 new
     # ones, plain and speculative steps at K = 15, 7, 1 and the automatic length (which measures

@@ -203,6 +203,14 @@ def _cuda_graphs() -> str:
     return "on: decode and verify steps are captured once per block length and replayed"
 
 
+def _kernel_compile() -> str:
+    """When the Triton kernels compile (kernels/compile_ahead.py) and where Triton keeps them."""
+    torch = _import("torch")
+    from flashdesk.kernels.compile_ahead import where_compiled
+
+    return where_compiled(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def _prefix_cache() -> str:
     """The host memory kept conversations may take (engine/decode/prefix_cache.py)."""
     from flashdesk.engine.decode.prefix_cache import default_budget
@@ -224,6 +232,7 @@ def environment_report() -> list[Row]:
     rows += _probe("NVML", _nvml_rows)
     rows += _probe("triton", lambda: _module_version("triton", "triton", " (GPU kernels fall back to plain torch)"))
     rows += _probe("kernels", _kernels)
+    rows += _probe("kernel compile", _kernel_compile)
     rows += _probe("CUDA graphs", _cuda_graphs)
     rows += _probe("prefix cache", _prefix_cache)
     rows += _probe(
