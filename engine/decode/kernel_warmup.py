@@ -1,8 +1,8 @@
 """Compile the Triton kernels of a generation before the first prompt, in parallel.
 
 On a fresh machine every kernel a generation launches compiles at its first launch, one after
-another: the first reply would wait a minute or more, then a verify length seen for the first time
-would stall again. `compile_generation_kernels` runs the passes a `Decoder` runs (a prefill chunk,
+another: the first reply would wait for some forty compiles, and a verify length seen for the
+first time would stall again. `compile_generation_kernels` runs the passes a `Decoder` runs (a prefill chunk,
 the drafter's context updates, decode, every verify block length, every draft length) once with
 their launches compiling on all cores instead of running (kernels.compile_ahead), on the empty
 cache and drafter context a generation will use, and leaves them empty again. No CUDA graph is
