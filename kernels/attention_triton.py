@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from flashdesk.kernels.attention import DECODE_QUERIES
-from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec, interpreted
+from flashdesk.kernels.backend import LAUNCH_STAGES, MAX_REGISTERS, CompileSpec, interpreted
 from flashdesk.kernels.kv_write import device_start
 
 BLOCK_T = DECODE_QUERIES  # query rows of a decode tile: one tile takes a whole verify block
@@ -62,6 +62,7 @@ class PrefillConfig(NamedTuple):
     block_m: int
     block_n: int
     num_warps: int
+    num_stages: int = LAUNCH_STAGES
 
 
 def decode_config(head_dim: int) -> DecodeConfig:
@@ -72,8 +73,8 @@ def decode_config(head_dim: int) -> DecodeConfig:
 
 def prefill_config(head_dim: int) -> PrefillConfig:
     """Tiny heads (test models) take 64 x 64 tiles: fewer programs and steps, few registers."""
-    if head_dim >= 512:
-        return PrefillConfig(16, 32, 8)
+    if head_dim >= 512:  # two stages: three of [32, 512] K and V tiles took 149 KB of shared memory,
+        return PrefillConfig(16, 32, 8, 2)  # over the 99 KB a block may have on an RTX 3090/4090/5090
     if head_dim >= 256:
         return PrefillConfig(32, 32, 8)
     if head_dim >= 128:
@@ -329,13 +330,13 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
         q, ck, cv, ks, vs, start, m, l, acc, out, t, capacity, w, split, scale * LOG2E,
         HQ=hq, GROUP=hq // hkv, D=d, BLOCK_T=BLOCK_T, BLOCK_N=cfg.block_n, FP8=fp8,
         DOT_FP32=interpreted(), ONE_SPLIT=one_split, CAUSAL=causal, num_warps=cfg.num_warps,
-        num_stages=LAUNCH_STAGES)
+        num_stages=LAUNCH_STAGES, maxnreg=MAX_REGISTERS)
     if one_split:
         return out
     block_d = min(d, COMBINE_BLOCK_D)
     _decode_combine_kernel[(hq, d // block_d)](m, l, acc, start, out, t, w, split,
                                                HQ=hq, D=d, BLOCK_D=block_d, BLOCK_T=BLOCK_T, num_warps=COMBINE_WARPS,
-                                               num_stages=LAUNCH_STAGES)
+                                               num_stages=LAUNCH_STAGES, maxnreg=MAX_REGISTERS)
     return out
 
 
@@ -426,7 +427,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: 
         q, k, v, out, q_pos.to(torch.int64), k_pos.to(torch.int64), t, s, window or 0, scale * LOG2E,
         HQ=hq, GROUP=hq // hkv, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
         WINDOWED=window is not None, DOT_FP32=interpreted(), num_warps=cfg.num_warps,
-        num_stages=LAUNCH_STAGES)
+        num_stages=cfg.num_stages)
     return out
 
 
@@ -438,12 +439,14 @@ DRAFTER = (128, 32, 8)  # head dim, query heads, KV heads
 DRAFTER_WINDOW = 2048  # its sliding layers' window (context rings of window + block size)
 
 
-def _spec(name: str, fn, types: dict[str, str], consts: dict, num_warps: int) -> CompileSpec:
+def _spec(name: str, fn, types: dict[str, str], consts: dict, num_warps: int, num_stages: int = LAUNCH_STAGES,
+          maxnreg: int | None = None) -> CompileSpec:
     """A spec whose signature lists every argument in the kernel's order, constexprs included."""
     types = {**types, **dict.fromkeys(consts, "constexpr")}
     if set(types) != set(fn.arg_names):
         raise ValueError(f"{name}: signature misnames {sorted(set(types) ^ set(fn.arg_names))}")
-    return CompileSpec(name, fn, {arg: types[arg] for arg in fn.arg_names}, consts, num_warps=num_warps)
+    return CompileSpec(name, fn, {arg: types[arg] for arg in fn.arg_names}, consts, num_warps=num_warps,
+                       num_stages=num_stages, maxnreg=maxnreg)
 
 
 def _decode_specs(d: int, hkv: int, window: int | None, hq: int = HQ_TARGET, causal: bool = True,
@@ -461,11 +464,12 @@ def _decode_specs(d: int, hkv: int, window: int | None, hq: int = HQ_TARGET, cau
                       "BLOCK_N": cfg.block_n, "FP8": fp8, "DOT_FP32": False, "ONE_SPLIT": one_split,
                       "CAUSAL": causal}
             name = f"decode_split[D={d},{kind},{'fp8' if fp8 else 'bf16'}{',one split' if one_split else ''}]"
-            specs.append(_spec(name, _decode_split_kernel, types, consts, cfg.num_warps))
+            specs.append(_spec(name, _decode_split_kernel, types, consts, cfg.num_warps, maxnreg=MAX_REGISTERS))
     types = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "start_ptr": "*i32", "o_ptr": "*bf16",
              **dict.fromkeys(("T", "window", "split"), "i32")}
     consts = {"HQ": hq, "D": d, "BLOCK_D": COMBINE_BLOCK_D, "BLOCK_T": BLOCK_T}
-    specs.append(_spec(f"decode_combine[D={d},HQ={hq}]", _decode_combine_kernel, types, consts, COMBINE_WARPS))
+    specs.append(_spec(f"decode_combine[D={d},HQ={hq}]", _decode_combine_kernel, types, consts, COMBINE_WARPS,
+                       maxnreg=MAX_REGISTERS))
     return specs
 
 
@@ -476,7 +480,7 @@ def _prefill_spec(d: int, hq: int, hkv: int, causal: bool, windowed: bool) -> Co
     consts = {"HQ": hq, "GROUP": hq // hkv, "D": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
               "CAUSAL": causal, "WINDOWED": windowed, "DOT_FP32": False}
     name = f"prefill[D={d},{'causal' if causal else 'bidirectional'},{'window' if windowed else 'full'}]"
-    return _spec(name, _prefill_kernel, types, consts, cfg.num_warps)
+    return _spec(name, _prefill_kernel, types, consts, cfg.num_warps, cfg.num_stages)
 
 
 def compile_specs() -> list[CompileSpec]:

@@ -21,6 +21,7 @@ import torch
 
 CHOICES = ("triton", "torch")
 _override: str | None = None
+_recording_compiles = False  # launch_log.record_compiles: CPU tensors go through Triton's JIT, which records
 
 
 @cache
@@ -109,7 +110,7 @@ def use_triton(x: torch.Tensor | torch.device) -> bool:
     if choice == "torch":
         return False
     if choice == "triton":
-        if device.type != "cuda" and not interpreted():
+        if device.type != "cuda" and not (interpreted() or _recording_compiles):
             raise RuntimeError("FLASHDESK_KERNELS=triton on CPU tensors needs TRITON_INTERPRET=1 "
                                "(set before triton is imported)")
         return True
@@ -145,13 +146,25 @@ def kernels(choice: str):
 # launch, so a launch and the CompileSpec that kernels.check compiles for it cannot drift apart.
 LAUNCH_STAGES = 3
 
+# The register ceiling (`maxnreg`) of the kernels whose grid is at most about one program per SM at
+# batch 1 (decode attention, routing, head norms). Without one, ptxas may cap a kernel's registers
+# for occupancy and spill a few bytes instead (40 registers and 8 bytes of spill for the attention's
+# combine on sm_120, 128 and 8 bytes for its split kernel on sm_90: launch_log.record_compiles shows
+# it); occupancy buys such a grid nothing, a spill costs local-memory traffic.
+MAX_REGISTERS = 255
+
 
 @dataclass(frozen=True)
 class CompileSpec:
     """One specialization of a Triton kernel, as the engine launches it for the real model.
 
     signature: every argument of the jitted function by name -> Triton type ("*bf16", "*fp8e4nv",
-    "*i32", "*fp32", "i32", "fp32", "constexpr"); constexprs: values of the constexpr arguments.
+    "*i32", "*fp32", "i32", "fp32", "constexpr"); constexprs: values of the constexpr arguments;
+    attrs: what Triton's JIT adds by argument, [["tt.divisibility", 16]] for a 16-byte aligned pointer
+    or an integer divisible by 16 (it lets the compiler vectorize and pipeline loads, which changes
+    registers and shared memory: launch_log.record_compiles takes them from the JIT itself);
+    maxnreg: the launch's register ceiling, where one is passed. Without attrs every pointer is
+    taken as 16-byte aligned, as every tensor the engine passes is.
     """
 
     name: str
@@ -160,3 +173,5 @@ class CompileSpec:
     constexprs: dict[str, object] = field(default_factory=dict)
     num_warps: int = 4
     num_stages: int = LAUNCH_STAGES
+    attrs: dict[str, list] = field(default_factory=dict)
+    maxnreg: int | None = None

@@ -5,7 +5,9 @@ and spills, so a kernel that fails or spills on one architecture is caught here,
 
 Each module in SPEC_MODULES lists its specializations with `compile_specs()` (backend.CompileSpec);
 tests/test_launch_log.py checks those lists against what the engine launches at the real shapes.
-Every spec is compiled for every arch to a cubin with `triton.compile` (no GPU or driver needed);
+A spec compiles with the marks Triton's JIT adds (every pointer 16-byte aligned, unless it names
+its own `attrs`: launch_log.record_compiles takes them from the JIT), since they change how the
+compiler loads, and so registers and shared memory. Every spec is compiled for every arch to a cubin with `triton.compile` (no GPU or driver needed);
 the wheel's own `cuobjdump --dump-resource-usage` then reads registers and per-thread local memory.
 Spills land in the stack frame (cuobjdump's STACK; its LOCAL stays 0), so `local_bytes` is
 STACK + LOCAL, and ptxas's own "bytes spill stores" tells a spill from a local array. Shared
@@ -202,9 +204,14 @@ def _triton_compile(spec, cap: int):
     from triton.compiler import ASTSource
 
     signature, constexprs = _full_signature(spec)
-    source = ASTSource(fn=spec.fn, signature=signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", cap, 32),
-                          options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+    attrs = spec.attrs or {name: [["tt.divisibility", 16]] for name, kind in signature.items()
+                           if kind.startswith("*")}  # as the JIT marks every aligned pointer
+    attrs = {(spec.fn.arg_names.index(name),): value for name, value in attrs.items()}
+    source = ASTSource(fn=spec.fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    if spec.maxnreg is not None:
+        options["maxnreg"] = spec.maxnreg
+    return triton.compile(source, target=GPUTarget("cuda", cap, 32), options=options)
 
 
 def _full_signature(spec) -> tuple[dict, dict]:
@@ -216,7 +223,7 @@ def _full_signature(spec) -> tuple[dict, dict]:
     if not isinstance(fn, JITFunction):
         raise TypeError(f"{spec.name}: fn is {type(fn).__name__}, not a triton.jit function "
                         "(was TRITON_INTERPRET set when its module was imported?)")
-    unknown = (set(spec.signature) | set(spec.constexprs)) - set(fn.arg_names)
+    unknown = (set(spec.signature) | set(spec.constexprs) | set(spec.attrs)) - set(fn.arg_names)
     if unknown:
         raise ValueError(f"{spec.name}: no argument(s) {sorted(unknown)} "
                          f"in {fn.__name__}{_args(fn)}")

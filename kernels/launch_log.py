@@ -1,7 +1,13 @@
-"""What a run launches, recorded under Triton's interpreter: to compile it, check it, or count it.
+"""What a run launches, recorded without a GPU: to compile it, check it, or count it.
 
-- `record_launches()` collects each distinct launch (kernel, argument types, constexprs, options),
-  optionally without executing the kernels, so a full-size step's launches take seconds;
+- `record_launches()` collects each distinct launch (kernel, argument types, constexprs, options)
+  under Triton's interpreter, optionally without executing the kernels, so a full-size step's
+  launches take seconds;
+- `record_compiles()` collects each specialization Triton's real JIT would compile for a GPU, with
+  the attributes its binder adds (16-byte aligned pointers, integers divisible by 16), through a
+  stand-in driver on CPU tensors: nothing is compiled or run. Those attributes let the compiler
+  vectorize and pipeline loads, so they change registers, shared memory and spills: this is what
+  a GPU compiles, where hand-written specs and the interpreter's launches can only approximate it;
 - `unlisted()` names the launches no hand-written `compile_specs()` of kernels.check lists;
 - `compile_specs()` hands a saved recording to kernels.check:
       FLASHDESK_LAUNCH_LOG=launches.json python -m flashdesk.kernels.check \\
@@ -18,7 +24,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec
+from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec, interpreted
 
 LOG_VARIABLE = "FLASHDESK_LAUNCH_LOG"
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -43,9 +49,12 @@ def describe_launch(fn, args: tuple, kwargs: dict) -> dict:
             constexprs[name] = value
         else:
             signature[name] = _triton_type(name, value)
-    return {"module": fn.__module__, "function": fn.__name__, "signature": signature,
-            "constexprs": constexprs, "num_warps": options.get("num_warps", 4),
-            "num_stages": options.get("num_stages", LAUNCH_STAGES)}  # Triton's default
+    launch = {"module": fn.__module__, "function": fn.__name__, "signature": signature,
+              "constexprs": constexprs, "num_warps": options.get("num_warps", 4),
+              "num_stages": options.get("num_stages", LAUNCH_STAGES)}  # Triton's default
+    if options.get("maxnreg") is not None:
+        launch["maxnreg"] = options["maxnreg"]
+    return launch
 
 
 def _triton_type(name: str, value) -> str:
@@ -102,6 +111,72 @@ def record_launches(execute: bool = True):
         yield launches
 
 
+@contextmanager
+def stand_in_driver(cap: int = 90):
+    """Triton's JIT on CPU tensors for a CUDA card of compute capability `cap`: its binder needs a
+    driver only for the target, the device and the stream. Launches cannot run (no GPU): use it
+    with compiles only (warmup launches, kernels.compile_ahead) or with record_compiles."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    from flashdesk.kernels import backend
+
+    if interpreted():
+        raise RuntimeError("the stand-in driver serves Triton's JIT: unset TRITON_INTERPRET before triton is imported")
+
+    class StandIn:
+        def get_current_target(self):
+            return GPUTarget("cuda", cap, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    active = driver._active  # None until first asked for; asking would look for a real GPU
+    driver.set_active(StandIn())
+    backend._recording_compiles, before = True, backend._recording_compiles
+    try:
+        with backend.kernels("triton"):
+            yield
+    finally:
+        backend._recording_compiles = before
+        driver._active = active
+
+
+@contextmanager
+def record_compiles(cap: int = 90):
+    """Yield a list that collects each specialization Triton's JIT would compile while the block
+    runs on CPU tensors (describe_launch's fields, plus "attrs" by argument name). Nothing compiles
+    and no kernel runs, so outputs hold garbage: for a block whose host side reads no kernel result
+    (Engine.compile_kernels runs a whole generation's passes so)."""
+    from triton.runtime.jit import JITFunction
+
+    launches: list[dict] = []
+    compile_for_real = JITFunction._do_compile
+
+    def record(self, key, signature, device, constexprs, options, attrs, warmup):
+        names = self.arg_names
+        launch = {"module": self.fn.__module__, "function": self.fn.__name__,
+                  "signature": {name: kind for name, kind in signature.items() if kind != "constexpr"},
+                  "constexprs": {names[index]: value for (index, *_), value in constexprs.items()},
+                  "attrs": {names[index]: value for (index, *_), value in attrs.items() if value},
+                  "num_warps": options.num_warps, "num_stages": options.num_stages}
+        if options.maxnreg is not None:
+            launch["maxnreg"] = options.maxnreg
+        if launch not in launches:
+            launches.append(launch)
+        return None  # not compiled: the launch returns without running
+
+    with stand_in_driver(cap):
+        JITFunction._do_compile = record
+        try:
+            yield launches
+        finally:
+            JITFunction._do_compile = compile_for_real
+
+
 def unlisted(launches: list[dict], modules=None) -> list[dict]:
     """The recorded launches that no hand-written spec of `modules` (kernels.check's SPEC_MODULES)
     compiles: same function, argument types, constexpr values as a GPU passes them (as_on_gpu;
@@ -109,19 +184,20 @@ def unlisted(launches: list[dict], modules=None) -> list[dict]:
     from flashdesk.kernels.check import SPEC_MODULES, _specs
 
     listed = {_key(getattr(spec.fn, "fn", spec.fn), spec.signature, spec.constexprs, spec.num_warps,
-                   spec.num_stages) for module in (modules or SPEC_MODULES) for spec in _specs(module)}
+                   spec.num_stages, spec.maxnreg) for module in (modules or SPEC_MODULES) for spec in _specs(module)}
     return [launch for launch in launches
             if _key(getattr(importlib.import_module(launch["module"]), launch["function"]), launch["signature"],
-                    as_on_gpu(launch), launch["num_warps"], launch["num_stages"]) not in listed]
+                    as_on_gpu(launch), launch["num_warps"], launch["num_stages"], launch.get("maxnreg"))
+            not in listed]
 
 
-def _key(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int) -> tuple:
+def _key(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None) -> tuple:
     fn = getattr(fn, "fn", fn)  # the Python function under a JITFunction or InterpretedFunction
     values = {name: param.default for name, param in inspect.signature(fn).parameters.items()
               if param.default is not inspect.Parameter.empty} | constexprs
     types = {name: kind for name, kind in signature.items() if kind != "constexpr"}
     return (fn.__module__, fn.__name__, tuple(sorted(types.items())),
-            tuple(sorted((name, repr(value)) for name, value in values.items())), num_warps, num_stages)
+            tuple(sorted((name, repr(value)) for name, value in values.items())), num_warps, num_stages, maxnreg)
 
 
 # torch ops that make a view or an uninitialized tensor: no kernel runs for them on a GPU
@@ -166,11 +242,12 @@ def compile_specs() -> list[CompileSpec]:
     specs = []
     for i, launch in enumerate(json.loads(Path(path).read_text())):
         fn = getattr(importlib.import_module(launch["module"]), launch["function"])
-        constexprs = as_on_gpu(launch)
+        constexprs = launch["constexprs"] if "attrs" in launch else as_on_gpu(launch)  # the JIT's: as on a GPU
         types = ",".join(t.lstrip("*") for t in dict.fromkeys(launch["signature"].values()))
         consts = ",".join(f"{k}={v}" for k, v in constexprs.items())
         specs.append(CompileSpec(f"{launch['function']}#{i}[{types}|{consts}]", fn, launch["signature"],
-                                 constexprs, launch["num_warps"], launch["num_stages"]))
+                                 constexprs, launch["num_warps"], launch["num_stages"], launch.get("attrs", {}),
+                                 launch.get("maxnreg")))
     return specs
 
 

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashdesk.kernels.backend import CompileSpec, interpreted
+from flashdesk.kernels.backend import MAX_REGISTERS, CompileSpec, interpreted
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.linear_triton import gelu_tanh
 from flashdesk.kernels.router_triton import route_rows, route_triton
@@ -42,7 +42,7 @@ SMALL_T = 16  # up to this many tokens: the batch-invariant path (decode, verify
 # with more pairs loops over row tiles, re-reading its weight tile from L2. Untuned: no GPU was at hand.
 SMALL_GATE_UP = (4, 8, 64, 4)
 SMALL_DOWN = (4, 16, 64, 4)
-LARGE_GATE_UP = (64, 32, 64, 8)
+LARGE_GATE_UP = (64, 32, 64, 4)  # 8 warps: ptxas held them to 128 registers and spilled on sm_120
 LARGE_DOWN = (64, 32, 64, 8)  # (64, 64, ...) spills on triton 3.6 (the GPU machine) when asymmetric
 # A tiny expert (the test models) whose whole [BLOCK_M, N, K] small-path tile has at most this many
 # elements is one tile: a slot is one program of one step (no spills at D=64, I=24 on sm_86/89).
@@ -329,7 +329,8 @@ def fused_routed_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, log
     _route_group_kernel[(1,)](logits.contiguous(), per_expert_scale, weight, ids, order, begin, end, expert, n_tokens,
                               slots, E=n_experts, TOP_K=top_k, ROUTE_ROWS=ROUTE_ROWS,
                               BLOCK_E=triton.next_power_of_2(n_experts), BLOCK_K=triton.next_power_of_2(top_k),
-                              BLOCK_P=GROUP_PAIRS, CHUNK=GROUP_CHUNK, num_warps=GROUP_WARPS, num_stages=NUM_STAGES)
+                              BLOCK_P=GROUP_PAIRS, CHUNK=GROUP_CHUNK, num_warps=GROUP_WARPS, num_stages=NUM_STAGES,
+                              maxnreg=MAX_REGISTERS)
     return _experts(x, gate_up, down, weight, top_k, (order, begin, end, expert), summed)
 
 
@@ -400,7 +401,7 @@ def compile_specs() -> list[CompileSpec]:
                                                                             "BLOCK_K", "BLOCK_P", "CHUNK"), "constexpr")},
                              {"E": REAL_EXPERTS, "TOP_K": REAL_TOP_K, "ROUTE_ROWS": ROUTE_ROWS,
                               "BLOCK_E": REAL_EXPERTS, "BLOCK_K": REAL_TOP_K, "BLOCK_P": GROUP_PAIRS, "CHUNK": GROUP_CHUNK},
-                             num_warps=GROUP_WARPS, num_stages=NUM_STAGES))
+                             num_warps=GROUP_WARPS, num_stages=NUM_STAGES, maxnreg=MAX_REGISTERS))
     specs.append(CompileSpec("moe_group_pairs", _group_pairs_kernel,
                              {"idx_ptr": "*i64", "order_ptr": "*i32", "begin_ptr": "*i32", "end_ptr": "*i32",
                               "expert_ptr": "*i32", "P": "i32", "SLOTS": "i32", "E": "constexpr",

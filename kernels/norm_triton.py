@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from flashdesk.kernels.attention_triton import store_quantized
-from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec
+from flashdesk.kernels.backend import LAUNCH_STAGES, MAX_REGISTERS, CompileSpec
 from flashdesk.kernels.kv_write import KVSlots
 
 TILE = 4096  # elements per program: one 2816-wide hidden row (padded), or several narrow rows
@@ -191,7 +191,7 @@ def head_norms_triton(q: torch.Tensor | None, kv: torch.Tensor, q_w, k_w, cos: t
             kv if q_out is None else q_out, kv if kv_out is None else kv_out, *cache, t * heads_in,
             0 if q is None else q.stride(0), kv.stride(0), eps, H=heads, KVH=kv_heads, V_MODE=v_mode,
             WEIGHT_AFTER_CAST=weight_after_cast, STORE=into is not None, FP8=into is not None and into.k_scale is not None,
-            D=d, ROWS=per_program, num_warps=warps, num_stages=LAUNCH_STAGES)
+            D=d, ROWS=per_program, num_warps=warps, num_stages=LAUNCH_STAGES, maxnreg=MAX_REGISTERS)
     return q_out, kv_out
 
 
@@ -260,7 +260,8 @@ def compile_specs() -> list[CompileSpec]:
         specs.append(CompileSpec(
             f"head_norms[D={d},H={heads},KVH={kv_heads},v={v_mode}{',qwen' if after_cast else ''}"
             f"{f',into {store} cache' if store else ''}]", _head_norms_kernel,
-            {name: types.get(name, "constexpr") for name in _head_norms_kernel.arg_names}, flags, num_warps=warps))
+            {name: types.get(name, "constexpr") for name in _head_norms_kernel.arg_names}, flags, num_warps=warps,
+            maxnreg=MAX_REGISTERS))
     for has_y in (True, False):  # the drafter's residual adds with the next norm; its context's norm
         per_program, block, warps = row_shape(2816)
         flags = {"HAS_Y": has_y, "ROWS": per_program, "BLOCK": block}

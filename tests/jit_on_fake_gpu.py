@@ -1,9 +1,9 @@
 """Run in a subprocess by test_compile_ahead: Triton's real JIT on CPU tensors, for an sm_90 target.
 
 Triton's launch path (the binder that specializes arguments, the cache key, the compile through
-ptxas) needs a driver only for the target, the device and the stream. With a stand-in driver that
-names an H200 (sm_90) it runs here without a GPU; a launch then cannot run, so every launch is
-made a compile-only one (`warmup=True`), and `_do_compile` counts each specialization compiled.
+ptxas) runs here through launch_log's stand-in driver for an H200 (sm_90); a launch cannot run, so
+every launch is made a compile-only one (`warmup=True`), and `_do_compile` counts each
+specialization compiled.
 
 This prints one JSON object: the kernels `Engine.compile_kernels` compiled at the real shapes (two
 layers, a drafter of two), the seconds it took, whether the cache and context were left empty, and
@@ -23,36 +23,26 @@ import time
 def main() -> None:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         sys.exit("run without TRITON_INTERPRET: this checks the real JIT")
-    import torch
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction
 
-    class Sm90:
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
+    from flashdesk.kernels.launch_log import stand_in_driver
 
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-    driver.set_active(Sm90())
-    import flashdesk.kernels.backend as backend
-
-    backend.use_triton = lambda x: True  # Triton on CPU tensors, not interpreted: launches see a GPU's values
     compiled: list[str] = []
-    do_compile, run = JITFunction._do_compile, JITFunction.run
+    do_compile = JITFunction._do_compile
 
     def counting(self, *args, **kwargs):
         compiled.append(self.fn.__name__)
         return do_compile(self, *args, **kwargs)
 
-    def compile_only(self, *args, grid, warmup, **kwargs):  # nothing can run: there is no GPU
-        return run(self, *args, grid=grid, warmup=True, **kwargs)
-
     JITFunction._do_compile = counting
+    with stand_in_driver(90):
+        print(json.dumps(conversation(compiled)))
+
+
+def conversation(compiled: list[str]) -> dict:
+    import torch
+    from triton.runtime.jit import JITFunction
+
     from flashdesk.engine.decode.generation import Engine, GenerationRequest
     from flashdesk.engine.decode.speculative import AUTO, PREFILL_CHUNK, SpecControl
     from flashdesk.engine.model.config import parse_config, parse_draft_config
@@ -74,7 +64,9 @@ def main() -> None:
               "where": where_compiled(cpu),
               "left_empty": [cache.length, int(cache.position), ctx.length, int(ctx.position)]}
     compiled.clear()
-    JITFunction.run = compile_only
+    run = JITFunction.run
+    JITFunction.run = lambda self, *args, grid, warmup, **kwargs: run(  # nothing can run: there is no GPU
+        self, *args, grid=grid, warmup=True, **kwargs)
     prompt = list(range(5, 5 + PREFILL_CHUNK + 37))  # a whole chunk and a part
     controls = [SpecControl(False), SpecControl(True, 15), SpecControl(True, 7), SpecControl(True, 1),
                 SpecControl(True, AUTO)]  # AUTO first measures every verify and draft length
@@ -84,7 +76,7 @@ def main() -> None:
         report["prefilled"].append(finish.stats["prompt_tokens"] - finish.stats["reused_tokens"])
         prompt = prompt + finish.token_ids + [9] * more  # the follow-up resumes from the prefix cache
     report["after"] = sorted(set(compiled))
-    print(json.dumps(report))
+    return report
 
 
 if __name__ == "__main__":

@@ -171,15 +171,15 @@ def _constexpr_names(fn):
     return [name for name, ann in fn.fn.__annotations__.items() if "constexpr" in str(ann)]
 
 
-def _key(fn, signature, constexprs, num_warps, num_stages):
-    return fn, tuple(sorted(signature.items())), tuple(sorted(constexprs.items())), num_warps, num_stages
+def _key(fn, signature, constexprs, num_warps, num_stages, maxnreg):
+    return fn, tuple(sorted(signature.items())), tuple(sorted(constexprs.items())), num_warps, num_stages, maxnreg
 
 
 def _launch_key(fn, args, kwargs):
-    """A launch as a (kernel, signature, constexprs, warps, stages) key comparable with a CompileSpec's."""
+    """A launch as a (kernel, signature, constexprs, warps, stages, maxnreg) key comparable with a CompileSpec's."""
     launch = describe_launch(fn.fn, args, kwargs)
     signature = dict(launch["signature"], **dict.fromkeys(launch["constexprs"], "constexpr"))
-    return _key(fn, signature, launch["constexprs"], launch["num_warps"], launch["num_stages"])
+    return _key(fn, signature, launch["constexprs"], launch["num_warps"], launch["num_stages"], launch.get("maxnreg"))
 
 
 def test_compile_specs_match_launches(monkeypatch):
@@ -209,7 +209,7 @@ def test_compile_specs_match_launches(monkeypatch):
             logits, scale = torch.randn(tokens, e).to(torch.bfloat16), torch.ones(e, dtype=torch.bfloat16)
             fused_routed_moe(x, fake(2 * inter, d, asym), fake(d, inter, asym), logits, top_k, scale, summed=False)
     launched = {_launch_key(fn, args, kwargs) for fn, args, kwargs in launches}
-    listed = {_key(s.fn, s.signature, s.constexprs, s.num_warps, s.num_stages) for s in specs}
+    listed = {_key(s.fn, s.signature, s.constexprs, s.num_warps, s.num_stages, s.maxnreg) for s in specs}
     assert launched == listed
 
 

@@ -1,0 +1,42 @@
+"""Run in a subprocess by test_launch_log: every specialization Triton's JIT compiles for a GPU
+when the engine loads at the real shapes, recorded through a stand-in driver (launch_log.record_compiles).
+
+Two layers of Gemma 4 26B-A4B (a sliding and a full one, int4 like the real checkpoint) with the
+bf16 and the int4 drafter, fp8 and bf16 KV: `Engine.compile_kernels` runs the passes of a whole
+generation (test_compile_ahead checks that a conversation launches nothing more). Writes the
+launches to the file named by argv[1], for `kernels.check --module flashdesk.kernels.launch_log`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main() -> None:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        sys.exit("run without TRITON_INTERPRET: this records Triton's real JIT")
+    import torch
+
+    from flashdesk.engine.decode.generation import Engine
+    from flashdesk.engine.model.config import parse_config, parse_draft_config
+    from flashdesk.engine.model.drafter import Drafter
+    from flashdesk.engine.model.gemma4 import Gemma4
+    from flashdesk.engine.tools import bench_synthetic as synthetic
+    from flashdesk.kernels.launch_log import record_compiles, save
+
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    cfg = parse_config(dict(synthetic.target_raw(2), vocab_size=4096))
+    dcfg = parse_draft_config(dict(synthetic.draft_raw(2), vocab_size=4096))
+    with record_compiles() as launches:
+        model = Gemma4(cfg, synthetic.random_target_weights(cfg, cpu, bf16), cpu, bf16)
+        for quantize in (None, "int4"):
+            drafter = Drafter(dcfg, synthetic.random_draft_weights(dcfg, cpu, bf16), model, quantize=quantize)
+            for kv in ("fp8", "bfloat16"):
+                Engine(model, None, set(), kv, 4096, drafter).compile_kernels()
+    save(launches, sys.argv[1])
+    print(len(launches))
+
+
+if __name__ == "__main__":
+    main()
