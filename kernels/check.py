@@ -7,8 +7,9 @@ Each module in SPEC_MODULES lists its specializations with `compile_specs()` (ba
 tests/test_launch_log.py checks those lists against what the engine launches at the real shapes.
 A spec compiles with the marks Triton's JIT adds (every pointer 16-byte aligned, unless it names
 its own `attrs`: launch_log.record_compiles takes them from the JIT), since they change how the
-compiler loads, and so registers and shared memory. Every spec is compiled for every arch to a cubin with `triton.compile` (no GPU or driver needed);
-the wheel's own `cuobjdump --dump-resource-usage` then reads registers and per-thread local memory.
+compiler loads, and so registers and shared memory. Every spec is compiled for every arch to a
+cubin with `triton.compile` (no GPU or driver needed); the wheel's own `cuobjdump
+--dump-resource-usage` then reads registers and per-thread local memory.
 Spills land in the stack frame (cuobjdump's STACK; its LOCAL stays 0), so `local_bytes` is
 STACK + LOCAL, and ptxas's own "bytes spill stores" tells a spill from a local array. Shared
 memory is mostly dynamic (Triton's `metadata.shared`), so `shared_bytes` adds it to the static

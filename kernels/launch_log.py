@@ -122,7 +122,8 @@ def stand_in_driver(cap: int = 90):
     from flashdesk.kernels import backend
 
     if interpreted():
-        raise RuntimeError("the stand-in driver serves Triton's JIT: unset TRITON_INTERPRET before triton is imported")
+        raise RuntimeError("the stand-in driver serves Triton's JIT: unset TRITON_INTERPRET before "
+                           "triton is imported")
 
     class StandIn:
         def get_current_target(self):

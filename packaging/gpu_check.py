@@ -23,6 +23,7 @@ Sections:
    K = 4, 8, 15, for fp8 and bf16 KV; speedup projected from the measured step times at acceptance
    lengths 1..8; the memory a prompt filling 8K, 32K and 64K tokens allocates against the memory
    plan.
+5. every kernel the run compiled, as the driver loaded it: registers and spills (none expected).
 """
 
 from __future__ import annotations
@@ -330,6 +331,32 @@ def _plan_against_allocation(device, target, drafter, contexts):
     return rows
 
 
+def section_compiled_kernels():
+    """Every Triton kernel this run compiled, as the driver loaded it: registers and spills from this
+    machine's own ptxas. kernels.check predicts them without a GPU; this checks the prediction."""
+    import importlib
+
+    from triton.runtime.jit import JITFunction
+
+    from flashdesk.kernels.check import SPEC_MODULES
+
+    rows = []
+    for module_name in SPEC_MODULES:
+        for name, fn in vars(importlib.import_module(module_name)).items():
+            if not isinstance(fn, JITFunction):  # (the interpreter's functions: nothing compiled)
+                continue
+            for kernel_cache, *_ in fn.device_caches.values():
+                for kernel in kernel_cache.values():
+                    kernel = kernel.result() if hasattr(kernel, "result") else kernel
+                    kernel._init_handles()  # loads it: the driver reports registers and spills
+                    rows.append({"kernel": name, "registers": kernel.n_regs, "spills": kernel.n_spills,
+                                 "shared_bytes": kernel.metadata.shared, "num_warps": kernel.metadata.num_warps})
+    spilling = [row for row in rows if row["spills"]]
+    return {"ok": not spilling, "compiled": len(rows), "spilling": spilling,
+            "max_registers": max((row["registers"] for row in rows), default=None),
+            "max_shared_bytes": max((row["shared_bytes"] for row in rows), default=None)}
+
+
 def section_synthetic_bench(device, smoke: bool):
     """`flashdesk bench --synthetic --json` through the CLI: all 30 layers on the GPU (prefill 1024 and
     8192, AR, verify 1..16, draft at 4K context, time vs bytes read vs the card's copy bandwidth);
@@ -389,7 +416,8 @@ def main() -> int:
                 ("tiny_correctness", lambda: section_tiny_correctness(device, smoke)),
                 ("synthetic_bench", lambda: section_synthetic_bench(device, smoke)),
                 ("full_size", lambda: section_full_size(device, smoke,
-                                                        ("float32",) if device.type == "cpu" else ("fp8", "bfloat16")))]
+                                                        ("float32",) if device.type == "cpu" else ("fp8", "bfloat16"))),
+                ("compiled_kernels", section_compiled_kernels)]
     for name, run in sections:
         # written before and after each section: a hang or a crash still leaves what finished, and
         # names the section it stopped in

@@ -22,6 +22,9 @@ def test_gpu_check_smoke(tmp_path):
     for check in (results["tiny_correctness"]["bf16_int4_fp8_block_rows_equal_alone"], row["block_rows_equal_alone"]):
         assert isinstance(check["equal"], bool) and check["max_abs_diff"] >= 0
         assert check["equal"] == (check["max_abs_diff"] == 0)
+    # the report of what the driver loaded (registers, spills) is a GPU's: on the CPU nothing compiled
+    assert results["compiled_kernels"] == {"ok": True, "compiled": 0, "spilling": [], "max_registers": None,
+                                           "max_shared_bytes": None, "seconds": results["compiled_kernels"]["seconds"]}
 
 
 def test_gpu_check_keeps_what_finished_when_a_section_hangs(tmp_path):
