@@ -347,7 +347,6 @@ def section_compiled_kernels():
                 continue
             for kernel_cache, *_ in fn.device_caches.values():
                 for kernel in kernel_cache.values():
-                    kernel = kernel.result() if hasattr(kernel, "result") else kernel
                     kernel._init_handles()  # loads it: the driver reports registers and spills
                     rows.append({"kernel": name, "registers": kernel.n_regs, "spills": kernel.n_spills,
                                  "shared_bytes": kernel.metadata.shared, "num_warps": kernel.metadata.num_warps})

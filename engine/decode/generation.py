@@ -124,7 +124,6 @@ class Engine:
         # bench on this card (auto where it was at least as fast as the best fixed K), else the longest
         self.default_draft_length: int | str | None = None
         self.default_note = ""  # why, in words (empty: no bench of this pair on this card yet)
-        self.compile_seconds: float | None = None  # what compiling the kernels at load took (load sets it)
 
     def cuda_graphs(self) -> str:
         """In words: whether decode and verify steps run as CUDA graphs (and why not)."""
@@ -192,7 +191,7 @@ class Engine:
             if stage is not None:
                 stage("compiling the GPU kernels (the first load on this machine takes longest)")
             try:
-                engine.compile_seconds = engine.compile_kernels()
+                engine.compile_kernels()
             except Exception as exc:  # noqa: BLE001 - they compile at first use instead, and fail there if they must
                 print(f"flashdesk: kernels not compiled ahead ({type(exc).__name__}: {exc}); "
                       "they compile at first use", file=sys.stderr, flush=True)

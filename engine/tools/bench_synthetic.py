@@ -456,9 +456,10 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
     # the context's cache and drafter context, allocated first: the kernels compile ahead over them
     cache = model.new_cache(context + VERIFY_LENGTHS[-1], kv)
     dctx = drafter.new_context(context + DRAFT_K + 1)
-    compile_seconds = compile_generation_kernels(model, cache, drafter, dctx)
-    if compile_seconds is not None:
-        log(f"kernels compiled ahead in {compile_seconds:.1f} s on {os.cpu_count()} cores")
+    took = compile_generation_kernels(model, cache, drafter, dctx)
+    compiled = None if took is None else f"kernels compiled ahead in {took:.1f} s on {os.cpu_count()} cores"
+    if compiled:
+        log(compiled)
     recorder = RouterRecorder(model)
     steps: list[Step] = []
     with recorder.active():
@@ -513,8 +514,7 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
         return Step(name, seconds, draft_step_bytes(d, context), DRAFT_K + 1)
 
     steps.append(draft_step("draft", drafter, dctx))
-    notes = [] if compile_seconds is None else [f"kernels compiled ahead in {compile_seconds:.1f} s "
-                                                 f"on {os.cpu_count()} cores"]
+    notes = [compiled] if compiled else []
     if drafter_supports_int4():
         del dctx
         drafter = None
