@@ -3,8 +3,10 @@ when the engine loads at the real shapes, recorded through a stand-in driver (la
 
 Two layers of Gemma 4 26B-A4B (a sliding and a full one, int4 like the real checkpoint) with the
 bf16 and the int4 drafter, fp8 and bf16 KV: `Engine.compile_kernels` runs the passes of a whole
-generation (test_compile_ahead checks that a conversation launches nothing more). Writes the
-launches to the file named by argv[1], for `kernels.check --module flashdesk.kernels.launch_log`.
+generation (test_compile_ahead checks that a conversation launches nothing more). Then what
+gpu_check times: `bench --synthetic` with two layers (whole-vocabulary head, 8K-token prefill, a
+4K context filled to its end, the int4 drafter). Writes the launches to the file named by argv[1],
+for `kernels.check --module flashdesk.kernels.launch_log`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def main() -> None:
             drafter = Drafter(dcfg, synthetic.random_draft_weights(dcfg, cpu, bf16), model, quantize=quantize)
             for kv in ("fp8", "bfloat16"):
                 Engine(model, None, set(), kv, 4096, drafter).compile_kernels()
+        synthetic.run_synthetic(layers=2, context=4096, device="cpu", dtype="bfloat16", kv_dtype="fp8", repeats=1,
+                                log=lambda message: None)
     save(launches, sys.argv[1])
     print(len(launches))
 

@@ -125,12 +125,13 @@ def test_a_layer_at_the_real_shapes_runs_12_kernels_a_step():
 
 
 def test_what_triton_compiles_at_load_fits_every_card(tmp_path, monkeypatch):
-    """The specializations Triton's real JIT compiles when the engine loads at the real shapes
-    (recorded through a stand-in driver: launch_log.record_compiles), with the attributes its binder
-    adds, compile for the four cards without a spill and within each card's shared memory. Those
-    attributes let the compiler pipeline loads: the hand-written specs missed that the full layers'
-    prefill attention took 149 KB of shared memory, more than an RTX card's block may have, and
-    that ptxas held five kernels to fewer registers than they need and spilled."""
+    """The specializations Triton's real JIT compiles when the engine loads at the real shapes and
+    for gpu_check's synthetic bench (recorded through a stand-in driver: launch_log.record_compiles),
+    with the attributes its binder adds, compile for the four cards without a spill and within each
+    card's shared memory. Those attributes let the compiler pipeline loads: the hand-written specs
+    missed that the full layers' prefill attention took 149 KB of shared memory, more than an RTX
+    card's block may have, and that ptxas held five kernels to fewer registers than they need and
+    spilled."""
     pytest.importorskip("triton")
     import json
     import os
