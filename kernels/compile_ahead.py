@@ -27,7 +27,6 @@ def _async_mode():
         return None
     try:
         from triton.runtime._async_compile import AsyncCompileMode
-        from triton.runtime.jit import JITFunction  # noqa: F401
     except ImportError:
         return None
     return AsyncCompileMode
