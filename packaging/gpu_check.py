@@ -152,6 +152,29 @@ def block_rows_equal_alone(model, kv: str, context: int, seed: int = 5) -> dict:
             "argmax_equal": bool(torch.equal(together.argmax(-1), alone.argmax(-1)))}
 
 
+def drafts_equal_eager(model, drafter, prompt: list[int]) -> dict:
+    """The drafter's context is what a CUDA graph of it, or writing it before the step's read,
+    could get wrong without changing a single output token (the target verifies every draft): so
+    compare each step's drafts with graphs and the context written ahead against eager steps that
+    write only the accepted rows after the read. The same ids on the Triton path (batch invariance)."""
+    from flashdesk.engine.decode.sampling import SamplingParams
+    from flashdesk.engine.decode.speculative import Decoder, SpecControl
+    from flashdesk.engine.model.cuda_graphs import StepGraphs, graphs_wanted
+
+    runs, context = [], len(prompt) + 128
+    for fast in (True, False):
+        cache, ctx = model.new_cache(context, "fp8", slack=16), drafter.new_context(context)
+        graphs = (StepGraphs(model, cache, drafter.cfg.target_layer_ids, drafter, ctx)
+                  if fast and graphs_wanted(model.device)[0] else None)
+        decoder = Decoder(model, drafter, context, "fp8", SamplingParams(), set(), cache, ctx, graphs)
+        decoder.context_ahead = fast and decoder.context_ahead
+        decoder.prefill(prompt)
+        steps = [decoder.step(64, SpecControl(k > 0, k)) for k in (15, 7, 0, 15, 3, 15, 1, 15)]
+        runs.append({"drafts": [s.draft for s in steps], "graphs": graphs is not None and graphs.error is None,
+                     "ahead": decoder.context_ahead})
+    return {"equal": runs[0]["drafts"] == runs[1]["drafts"], "graphs": runs[0]["graphs"], "ahead": runs[0]["ahead"]}
+
+
 def section_environment(device):
     import torch
 
@@ -200,6 +223,7 @@ def section_tiny_correctness(device, smoke: bool, new_tokens: int = 48):
 
     plain = tokens(SpecControl(False))
     out["dflash_greedy_equals_ar"] = all(tokens(SpecControl(True, k)) == plain for k in (1, 4, 15))
+    out["drafts_with_graphs_equal_eager"] = drafts_equal_eager(dev, drafter, prompt)
     # prefix reuse (with CUDA graphs on the GPU): a follow-up past the rings' slack, resumed from the
     # snapshot at the first prompt's end, equals the same prompt prefilled from scratch
     follow = prompt + plain[:20] + ids[12:20].tolist()  # diverges 27+ positions before the end
@@ -216,6 +240,7 @@ def section_tiny_correctness(device, smoke: bool, new_tokens: int = 48):
     out["bf16_int4_fp8_block_rows_equal_alone"] = block_rows_equal_alone(bf16_int4, "fp8", 40)
     ok = (out["fp32_max_abs_logit_diff_vs_cpu"] < 1e-3 and out["dflash_greedy_equals_ar"]
           and out["int4_logits_finite"] and out["reuse_equals_fresh_prefill"]
+          and out["drafts_with_graphs_equal_eager"]["equal"]
           and (device.type != "cuda" or out["bf16_int4_fp8_block_rows_equal_alone"]["equal"]))
     out["ok"] = ok
     return out

@@ -16,6 +16,9 @@ def test_gpu_check_smoke(tmp_path):
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     assert results["tiny_correctness"]["ok"] is True
     assert results["tiny_correctness"]["dflash_greedy_equals_ar"] is True
+    # drafts with graphs and the context written ahead against eager steps: a GPU's check (no graphs here)
+    assert results["tiny_correctness"]["drafts_with_graphs_equal_eager"] == {"equal": True, "graphs": False,
+                                                                          "ahead": False}
     row = results["full_size"]["float32"]
     assert row["ar_step_ms"] > 0 and row["dflash_k15_step_ms"] > 0
     # batch invariance is measured everywhere and required on a GPU only (fp32 CPU matmuls are not)

@@ -147,3 +147,44 @@ def test_the_drafters_triton_path_computes_its_torch_path(spec_pair):
             logits[choice] = drafter.draft_logits(ctx, 300, 7)
     torch.testing.assert_close(logits["triton"], logits["torch"], rtol=1e-4, atol=1e-4)
     assert logits["torch"].abs().max() > 1  # logits, not zeros
+
+
+def test_writing_a_blocks_context_before_its_read_changes_no_draft(spec_pair):
+    """On the Triton path a verified block's drafter context is written for all its rows before the
+    host learns how many were accepted; the rows not kept are overwritten later. Every draft of a
+    speculative run is the same as when only the accepted rows are written, after the read."""
+    engine = spec_pair[0]
+    runs = {}
+    with kernels("triton"):
+        for ahead in (True, False):
+            decoder = Decoder(engine.model, engine.drafter, 96, "fp8", SamplingParams(), set())
+            assert decoder.context_ahead  # the Triton path writes ahead unless told not to
+            decoder.context_ahead = ahead
+            decoder.prefill(PROMPTS[1])
+            steps = [decoder.step(64, SpecControl(True, k)) for k in (15, 3, 15, 7, 15)]
+            steps.append(decoder.step(64, SpecControl(False)))  # a plain step's features wait, then go in
+            steps.append(decoder.step(64, SpecControl(True, 15)))
+            assert bool(decoder.pending) != ahead  # written ahead: nothing waits
+            decoder.flush_pending()
+            assert decoder.ctx.length == decoder.cache.length  # every position the target ran
+            runs[ahead] = [(s.draft, s.emitted) for s in steps]
+    assert runs[True] == runs[False]
+    assert sum(len(emitted) for _, emitted in runs[True]) > len(runs[True])  # drafts were accepted
+
+
+@pytest.mark.parametrize("choice", ["torch", "triton"])
+def test_the_drafters_context_write_reads_its_start_on_the_device(spec_pair, choice):
+    """write_context takes its start from the context's device position, never the host length, so
+    a CUDA graph of it replays at any length."""
+    drafter = spec_pair[0].drafter
+    taps = torch.randn(21, drafter.fc.shape[1], generator=torch.Generator().manual_seed(5)).to(drafter.dtype)
+    contexts = [drafter.new_context(64), drafter.new_context(64)]
+    with kernels(choice):
+        for ctx in contexts:
+            drafter.add_context(ctx, taps[:13])
+        drafter.add_context(contexts[0], taps[13:])
+        contexts[1].length = 0  # stale on the host, as a captured graph's would be
+        drafter.write_context(contexts[1], taps[13:])
+    for k0, k1 in zip(contexts[0].k + contexts[0].v, contexts[1].k + contexts[1].v):
+        assert torch.equal(k0, k1)
+    assert contexts[0].k[0][13:21].abs().sum() > 0  # the write really stored the last 8 positions

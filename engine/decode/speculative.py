@@ -7,7 +7,9 @@ way; with sampling the output distribution is the same (sampling.verify_draft).
 A step never waits on the device until its one read: the tokens it emits, fetched by
 `read_to_host` (which also carries the draft and the accepted count, for the statistics). The last
 token stays on the device as the next step's input, acceptance is computed on the device, and step
-times come from CUDA events read after that one read.
+times come from CUDA events read after that one read. On the Triton path (batch-invariant kernels)
+the verified block's drafter context is written before that read too, for every row: the rows that
+were not accepted are never held, and the next write overwrites them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
 from flashdesk.engine.decode.draft_length import AutoDraftLength, StepCosts
+from flashdesk.kernels.backend import use_triton
 from flashdesk.protocol import AUTO_DRAFT_LENGTH
 from flashdesk.engine.decode.sampling import SamplingParams, draw, make_generator, probabilities, sample, verify_draft
 
@@ -110,6 +113,9 @@ class Decoder:
         self.default_draft_length = default_draft_length or (drafter.max_draft_length if drafter else 0)
         self.taps = drafter.cfg.target_layer_ids if drafter else ()
         self.pending: list[torch.Tensor] = []  # target features not yet in the drafter's context
+        # write a verified block's context before knowing how much of it is kept: a row's K/V must
+        # not depend on how many rows are written with it (the Triton kernels' batch invariance)
+        self.context_ahead = drafter is not None and use_triton(model.device)
         self.generator = make_generator(sampling, model.device)
         self.last: torch.Tensor | None = None  # [1]: sampled, not yet run through the target
 
@@ -117,7 +123,7 @@ class Decoder:
         if self.graphs is not None and self.graphs.covers(ids.shape[0]):
             out = self.graphs.run(ids)  # the graph's own buffers: the next replay overwrites them
             self.cache.advance(ids.shape[0])
-            return out.logits, None if out.taps is None else out.taps.clone()  # taps wait in `pending`
+            return out.logits, out.taps
         out = self.model.forward(ids, self.cache, taps=self.taps, logits_rows=rows)
         return out.logits, out.taps
 
@@ -187,7 +193,7 @@ class Decoder:
         clock.mark()
         token = read_to_host(self.last)
         if taps is not None:
-            self.pending.append(taps)
+            self.pending.append(taps.clone())  # a graph's buffer is overwritten by the next replay
             if len(self.pending) >= PENDING_LIMIT:  # speculation off for long: keep memory bounded
                 self.flush_pending()
         return StepResult(token, [], 0, 0.0, clock.seconds(0))
@@ -195,8 +201,17 @@ class Decoder:
     def flush_pending(self) -> None:
         """Turn the target features gathered since the last draft into the drafter's context K/V."""
         if self.pending:
-            self.drafter.add_context(self.ctx, torch.cat(self.pending))
+            taps = torch.cat(self.pending)
+            self._write_context(taps)
+            self.ctx.advance(taps.shape[0])
             self.pending = []
+
+    def _write_context(self, taps: torch.Tensor) -> None:
+        """Drafter.write_context at the context's length, replayed from a CUDA graph where one covers it."""
+        if self.graphs is not None and self.graphs.covers_context(self.ctx, taps.shape[0]):
+            self.graphs.write_context(taps)
+        else:
+            self.drafter.write_context(self.ctx, taps)
 
     def _speculative_step(self, k: int, remaining: int) -> StepResult:
         clock = _StepClock(self.model.device)
@@ -216,6 +231,9 @@ class Decoder:
         start = self.cache.length
         logits, taps = self._forward(torch.cat([self.last, draft]), "all")
         accepted_t, bonus_t = verify_draft(draft, draft_probs, logits, self.sampling, self.generator)
+        ahead = self.context_ahead and self.ctx.holds_block(taps.shape[0])
+        if ahead:  # before the read: the device goes on while the host waits
+            self._write_context(taps)
         clock.mark()
         *draft_ids, accepted, bonus = read_to_host(torch.cat([draft, accepted_t.view(1), bonus_t.view(1)]))
         emitted = (draft_ids[:accepted] + [bonus])[:remaining]
@@ -224,6 +242,9 @@ class Decoder:
                 emitted = emitted[:i + 1]
                 break
         self.cache.rollback(start + len(emitted))  # keep the anchor and the accepted drafts
-        self.pending.append(taps[:len(emitted)])
+        if ahead:
+            self.ctx.advance(len(emitted))
+        else:
+            self.pending.append(taps[:len(emitted)].clone())  # a graph's buffer is overwritten by the next replay
         self.last = bonus_t.view(1)  # when the step was cut short, the generation ends here anyway
         return StepResult(emitted, draft_ids, accepted, clock.seconds(0), clock.seconds(1))

@@ -7,7 +7,8 @@ takes no shape from a tensor value: the same graph serves every position. Inputs
 static id buffer; outputs are the tensors captured with the graph, valid until the next replay.
 
 The drafter's block works the same way: its K/V are written into the drafter's context stores
-past the held length and attended in place, the start read from the device.
+past the held length and attended in place, the start read from the device. So does turning a
+verified block's target features into the drafter's context K/V (one graph per row count).
 
 Capture needs the Triton kernels (the torch attention path slices the cache by host integers).
 When capture fails, `error` says why and every step runs eagerly; `doctor` reports it.
@@ -41,15 +42,15 @@ def graphs_wanted(device: torch.device) -> tuple[bool, str]:
 class _Captured:
     """Graphs of one function of a static input buffer, keyed by the number of rows it runs."""
 
-    def __init__(self, device: torch.device, pool):
-        self.ids = torch.zeros(MAX_ROWS, dtype=torch.long, device=device)
+    def __init__(self, inputs: torch.Tensor, pool):
+        self.inputs = inputs  # [MAX_ROWS, ...]: the rows the graphs read
         self.pool = pool
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, object]] = {}
         self.error: str | None = None
 
-    def run(self, fn, ids: torch.Tensor, m: int):
-        """fn(static ids) for rows m, replayed from its graph (captured on first use)."""
-        self.ids[:ids.shape[0]].copy_(ids)
+    def run(self, fn, inputs: torch.Tensor, m: int):
+        """fn(static inputs, m) for rows m, replayed from its graph (captured on first use)."""
+        self.inputs[:inputs.shape[0]].copy_(inputs)
         if m not in self.graphs:
             try:
                 self.graphs[m] = self._capture(fn, m)
@@ -57,7 +58,7 @@ class _Captured:
                 self.error = f"{type(exc).__name__}: {exc}"
                 torch.cuda.synchronize()
                 with torch.inference_mode():
-                    return fn(self.ids, m)
+                    return fn(self.inputs, m)
         graph, out = self.graphs[m]
         graph.replay()
         return out
@@ -68,34 +69,41 @@ class _Captured:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compile the Triton kernels and settle the allocator first;
             for _ in range(2):  # what they write past the held length is overwritten before any read
-                fn(self.ids, m)
+                fn(self.inputs, m)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = fn(self.ids, m)
+            out = fn(self.inputs, m)
         return graph, out
 
 
 class StepGraphs:
-    """Captured target forwards of 1..MAX_ROWS tokens over one KV cache, and drafter blocks of
-    1..MAX_ROWS - 1 drafts over one drafter context (both must outlive the graphs)."""
+    """Captured target forwards of 1..MAX_ROWS tokens over one KV cache; over one drafter context,
+    drafter blocks of 1..MAX_ROWS - 1 drafts and context updates of 1..MAX_ROWS positions (the
+    cache and the context must outlive the graphs)."""
 
     def __init__(self, model: Gemma4, cache: KVCache, taps: tuple[int, ...], drafter: Drafter | None = None,
                  ctx: DraftContext | None = None):
         self.model, self.cache, self.taps, self.drafter, self.ctx = model, cache, taps, drafter, ctx
         pool = torch.cuda.graph_pool_handle()
-        self.target = _Captured(model.device, pool)
-        self.draft = _Captured(model.device, pool)
+        ids = lambda: torch.zeros(MAX_ROWS, dtype=torch.long, device=model.device)  # noqa: E731
+        self.target = _Captured(ids(), pool)
+        self.draft = _Captured(ids(), pool)
+        width = len(taps) * model.cfg.hidden_size
+        self.context = _Captured(torch.zeros(MAX_ROWS, width, dtype=model.dtype, device=model.device), pool)
 
     @property
     def error(self) -> str | None:
-        return self.target.error or self.draft.error
+        return self.target.error or self.draft.error or self.context.error
 
     def covers(self, rows: int) -> bool:
         return self.target.error is None and rows <= MAX_ROWS
 
     def covers_draft(self, ctx: DraftContext, k: int) -> bool:
-        return self.draft.error is None and ctx is self.ctx and k + 1 <= MAX_ROWS
+        return self.draft.error is None and ctx is self.ctx and k + 1 <= MAX_ROWS and ctx.holds_block(k + 1)
+
+    def covers_context(self, ctx: DraftContext, rows: int) -> bool:
+        return self.context.error is None and ctx is self.ctx and rows <= MAX_ROWS and ctx.holds_block(rows)
 
     def run(self, ids: torch.Tensor) -> ForwardOutput:
         """The forward of ids [m] at cache.length (not committed: the caller advances the cache)."""
@@ -105,8 +113,16 @@ class StepGraphs:
         """The drafter's logits [k, V] for the block after anchor [1], at the context's length."""
         return self.draft.run(self._draft, anchor, k)
 
+    def write_context(self, taps: torch.Tensor) -> None:
+        """Drafter.write_context of taps [rows, n*D] at the context's length (not held: the caller
+        advances the context by the rows it keeps)."""
+        self.context.run(self._write_context, taps, taps.shape[0])
+
     def _forward(self, ids: torch.Tensor, m: int) -> ForwardOutput:
         return self.model.compute(ids[:m], self.cache, self.taps, "all")
 
     def _draft(self, ids: torch.Tensor, k: int) -> torch.Tensor:
         return self.drafter.draft_logits(self.ctx, ids[:1], k)
+
+    def _write_context(self, taps: torch.Tensor, rows: int) -> None:
+        self.drafter.write_context(self.ctx, taps[:rows])

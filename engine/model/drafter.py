@@ -106,6 +106,13 @@ class DraftContext:
         """A draft block of t tokens is about to be written at `length` (the Triton path does)."""
         self.high = max(self.high, self.length + t)
 
+    def holds_block(self, t: int) -> bool:
+        """Whether t positions can be written at `length` without overwriting any held position a
+        query at `length` or later still sees (a ring that has wrapped keeps its window plus t)."""
+        end = self.length + t
+        return end <= self.max_context and all(
+            end <= cap or t <= cap - (self.window(i) or 0) for i, cap in enumerate(self.capacity))
+
     def can_rollback(self, length: int) -> bool:
         return 0 <= length <= self.length and all(
             ring_keeps(length, self.high, cap, self.window(i)) for i, cap in enumerate(self.capacity))
@@ -220,18 +227,24 @@ class Drafter:
     @torch.inference_mode()
     def add_context(self, ctx: DraftContext, taps: torch.Tensor) -> None:
         """Append the target's tapped hidden states [C, n*D] for the next C positions as context K/V."""
+        if taps.shape[0]:
+            self.write_context(ctx, taps)
+            ctx.advance(taps.shape[0])
+
+    @torch.inference_mode()
+    def write_context(self, ctx: DraftContext, taps: torch.Tensor) -> None:
+        """The context K/V of taps [C, n*D] written at positions from ctx.position on, without
+        holding them (ctx.advance does, for as many rows as were accepted; the next write overwrites
+        the rest). The start is read on the device only, so a CUDA graph of it replays anywhere."""
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         c = taps.shape[0]
-        if c == 0:
-            return
-        positions = torch.arange(ctx.length, ctx.length + c, device=self.device)
+        positions = ctx.position + torch.arange(c, device=self.device)
         cos, sin = self._rope(positions)
         _, hidden = add_qwen_norm(linear(taps, self.fc), None, self.hidden_norm, eps)
         heads, q_rows = cfg.num_kv_heads, cfg.num_heads * cfg.head_dim
         for i, layer in enumerate(self.layers):
             kv = linear(hidden, rows_from(layer["qkv"], q_rows)).view(c, 2 * heads, cfg.head_dim)  # no input norm
             drafter_store_kv(None, kv, None, layer["k_norm"], cos, sin, eps, ctx.slots(i))
-        ctx.advance(c)
 
     @torch.inference_mode()
     def draft_logits(self, ctx: DraftContext, anchor: int | torch.Tensor, k: int) -> torch.Tensor:
@@ -272,7 +285,7 @@ class Drafter:
         window = ctx.window(i)
         scale = cfg.head_dim ** -0.5
         q, kv = qkv[:, :cfg.num_heads], qkv[:, cfg.num_heads:]
-        if use_triton(q) and t <= ctx.max_context - ctx.length and t <= ctx.capacity[i] - (window or 0):
+        if use_triton(q) and ctx.holds_block(t):
             from flashdesk.kernels.attention_triton import decode_attention
 
             q = drafter_store_kv(q, kv, layer["q_norm"], layer["k_norm"], cos, sin, eps, ctx.slots(i))
