@@ -54,28 +54,24 @@ def import_flashdesk():
     sys.path.insert(0, str(link_dir))
 
 
-REAL_TARGET = {  # google/gemma-4-26B-A4B-it text config (MODEL-SPEC.md section 1)
-    "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "vocab_size": 262144,
-    "hidden_size": 2816, "intermediate_size": 2112, "num_hidden_layers": 30, "num_attention_heads": 16,
-    "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 2,
-    "attention_k_eq_v": True, "sliding_window": 1024, "enable_moe_block": True, "num_experts": 128,
-    "top_k_experts": 8, "moe_intermediate_size": 704, "hidden_size_per_layer_input": 0,
-    "final_logit_softcapping": 30.0, "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
-    "eos_token_id": [1, 106]}
-REAL_DRAFTER = {
-    "architectures": ["DFlashDraftModel"], "hidden_size": 2816, "num_hidden_layers": 5, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 5632, "hidden_act": "silu",
-    "layer_types": ["sliding_attention"] * 4 + ["full_attention"], "sliding_window": 2048, "rope_theta": 1e6,
-    "vocab_size": 262144, "block_size": 16, "num_target_layers": 30, "final_logit_softcapping": 30.0,
-    "dflash_config": {"mask_token_id": 4, "target_layer_ids": [1, 6, 11, 17, 22, 27]}}
-SMOKE_TARGET = dict(REAL_TARGET, vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, global_head_dim=64,
-                    num_global_key_value_heads=1, sliding_window=16, num_experts=8, top_k_experts=2,
-                    moe_intermediate_size=32, max_position_embeddings=4096)
-SMOKE_DRAFTER = dict(REAL_DRAFTER, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=16, intermediate_size=96, layer_types=["sliding_attention", "full_attention"],
-                     sliding_window=8, vocab_size=512, num_target_layers=6,
-                     dflash_config={"mask_token_id": 4, "target_layer_ids": [1, 4]})
+def real_configs() -> tuple[dict, dict]:
+    """The real pair's raw configs, as `bench --synthetic` builds them (MODEL-SPEC.md sections 1, 4)."""
+    from flashdesk.engine.bench.synthetic_model import REAL_DRAFTER, REAL_TARGET
+
+    return REAL_TARGET, REAL_DRAFTER
+
+
+def smoke_configs() -> tuple[dict, dict]:
+    """The same architecture at small shapes: the tiny correctness model and the CPU smoke run."""
+    target, drafter = real_configs()
+    return (dict(target, vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+                 layer_types=target["layer_types"][:6], num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                 global_head_dim=64, num_global_key_value_heads=1, sliding_window=16, num_experts=8,
+                 top_k_experts=2, moe_intermediate_size=32, max_position_embeddings=4096),
+            dict(drafter, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=16, intermediate_size=96, layer_types=["sliding_attention", "full_attention"],
+                 sliding_window=8, vocab_size=512, num_target_layers=6,
+                 max_position_embeddings=4096, dflash_config={"mask_token_id": 4, "target_layer_ids": [1, 4]}))
 
 
 def random_target(cfg, device, dtype, int4: bool, seed: int = 0):
@@ -201,7 +197,8 @@ def section_tiny_correctness(device, smoke: bool, new_tokens: int = 48):
     from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest
     from flashdesk.engine.decode.speculative import SpecControl
 
-    cfg, dcfg = parse_config(SMOKE_TARGET), parse_draft_config(SMOKE_DRAFTER)
+    target_raw, draft_raw = smoke_configs()
+    cfg, dcfg = parse_config(target_raw), parse_draft_config(draft_raw)
     out = {}
     cpu = random_target(cfg, torch.device("cpu"), torch.float32, int4=False)
     dev = random_target(cfg, torch.device("cpu"), torch.float32, int4=False)  # same seed, same weights
@@ -273,8 +270,8 @@ def section_full_size(device, smoke: bool, kv_dtypes):
     from flashdesk.engine.decode.speculative import Decoder, SpecControl
     from flashdesk.engine.decode.sampling import SamplingParams
 
-    cfg = parse_config(SMOKE_TARGET if smoke else REAL_TARGET)
-    dcfg = parse_draft_config(SMOKE_DRAFTER if smoke else REAL_DRAFTER)
+    target_raw, draft_raw = smoke_configs() if smoke else real_configs()
+    cfg, dcfg = parse_config(target_raw), parse_draft_config(draft_raw)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     out = {}
     if device.type == "cuda":
@@ -391,7 +388,7 @@ def section_synthetic_bench(device, smoke: bool):
 
     import torch
 
-    from flashdesk.engine.tools import bench_synthetic
+    from flashdesk.engine.bench.synthetic_model import shapes as synthetic_shapes
     from flashdesk.engine.tools.cli import main as cli_main
 
     gc.collect()
@@ -400,7 +397,7 @@ def section_synthetic_bench(device, smoke: bool):
     argv = ["bench", "--synthetic", "--json", "--device", device.type]
     if smoke:
         argv += ["--layers", "6", "--context", "24", "--prefill-lengths", "8,16"]
-        shapes = bench_synthetic.shapes(SMOKE_TARGET, SMOKE_DRAFTER)
+        shapes = synthetic_shapes(*smoke_configs())
     else:
         argv += ["--layers", "30", "--context", "4096", "--repeats", "3"]  # ~1 min with the torch reference path
         shapes = contextlib.nullcontext()

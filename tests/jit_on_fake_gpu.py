@@ -45,17 +45,11 @@ def conversation(compiled: list[str]) -> dict:
 
     from flashdesk.engine.decode.generation import Engine, GenerationRequest
     from flashdesk.engine.decode.speculative import AUTO, PREFILL_CHUNK, SpecControl
-    from flashdesk.engine.model.config import parse_config, parse_draft_config
-    from flashdesk.engine.model.drafter import Drafter
-    from flashdesk.engine.model.gemma4 import Gemma4
-    from flashdesk.engine.tools import bench_synthetic as synthetic
+    from flashdesk.engine.bench.synthetic_model import synthetic_pair
     from flashdesk.kernels.compile_ahead import where_compiled
 
-    cpu, bf16 = torch.device("cpu"), torch.bfloat16
-    cfg = parse_config(dict(synthetic.target_raw(2), vocab_size=4096))
-    dcfg = parse_draft_config(dict(synthetic.draft_raw(2), vocab_size=4096))
-    model = Gemma4(cfg, synthetic.random_target_weights(cfg, cpu, bf16), cpu, bf16)
-    drafter = Drafter(dcfg, synthetic.random_draft_weights(dcfg, cpu, bf16), model)
+    cpu = torch.device("cpu")
+    model, drafter = synthetic_pair(2, cpu, torch.bfloat16, vocab_size=4096)
     engine = Engine(model, None, set(), "fp8", 4096, drafter)
     began = time.perf_counter()
     seconds = engine.compile_kernels()  # as Engine.load does on a GPU: on every core

@@ -21,23 +21,18 @@ def main() -> None:
     import torch
 
     from flashdesk.engine.decode.generation import Engine
-    from flashdesk.engine.model.config import parse_config, parse_draft_config
-    from flashdesk.engine.model.drafter import Drafter
-    from flashdesk.engine.model.gemma4 import Gemma4
-    from flashdesk.engine.tools import bench_synthetic as synthetic
+    from flashdesk.engine.bench.synthetic_model import synthetic_drafter, synthetic_target
+    from flashdesk.engine.tools.bench_synthetic import run_synthetic
     from flashdesk.kernels.launch_log import record_compiles, save
 
-    cpu, bf16 = torch.device("cpu"), torch.bfloat16
-    cfg = parse_config(dict(synthetic.target_raw(2), vocab_size=4096))
-    dcfg = parse_draft_config(dict(synthetic.draft_raw(2), vocab_size=4096))
     with record_compiles() as launches:
-        model = Gemma4(cfg, synthetic.random_target_weights(cfg, cpu, bf16), cpu, bf16)
+        model = synthetic_target(2, "cpu", torch.bfloat16, vocab_size=4096)
         for quantize in (None, "int4"):
-            drafter = Drafter(dcfg, synthetic.random_draft_weights(dcfg, cpu, bf16), model, quantize=quantize)
+            drafter = synthetic_drafter(model, quantize=quantize)
             for kv in ("fp8", "bfloat16"):
                 Engine(model, None, set(), kv, 4096, drafter).compile_kernels()
-        synthetic.run_synthetic(layers=2, context=4096, device="cpu", dtype="bfloat16", kv_dtype="fp8", repeats=1,
-                                log=lambda message: None)
+        run_synthetic(layers=2, context=4096, device="cpu", dtype="bfloat16", kv_dtype="fp8", repeats=1,
+                      log=lambda message: None)
     save(launches, sys.argv[1])
     print(len(launches))
 

@@ -6,23 +6,23 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from flashdesk.engine.bench import step_bytes as sb, synthetic_model as sm
 from flashdesk.engine.model.config import parse_config, parse_draft_config
-from flashdesk.engine.tools import bench_synthetic as bs
 from flashdesk.engine.tools.cli import main
 from flashdesk.kernels.int4 import Int4Weight
 
 # The real configs, shrunk so the CPU runs the whole CLI in seconds (the real shapes are checked
 # by byte counting on the meta device below, where nothing is allocated).
-SMALL_TARGET = dict(bs.REAL_TARGET, vocab_size=2048, hidden_size=128, intermediate_size=96, num_attention_heads=4,
+SMALL_TARGET = dict(sm.REAL_TARGET, vocab_size=2048, hidden_size=128, intermediate_size=96, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=32, global_head_dim=64, num_global_key_value_heads=1,
                     sliding_window=16, num_experts=16, top_k_experts=4, moe_intermediate_size=64)
-SMALL_DRAFTER = dict(bs.REAL_DRAFTER, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+SMALL_DRAFTER = dict(sm.REAL_DRAFTER, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                      intermediate_size=192, sliding_window=24, vocab_size=2048)
 NAMES = ["prefill-1024", "prefill-8192", "ar"] + [f"verify-{m}" for m in range(1, 17)] + ["draft"]
 
 
 def run_cli(capsys, *flags):
-    with bs.shapes(SMALL_TARGET, SMALL_DRAFTER):
+    with sm.shapes(SMALL_TARGET, SMALL_DRAFTER):
         assert main(["bench", "--synthetic", "--device", "cpu", "--json", *flags]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     return json.loads(out[-1]), "\n".join(out[:-1])
@@ -34,8 +34,7 @@ def test_synthetic_bench_cli_schema(capsys):
     assert report["device"] == "cpu" and report["layers"] == 6 and report["context"] == 40
     assert report["kernels"] == "torch" and report["bandwidth_gbps"] is None
     steps = {step["name"]: step for step in report["steps"]}
-    expected = NAMES + (["draft-int4"] if bs.drafter_supports_int4() else [])
-    assert [step["name"] for step in report["steps"]] == expected
+    assert [step["name"] for step in report["steps"]] == NAMES + ["draft-int4"]
     for step in report["steps"]:
         assert step["seconds"] > 0 and step["bytes"] > 0 and step["floor_seconds"] is None, step
         assert step["bytes"] == sum(step["bytes_by_kind"].values())
@@ -74,14 +73,14 @@ def test_kv_and_draft_kv_bytes_by_hand():
     # block of 2 at positions 10, 11. Sliding layer (2 KV heads x 32): keys 7..11 (the first query's
     # window of 4 and the block) = 5 positions; full layer (1 KV head x 64): keys 0..11 = 12.
     # fp8: 1 byte per element, K and V, + one 4-byte scale per (position, head) for K and for V.
-    assert bs.kv_read_bytes(cfg, "fp8", 10, 2) == 5 * 2 * (2 * 32 + 2 * 4) + 12 * 1 * (2 * 64 + 2 * 4)
-    assert bs.kv_read_bytes(cfg, "bfloat16", 10, 2) == 5 * 2 * 32 * 2 * 2 + 12 * 1 * 64 * 2 * 2
-    assert bs.kv_read_bytes(cfg, "float32", 0, 3) == 3 * 2 * 32 * 2 * 4 + 3 * 1 * 64 * 2 * 4  # no window cut
+    assert sb.kv_read_bytes(cfg, "fp8", 10, 2) == 5 * 2 * (2 * 32 + 2 * 4) + 12 * 1 * (2 * 64 + 2 * 4)
+    assert sb.kv_read_bytes(cfg, "bfloat16", 10, 2) == 5 * 2 * 32 * 2 * 2 + 12 * 1 * 64 * 2 * 2
+    assert sb.kv_read_bytes(cfg, "float32", 0, 3) == 3 * 2 * 32 * 2 * 4 + 3 * 1 * 64 * 2 * 4  # no window cut
     dcfg = parse_draft_config(dict(SMALL_DRAFTER, num_hidden_layers=2, sliding_window=8,
                                    layer_types=["sliding_attention", "full_attention"]))
     # sliding: the last window - 1 = 7 positions; full: all 20; 2 KV heads x 32, K and V, bf16
-    assert bs.draft_kv_bytes(dcfg, 20, 2) == (7 + 20) * 2 * 32 * 2 * 2
-    assert bs.draft_kv_bytes(dcfg, 5, 2) == (5 + 5) * 2 * 32 * 2 * 2
+    assert sb.draft_kv_bytes(dcfg, 20, 2) == (7 + 20) * 2 * 32 * 2 * 2
+    assert sb.draft_kv_bytes(dcfg, 5, 2) == (5 + 5) * 2 * 32 * 2 * 2
 
 
 def _int4(*shape):
@@ -103,49 +102,43 @@ def test_target_step_bytes_by_hand():
     )
     model = SimpleNamespace(cfg=cfg, layers=[layer], final_norm=torch.empty(64, dtype=torch.float32),
                             embed=torch.empty(100, 64, dtype=torch.bfloat16))
-    assert bs.expert_bytes(layer) == 576 + 1152
-    assert bs.layer_dense_bytes(layer) == 3072 + 384 + 1024 + 128 + 4096 + 256 + 128 + 2
-    b = bs.target_step_bytes(model, "bfloat16", 3, 2, unique_ids=2, experts_hit={0: 3})
-    assert b.weights == bs.layer_dense_bytes(layer) + 64 * 4 + 2 * 64 * 2  # + final norm + 2 embedding rows
+    assert sb.expert_bytes(layer) == 576 + 1152
+    assert sb.layer_dense_bytes(layer) == 3072 + 384 + 1024 + 128 + 4096 + 256 + 128 + 2
+    b = sb.target_step_bytes(model, "bfloat16", 3, 2, unique_ids=2, experts_hit={0: 3})
+    assert b.weights == sb.layer_dense_bytes(layer) + 64 * 4 + 2 * 64 * 2  # + final norm + 2 embedding rows
     assert b.head == 100 * 64 * 2
     assert b.experts == 3 * (576 + 1152) and b.experts_per_layer == 3
     assert b.kv == 5 * 1 * 64 * 2 * 2  # full layer: keys 0..4, one KV head of 64 (SMALL's global), K and V
     assert b.total == b.weights + b.head + b.experts + b.kv
-    assert bs.target_step_bytes(model, "bfloat16", 3, 2, 2, None).experts == 0  # routing not observed
+    assert sb.target_step_bytes(model, "bfloat16", 3, 2, 2, None).experts == 0  # routing not observed
 
 
 def test_full_size_bytes_match_the_performance_model():
     """The real 30-layer model on the meta device (nothing allocated): PERFORMANCE-MODEL.md 2.2, scenario
     B32 (int4 g32 linears, bf16 head): attention 0.624 + dense MLP 0.301 + experts 0.803 + router 0.022
     + head 1.476 GB per AR token; 2.3 fp8 KV at 4K about 0.14 GB; 3.3 drafter step about 2.3 GB."""
-    from flashdesk.engine.model.drafter import Drafter
-    from flashdesk.engine.model.gemma4 import Gemma4
-
-    cfg, dcfg = parse_config(bs.target_raw(30)), parse_draft_config(bs.draft_raw(30))
-    assert [i for i, spec in enumerate(cfg.layers) if not spec.sliding] == [5, 11, 17, 23, 29]
-    assert dcfg.target_layer_ids == (1, 6, 11, 17, 22, 27)
-    meta = torch.device("meta")
-    model = Gemma4(cfg, bs.random_target_weights(cfg, meta, torch.bfloat16), meta, torch.bfloat16)
-    ar = bs.target_step_bytes(model, "fp8", 4096, 1, 1, {i: 8 for i in range(30)})
+    model, drafter = sm.synthetic_pair(30, "meta", torch.bfloat16)
+    assert [i for i, spec in enumerate(model.cfg.layers) if not spec.sliding] == [5, 11, 17, 23, 29]
+    assert drafter.cfg.target_layer_ids == (1, 6, 11, 17, 22, 27)
+    ar = sb.target_step_bytes(model, "fp8", 4096, 1, 1, {i: 8 for i in range(30)})
     assert ar.head == 262144 * 2816 * 2
     assert ar.experts == pytest.approx(0.803e9, rel=0.005)
     assert ar.weights == pytest.approx((0.624 + 0.301 + 0.022) * 1e9, rel=0.01)
     assert ar.kv == pytest.approx(0.14e9, rel=0.1)
-    drafter = Drafter(dcfg, bs.random_draft_weights(dcfg, meta, torch.bfloat16), model)
-    draft = bs.draft_step_bytes(drafter, 4096)
+    draft = sb.draft_step_bytes(drafter, 4096)
     assert draft.head == ar.head and draft.total == pytest.approx(2.3e9, rel=0.03)
 
 
 def test_layer_selection_keeps_a_full_layer_and_remaps_taps():
-    assert bs.remap_layer_ids([1, 6, 11, 17, 22, 27], 30) == [1, 6, 11, 17, 22, 27]
-    assert bs.remap_layer_ids([1, 6, 11, 17, 22, 27], 2) == [0, 0, 0, 1, 1, 1]
-    assert bs.remap_layer_ids([1, 6, 11, 17, 22, 27], 1) == [0] * 6
+    assert sm.remap_layer_ids([1, 6, 11, 17, 22, 27], 30) == [1, 6, 11, 17, 22, 27]
+    assert sm.remap_layer_ids([1, 6, 11, 17, 22, 27], 2) == [0, 0, 0, 1, 1, 1]
+    assert sm.remap_layer_ids([1, 6, 11, 17, 22, 27], 1) == [0] * 6
     for layers in (1, 2, 7):
-        cfg = parse_config(bs.target_raw(layers))
+        cfg = parse_config(sm.target_raw(layers))
         assert cfg.num_layers == layers and not cfg.layers[-1].sliding
-        assert all(0 <= i < layers for i in parse_draft_config(bs.draft_raw(layers)).target_layer_ids)
+        assert all(0 <= i < layers for i in parse_draft_config(sm.draft_raw(layers)).target_layer_ids)
     with pytest.raises(ValueError):
-        bs.target_raw(31)
+        sm.target_raw(31)
 
 
 def test_two_full_size_layers_run_on_the_cpu(capsys):

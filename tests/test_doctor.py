@@ -18,7 +18,7 @@ from flashdesk.engine.loading.memory_plan import (MIN_USEFUL_CONTEXT, WORKSPACE_
                                                   longest_context, plan_memory, workspace_bytes)
 from flashdesk.engine.decode.speculative import PREFILL_CHUNK
 from flashdesk.engine.tools import doctor as doctor_tool
-from flashdesk.engine.tools.bench_synthetic import draft_raw
+from flashdesk.engine.bench.synthetic_model import draft_raw
 from flashdesk.engine.tools.cli import main
 from flashdesk.engine.model.config import parse_config, parse_draft_config
 from flashdesk.engine.model.gemma4 import Gemma4

@@ -67,23 +67,19 @@ def test_every_launch_at_the_real_shapes_is_one_kernels_check_compiles():
     block's K/V write missing, and launches running 3 pipeline stages where 2 were compiled."""
     pytest.importorskip("triton")
     from flashdesk.engine.decode.sampling import SamplingParams
+    from flashdesk.engine.bench.synthetic_model import synthetic_drafter, synthetic_target
     from flashdesk.engine.decode.speculative import Decoder, SpecControl
-    from flashdesk.engine.model.config import parse_config, parse_draft_config
-    from flashdesk.engine.model.drafter import Drafter
-    from flashdesk.engine.model.gemma4 import Gemma4
-    from flashdesk.engine.tools import bench_synthetic as synthetic
+    from flashdesk.engine.tools.bench_synthetic import run_synthetic
     from flashdesk.kernels.launch_log import unlisted
 
-    cpu, bf16 = torch.device("cpu"), torch.bfloat16
     with kernels("triton"), record_launches(execute=False) as launches:
         # prefill 1024 and 8192, AR and verify 1..16 at 8K context, a draft block of 15 (bf16 and int4)
-        synthetic.run_synthetic(layers=2, context=8192, device="cpu", dtype="bfloat16", kv_dtype="fp8", repeats=1,
-                                log=lambda message: None)
+        run_synthetic(layers=2, context=8192, device="cpu", dtype="bfloat16", kv_dtype="fp8", repeats=1,
+                      log=lambda message: None)
         # the decode loop: chunked prefill, AR steps, drafts of 1..15, context K/V from a few rows
-        cfg, dcfg = parse_config(synthetic.target_raw(2)), parse_draft_config(synthetic.draft_raw(2))
-        model = Gemma4(cfg, synthetic.random_target_weights(cfg, cpu, bf16), cpu, bf16)
+        model = synthetic_target(2, "cpu", torch.bfloat16)
         for quantize in (None, "int4"):
-            drafter = Drafter(dcfg, synthetic.random_draft_weights(dcfg, cpu, bf16), model, quantize=quantize)
+            drafter = synthetic_drafter(model, quantize=quantize)
             decoder = Decoder(model, drafter, 2048, "fp8", SamplingParams(), set())
             decoder.prefill(list(range(5, 1105)))
             for control in (SpecControl(False), SpecControl(True, 1), SpecControl(True, 7), SpecControl(True, 15)):
@@ -101,16 +97,12 @@ def test_a_layer_at_the_real_shapes_runs_12_kernels_a_step():
     norms after the MLPs (which sum the experts' outputs); no torch op computes (it was 77
     kernels, 50 of them torch ops)."""
     pytest.importorskip("triton")
-    from flashdesk.engine.model.config import parse_config
-    from flashdesk.engine.model.gemma4 import Gemma4
-    from flashdesk.engine.tools import bench_synthetic as synthetic
+    from flashdesk.engine.bench.synthetic_model import synthetic_target
     from flashdesk.kernels.launch_log import count_kernels
 
-    cpu, bf16 = torch.device("cpu"), torch.bfloat16
     per_step = {}
     for layers in (2, 3):  # sliding layers before a full one: the difference is one sliding layer
-        cfg = parse_config(dict(synthetic.target_raw(layers), vocab_size=1024))  # the head is not counted
-        model = Gemma4(cfg, synthetic.random_target_weights(cfg, cpu, bf16), cpu, bf16)
+        model = synthetic_target(layers, "cpu", torch.bfloat16, vocab_size=1024)  # the head is not counted
         cache = model.new_cache(64, "fp8")
         with kernels("triton"), record_launches(execute=False):
             model.forward(torch.arange(5, 37), cache)

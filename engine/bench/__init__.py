@@ -4,4 +4,7 @@ runs, results kept per (device, driver, model, drafter), the chart and the text 
 `flashdesk bench` (engine/tools/bench.py) and the worker's Bench request (the app's Benchmark page)
 both run `measure.run_suite`; `results.best_draft_length` turns the kept runs into the engine's
 default draft length on this card.
+
+`bench --synthetic` (engine/tools/bench_synthetic.py) needs no checkpoint: `synthetic_model` builds
+the real pair's shapes with random weights and `step_bytes` counts what each step must read.
 """
