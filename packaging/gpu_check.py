@@ -218,6 +218,7 @@ def section_tiny_correctness(device, smoke: bool, new_tokens: int = 48):
         events = engine.generate(GenerationRequest(prompt, new_tokens, ignore_eos=True), control)
         return [e for e in events if isinstance(e, FinishEvent)][0].token_ids
 
+    out["pipelined"] = engine.pipelined  # on a GPU: each step launched before the last one's tokens are handed on
     plain = tokens(SpecControl(False))
     out["dflash_greedy_equals_ar"] = all(tokens(SpecControl(True, k)) == plain for k in (1, 4, 15))
     out["drafts_with_graphs_equal_eager"] = drafts_equal_eager(dev, drafter, prompt)

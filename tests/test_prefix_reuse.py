@@ -169,12 +169,20 @@ def test_a_failed_step_makes_the_next_request_start_afresh(engine, monkeypatch):
     prompt = prompt_of(engine, [{"role": "user", "content": sentence(70, 12)}])
     run(engine, prompt, 10)
 
-    def broken(self, remaining, control):
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    original, calls = speculative.Decoder.finish, []
 
-    monkeypatch.setattr(speculative.Decoder, "step", broken)
-    with pytest.raises(RuntimeError, match="illegal memory"):
-        run(engine, prompt, 10)
+    def broken(self, flight):  # the second step's device error surfaces at its read
+        calls.append(flight)
+        if len(calls) % 2 == 0:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return original(self, flight)
+
+    monkeypatch.setattr(speculative.Decoder, "finish", broken)
+    for pipelined in (False, True):
+        engine.pipelined = pipelined
+        with pytest.raises(RuntimeError, match="illegal memory"):
+            run(engine, prompt, 10)
+    engine.pipelined = False
     monkeypatch.undo()
     got = run(engine, prompt, 10)
     assert got.stats["reused_tokens"] == 0  # the cache's content was unknown: nothing was trusted

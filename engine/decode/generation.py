@@ -113,6 +113,10 @@ class Engine:
         self.kv_dtype, self.context_limit, self.drafter = kv_dtype, context_limit, drafter
         self.prefix_budget: int | None = None  # host bytes for kept conversations (None: default_budget())
         self.graphs_on, self.graphs_note = graphs_wanted(model.device)
+        # launch each decode step before handing on the previous one's tokens, so the host's work on
+        # them (text, events, the app or the API) runs while the device computes; on the CPU, where a
+        # launch is the computation, that would only hold the tokens back a step
+        self.pipelined = model.device.type == "cuda"
         self._cache: KVCache | None = None  # one cache and drafter context, at the context limit,
         self._ctx: DraftContext | None = None  # for every generation (allocated at the first)
         self._graphs: StepGraphs | None = None
@@ -252,6 +256,7 @@ class Engine:
         tokens: list[int] = []
         stats = SpecStats()
         whole = False  # whether the cache holds exactly prompt + tokens[:-1] when this ends
+        flight = None  # the next step, launched before this one's tokens are handed on
         try:
             t0 = time.perf_counter()
             result = StepResult([decoder.prefill(prompt, reused)], [], 0, 0.0, 0.0)
@@ -260,6 +265,10 @@ class Engine:
             while True:
                 tokens += result.emitted
                 stopped = bool(result.emitted) and result.emitted[-1] in eos
+                if self.pipelined and index and not stopped and len(tokens) < request.max_new_tokens:
+                    # from the second decode step on: the first token goes out at once, before the
+                    # prompt's snapshot and the first step (which may calibrate the draft length)
+                    flight = decoder.launch(request.max_new_tokens - len(tokens), control)
                 answer, thought, hit = text.push(result.emitted[:-1] if stopped else result.emitted)
                 finish = "stop" if stopped or hit else "length" if len(tokens) >= request.max_new_tokens else None
                 if finish:
@@ -275,12 +284,17 @@ class Engine:
                 whole = False
                 if finish:
                     break
-                if index == 0:
-                    prefix.mark_prompt_end(prompt)
-                result = decoder.step(request.max_new_tokens - len(tokens), control)
+                if flight is None:
+                    if index == 0:
+                        prefix.mark_prompt_end(prompt)
+                    flight = decoder.launch(request.max_new_tokens - len(tokens), control)
+                launched, flight = flight, None  # finished or failed: nothing left to abandon
+                result = decoder.finish(launched)
                 index += 1
             whole = True
         finally:  # also when the consumer closes the generator between steps (a cancel)
+            if flight is not None:  # a stop string or a cancel ended it before the step launched ahead
+                whole = whole and self._abandon(decoder, flight)
             self._settle(decoder, prompt + tokens[:-1] if whole else None)
             if measuring and self.auto.costs is not None:  # measured by this generation: keep them
                 save_costs(self.costs_path, self.auto.costs)
@@ -288,6 +302,15 @@ class Engine:
                    "prefill_seconds": prefill_seconds, **stats.summary(),
                    "kernels": describe(self.model.device), "cuda_graphs": self.cuda_graphs()}
         yield FinishEvent(finish, tokens, "".join(text.answer), "".join(text.thought), summary)
+
+    @staticmethod
+    def _abandon(decoder: Decoder, flight) -> bool:
+        """Undo a step launched ahead; whether the state is known again."""
+        try:
+            decoder.abandon(flight)
+            return True
+        except Exception:  # noqa: BLE001 - the state is unknown; the next request starts afresh
+            return False
 
     def _settle(self, decoder: Decoder, held: list[int] | None) -> None:
         """Tell the prefix cache what the device state holds after a generation: `held`, once the

@@ -10,6 +10,9 @@ token stays on the device as the next step's input, acceptance is computed on th
 times come from CUDA events read after that one read. On the Triton path (batch-invariant kernels)
 the verified block's drafter context is written before that read too, for every row: the rows that
 were not accepted are never held, and the next write overwrites them.
+
+A step is `launch`ed (its device work enqueued) and then `finish`ed (read); in between, the caller
+can hand on the previous step's tokens while the device runs (Engine.generate does on a GPU).
 """
 
 from __future__ import annotations
@@ -78,6 +81,21 @@ class _StepClock:
         return a.elapsed_time(b) / 1000 if self.cuda else b - a
 
 
+@dataclass
+class InFlight:
+    """A launched step: its device work is enqueued, its tokens are not read yet."""
+
+    start: int  # the cache's length before the step
+    readback: torch.Tensor  # what its one read fetches: the token, or the drafts, accepted count and bonus
+    clock: _StepClock
+    taps: torch.Tensor | None  # target features for the drafter's context, unless written ahead
+    ahead: bool = False  # the block's drafter context was written before the read
+    k: int = 0  # drafts
+    remaining: int = 0  # the most tokens it may emit
+    last: torch.Tensor | None = None  # its input token (`abandon` restores it)
+    auto: bool = False  # the automatic draft length chose k (`finish` tells it the outcome)
+
+
 def _seconds(device: torch.device, fn, arg: int, repeats: int) -> float:
     """Mean seconds of fn(arg) after one untimed run (a calibration: it may wait for the device)."""
     wait = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -143,23 +161,59 @@ class Decoder:
 
     def step(self, remaining: int, control: SpecControl | None) -> StepResult:
         """Produce at most `remaining` (>= 1) tokens after the last one."""
-        k = 0
+        return self.finish(self.launch(remaining, control))
+
+    def launch(self, remaining: int, control: SpecControl | None) -> InFlight:
+        """Enqueue a step's device work up to its one read; on a GPU this returns while the device
+        runs, so the caller can hand on the previous step's tokens meanwhile. `finish` reads it;
+        `abandon` undoes it when its tokens will not be wanted."""
+        k, auto = 0, False
         if self.drafter is not None and (control is None or control.enabled):
             wanted = control.draft_length if control and control.draft_length else self.default_draft_length
             if wanted == AUTO:
-                return self._auto_step(remaining)
-            k = max(0, min(wanted, self.drafter.max_draft_length, remaining))
-        if k == 0:
-            return self._plain_step()
-        return self._speculative_step(k, remaining)
+                if self.auto.costs is None:
+                    self.auto.costs = self.measure_costs()
+                k, auto = self.auto.choose(remaining), True
+            else:
+                k = max(0, min(wanted, self.drafter.max_draft_length, remaining))
+        last = self.last
+        flight = self._launch_speculative(k) if k else self._launch_plain()
+        flight.k, flight.remaining, flight.last, flight.auto = k, remaining, last, auto
+        return flight
 
-    def _auto_step(self, remaining: int) -> StepResult:
-        if self.auto.costs is None:
-            self.auto.costs = self.measure_costs()
-        k = self.auto.choose(remaining)
-        result = self._speculative_step(k, remaining) if k else self._plain_step()
-        self.auto.observe(k, result.accepted, result.draft_seconds, result.verify_seconds)
+    def finish(self, flight: InFlight) -> StepResult:
+        """Read a launched step's tokens (the step's one device-to-host read) and keep what it verified."""
+        values = read_to_host(flight.readback)
+        clock = flight.clock
+        if flight.k == 0:
+            if flight.taps is not None:
+                self.pending.append(flight.taps.clone())  # a graph's buffer is overwritten by the next replay
+                if len(self.pending) >= PENDING_LIMIT:  # speculation off for long: keep memory bounded
+                    self.flush_pending()
+            result = StepResult(values, [], 0, 0.0, clock.seconds(0))
+        else:
+            *draft_ids, accepted, bonus = values
+            emitted = (draft_ids[:accepted] + [bonus])[:flight.remaining]
+            for i, token in enumerate(emitted):
+                if token in self.eos:
+                    emitted = emitted[:i + 1]
+                    break
+            self.cache.rollback(flight.start + len(emitted))  # keep the anchor and the accepted drafts
+            if flight.ahead:
+                self.ctx.advance(len(emitted))
+            else:
+                self.pending.append(flight.taps[:len(emitted)].clone())
+            result = StepResult(emitted, draft_ids, accepted, clock.seconds(0), clock.seconds(1))
+        if flight.auto:
+            self.auto.observe(flight.k, result.accepted, result.draft_seconds, result.verify_seconds)
         return result
+
+    def abandon(self, flight: InFlight) -> None:
+        """Undo a launched step that will not be finished: the cache and the next input go back to
+        where they stood (the drafter's context was not advanced; what the step wrote past the held
+        positions is overwritten later)."""
+        self.cache.rollback(flight.start)
+        self.last = flight.last
 
     def measure_costs(self, repeats: int = 3) -> StepCosts:
         """Time a target pass over every block length 1..K+1 and a draft of every length 1..K, here,
@@ -185,18 +239,14 @@ class Decoder:
         return StepCosts([0.0] + [timed(draft, k) for k in range(1, max_k + 1)],
                          [0.0] + [timed(verify, m) for m in range(1, max_k + 2)])
 
-    def _plain_step(self) -> StepResult:
+    def _launch_plain(self) -> InFlight:
         clock = _StepClock(self.model.device)
+        start = self.cache.length
         clock.mark()
         logits, taps = self._forward(self.last, "last")
         self.last = sample(logits[-1:], self.sampling, self.generator)
         clock.mark()
-        token = read_to_host(self.last)
-        if taps is not None:
-            self.pending.append(taps.clone())  # a graph's buffer is overwritten by the next replay
-            if len(self.pending) >= PENDING_LIMIT:  # speculation off for long: keep memory bounded
-                self.flush_pending()
-        return StepResult(token, [], 0, 0.0, clock.seconds(0))
+        return InFlight(start, self.last, clock, taps)
 
     def flush_pending(self) -> None:
         """Turn the target features gathered since the last draft into the drafter's context K/V."""
@@ -213,7 +263,7 @@ class Decoder:
         else:
             self.drafter.write_context(self.ctx, taps)
 
-    def _speculative_step(self, k: int, remaining: int) -> StepResult:
+    def _launch_speculative(self, k: int) -> InFlight:
         clock = _StepClock(self.model.device)
         clock.mark()
         self.flush_pending()
@@ -235,16 +285,6 @@ class Decoder:
         if ahead:  # before the read: the device goes on while the host waits
             self._write_context(taps)
         clock.mark()
-        *draft_ids, accepted, bonus = read_to_host(torch.cat([draft, accepted_t.view(1), bonus_t.view(1)]))
-        emitted = (draft_ids[:accepted] + [bonus])[:remaining]
-        for i, token in enumerate(emitted):
-            if token in self.eos:
-                emitted = emitted[:i + 1]
-                break
-        self.cache.rollback(start + len(emitted))  # keep the anchor and the accepted drafts
-        if ahead:
-            self.ctx.advance(len(emitted))
-        else:
-            self.pending.append(taps[:len(emitted)].clone())  # a graph's buffer is overwritten by the next replay
-        self.last = bonus_t.view(1)  # when the step was cut short, the generation ends here anyway
-        return StepResult(emitted, draft_ids, accepted, clock.seconds(0), clock.seconds(1))
+        self.last = bonus_t.view(1)  # when the step is cut short, the generation ends there anyway
+        readback = torch.cat([draft, accepted_t.view(1), bonus_t.view(1)])
+        return InFlight(start, readback, clock, None if ahead else taps, ahead)
