@@ -46,7 +46,9 @@ def shape(events):
                          ids=["greedy", "sampled"])
 def test_pipelined_steps_give_the_same_events(engine, control, sampling):
     request = GenerationRequest(PROMPTS[0], 40, sampling, ignore_eos=True, reuse=False)
-    assert shape(run(engine, True, request, control)) == shape(run(engine, False, request, control))
+    pipelined, plain = run(engine, True, request, control), run(engine, False, request, control)
+    assert shape(pipelined) == shape(plain)
+    assert (pipelined[-1].stats["pipelined"], plain[-1].stats["pipelined"]) == (True, False)
 
 
 def test_a_step_is_launched_before_the_previous_one_is_handed_on(engine, monkeypatch):

@@ -300,7 +300,8 @@ class Engine:
                 save_costs(self.costs_path, self.auto.costs)
         summary = {"prompt_tokens": len(prompt), "reused_tokens": reused, "prefill_tokens": len(prompt) - reused,
                    "prefill_seconds": prefill_seconds, **stats.summary(),
-                   "kernels": describe(self.model.device), "cuda_graphs": self.cuda_graphs()}
+                   "kernels": describe(self.model.device), "cuda_graphs": self.cuda_graphs(),
+                   "pipelined": self.pipelined}
         yield FinishEvent(finish, tokens, "".join(text.answer), "".join(text.thought), summary)
 
     @staticmethod
