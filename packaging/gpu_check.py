@@ -165,7 +165,7 @@ def drafts_equal_eager(model, drafter, prompt: list[int]) -> dict:
         decoder = Decoder(model, drafter, context, "fp8", SamplingParams(), set(), cache, ctx, graphs)
         decoder.context_ahead = fast and decoder.context_ahead
         decoder.prefill(prompt)
-        steps = [decoder.step(64, SpecControl(k > 0, k)) for k in (15, 7, 0, 15, 3, 15, 1, 15)]
+        steps = [decoder.step(64, SpecControl(k > 0, k)) for k in (15, 0, 7, 15)]  # a plain step's features wait
         runs.append({"drafts": [s.draft for s in steps], "graphs": graphs is not None and graphs.error is None,
                      "ahead": decoder.context_ahead})
     return {"equal": runs[0]["drafts"] == runs[1]["drafts"], "graphs": runs[0]["graphs"], "ahead": runs[0]["ahead"]}

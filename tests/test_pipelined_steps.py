@@ -75,18 +75,18 @@ def test_a_step_is_launched_before_the_previous_one_is_handed_on(engine, monkeyp
 @pytest.mark.parametrize("choice", ["torch", "triton"])  # triton: the block's context is written ahead too
 def test_a_stop_string_undoes_the_step_launched_ahead(engine, choice):
     """The follow-up request resumes from exactly what the stopped one left, as without pipelining."""
-    first = GenerationRequest(PROMPTS[2], 24, ignore_eos=True, reuse=False)
+    first = GenerationRequest(PROMPTS[2], 16, ignore_eos=True, reuse=False)
     results = {}
     with kernels(choice):
         text = run(engine, False, first, SpecControl(True, 15))[-1].text
         assert len(text) > 8
         stop = text[4:8]
         for pipelined in (True, False):
-            stopped = run(engine, pipelined, GenerationRequest(PROMPTS[2], 24, ignore_eos=True, reuse=False,
+            stopped = run(engine, pipelined, GenerationRequest(PROMPTS[2], 16, ignore_eos=True, reuse=False,
                                                                stop_strings=(stop,)), SpecControl(True, 15))
             assert stopped[-1].finish_reason == "stop" and stop not in stopped[-1].text
             follow = PROMPTS[2] + stopped[-1].token_ids + [7, 8]
-            again = run(engine, pipelined, GenerationRequest(follow, 12, ignore_eos=True), SpecControl(True, 15))
+            again = run(engine, pipelined, GenerationRequest(follow, 6, ignore_eos=True), SpecControl(True, 15))
             assert again[-1].stats["reused_tokens"] > len(PROMPTS[2])  # the state was left whole
             results[pipelined] = shape(stopped), shape(again)
     assert results[True] == results[False]
