@@ -230,10 +230,7 @@ class Decoder:
 
         def draft(k: int) -> None:
             self.ctx.note_block(k + 1)
-            if self.graphs is not None and self.graphs.covers_draft(self.ctx, k):
-                self.graphs.run_draft(self.last, k)
-            else:
-                self.drafter.draft_logits(self.ctx, self.last, k)
+            self._draft_logits(k)
 
         timed = lambda fn, n: _seconds(self.model.device, fn, n, repeats)  # noqa: E731
         return StepCosts([0.0] + [timed(draft, k) for k in range(1, max_k + 1)],
@@ -263,15 +260,18 @@ class Decoder:
         else:
             self.drafter.write_context(self.ctx, taps)
 
+    def _draft_logits(self, k: int) -> torch.Tensor:
+        """Drafter.draft_logits after the last token, replayed from a CUDA graph where one covers it."""
+        if self.graphs is not None and self.graphs.covers_draft(self.ctx, k):
+            return self.graphs.run_draft(self.last, k)
+        return self.drafter.draft_logits(self.ctx, self.last, k)
+
     def _launch_speculative(self, k: int) -> InFlight:
         clock = _StepClock(self.model.device)
         clock.mark()
         self.flush_pending()
         self.ctx.note_block(k + 1)
-        if self.graphs is not None and self.graphs.covers_draft(self.ctx, k):
-            draft_logits = self.graphs.run_draft(self.last, k)
-        else:
-            draft_logits = self.drafter.draft_logits(self.ctx, self.last, k)
+        draft_logits = self._draft_logits(k)
         if self.sampling.greedy:
             draft_probs, draft = None, draft_logits.argmax(dim=-1)
         else:
