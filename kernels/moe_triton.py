@@ -33,7 +33,7 @@ import triton.language as tl
 from flashdesk.kernels.backend import MAX_REGISTERS, CompileSpec, interpreted
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.linear_triton import gelu_tanh
-from flashdesk.kernels.router_triton import route_rows, route_triton
+from flashdesk.kernels.router_triton import ROUTE_ROWS, route_rows, route_triton
 
 SMALL_T = 16  # up to this many tokens: the batch-invariant path (decode, verify)
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) per kernel and path for the real experts, none spilling on
@@ -52,7 +52,6 @@ NUM_STAGES = 2
 GROUP_PAIRS = 128  # (token, expert) pairs grouped by one program: 16 tokens x top 8
 GROUP_CHUNK = 32
 GROUP_WARPS = 4
-ROUTE_ROWS = 4  # tokens the routing-and-grouping program routes a step (16 x 128 tiles at once compiled slowly)
 
 
 @triton.jit
@@ -244,14 +243,14 @@ def group_pairs(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E:
     p = tl.arange(0, BLOCK_P)
     every = tl.load(idx_ptr + p, mask=p < P, other=E).to(tl.int32)
     count = tl.zeros([BLOCK_E], tl.int32)  # pairs per expert
-    for c in range(0, BLOCK_P, CHUNK):
+    for c in range(0, P, CHUNK):  # the chunks that hold pairs (a decode step's 8: one)
         q = c + tl.arange(0, CHUNK)
         ex = tl.load(idx_ptr + q, mask=q < P, other=E).to(tl.int32)
         count += tl.sum(((ex[None, :] == e[:, None]) & (q < P)[None, :]).to(tl.int32), 1)
     before = tl.cumsum(count, 0) - count  # where each expert's run begins in expert order
     present = (count > 0).to(tl.int32)
     slot = tl.cumsum(present, 0) - present  # each present expert's slot
-    for c in range(0, BLOCK_P, CHUNK):
+    for c in range(0, P, CHUNK):  # the chunks that hold pairs (a decode step's 8: one)
         # a pair's place: its expert's run start + the earlier pairs of the same expert (stable)
         q = c + tl.arange(0, CHUNK)
         ex = tl.load(idx_ptr + q, mask=q < P, other=E).to(tl.int32)

@@ -1,5 +1,6 @@
-"""The router's softmax, top-k, renormalization and expert scales, one program per token (the
-fused MoE's decode and verify blocks route all their tokens in its grouping kernel instead).
+"""The router's softmax, top-k, renormalization and expert scales, ROUTE_ROWS tokens a program
+(the fused MoE's decode and verify blocks route all their tokens in its grouping kernel instead,
+in tiles of the same shape).
 
 The top k are taken by k rounds of max / argmax (the lowest index wins a tie), largest first as
 torch.topk returns them, and summed in that order as `ordered_sum` does, so the weights round as
@@ -13,7 +14,8 @@ import triton.language as tl
 
 from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec
 
-ROUTER_WARPS = 1  # 128 experts: four a thread
+ROUTER_WARPS = 1  # 128 experts: four a thread per row
+ROUTE_ROWS = 4  # rows a program: the interpreter pays per op and program; 16 x 128 tiles compiled slowly
 
 
 @triton.jit
@@ -48,9 +50,10 @@ def route_rows(logits_ptr, scale_ptr, w_ptr, idx_ptr, rows, R, E: tl.constexpr, 
 
 @triton.jit(do_not_specialize=["R"])
 def _route_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, R, E: tl.constexpr, TOP_K: tl.constexpr,
-                  BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One row a program (prefill's many rows in parallel)."""
-    rows = tl.program_id(0).to(tl.int64) + tl.arange(0, 1)
+                  ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """ROWS rows a program (prefill's many rows in parallel); each row is reduced on its own, so
+    its bits do not depend on which rows share its tile."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     route_rows(logits_ptr, scale_ptr, w_ptr, idx_ptr, rows, R, E, TOP_K, BLOCK_E, BLOCK_K)
 
 
@@ -61,9 +64,10 @@ def route_triton(logits: torch.Tensor, top_k: int, per_expert_scale: torch.Tenso
     weights = torch.empty((t, top_k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((t, top_k), dtype=torch.int64, device=logits.device)
     if t:
-        _route_kernel[(t,)](logits.contiguous(), per_expert_scale, weights, ids, t, E=e, TOP_K=top_k,
-                            BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k),
-                            num_warps=ROUTER_WARPS, num_stages=LAUNCH_STAGES)
+        _route_kernel[(triton.cdiv(t, ROUTE_ROWS),)](
+            logits.contiguous(), per_expert_scale, weights, ids, t, E=e, TOP_K=top_k, ROWS=ROUTE_ROWS,
+            BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k),
+            num_warps=ROUTER_WARPS, num_stages=LAUNCH_STAGES)
     return weights, ids
 
 
@@ -71,5 +75,5 @@ def compile_specs() -> list[CompileSpec]:
     """Gemma 4 26B-A4B: 128 experts, top 8, bf16 logits and scales."""
     return [CompileSpec("route[E=128,top 8]", _route_kernel,
                         {"logits_ptr": "*bf16", "scale_ptr": "*bf16", "w_ptr": "*fp32", "idx_ptr": "*i64", "R": "i32",
-                         **dict.fromkeys(("E", "TOP_K", "BLOCK_E", "BLOCK_K"), "constexpr")},
-                        {"E": 128, "TOP_K": 8, "BLOCK_E": 128, "BLOCK_K": 8}, num_warps=ROUTER_WARPS)]
+                         **dict.fromkeys(("E", "TOP_K", "ROWS", "BLOCK_E", "BLOCK_K"), "constexpr")},
+                        {"E": 128, "TOP_K": 8, "ROWS": ROUTE_ROWS, "BLOCK_E": 128, "BLOCK_K": 8}, num_warps=ROUTER_WARPS)]
