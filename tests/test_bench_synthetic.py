@@ -153,3 +153,70 @@ def test_two_full_size_layers_run_on_the_cpu(capsys):
     assert steps["ar"]["bytes_by_kind"]["head"] == head
     assert steps["verify-16"]["experts_per_layer"] >= steps["verify-1"]["experts_per_layer"] == 8
     assert all(step["seconds"] > 0 for step in report["steps"])
+
+
+class _RecordingGraphs:
+    """A stand-in for cuda_graphs.StepGraphs (which needs a GPU) that runs what a replay would run,
+    eagerly, and counts the replays; `fail` makes every capture fail as a real one can."""
+
+    made: list = []
+
+    def __init__(self, model, cache, taps, drafter=None, ctx=None, fail=False):
+        self.model, self.cache, self.taps, self.drafter, self.ctx = model, cache, taps, drafter, ctx
+        self.error = "RuntimeError: capture refused" if fail else None
+        self.replays, self.draft_replays = [], []
+        self.made.append(self)
+
+    def covers(self, rows):
+        return self.error is None and rows <= 16
+
+    def covers_draft(self, ctx, k):
+        return self.error is None and ctx is self.ctx
+
+    def run(self, ids):
+        self.replays.append(ids.shape[0])
+        return self.model.compute(ids, self.cache, self.taps, "all")
+
+    def run_draft(self, anchor, k):
+        self.draft_replays.append(k)
+        return self.drafter.draft_logits(self.ctx, anchor, k)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_on_a_gpu_the_steps_timed_are_graph_replays(capsys, monkeypatch, fail):
+    """Timed eagerly, an AR step on a GPU would measure Python launching ~400 kernels, not the step
+    the engine replays from its CUDA graph: the bench times the replays, and says when capture
+    failed and the steps ran eagerly."""
+    from flashdesk.engine.tools import bench_synthetic as bs
+
+    _RecordingGraphs.made = []
+    monkeypatch.setattr(bs, "graphs_wanted", lambda device: (True, "on"))
+    monkeypatch.setattr(bs, "StepGraphs", lambda *args: _RecordingGraphs(*args, fail=fail))
+    report, table = run_cli(capsys, "--layers", "6", "--context", "24", "--prefill-lengths", "8,16", "--repeats", "2")
+    target_graphs, int4_graphs = _RecordingGraphs.made
+    assert target_graphs.drafter is not int4_graphs.drafter and int4_graphs.ctx is not target_graphs.ctx
+    if fail:
+        assert report["cuda_graphs"] == "capture failed, steps run eagerly (RuntimeError: capture refused)"
+        assert target_graphs.replays == target_graphs.draft_replays == int4_graphs.draft_replays == []
+    else:
+        assert report["cuda_graphs"] == "on" and "CUDA graphs: on" in table
+        assert target_graphs.replays == [m for m in [1] + list(range(1, 17)) for _ in range(2)]  # ar, verify-m
+        assert target_graphs.draft_replays == int4_graphs.draft_replays == [15, 15]
+    assert all(step["seconds"] > 0 for step in report["steps"])
+    assert not any("kernel_profile" in step for step in report["steps"])  # a GPU's only
+
+
+def test_a_kernel_profile_counts_kernels_busy_time_and_the_gaps():
+    from flashdesk.engine.bench.kernel_profile import describe, summarize
+
+    # (name, start us, end us): a gap of 2 us, an overlap of 1 us, a gap of 4 us
+    kernels = [("gemv", 0.0, 10.0), ("norm", 12.0, 15.0), ("gemv", 14.0, 20.0), ("attn", 24.0, 30.0)]
+    profile = summarize(kernels, top=2)
+    assert profile["kernels"] == 4
+    assert profile["span_seconds"] == pytest.approx(30e-6) and profile["busy_seconds"] == pytest.approx(24e-6)
+    assert profile["idle_fraction"] == pytest.approx(0.2)
+    assert [(row["name"], row["calls"]) for row in profile["top"]] == [("gemv", 2), ("attn", 1)]
+    assert profile["top"][0]["share"] == pytest.approx(16 / 25)
+    assert describe(profile).startswith("4 kernels, busy 0.024 of 0.030 ms (idle 20%); gemv x2 64%")
+    assert summarize([])["kernels"] == 0 and describe(summarize([])) == "no kernels recorded"
+    assert describe({"error": "RuntimeError: CUPTI"}) == "kernel profile failed: RuntimeError: CUPTI"

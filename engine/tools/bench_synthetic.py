@@ -9,10 +9,16 @@ Steps timed (PERFORMANCE-MODEL.md sections 0-2 give the byte model):
 - prefill-1024, prefill-8192: a forward of that many tokens from an empty cache of its own (the
   names stay when `--prefill-lengths` shrinks them for a CPU run; on the CPU one longer than
   --context is skipped with a note, on a GPU both always run);
-- ar: one token at --context tokens of context, logits of the last row;
-- verify-1 .. verify-16: m tokens at --context, logits of every row, then rolled back;
+- ar: one token at --context tokens of context;
+- verify-1 .. verify-16: m tokens at --context, logits of every row;
 - draft, draft-int4: the drafter's block of 15 after its context holds --context positions, with
   the checkpoint's bf16 weights and with `--draft-quantize int4`'s.
+
+The AR, verify and draft steps are the engine's: on a GPU each is replayed from its CUDA graph
+(engine/model/cuda_graphs.py), as a generation replays it, with the drafter's features computed and
+nothing committed; timed eagerly, a step would measure Python launching some 400 kernels. Where
+capture fails the steps run eagerly and the report says so (`cuda_graphs`). The experts a step
+reads are counted from one eager run of the same tokens before it is timed.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ from dataclasses import dataclass
 
 import torch
 
+from flashdesk.engine.bench.kernel_profile import describe as describe_profile, profile_step
 from flashdesk.engine.bench.step_bytes import Bytes, RouterRecorder, draft_step_bytes, target_step_bytes
 from flashdesk.engine.bench.synthetic_model import REAL_LAYERS, synthetic_drafter, synthetic_pair
+from flashdesk.engine.model.cuda_graphs import StepGraphs, graphs_wanted
 
 DRAFT_K = 15
 VERIFY_LENGTHS = tuple(range(1, 17))
@@ -36,6 +44,7 @@ GPU_CONTEXT, CPU_CONTEXT = 4096, 256
 FILL_CHUNK = 1024
 COPY_BYTES = 1 << 30
 TARGETS = {"ar_floor_fraction": 0.70, "verify16_over_ar": 2.0, "draft_over_ar": 0.35}
+PROFILED = ("ar", "verify-16", "draft", "draft-int4")  # on a GPU: where each one's device time goes
 
 
 # --- timing ---------------------------------------------------------------------------------------
@@ -91,6 +100,7 @@ class Step:
     bytes: Bytes | None
     tokens: int = 0
     note: str | None = None
+    profile: dict | None = None  # kernel_profile.profile_step of one run (a GPU only)
 
     def floor(self, bandwidth: float | None) -> float | None:
         return self.bytes.total / bandwidth if bandwidth and self.bytes else None
@@ -104,6 +114,8 @@ class Step:
                "experts_per_layer": self.bytes.experts_per_layer if self.bytes else None}
         if self.note:
             row["note"] = self.note
+        if self.profile is not None:
+            row["kernel_profile"] = self.profile
         return row
 
 
@@ -177,6 +189,8 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
     compiled = None if took is None else f"kernels compiled ahead in {took:.1f} s on {os.cpu_count()} cores"
     if compiled:
         log(compiled)
+    graphs_on, graphs_note = graphs_wanted(dev)
+    graphs = StepGraphs(model, cache, taps, drafter, dctx) if graphs_on else None
     recorder = RouterRecorder(model)
     steps: list[Step] = []
     with recorder.active():
@@ -211,46 +225,65 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
         _sync(dev)
         log(f"context of {context} tokens filled in {time.perf_counter() - t0:.1f} s")
 
-        def target_step(name, m, logits_rows):
+        def target_step(name, m):
             ids = tokens(m)
-            seconds = time_step(dev, lambda: model.forward(ids, cache, logits_rows=logits_rows), warmup, repeats,
-                                before=recorder.reset, after=lambda: cache.rollback(context))
-            step = Step(name, seconds, target_step_bytes(model, kv, context, m, _unique(ids), recorder.union()), m)
-            log(f"{name}: {1000 * seconds:.1f} ms")
-            return step
+            recorder.reset()
+            model.compute(ids, cache, taps, "all")  # untimed: the experts these tokens route to
+            read = target_step_bytes(model, kv, context, m, _unique(ids), recorder.union())
 
-        steps.append(target_step("ar", 1, "last"))
+            def forward():  # the engine's step: writes K/V past the context, commits nothing
+                if graphs is not None and graphs.covers(m):
+                    return graphs.run(ids)
+                return model.compute(ids, cache, taps, "all")
+
+            seconds = time_step(dev, forward, warmup, repeats)
+            log(f"{name}: {1000 * seconds:.1f} ms")
+            return Step(name, seconds, read, m, profile=profile_step(dev, forward) if name in PROFILED else None)
+
+        steps.append(target_step("ar", 1))
         for m in VERIFY_LENGTHS:
-            steps.append(target_step(f"verify-{m}", m, "all"))
+            steps.append(target_step(f"verify-{m}", m))
 
     anchor = tokens(1)
 
-    def draft_step(name, d, ctx):
-        seconds = time_step(dev, lambda: d.draft_logits(ctx, anchor, DRAFT_K), warmup, repeats)
-        log(f"{name}: {1000 * seconds:.1f} ms")
-        return Step(name, seconds, draft_step_bytes(d, context), DRAFT_K + 1)
+    def draft_step(name, d, ctx, graphs):
+        def draft():
+            if graphs is not None and graphs.covers_draft(ctx, DRAFT_K):
+                return graphs.run_draft(anchor, DRAFT_K)
+            return d.draft_logits(ctx, anchor, DRAFT_K)
 
-    steps.append(draft_step("draft", drafter, dctx))
+        seconds = time_step(dev, draft, warmup, repeats)
+        log(f"{name}: {1000 * seconds:.1f} ms")
+        return Step(name, seconds, draft_step_bytes(d, context), DRAFT_K + 1,
+                    profile=profile_step(dev, draft) if name in PROFILED else None)
+
+    steps.append(draft_step("draft", drafter, dctx, graphs))
     notes = [compiled] if compiled else []
+    capture_errors = [graphs.error] if graphs is not None and graphs.error else []
     del dctx
-    drafter = None  # the bf16 drafter's memory goes before the int4 one is made
+    drafter = graphs = None  # the bf16 drafter's memory (and its graphs') goes before the int4 one is made
     drafter = synthetic_drafter(model, seed + 1, quantize="int4")
     ctx4 = drafter.new_context(context + DRAFT_K + 1)
     for taps_chunk in tap_chunks:
         drafter.add_context(ctx4, taps_chunk)
-    steps.append(draft_step("draft-int4", drafter, ctx4))
+    graphs = StepGraphs(model, cache, taps, drafter, ctx4) if graphs_on else None
+    steps.append(draft_step("draft-int4", drafter, ctx4, graphs))
+    if graphs is not None and graphs.error:
+        capture_errors.append(graphs.error)
+    if capture_errors:  # as `generate --json` words it
+        graphs_note = f"capture failed, steps run eagerly ({capture_errors[0]})"
     if cfg.enable_moe and any(step.bytes and step.bytes.experts_per_layer is None and step.name.startswith(
             ("prefill", "ar", "verify")) for step in steps):
         notes.append("the MoE call was not observed: expert bytes of some steps are missing")
 
-    return _report(dev, layers, context, kv, torch_dtype, bandwidth, steps, notes, describe(dev))
+    return _report(dev, layers, context, kv, torch_dtype, bandwidth, steps, notes, describe(dev), graphs_note)
 
 
 def _unique(ids: torch.Tensor) -> int:
     return int(torch.unique(ids).numel())
 
 
-def _report(dev, layers, context, kv, dtype, bandwidth, steps, notes, kernels) -> dict:
+def _report(dev, layers, context, kv, dtype, bandwidth, steps, notes, kernels, cuda_graphs) -> dict:
     by_name = {step.name: step for step in steps}
 
     def ratio(a, b):
@@ -276,7 +309,7 @@ def _report(dev, layers, context, kv, dtype, bandwidth, steps, notes, kernels) -
     return {
         "device": str(dev) if dev.type != "cuda" else f"cuda ({torch.cuda.get_device_name(dev)})",
         "layers": layers, "context": context, "dtype": str(dtype).removeprefix("torch."), "kv_dtype": kv,
-        "kernels": kernels, "bandwidth_gbps": bandwidth / 1e9 if bandwidth else None,
+        "kernels": kernels, "cuda_graphs": cuda_graphs, "bandwidth_gbps": bandwidth / 1e9 if bandwidth else None,
         "steps": [step.as_dict(bandwidth) for step in steps], "ratios": ratios, "targets": targets,
         "notes": notes,
     }
@@ -290,6 +323,7 @@ def format_table(report: dict) -> str:
 
     lines = [f"synthetic Gemma 4 26B-A4B + DFlash: {report['layers']} layer(s), context {report['context']}, "
              f"{report['dtype']}, KV {report['kv_dtype']}, kernels {report['kernels']}, {report['device']}",
+             f"CUDA graphs: {report['cuda_graphs']}",
              "copy bandwidth: " + (f"{report['bandwidth_gbps']:.0f} GB/s" if report["bandwidth_gbps"]
                                    else "n/a (no floor on the CPU)"),
              f"{'step':<14}{'ms':>10}{'MB read':>11}{'GB/s':>9}{'of floor':>10}{'experts/layer':>15}"]
@@ -309,6 +343,8 @@ def format_table(report: dict) -> str:
                            ("verify(16) <= 2x AR", "verify16_at_most_2x_ar"),
                            ("draft <= 0.35x AR", "draft_at_most_0.35x_ar")):
             lines.append(f"target {label}: {'met' if report['targets'][key] else 'not met'}")
+    lines.extend(f"{row['name']}: {describe_profile(row['kernel_profile'])}" for row in report["steps"]
+                 if row.get("kernel_profile"))
     lines.extend(f"note: {note}" for note in report["notes"])
     return "\n".join(lines)
 
