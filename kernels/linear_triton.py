@@ -37,7 +37,6 @@ from flashdesk.kernels.linear import gate
 SMALL_M = 16  # rows per tile of the batch-invariant path; calls with more rows take the prefill path
 TARGET_PROGRAMS = 512  # ~4 resident tiles per SM on 82..170-SM cards: enough loads in flight
 MAX_SPLIT_TILES = 512  # output tiles of a split launch: fewer than TARGET_PROGRAMS, or it would not split
-TILE_WEIGHTS = 64 * 128  # weights a program dequantizes a step at the real shapes
 
 
 @triton.jit
@@ -209,13 +208,12 @@ def small_tiles(n: int, k: int, group: int | None, gated: bool = False) -> Tiles
     (router, o_proj, down) would otherwise leave most SMs idle while one reads the whole K.
     int4 runs 8 warps and 2 stages: with 4 warps or 3 stages ptxas 13 (sm_90, sm_120) spills a
     register or two around the loop. A gated dense weight takes 32-column steps over 8 warps: with
-    64 or 128 its activation spills on sm_86..sm_120. A K under 256 (the test models) is one step
-    over wider tiles: Triton's interpreter, which runs the tests, pays per program and step."""
+    64 or 128 its activation spills on sm_86..sm_120. A K under 256 (the test models) takes 64-column
+    steps, fewer of them: Triton's interpreter, which runs the tests, pays per step."""
     dense_gated = gated and group is None
     block_n, block_k = 64, (128 if k >= 256 and not dense_gated else 32)
-    if k < 256:  # only the test models: a tile as large as the real ones' (8192 weights), fewer programs
-        block_k = triton.next_power_of_2(k)
-        block_n = max(block_n, min(triton.next_power_of_2(n), TILE_WEIGHTS // block_k))
+    if k < 256:  # only the test models: 64-column steps (in fp32, 64 x 128 tiles spilled or passed 99 KB)
+        block_k = min(triton.next_power_of_2(k), 64)
     k_steps = triton.cdiv(k, block_k)
     wanted = triton.cdiv(TARGET_PROGRAMS, triton.cdiv(n, block_n))
     steps_per_chunk = max(2, triton.cdiv(k_steps, wanted))
