@@ -185,14 +185,18 @@ class _RecordingGraphs:
 @pytest.mark.parametrize("fail", [False, True])
 def test_on_a_gpu_the_steps_timed_are_graph_replays(capsys, monkeypatch, fail):
     """Timed eagerly, an AR step on a GPU would measure Python launching ~400 kernels, not the step
-    the engine replays from its CUDA graph: the bench times the replays, and says when capture
-    failed and the steps ran eagerly."""
+    the engine replays from its CUDA graph: the bench times (and with --profile, profiles) the
+    replays, and says when capture failed and the steps ran eagerly."""
     from flashdesk.engine.tools import bench_synthetic as bs
+
+    from flashdesk.engine.bench.kernel_profile import summarize
 
     _RecordingGraphs.made = []
     monkeypatch.setattr(bs, "graphs_wanted", lambda device: (True, "on"))
     monkeypatch.setattr(bs, "StepGraphs", lambda *args: _RecordingGraphs(*args, fail=fail))
-    report, table = run_cli(capsys, "--layers", "6", "--context", "24", "--prefill-lengths", "8,16", "--repeats", "2")
+    monkeypatch.setattr(bs, "profile_step", lambda device, fn: fn() is None or summarize([("gemv", 0.0, 3.0)]))
+    report, table = run_cli(capsys, "--layers", "6", "--context", "24", "--prefill-lengths", "8,16", "--repeats", "2",
+                            "--profile")
     target_graphs, int4_graphs = _RecordingGraphs.made
     assert target_graphs.drafter is not int4_graphs.drafter and int4_graphs.ctx is not target_graphs.ctx
     if fail:
@@ -200,14 +204,17 @@ def test_on_a_gpu_the_steps_timed_are_graph_replays(capsys, monkeypatch, fail):
         assert target_graphs.replays == target_graphs.draft_replays == int4_graphs.draft_replays == []
     else:
         assert report["cuda_graphs"] == "on" and "CUDA graphs: on" in table
-        assert target_graphs.replays == [m for m in [1] + list(range(1, 17)) for _ in range(2)]  # ar, verify-m
-        assert target_graphs.draft_replays == int4_graphs.draft_replays == [15, 15]
+        # ar, then verify-m, each timed twice, ar and verify-16 once more for their kernel profiles
+        assert target_graphs.replays == [1, 1, 1] + [m for m in range(1, 17) for _ in range(2)] + [16]
+        assert target_graphs.draft_replays == int4_graphs.draft_replays == [15, 15, 15]
     assert all(step["seconds"] > 0 for step in report["steps"])
-    assert not any("kernel_profile" in step for step in report["steps"])  # a GPU's only
+    profiled = [step["name"] for step in report["steps"] if "kernel_profile" in step]
+    assert profiled == ["ar", "verify-16", "draft", "draft-int4"]
+    assert "verify-16: 1 kernels, busy 0.003 of 0.003 ms (idle 0%); gemv x1 100%" in table
 
 
 def test_a_kernel_profile_counts_kernels_busy_time_and_the_gaps():
-    from flashdesk.engine.bench.kernel_profile import describe, summarize
+    from flashdesk.engine.bench.kernel_profile import describe, profile_step, summarize
 
     # (name, start us, end us): a gap of 2 us, an overlap of 1 us, a gap of 4 us
     kernels = [("gemv", 0.0, 10.0), ("norm", 12.0, 15.0), ("gemv", 14.0, 20.0), ("attn", 24.0, 30.0)]
@@ -220,3 +227,4 @@ def test_a_kernel_profile_counts_kernels_busy_time_and_the_gaps():
     assert describe(profile).startswith("4 kernels, busy 0.024 of 0.030 ms (idle 20%); gemv x2 64%")
     assert summarize([])["kernels"] == 0 and describe(summarize([])) == "no kernels recorded"
     assert describe({"error": "RuntimeError: CUPTI"}) == "kernel profile failed: RuntimeError: CUPTI"
+    assert profile_step(torch.device("cpu"), lambda: None) is None  # the CPU's ops are not kernels

@@ -44,7 +44,7 @@ GPU_CONTEXT, CPU_CONTEXT = 4096, 256
 FILL_CHUNK = 1024
 COPY_BYTES = 1 << 30
 TARGETS = {"ar_floor_fraction": 0.70, "verify16_over_ar": 2.0, "draft_over_ar": 0.35}
-PROFILED = ("ar", "verify-16", "draft", "draft-int4")  # on a GPU: where each one's device time goes
+PROFILED = ("ar", "verify-16", "draft", "draft-int4")  # with --profile on a GPU: where their device time goes
 
 
 # --- timing ---------------------------------------------------------------------------------------
@@ -100,7 +100,7 @@ class Step:
     bytes: Bytes | None
     tokens: int = 0
     note: str | None = None
-    profile: dict | None = None  # kernel_profile.profile_step of one run (a GPU only)
+    profile: dict | None = None  # kernel_profile.profile_step of one run (--profile on a GPU)
 
     def floor(self, bandwidth: float | None) -> float | None:
         return self.bytes.total / bandwidth if bandwidth and self.bytes else None
@@ -153,8 +153,9 @@ def parse_prefill_lengths(text: str) -> tuple[int, ...]:
 
 def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device: str = "auto",
                   dtype: str = "auto", kv_dtype: str = "auto", prefill_lengths=(1024, 8192),
-                  repeats: int | None = None, seed: int = 0, log=None) -> dict:
-    """Build the synthetic model on the device, time every step, and return the report dict."""
+                  repeats: int | None = None, seed: int = 0, log=None, profile: bool = False) -> dict:
+    """Build the synthetic model on the device, time every step, and return the report dict; with
+    `profile`, on a GPU, each PROFILED step's kernels too (kernel_profile.py)."""
     from flashdesk.engine.decode.kernel_warmup import compile_generation_kernels
     from flashdesk.kernels.backend import describe
 
@@ -238,7 +239,7 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
 
             seconds = time_step(dev, forward, warmup, repeats)
             log(f"{name}: {1000 * seconds:.1f} ms")
-            return Step(name, seconds, read, m, profile=profile_step(dev, forward) if name in PROFILED else None)
+            return Step(name, seconds, read, m, profile=profile_step(dev, forward) if profile and name in PROFILED else None)
 
         steps.append(target_step("ar", 1))
         for m in VERIFY_LENGTHS:
@@ -255,7 +256,7 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
         seconds = time_step(dev, draft, warmup, repeats)
         log(f"{name}: {1000 * seconds:.1f} ms")
         return Step(name, seconds, draft_step_bytes(d, context), DRAFT_K + 1,
-                    profile=profile_step(dev, draft) if name in PROFILED else None)
+                    profile=profile_step(dev, draft) if profile and name in PROFILED else None)
 
     steps.append(draft_step("draft", drafter, dctx, graphs))
     notes = [compiled] if compiled else []
@@ -355,7 +356,8 @@ def run_synthetic_bench(args) -> int:
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     report = run_synthetic(layers=args.layers, context=args.context, device=args.device, dtype=args.dtype,
-                           kv_dtype=args.kv_dtype, prefill_lengths=lengths, repeats=args.repeats)
+                           kv_dtype=args.kv_dtype, prefill_lengths=lengths, repeats=args.repeats,
+                           profile=args.profile)
     print(format_table(report), flush=True)
     if args.json:
         print(json.dumps(report), flush=True)

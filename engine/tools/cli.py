@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="--synthetic: token counts of the prefill-1024 and prefill-8192 steps (shrink on the CPU)")
     bench.add_argument("--repeats", type=int,
                        help="--synthetic: timed repeats per step (default 5 on a GPU, 1 on the CPU)")
+    bench.add_argument("--profile", action="store_true",
+                       help="--synthetic on a GPU: also profile the ar, verify-16 and draft steps' kernels "
+                       "(count, busy and idle time, the slowest)")
 
     serve = sub.add_parser("serve", help="serve the model to other programs: an OpenAI-compatible API on "
                            "http://127.0.0.1:8719/v1 (chat completions, streamed; /metrics)")
