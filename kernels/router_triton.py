@@ -76,4 +76,5 @@ def compile_specs() -> list[CompileSpec]:
     return [CompileSpec("route[E=128,top 8]", _route_kernel,
                         {"logits_ptr": "*bf16", "scale_ptr": "*bf16", "w_ptr": "*fp32", "idx_ptr": "*i64", "R": "i32",
                          **dict.fromkeys(("E", "TOP_K", "ROWS", "BLOCK_E", "BLOCK_K"), "constexpr")},
-                        {"E": 128, "TOP_K": 8, "ROWS": ROUTE_ROWS, "BLOCK_E": 128, "BLOCK_K": 8}, num_warps=ROUTER_WARPS)]
+                        {"E": 128, "TOP_K": 8, "ROWS": ROUTE_ROWS, "BLOCK_E": 128, "BLOCK_K": 8},
+                        num_warps=ROUTER_WARPS)]

@@ -239,7 +239,8 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
 
             seconds = time_step(dev, forward, warmup, repeats)
             log(f"{name}: {1000 * seconds:.1f} ms")
-            return Step(name, seconds, read, m, profile=profile_step(dev, forward) if profile and name in PROFILED else None)
+            return Step(name, seconds, read, m,
+                        profile=profile_step(dev, forward) if profile and name in PROFILED else None)
 
         steps.append(target_step("ar", 1))
         for m in VERIFY_LENGTHS:
