@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flashdesk.engine.model import cuda_graphs
 from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
@@ -262,9 +263,7 @@ class Decoder:
 
     def _draft_logits(self, k: int) -> torch.Tensor:
         """Drafter.draft_logits after the last token, replayed from a CUDA graph where one covers it."""
-        if self.graphs is not None and self.graphs.covers_draft(self.ctx, k):
-            return self.graphs.run_draft(self.last, k)
-        return self.drafter.draft_logits(self.ctx, self.last, k)
+        return cuda_graphs.draft_logits(self.graphs, self.drafter, self.ctx, self.last, k)
 
     def _launch_speculative(self, k: int) -> InFlight:
         clock = _StepClock(self.model.device)

@@ -126,3 +126,12 @@ class StepGraphs:
 
     def _write_context(self, taps: torch.Tensor, rows: int) -> None:
         self.drafter.write_context(self.ctx, taps[:rows])
+
+
+def draft_logits(graphs: StepGraphs | None, drafter: Drafter, ctx: DraftContext, anchor: torch.Tensor,
+                 k: int) -> torch.Tensor:
+    """drafter.draft_logits(ctx, anchor, k), replayed from `graphs` where one of its graphs covers
+    it (the same context, room for the block), else run eagerly: the decoder and the bench both draft so."""
+    if graphs is not None and graphs.covers_draft(ctx, k):
+        return graphs.run_draft(anchor, k)
+    return drafter.draft_logits(ctx, anchor, k)

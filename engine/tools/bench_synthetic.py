@@ -35,7 +35,7 @@ import torch
 from flashdesk.engine.bench.kernel_profile import describe as describe_profile, profile_step
 from flashdesk.engine.bench.step_bytes import Bytes, RouterRecorder, draft_step_bytes, target_step_bytes
 from flashdesk.engine.bench.synthetic_model import REAL_LAYERS, synthetic_drafter, synthetic_pair
-from flashdesk.engine.model.cuda_graphs import StepGraphs, graphs_wanted
+from flashdesk.engine.model.cuda_graphs import StepGraphs, draft_logits, graphs_wanted
 
 DRAFT_K = 15
 VERIFY_LENGTHS = tuple(range(1, 17))
@@ -250,9 +250,7 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
 
     def draft_step(name, d, ctx, graphs):
         def draft():
-            if graphs is not None and graphs.covers_draft(ctx, DRAFT_K):
-                return graphs.run_draft(anchor, DRAFT_K)
-            return d.draft_logits(ctx, anchor, DRAFT_K)
+            return draft_logits(graphs, d, ctx, anchor, DRAFT_K)
 
         seconds = time_step(dev, draft, warmup, repeats)
         log(f"{name}: {1000 * seconds:.1f} ms")
