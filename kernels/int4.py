@@ -56,13 +56,16 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 def quantize_int4(w: torch.Tensor, group_size: int = 32) -> Int4Weight:
     """Symmetric round-to-nearest int4 with one scale per group of `group_size` inputs.
 
-    The scale follows compressed-tensors (absmax / 7.5 over [-8, 7]), so an on-load quantized
-    weight is exactly what that library would have written to disk.
+    The scale follows compressed-tensors (absmax / 7.5 over [-8, 7], and its dtype's eps where that
+    is 0), so an on-load quantized weight is exactly what that library would have written to disk.
     """
     if w.shape[-1] % group_size:
         raise ValueError(f"input size {w.shape[-1]} is not a multiple of the group size {group_size}")
     groups = w.view(*w.shape[:-1], -1, group_size)
-    scale = (groups.float().abs().amax(dim=-1) / 7.5).clamp_min(torch.finfo(torch.float32).tiny).to(w.dtype)
+    # absmax as max(max, -min): the same value without an abs (and fp32) copy of the whole weight
+    absmax = torch.maximum(groups.amax(dim=-1), groups.amin(dim=-1).neg()).float()
+    scale = (absmax / 7.5).to(w.dtype)
+    scale = torch.where(scale == 0, torch.finfo(w.dtype).eps, scale)  # an all-zero group: no 0 / 0
     # divide in the weight's dtype, as compressed-tensors does, so the packed bytes are identical
     q = torch.clamp(torch.round(groups / scale.unsqueeze(-1)), -8, 7).to(torch.int8)
     return Int4Weight(pack_int4(q.view(w.shape)), scale, None, group_size)

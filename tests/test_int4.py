@@ -107,6 +107,22 @@ def test_our_packing_is_compressed_tensors_packing():
                           restored)
 
 
+def test_our_scales_are_compressed_tensors_scales():
+    """The group scales on-load quantization computes are the ones compressed-tensors computes from
+    the same groups' minima and maxima: a group led by a negative value, and all-zero groups, which
+    take the dtype's eps (they took float32's smallest normal before)."""
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=32)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        w = torch.randn(48, 96, generator=torch.Generator().manual_seed(1)).to(dtype)
+        w[0, :32], w[1, 32:64], w[2, 70] = 0.0, -0.0, -40.0
+        groups = w.view(48, 3, 32)
+        theirs, _ = calculate_qparams(groups.amin(-1), groups.amax(-1), args)
+        assert torch.equal(quantize_int4(w, 32).scale, theirs.to(dtype)), dtype
+
+
 def test_on_load_quantization_packs_every_linear_and_expert_weight(tmp_path):
     """--quantize int4 on a bf16 checkpoint: linears and experts packed while loading (group 32),
     the embedding and the routers left alone; each weight within int4's error of the original."""

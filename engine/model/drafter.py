@@ -47,7 +47,7 @@ def check_draft_quantize(quantize: str | None) -> None:
 
 def quantize_head(embed: torch.Tensor, group_size: int = GROUP_SIZE) -> Int4Weight:
     """An int4 copy of the (tied) embedding as a head, quantized in row chunks to bound the
-    temporary memory (the whole-matrix fp32 absmax of a 262k vocabulary would be gigabytes)."""
+    temporary memory (dividing and rounding a 262k vocabulary at once would take gigabytes)."""
     if embed.shape[-1] % group_size:
         raise ValueError(f"the target's hidden size {embed.shape[-1]} is not a multiple of {group_size}: "
                          "its head cannot be quantized to int4 for the drafter")
