@@ -130,20 +130,21 @@ def timed(device, fn, repeat: int):
     return statistics.median(samples)
 
 
-def block_rows_equal_alone(model, kv: str, context: int, seed: int = 5) -> dict:
+def block_rows_equal_alone(model, kv: str, context: int, seed: int = 5, rows: int = 16) -> dict:
     """Batch invariance where it matters: after `context` tokens, the logits of a 16-token block
-    (a verify) against the same 16 tokens decoded one at a time, bit for bit. The Triton path
-    promises equality on the GPU (bf16 weights, fp8 KV); the CPU's torch matmuls do not."""
+    (a verify) against the same tokens decoded one at a time (the first `rows` of them), bit for
+    bit. The Triton path promises equality on the GPU (bf16 weights, fp8 KV); the CPU's torch
+    matmuls do not."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, model.cfg.vocab_size, (context + 16,), generator=gen).to(model.device)
     cache = model.new_cache(context + 16, kv)
     model.forward(ids[:context], cache, logits_rows="last")
-    together = model.forward(ids[context:], cache, logits_rows="all").logits
+    together = model.forward(ids[context:], cache, logits_rows="all").logits[:rows]
     cache.rollback(context)
     alone = torch.cat([model.forward(ids[i:i + 1], cache, logits_rows="last").logits
-                       for i in range(context, context + 16)])
+                       for i in range(context, context + rows)])
     return {"equal": bool(torch.equal(together, alone)),
             "max_abs_diff": (together.float() - alone.float()).abs().max().item(),
             "argmax_equal": bool(torch.equal(together.argmax(-1), alone.argmax(-1)))}
@@ -236,7 +237,9 @@ def section_tiny_correctness(device, smoke: bool, new_tokens: int = 48):
     out["int4_logits_finite"] = bool(torch.isfinite(int4_dev.forward(ids.to(device), int4_dev.new_cache(48, "float32"))
                                                     .logits).all())
     bf16_int4 = random_target(cfg, device, torch.bfloat16, int4=True)
-    out["bf16_int4_fp8_block_rows_equal_alone"] = block_rows_equal_alone(bf16_int4, "fp8", 40)
+    # off the GPU only what it launches counts (no promise there, and interpreted steps are slow)
+    out["bf16_int4_fp8_block_rows_equal_alone"] = block_rows_equal_alone(
+        bf16_int4, "fp8", 40, rows=16 if device.type == "cuda" else 1)
     ok = (out["fp32_max_abs_logit_diff_vs_cpu"] < 1e-3 and out["dflash_greedy_equals_ar"]
           and out["int4_logits_finite"] and out["reuse_equals_fresh_prefill"]
           and out["drafts_with_graphs_equal_eager"]["equal"]

@@ -18,7 +18,8 @@ The AR, verify and draft steps are the engine's: on a GPU each is replayed from 
 (engine/model/cuda_graphs.py), as a generation replays it, with the drafter's features computed and
 nothing committed; timed eagerly, a step would measure Python launching some 400 kernels. Where
 capture fails the steps run eagerly and the report says so (`cuda_graphs`). The experts a step
-reads are counted from one eager run of the same tokens before it is timed.
+reads are counted from the routing of its timed runs, or where a replay is timed (no Python runs in
+it), from one eager run of the same tokens before.
 """
 
 from __future__ import annotations
@@ -228,16 +229,16 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
 
         def target_step(name, m):
             ids = tokens(m)
+            replayed = graphs is not None and graphs.covers(m)
             recorder.reset()
-            model.compute(ids, cache, taps, "all")  # untimed: the experts these tokens route to
-            read = target_step_bytes(model, kv, context, m, _unique(ids), recorder.union())
+            if replayed:  # a replay runs no Python: the experts these tokens route to, from an eager run
+                model.compute(ids, cache, taps, "all")
 
             def forward():  # the engine's step: writes K/V past the context, commits nothing
-                if graphs is not None and graphs.covers(m):
-                    return graphs.run(ids)
-                return model.compute(ids, cache, taps, "all")
+                return graphs.run(ids) if replayed else model.compute(ids, cache, taps, "all")
 
-            seconds = time_step(dev, forward, warmup, repeats)
+            seconds = time_step(dev, forward, warmup, repeats)  # eager runs are recorded as they are timed
+            read = target_step_bytes(model, kv, context, m, _unique(ids), recorder.union())
             log(f"{name}: {1000 * seconds:.1f} ms")
             return Step(name, seconds, read, m,
                         profile=profile_step(dev, forward) if profile and name in PROFILED else None)
