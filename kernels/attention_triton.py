@@ -132,7 +132,7 @@ def store_quantized(x, c_ptr, s_ptr, ok, FP8: tl.constexpr):
         tl.store(c_ptr, x.to(c_ptr.dtype.element_ty), mask=ok[:, None])
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "capacity"])
 def _kv_write_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, ks_ptr, vs_ptr, start_ptr, T, capacity,
                      stride_kt, stride_kh, stride_vt, stride_vh,
                      HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, ROWS: tl.constexpr):
@@ -174,7 +174,7 @@ def kv_write_rows(head_dim: int) -> int:
 
 # ----------------------------------------------------------------------------- decode / verify
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "capacity"])
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, l_ptr, acc_ptr, o_ptr,
                          T, capacity, window, split, qk_scale,
                          HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,

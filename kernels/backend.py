@@ -140,7 +140,9 @@ def kernels(choice: str):
 
 # Every row count and length a kernel takes as an integer argument is in its do_not_specialize:
 # Triton otherwise compiles a kernel again for a count of 1 and for counts divisible by 16, so a
-# prompt's length would decide when a user waits for a compile (test_compile_ahead checks it).
+# prompt's length would decide when a user waits for a compile (test_compile_ahead checks it). So
+# is a cache's capacity (a full layer's is the context the user chose): the binary a card runs
+# does not depend on that choice, and kernels.check compiles it whatever the choice.
 
 # Pipelining depth of the kernels that choose no other: Triton's CUDA default, but passed at every
 # launch, so a launch and the CompileSpec that kernels.check compiles for it cannot drift apart.

@@ -55,7 +55,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, res_ptr, scale_ptr, out_ptr, R, D, eps, HAS_W
     tl.store(out_ptr + at, y.to(out_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["R"])
+@triton.jit(do_not_specialize=["R", "capacity"])
 def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, ck_ptr, cv_ptr,
                        ks_ptr, vs_ptr, start_ptr, capacity, R, q_stride, kv_stride, eps, H: tl.constexpr,
                        KVH: tl.constexpr, V_MODE: tl.constexpr, WEIGHT_AFTER_CAST: tl.constexpr, STORE: tl.constexpr,

@@ -140,9 +140,9 @@ def test_what_triton_compiles_at_load_fits_every_card(tmp_path, monkeypatch):
     launches = json.loads(log.read_text())
     assert len(launches) > 40
     assert all(launch["attrs"] for launch in launches)  # 16-byte aligned pointers at least
-    for launch in launches:  # no row count or length is specialized (kernels/backend.py): none is
-        specialized = set(launch["attrs"]) | set(launch["constexprs"])  # marked divisible, none made 1
-        assert not {"R", "T", "M", "S", "P", "SLOTS"} & specialized, launch
+    for launch in launches:  # no row count, length or cache capacity is specialized (kernels/backend.py):
+        specialized = set(launch["attrs"]) | set(launch["constexprs"])  # none marked divisible, none made 1
+        assert not {"R", "T", "M", "S", "P", "SLOTS", "capacity"} & specialized, launch
     monkeypatch.setenv(LOG_VARIABLE, str(log))
     rows = check(("sm_86", "sm_89", "sm_90", "sm_120"), modules=("flashdesk.kernels.launch_log",), workers=2)
     assert len(rows) == 4 * len(launches)
