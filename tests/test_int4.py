@@ -110,7 +110,7 @@ def test_our_packing_is_compressed_tensors_packing():
 def test_our_scales_are_compressed_tensors_scales():
     """The group scales on-load quantization computes are the ones compressed-tensors computes from
     the same groups' minima and maxima: a group led by a negative value, and all-zero groups, which
-    take the dtype's eps (they took float32's smallest normal before)."""
+    take the dtype's eps."""
     from compressed_tensors.quantization import QuantizationArgs
     from compressed_tensors.quantization.utils import calculate_qparams
 
