@@ -39,6 +39,8 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, redirect_stdout
 from multiprocessing import get_context
 
+from flashdesk.kernels import result_cache
+
 SPEC_MODULES = (
     "flashdesk.kernels.linear_triton",
     "flashdesk.kernels.moe_triton",
@@ -63,7 +65,7 @@ def capability(arch: str | int) -> int:
 
 
 def check(archs=ARCHS, kernel_filter: str | None = None, modules=SPEC_MODULES,
-          workers: int | None = None) -> list[dict]:
+          workers: int | None = None, perf: bool = False) -> list[dict]:
     """Compile each spec of `modules` whose name contains `kernel_filter` for every arch.
 
     A module is "pkg.mod" (its compile_specs) or "pkg.mod:function". Returns one row per
@@ -71,6 +73,10 @@ def check(archs=ARCHS, kernel_filter: str | None = None, modules=SPEC_MODULES,
     stack_bytes, spill_stores, seconds (of one compile); a module that cannot be imported or
     listed gives one row with arch "all". ok is False on a compile error, local memory
     (local_bytes > 0: spills) or shared memory over the card's per-block limit; error says which.
+    With `perf`, each compiled row also has the performance model's fields (perf_model.row_perf,
+    from the SASS main loop) and `key`, the launch key a step's launch list matches it by.
+    A row is kept in the result cache (result_cache.py) under its kernel sources, spec, Triton
+    version and arch: an unchanged kernel is not compiled again.
     """
     caps = [capability(a) for a in archs]
     workers = workers or os.cpu_count() or 1
@@ -85,15 +91,23 @@ def check(archs=ARCHS, kernel_filter: str | None = None, modules=SPEC_MODULES,
             if error:
                 entries.append(_row(module, module, "all", error=error))
                 continue
-            entries += [(module, name, cap, _submit(pool, _compile, module, index, name, cap))
-                        for index, name in enumerate(names)
-                        if not kernel_filter or kernel_filter in name for cap in caps]
+            for index, name in enumerate(names):
+                if kernel_filter and kernel_filter not in name:
+                    continue
+                for cap in caps:
+                    key = result_cache.key(module, index, name, cap, perf)
+                    cached = result_cache.get(key)
+                    entries.append(cached if cached is not None else
+                                   (module, name, cap, key, _submit(pool, _compile, module, index, name, cap, perf)))
         return [entry if isinstance(entry, dict) else _compiled(*entry) for entry in entries]
 
 
-def _compiled(module: str, name: str, cap: int, future: Future) -> dict:
+def _compiled(module: str, name: str, cap: int, key: str, future: Future) -> dict:
     row, died = _outcome(future)
-    return row or _row(name, module, f"sm_{cap}", error=died)
+    if row is None:
+        return _row(name, module, f"sm_{cap}", error=died)
+    result_cache.put(key, row)
+    return row
 
 
 def _submit(pool: ProcessPoolExecutor, fn, *args) -> Future:
@@ -171,8 +185,9 @@ def _list_specs(module: str) -> tuple[list[str], str | None]:
         return [], _describe(exc)
 
 
-def _compile(module: str, index: int, name: str, cap: int) -> dict:
-    """Worker: compile one spec for one arch and read its resource usage from the cubin."""
+def _compile(module: str, index: int, name: str, cap: int, perf: bool = False) -> dict:
+    """Worker: compile one spec for one arch and read its resource usage from the cubin (with
+    `perf`, its SASS main loop too)."""
     arch = f"sm_{cap}"
     try:
         spec = _specs(module)[index]  # imports the module on this worker's first compile
@@ -194,9 +209,27 @@ def _compile(module: str, index: int, name: str, cap: int) -> dict:
         error = f"local memory: {local} bytes per thread ({spill_stores} bytes of spill stores)"
     elif shared > SHARED_LIMIT.get(cap, shared):
         error = f"shared memory {shared} bytes is over {arch}'s {SHARED_LIMIT[cap]} bytes per block"
-    return _row(name, module, arch, error=error, registers=usage["REG"], shared_bytes=shared,
-                local_bytes=local, stack_bytes=usage["STACK"], spill_stores=spill_stores,
-                seconds=seconds)
+    row = _row(name, module, arch, error=error, registers=usage["REG"], shared_bytes=shared,
+               local_bytes=local, stack_bytes=usage["STACK"], spill_stores=spill_stores, seconds=seconds)
+    if perf:
+        try:
+            row.update(_perf_fields(spec, compiled, cap, usage["REG"], shared))
+        except Exception as exc:  # noqa: BLE001 - the compile stands; the model says what failed
+            row["perf_error"] = _describe(exc)
+    return row
+
+
+def _perf_fields(spec, compiled, cap: int, registers: int, shared: int) -> dict:
+    from flashdesk.kernels import perf_model, sass
+    from flashdesk.kernels.launch_log import _key
+
+    loop = sass.main_loop(sass.disassemble(compiled.asm["cubin"], _cuobjdump()))
+    fields = perf_model.row_perf(f"sm_{cap}", spec.fn.fn.__name__, spec.constexprs, spec.num_warps,
+                                 spec.num_stages, registers, shared, loop)
+    fields["in_flight_ok"] = perf_model.in_flight_floor_ok(fields, cap)
+    fields["key"] = repr(_key(spec.fn, spec.signature, spec.constexprs, spec.num_warps, spec.num_stages,
+                              spec.maxnreg))
+    return fields
 
 
 def _triton_compile(spec, cap: int):
@@ -324,16 +357,60 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--module", action="append",
                         help="spec module (pkg.mod or pkg.mod:function) instead of the engine's")
     parser.add_argument("--workers", type=int, help="parallel compiles (default: all cores)")
+    parser.add_argument("--perf", action="store_true",
+                        help="also model each kernel (occupancy, bytes in flight, instructions per key) "
+                        "and each decode step on the cards of the compiled archs (kernels/perf_model.py)")
     args = parser.parse_args(argv)
     archs = [a for a in args.arch.split(",") if a.strip()]
     start = time.perf_counter()
-    rows = check(archs, args.kernel, tuple(args.module or SPEC_MODULES), args.workers)
+    rows = check(archs, args.kernel, tuple(args.module or SPEC_MODULES), args.workers, perf=args.perf)
+    report = perf_report(rows, archs) if args.perf else None
     wall = time.perf_counter() - start
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(report if report is not None else rows, indent=1))
     else:
         print(format_table(rows, wall))
+        if report is not None:
+            print(format_perf(report))
     return 0 if rows and all(r["ok"] for r in rows) else 1
+
+
+def perf_report(rows: list[dict], archs) -> dict:
+    """{"label", "rows", "steps"}: the compiled rows with their model fields, and every recorded
+    decode step modeled on the cards of `archs` (perf_model.model_steps)."""
+    from flashdesk.kernels import perf_model
+
+    caps = {capability(a) for a in archs}
+    cards = [card for card in perf_model.CARDS.values() if card.capability in caps]
+    report = {"label": perf_model.MODEL_LABEL, "rows": rows, "steps": []}
+    try:
+        report["steps"] = perf_model.model_steps(rows, perf_model.record_steps(), cards)
+    except Exception as exc:  # noqa: BLE001 - the kernel rows still stand
+        report["steps_error"] = _describe(exc)
+    return report
+
+
+def format_perf(report: dict) -> str:
+    """The model's tables: streaming rows (occupancy, bytes in flight) and modeled steps."""
+    lines = [f"\nPerformance model: {report['label']}",
+             f"{'kernel':<58} {'arch':<7} {'role':<7} {'blk/SM':>6} {'KiB in flight/SM':>16} "
+             f"{'instr/key':>9}  floor"]
+    for r in report["rows"]:
+        if r.get("role") not in ("weights", "kv"):
+            continue
+        in_flight = r["bytes_in_flight_per_sm"]
+        lines.append(f"{r['kernel'][:58]:<58} {r['arch']:<7} {r['role']:<7} {_cell(r['blocks_per_sm']):>6} "
+                     f"{'-' if in_flight is None else f'{in_flight / 1024:.1f}':>16} "
+                     f"{_cell(r.get('instructions_per_key')):>9}  {'ok' if r['in_flight_ok'] else 'BELOW'}")
+    if report.get("steps_error"):
+        lines.append(f"steps not modeled: {_headline(report['steps_error'])}")
+    lines.append(f"\n{'card':<8} {'step':<10} {'capacity':>8} {'length':>6} {'launches':>8} {'GB':>6} "
+                 f"{'floor ms':>8} {'model ms':>8} {'of floor':>8}")
+    for s in report["steps"]:
+        lines.append(f"{s['card']:<8} {s['step']:<10} {s['capacity']:>8} {s['length']:>6} {s['launches']:>8} "
+                     f"{s['bytes'] / 1e9:>6.2f} {1000 * s['floor_seconds']:>8.3f} {1000 * s['modeled_seconds']:>8.3f} "
+                     f"{s['floor_fraction']:>8.0%}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@
 - `compile_specs()` hands a saved recording to kernels.check:
       FLASHDESK_LAUNCH_LOG=launches.json python -m flashdesk.kernels.check \\
           --module flashdesk.kernels.launch_log --arch sm_90
-- `count_kernels()` counts a block's Triton launches and computing torch ops (latency at batch 1).
+- `count_kernels()` counts a block's Triton launches and computing torch ops (latency at batch 1);
+- `launch_list()` keeps every one of them in order, with its grid and its tensors, for the
+  performance model (kernels/perf_model.py) to cost a step launch by launch.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
+
+import torch
 
 from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec, interpreted
 
@@ -81,7 +86,8 @@ def _launches_through(run):
     original = InterpretedFunction.run
 
     def patched(self, *args, grid, warmup, **kwargs):
-        return run(lambda: original(self, *args, grid=grid, warmup=warmup, **kwargs), self, args, kwargs)
+        return run(lambda: original(self, *args, grid=grid, warmup=warmup, **kwargs), self, args,
+                   dict(kwargs, grid=grid))
 
     InterpretedFunction.run = patched
     try:
@@ -100,6 +106,7 @@ def record_launches(execute: bool = True):
     seen: set[str] = set()
 
     def run(launch_now, kernel, args, kwargs):
+        kwargs = {key: value for key, value in kwargs.items() if key != "grid"}
         launch = describe_launch(kernel.fn, args, kwargs)
         key = json.dumps(launch, sort_keys=True, default=str)
         if key not in seen:
@@ -229,6 +236,44 @@ def count_kernels():
 
     with _launches_through(run), _Ops():
         yield counts
+
+
+@contextmanager
+def launch_list():
+    """Yield a list that gets every kernel the block runs, in order: each Triton launch (counted,
+    not executed: the results are garbage) as describe_launch's fields plus "grid", "programs",
+    "tensors" (argument name -> tensor) and "scalars" (argument name -> number), each computing torch op as {"function": "aten...",
+    "tensors": its tensor arguments and result}. The tensors let a caller say which bytes each
+    launch moves: weights, KV, activations."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    kernels: list[dict] = []
+
+    class _Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = str(func)
+            no_op = any(out is arg for arg in args)  # e.g. .to() of a tensor already there
+            if not no_op and not any(view in name for view in VIEW_OPS):
+                flat = [*args, *(kwargs or {}).values(), *(out if isinstance(out, (tuple, list)) else (out,))]
+                tensors = {f"arg{i}": t for i, t in enumerate(flat) if isinstance(t, torch.Tensor)}
+                kernels.append({"function": name, "tensors": tensors})
+            return out
+
+    def run(launch_now, kernel, args, kwargs):
+        grid = kwargs.pop("grid")
+        launch = describe_launch(kernel.fn, args, kwargs)
+        names = list(inspect.signature(kernel.fn).parameters)
+        bound = dict(zip(names, args)) | kwargs
+        launch["grid"] = tuple(grid(bound) if callable(grid) else grid)
+        launch["programs"] = math.prod(int(n) for n in launch["grid"])
+        launch["tensors"] = {name: value for name, value in bound.items() if isinstance(value, torch.Tensor)}
+        launch["scalars"] = {name: value for name, value in bound.items()
+                             if isinstance(value, (int, float)) and not isinstance(value, bool)}
+        kernels.append(launch)
+
+    with _launches_through(run), _Ops():
+        yield kernels
 
 
 def save(launches: list[dict], path: str | Path) -> None:

@@ -147,3 +147,25 @@ def test_engine_kernels_compile_without_spills_on_every_card():
     failures = [line for line in result.stdout.splitlines() if " FAIL " in line]
     summary = result.stdout.strip().splitlines()[-1:] if result.stdout.strip() else []
     assert result.returncode == 0, "\n".join(failures + summary) or result.stderr[-4000:]
+
+
+def test_perf_rows_model_a_kernel_from_its_cubin():
+    """--perf adds the model's fields from the compiled code: the fp8 full-layer decode split reads
+    the KV cache, its SASS main loop gives instructions per key, occupancy gives bytes in flight."""
+    rows = kcheck.check(["sm_90"], "decode_split[D=512,full,fp8]", ("flashdesk.kernels.attention_triton",),
+                        perf=True)
+    assert rows and all(r["ok"] for r in rows), rows
+    for r in rows:
+        assert (r["role"], r["kv_dtype"], r["head_dim"]) == ("kv", "fp8", 512)
+        assert r["instructions_per_key"] > 0 and r["main_loop"] and r["blocks_per_sm"] >= 1
+        assert r["bytes_in_flight_per_sm"] == r["blocks_per_sm"] * r["bytes_in_flight_per_block"] > 0
+        assert r["key"].startswith("('flashdesk.kernels.attention_triton', '_decode_split_kernel'")
+
+
+def test_a_row_is_compiled_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHDESK_CHECK_CACHE", str(tmp_path))
+    first = kcheck.check(["sm_86"], modules=(f"{HERE}:good_specs",))
+    again = kcheck.check(["sm_86"], modules=(f"{HERE}:good_specs",))
+    assert len(list(tmp_path.glob("*.json"))) == len(first) == len(again) == 1
+    assert not first[0].get("cached") and again[0]["cached"]
+    assert {k: v for k, v in again[0].items() if k != "cached"} == first[0]

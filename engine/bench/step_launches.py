@@ -1,0 +1,214 @@
+"""The launch list of each decode step at the real shapes: what the performance model costs.
+
+A step is recorded on the CPU with the kernels counted, not run (kernels/launch_log.launch_list),
+on the synthetic Gemma 4 26B-A4B over its first two layers (one sliding, one full) at the real
+cache capacity and a filled length, and the full-size DFlash drafter. Launches inside the sliding
+layer count 25 times, inside the full layer 5 times, the rest (embedding, head) once: the 30-layer
+step. Every launch gets the bytes it moves, from its tensor arguments:
+- weights: an argument that is (a view of) a weight is read whole, an expert tensor only for the
+  experts the step routes to (8 for one token; for a 16-token block, the expected union under
+  uniform routing, ~82 of 128, the near-uniform end that published verify costs imply);
+- KV: a cache or drafter context read by attention is read over the positions the block sees
+  (its scales likewise); a cache written by a K/V store moves the block's rows;
+- activations: every other tensor argument, whole.
+`read_bytes` (weights and KV read) is the step's floor, as engine/bench/step_bytes counts it.
+
+`record_steps` is registered as the `flashdesk.step_launches` entry point: `python -m
+flashdesk.kernels.check --perf` models these steps without kernels/ importing the engine.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from flashdesk.kernels.int4 import Int4Weight
+from flashdesk.kernels.launch_log import _key, as_on_gpu, launch_list
+
+STEPS = ("ar", "verify-16", "draft")
+DEFAULT_POINTS = ((262144, 4096), (8192, 4096))  # (capacity, length)
+REAL_SLIDING, REAL_FULL = 25, 5
+DRAFT_K = 15
+ATTENTION_READS = ("_decode_split_kernel",)
+
+
+def expected_union(experts: int, top_k: int, tokens: int) -> float:
+    """Distinct experts `tokens` tokens route to, each picking top_k of `experts` uniformly."""
+    return experts * (1 - (1 - top_k / experts) ** tokens)
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Int4Weight):
+        yield from (t for t in (obj.packed, obj.scale, obj.zero) if t is not None)
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _tensors(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _tensors(value)
+
+
+class _Storage:
+    """What each storage holds: weights (expert tensors marked), KV (with rows per position)."""
+
+    def __init__(self, model, drafter, cache, ctx):
+        self.kind: dict[int, tuple[str, bool]] = {}
+        for holder in (model, *model.layers, drafter, *getattr(drafter, "layers", ())):
+            for name, value in (holder.items() if isinstance(holder, dict) else vars(holder).items()):
+                if name in ("target", "layers", "cfg"):
+                    continue
+                for t in _tensors(value):
+                    self.kind[_ptr(t)] = ("weights", name.startswith("experts"))
+        for t, _ in cache.buffers() + ctx.buffers():
+            self.kind[_ptr(t)] = ("kv", False)
+
+    def of(self, t: torch.Tensor) -> tuple[str, bool]:
+        return self.kind.get(_ptr(t), ("activations", False))
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _key_range(launch: dict, start: int) -> tuple[int, int]:
+    """First and last key position a decode-attention launch reads."""
+    s = launch["scalars"]
+    return max(start - s["window"] + 1, 0), start + s["T"] - 1
+
+
+def _visible(launch: dict, start: int) -> int:
+    lo, hi = _key_range(launch, start)
+    return hi - lo + 1
+
+
+def _working_programs(launch: dict, start: int) -> int:
+    """Programs that do work: a decode-attention program whose split lies past the block's keys
+    exits at once (its grid is fixed by the cache's capacity)."""
+    if launch["function"] not in ATTENTION_READS:
+        return launch.get("programs", 1)
+    lo, hi = _key_range(launch, start)
+    split = launch["scalars"]["split"]
+    rows, columns = launch["grid"][0], launch["grid"][1]
+    return rows * min(columns, hi // split - lo // split + 1)
+
+
+def _launch_bytes(launch: dict, storage: _Storage, start: int, expert_share: float) -> tuple[int, int]:
+    """(bytes moved, bytes read of weights and KV) by one launch."""
+    moved = read = 0
+    largest: dict[int, torch.Tensor] = {}  # one tensor per storage: an unused stand-in aliases another
+    for t in launch["tensors"].values():
+        if _ptr(t) not in largest or _nbytes(t) > _nbytes(largest[_ptr(t)]):
+            largest[_ptr(t)] = t
+    for t in largest.values():
+        kind, expert = storage.of(t)
+        size = _nbytes(t)
+        if kind == "weights" and launch["function"] == "aten.embedding.default":
+            size = _nbytes(launch["tensors"]["arg2"])  # the rows it gathers: as many bytes as it returns
+            read += size
+        elif kind == "weights":
+            size = round(size * expert_share) if expert else size
+            read += size
+        elif kind == "kv":
+            rows = t.shape[0]
+            if launch["function"] in ATTENTION_READS:
+                size = size * min(rows, _visible(launch, start)) // rows
+                read += size
+            else:  # a store: the block's rows
+                size = size * launch.get("scalars", {}).get("T", 1) // rows
+        moved += size
+    return moved, read
+
+
+def _costed(kernels: list[dict], storage: _Storage, start: int, expert_share: float,
+            counts: list[int]) -> list[dict]:
+    out = []
+    for launch, count in zip(kernels, counts):
+        moved, read = _launch_bytes(launch, storage, start, expert_share)
+        entry = {"function": launch["function"], "count": count, "bytes": moved, "read_bytes": read,
+                 "programs": _working_programs(launch, start), "key": None}
+        if "signature" in launch:  # a Triton launch: the key of the compiled spec it runs
+            fn = getattr(__import__(launch["module"], fromlist=[launch["function"]]), launch["function"])
+            entry["key"] = repr(_key(fn, launch["signature"], as_on_gpu(launch), launch["num_warps"],
+                                     launch["num_stages"], launch.get("maxnreg")))
+        out.append(entry)
+    return out
+
+
+@contextmanager
+def _layer_marks(model, marks: list, launched: list):
+    """Note (layer index, index of its first launch) as each target layer starts."""
+    original = model._layer
+
+    def marked(i, *args, **kwargs):
+        marks.append((i, len(launched)))
+        return original(i, *args, **kwargs)
+
+    model._layer = marked
+    try:
+        yield
+    finally:
+        del model._layer
+
+
+def _counts(model, n: int, marks: list[tuple[int, int]], layer_end: int) -> list[int]:
+    """Each launch's count in the 30-layer step: the sliding layer's 25, the full layer's 5."""
+    counts = [1] * n
+    bounds = marks + [(None, layer_end)]
+    for (layer, begin), (_, end) in zip(bounds, bounds[1:]):
+        times = REAL_SLIDING if model.cfg.layers[layer].sliding else REAL_FULL
+        counts[begin:end] = [times] * (end - begin)
+    return counts
+
+
+def _last_layer_end(launched: list[dict], marks: list) -> int:
+    """Where the last layer's launches end: its fused output norm (the final norm) is its last
+    kernel; after it come the head linear and the softcap."""
+    for i in range(len(launched) - 1, marks[-1][1] - 1, -1):
+        if launched[i]["function"] == "_mlp_out_kernel":
+            return i + 1
+    return len(launched)
+
+
+def record_step(model, drafter, cache, ctx, step: str, real_layers: bool = True) -> list[dict]:
+    """The costed launches of one step at the cache's and context's length. real_layers: each
+    launch counted as often as the 30-layer model runs it; else once (the model as it is)."""
+    from flashdesk.kernels.backend import kernels
+
+    rows = {"ar": 1, "verify-16": 16, "draft": DRAFT_K + 1}[step]
+    cfg, marks = model.cfg, []
+    with kernels("triton"), torch.inference_mode(), launch_list() as launched, \
+            _layer_marks(model, marks, launched):
+        if step == "draft":
+            drafter.draft_logits(ctx, torch.tensor([7]), DRAFT_K)
+        else:
+            model.compute(torch.arange(5, 5 + rows), cache, tuple(drafter.cfg.target_layer_ids), "all")
+    counts = [1] * len(launched)
+    if real_layers and step != "draft":
+        counts = _counts(model, len(launched), marks, _last_layer_end(launched, marks))
+    share = expected_union(cfg.num_experts, cfg.top_k_experts, rows) / cfg.num_experts if cfg.num_experts else 0
+    return _costed(launched, _Storage(model, drafter, cache, ctx), cache.length, share, counts)
+
+
+def record_steps(points=DEFAULT_POINTS, kv_dtype: str = "fp8", draft_quantize: str | None = None) -> list[dict]:
+    """One entry per (step, capacity, length): step, capacity, length, launches (costed, counted
+    for the 30-layer model)."""
+    from flashdesk.engine.bench.synthetic_model import synthetic_pair
+
+    model, drafter = synthetic_pair(2, "cpu", torch.bfloat16, quantize=draft_quantize)
+    if [s.sliding for s in model.cfg.layers] != [True, False]:
+        raise RuntimeError("the synthetic two-layer model is no longer one sliding and one full layer")
+    out = []
+    for capacity, length in points:
+        cache, ctx = model.new_cache(capacity, kv_dtype), drafter.new_context(capacity)
+        cache.place(length, length)
+        ctx.place(length, length)
+        out += [{"step": step, "capacity": capacity, "length": length,
+                 "launches": record_step(model, drafter, cache, ctx, step)} for step in STEPS]
+    return out
