@@ -7,11 +7,16 @@ bits never depend on how many queries came with it or where its row sits in the 
 invariance: a verify block computes exactly what plain decoding computes). Keys are read where the
 cache stores them (slot = position % capacity) in chunks of BLOCK_N aligned to absolute positions,
 and a chunk with no visible key for a row leaves that row's running (max, sum, acc) bit for bit as
-it was. The keys are cut into splits of `split` positions aligned at 0 (flash-decoding): program
-(row tile, j) reduces one split into fp32 partials and a second kernel combines each row's non-empty
-splits in position order; when the static context is a single split, the split kernel normalizes
-and writes the output itself. The grid depends on shapes and the static context size only, and the
-block's start is read on the device, so one captured CUDA graph replays at every length.
+it was. The keys are cut into splits of SPLIT positions aligned at 0 (flash-decoding), whatever
+the cache's capacity, so the work follows the length: a step at 4K positions runs 16 splits a KV
+head whether the cache holds 8K or 256K. The grid has P split columns (P from the static context
+size, at most MAX_SPLITS); program (row tile, j) reduces, in position order, the splits s with
+s % P == j into fp32 partials (a split is assigned by its absolute index, never by the block's
+rows, so batch invariance holds), and exits at once when the block's keys end before its first
+split. A second kernel combines the partials of the programs that ran, in position order of their
+first split; when the static context is a single split, the split kernel normalizes and writes the
+output itself. The grid depends on shapes and the static context size only, and the block's start
+is read on the device, so one captured CUDA graph replays at every length.
 
 fp8 e4m3 is handled as raw bytes with our own bit-level codec: Triton's fp8e4nv type does not exist
 below sm_89 (RTX 3090), and the encoder rounds exactly as torch does (nearest even, NaN past 464,
@@ -43,8 +48,8 @@ from flashdesk.kernels.backend import LAUNCH_STAGES, MAX_REGISTERS, CompileSpec,
 from flashdesk.kernels.kv_write import device_start
 
 BLOCK_T = DECODE_QUERIES  # query rows of a decode tile: one tile takes a whole verify block
-MIN_SPLIT = 256  # positions per flash-decoding split, at least
-MAX_SPLITS = 64  # splits of a full layer: bounds the fp32 partials (<= 32 MB at T=16, D=512)
+SPLIT = 256  # positions per flash-decoding split, for every layer and cache size
+MAX_SPLITS = 64  # split columns of the grid: bounds the fp32 partials (<= 32 MB at T=16, D=512)
 COMBINE_BLOCK_D = 64  # columns per combine program: 16 heads x D/64 programs
 COMBINE_WARPS = 4
 KV_WRITE_ELEMENTS = 1024  # values per cache-write program (rows of D), 8 a thread
@@ -84,16 +89,16 @@ def prefill_config(head_dim: int) -> PrefillConfig:
     return PrefillConfig(64, 64, 4)
 
 
-def decode_split(head_dim: int, window: int | None, max_context: int) -> int:
-    """Positions per split, from the layer's static shape only (never from the current length)."""
+def decode_split(head_dim: int) -> int:
+    """Positions per split: SPLIT, a whole number of key chunks (never from the length or capacity)."""
     block_n = decode_config(head_dim).block_n
-    per_split = MIN_SPLIT if window is not None else max(MIN_SPLIT, triton.cdiv(max_context, MAX_SPLITS))
-    return triton.cdiv(per_split, block_n) * block_n
+    return triton.cdiv(SPLIT, block_n) * block_n
 
 
 def decode_num_splits(window: int | None, max_context: int, split: int) -> int:
-    """Grid columns: every split of the context, or for a ring only as many as one block can touch."""
-    splits = triton.cdiv(max_context, split)
+    """Grid columns: one per split of the context up to MAX_SPLITS (a program then takes every
+    P-th split), or for a ring only as many as one block can touch."""
+    splits = min(triton.cdiv(max_context, split), MAX_SPLITS)
     if window is None:
         return splits
     return min(splits, triton.cdiv(window + BLOCK_T - 1, split) + 1)
@@ -174,16 +179,16 @@ def kv_write_rows(head_dim: int) -> int:
 
 # ----------------------------------------------------------------------------- decode / verify
 
-@triton.jit(do_not_specialize=["T", "capacity"])
+@triton.jit(do_not_specialize=["T", "capacity", "P"])
 def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, l_ptr, acc_ptr, o_ptr,
-                         T, capacity, window, split, qk_scale,
+                         T, capacity, window, split, P, qk_scale,
                          HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
                          BLOCK_N: tl.constexpr, FP8: tl.constexpr, DOT_FP32: tl.constexpr,
                          ONE_SPLIT: tl.constexpr, CAUSAL: tl.constexpr):
-    """Program (kv head x row block, j): 16 (query head, query) rows sharing one KV head, over split
-    lo // split + j, into partials (ONE_SPLIT: the only split, normalized into o). Row r is query
-    r % T of head kv_head * GROUP + r // T. Not CAUSAL (the drafter's full layers): every query
-    sees the whole block."""
+    """Program (kv head x row block, j) of P split columns: 16 (query head, query) rows sharing one
+    KV head, over the block's splits s with s % P == j, into partials (ONE_SPLIT: the only split,
+    normalized into o). Row r is query r % T of head kv_head * GROUP + r // T. Not CAUSAL (the
+    drafter's full layers): every query sees the whole block."""
     pid, j = tl.program_id(0), tl.program_id(1)
     n_rows = GROUP * T  # (query head, query) rows of one KV head
     row_blocks = (n_rows + BLOCK_T - 1) // BLOCK_T
@@ -191,8 +196,9 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, 
     start = tl.load(start_ptr).to(tl.int32)
     hi = start + T - 1  # last key position of the block
     lo = tl.maximum(start - window + 1, 0)  # first key position of the block
-    split_lo = (lo // split + j) * split
-    if split_lo <= hi:  # splits past the block's end do nothing: the grid is fixed, the length is not
+    first_split = lo // split
+    mine = first_split + ((j - first_split) % P + P) % P  # this program's first split of the block
+    if mine * split <= hi:  # programs past the block's end do nothing: the grid is fixed, the length is not
         r = (pid % row_blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
         row_ok = r < n_rows
         t = r % T
@@ -205,40 +211,41 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, 
         m = tl.full([BLOCK_T], float("-inf"), tl.float32)
         l = tl.full([BLOCK_T], 0.0, tl.float32)
         acc = tl.full([BLOCK_T, D], 0.0, tl.float32)
-        first = tl.maximum(split_lo, lo // BLOCK_N * BLOCK_N)
-        for c in range(first, tl.minimum(split_lo + split, hi + 1), BLOCK_N):
-            k_pos = c + tl.arange(0, BLOCK_N)
-            k_ok = (k_pos >= lo) & (k_pos <= hi)
-            row = (k_pos % capacity) * (HQ // GROUP) + kv_head  # the key's ring slot, this KV head
-            kv = row[:, None] * D + d[None, :]
-            k = tl.load(k_ptr + kv, mask=k_ok[:, None], other=0)
-            if FP8:
-                # e4m3 byte -> fp16 of value * 2**-8, exactly: fp16 is e4m3 with one more exponent bit
-                # (bias 15, not 7), subnormals included; the 2**8 goes into the scales. NaN is never stored.
-                k = k.to(tl.uint16)
-                k = (((k & 0x7F) << 7) | ((k & 0x80) << 8)).to(tl.float16, bitcast=True)
-                k_scale = tl.load(ks_ptr + row, mask=k_ok, other=0.0) * 256.0 * qk_scale
-                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * k_scale[None, :]
-            else:
-                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * qk_scale
-            delta = q_pos[:, None] - k_pos[None, :]
-            # a query's visible keys lie in [lo, hi], so k_ok is implied; padding rows are never stored
-            if CAUSAL:
-                s = tl.where((delta >= 0) & (delta < window), s, float("-inf"))
-            else:
-                s = tl.where(k_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            base = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: -inf - -inf would be NaN
-            alpha = tl.where(m_new > m, tl.exp2(m - base), 1.0)  # exactly 1 when a chunk adds nothing
-            p = tl.exp2(s - base[:, None])  # exactly 0 where masked
-            l = l * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptr + row[:, None] * D + d[None, :], mask=k_ok[:, None], other=0)
-            if FP8:  # as k
-                v = v.to(tl.uint16)
-                v = (((v & 0x7F) << 7) | ((v & 0x80) << 8)).to(tl.float16, bitcast=True)
-                p = p * (tl.load(vs_ptr + row, mask=k_ok, other=0.0) * 256.0)[None, :]
-            acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
-            m = m_new
+        for split_lo in range(mine * split, hi + 1, P * split):
+            first = tl.maximum(split_lo, lo // BLOCK_N * BLOCK_N)
+            for c in range(first, tl.minimum(split_lo + split, hi + 1), BLOCK_N):
+                k_pos = c + tl.arange(0, BLOCK_N)
+                k_ok = (k_pos >= lo) & (k_pos <= hi)
+                row = (k_pos % capacity) * (HQ // GROUP) + kv_head  # the key's ring slot, this KV head
+                kv = row[:, None] * D + d[None, :]
+                k = tl.load(k_ptr + kv, mask=k_ok[:, None], other=0)
+                if FP8:
+                    # e4m3 byte -> fp16 of value * 2**-8, exactly: fp16 is e4m3 with one more exponent bit
+                    # (bias 15, not 7), subnormals included; the 2**8 goes into the scales. NaN is never stored.
+                    k = k.to(tl.uint16)
+                    k = (((k & 0x7F) << 7) | ((k & 0x80) << 8)).to(tl.float16, bitcast=True)
+                    k_scale = tl.load(ks_ptr + row, mask=k_ok, other=0.0) * 256.0 * qk_scale
+                    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * k_scale[None, :]
+                else:
+                    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * qk_scale
+                delta = q_pos[:, None] - k_pos[None, :]
+                # a query's visible keys lie in [lo, hi], so k_ok is implied; padding rows are never stored
+                if CAUSAL:
+                    s = tl.where((delta >= 0) & (delta < window), s, float("-inf"))
+                else:
+                    s = tl.where(k_ok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m, tl.max(s, 1))
+                base = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: -inf - -inf would be NaN
+                alpha = tl.where(m_new > m, tl.exp2(m - base), 1.0)  # exactly 1 when a chunk adds nothing
+                p = tl.exp2(s - base[:, None])  # exactly 0 where masked
+                l = l * alpha + tl.sum(p, 1)
+                v = tl.load(v_ptr + row[:, None] * D + d[None, :], mask=k_ok[:, None], other=0)
+                if FP8:  # as k
+                    v = v.to(tl.uint16)
+                    v = (((v & 0x7F) << 7) | ((v & 0x80) << 8)).to(tl.float16, bitcast=True)
+                    p = p * (tl.load(vs_ptr + row, mask=k_ok, other=0.0) * 256.0)[None, :]
+                acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
+                m = m_new
         if ONE_SPLIT:  # what the combine computes for one split (num = acc, den = l), without it
             out = acc / tl.where(row_ok, l, 1.0)[:, None]  # padding rows: nothing to normalize
             tl.store(o_ptr + (t * HQ + head)[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty),
@@ -250,25 +257,27 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, 
             tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["T"])
-def _decode_combine_kernel(m_ptr, l_ptr, acc_ptr, start_ptr, o_ptr, T, window, split,
+@triton.jit(do_not_specialize=["T", "P"])
+def _decode_combine_kernel(m_ptr, l_ptr, acc_ptr, start_ptr, o_ptr, T, window, split, P,
                            HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Program (head, column block): each row sums its non-empty split partials in position order."""
+    """Program (head, column block): each row sums its non-empty partials, those of the split
+    programs that ran, in position order of their first split."""
     head, col = tl.program_id(0), tl.program_id(1)
     start = tl.load(start_ptr).to(tl.int32)
     hi = start + T - 1
-    lo = tl.maximum(start - window + 1, 0)
-    splits = hi // split - lo // split + 1
+    first_split = tl.maximum(start - window + 1, 0) // split
+    ran = tl.minimum(hi // split - first_split + 1, P)
     rows = tl.arange(0, BLOCK_T)
     row_ok = rows < T
     d = col * BLOCK_D + tl.arange(0, BLOCK_D)
     top = tl.full([BLOCK_T], float("-inf"), tl.float32)
-    for j in range(0, splits):
+    for i in range(0, ran):
+        j = (first_split + i) % P
         top = tl.maximum(top, tl.load(m_ptr + (j * T + rows) * HQ + head, mask=row_ok, other=float("-inf")))
     num = tl.full([BLOCK_T, BLOCK_D], 0.0, tl.float32)
     den = tl.full([BLOCK_T], 0.0, tl.float32)
-    for j in range(0, splits):
-        part = (j * T + rows) * HQ + head
+    for i in range(0, ran):
+        part = (((first_split + i) % P) * T + rows) * HQ + head
         m = tl.load(m_ptr + part, mask=row_ok, other=float("-inf"))
         seen = m > float("-inf")  # an empty split adds nothing, not even a zero
         w = tl.exp2(m - tl.where(seen, top, 0.0))
@@ -313,7 +322,7 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
     fp8 = k_scale is not None
     _check_contiguous(cache_k, cache_v, *((k_scale, v_scale) if fp8 else ()))
     cfg = decode_config(d)
-    split = split or decode_split(d, window, max_context)
+    split = split or decode_split(d)
     if split % cfg.block_n:
         raise ValueError(f"split {split} is not a multiple of the chunk size {cfg.block_n}")
     splits = decode_num_splits(window, max_context, split)
@@ -327,14 +336,14 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
     ck, cv = (cache_k.view(torch.uint8), cache_v.view(torch.uint8)) if fp8 else (cache_k, cache_v)
     ks, vs = (k_scale, v_scale) if fp8 else (m, m)  # unused pointers without scales
     _decode_split_kernel[(hkv * triton.cdiv(hq // hkv * t, BLOCK_T), splits)](
-        q, ck, cv, ks, vs, start, m, l, acc, out, t, capacity, w, split, scale * LOG2E,
+        q, ck, cv, ks, vs, start, m, l, acc, out, t, capacity, w, split, splits, scale * LOG2E,
         HQ=hq, GROUP=hq // hkv, D=d, BLOCK_T=BLOCK_T, BLOCK_N=cfg.block_n, FP8=fp8,
         DOT_FP32=interpreted(), ONE_SPLIT=one_split, CAUSAL=causal, num_warps=cfg.num_warps,
         num_stages=LAUNCH_STAGES, maxnreg=MAX_REGISTERS)
     if one_split:
         return out
     block_d = min(d, COMBINE_BLOCK_D)
-    _decode_combine_kernel[(hq, d // block_d)](m, l, acc, start, out, t, w, split,
+    _decode_combine_kernel[(hq, d // block_d)](m, l, acc, start, out, t, w, split, splits,
                                                HQ=hq, D=d, BLOCK_D=block_d, BLOCK_T=BLOCK_T, num_warps=COMBINE_WARPS,
                                                num_stages=LAUNCH_STAGES, maxnreg=MAX_REGISTERS)
     return out
@@ -455,18 +464,18 @@ def _decode_specs(d: int, hkv: int, window: int | None, hq: int = HQ_TARGET, cau
     kind = ("sliding" if window else "full") + ("" if causal else ",bidirectional")
     specs = []
     for fp8 in storage:
-        for one_split in (False, True):  # one split: a context of at most MIN_SPLIT positions
+        for one_split in (False, True):  # one split: a context of at most SPLIT positions
             cache = "*u8" if fp8 else "*bf16"
             types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "ks_ptr": "*fp32", "vs_ptr": "*fp32",
                      "start_ptr": "*i32", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "o_ptr": "*bf16",
-                     "qk_scale": "fp32", **dict.fromkeys(("T", "capacity", "window", "split"), "i32")}
+                     "qk_scale": "fp32", **dict.fromkeys(("T", "capacity", "window", "split", "P"), "i32")}
             consts = {"HQ": hq, "GROUP": hq // hkv, "D": d, "BLOCK_T": BLOCK_T,
                       "BLOCK_N": cfg.block_n, "FP8": fp8, "DOT_FP32": False, "ONE_SPLIT": one_split,
                       "CAUSAL": causal}
             name = f"decode_split[D={d},{kind},{'fp8' if fp8 else 'bf16'}{',one split' if one_split else ''}]"
             specs.append(_spec(name, _decode_split_kernel, types, consts, cfg.num_warps, maxnreg=MAX_REGISTERS))
     types = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "start_ptr": "*i32", "o_ptr": "*bf16",
-             **dict.fromkeys(("T", "window", "split"), "i32")}
+             **dict.fromkeys(("T", "window", "split", "P"), "i32")}
     consts = {"HQ": hq, "D": d, "BLOCK_D": COMBINE_BLOCK_D, "BLOCK_T": BLOCK_T}
     specs.append(_spec(f"decode_combine[D={d},HQ={hq}]", _decode_combine_kernel, types, consts, COMBINE_WARPS,
                        maxnreg=MAX_REGISTERS))

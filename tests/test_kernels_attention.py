@@ -165,6 +165,45 @@ def test_decode_matches_reference_and_is_batch_invariant(name):
         assert torch.equal(out[0], block[p - start]), f"query at {p} differs from its verify-block row"
 
 
+def test_a_program_that_takes_several_splits_is_still_batch_invariant(monkeypatch):
+    """At most MAX_SPLITS split programs: past that, program j reduces every split s with
+    s % P == j. With 3 programs over splits of 16 the verify block 60..75 touches splits 0..4
+    (programs 0 and 1 take two each): still the reference, and each probe alone gives its row's bits."""
+    from flashdesk.kernels import attention_triton
+
+    monkeypatch.setattr(attention_triton, "MAX_SPLITS", 3)
+    gen = torch.Generator().manual_seed(5)
+    start, end = 60, 76
+    k, v = torch.randn(end, 2, 64, generator=gen) * 2, torch.randn(end, 2, 64, generator=gen)
+    q = torch.randn(end, 4, 64, generator=gen)
+    cache = Cache(MAX_CONTEXT, 2, 64, FP8)
+    cache.write(k[:start], v[:start], 0, triton=False)
+    history = cache.clone()
+    cache.write(k[start:end], v[start:end], start)
+    block = cache.attend(q[start:end], start, None, 16)
+    torch.testing.assert_close(block, reference(cache, q[start:end], start, None), atol=1e-4, rtol=1e-4)
+    for p in (start, start + 4, start + 15):
+        alone = history.clone()
+        alone.write(k[start:p + 1], v[start:p + 1], start)
+        assert torch.equal(alone.attend(q[p:p + 1], p, None, 16)[0], block[p - start])
+
+
+def test_the_work_follows_the_length_not_the_capacity():
+    """Splits are SPLIT positions whatever the cache holds: a block over the same keys gives the
+    same bits in a cache of 512 positions and in one of 4096 (8 split programs or 16)."""
+    gen = torch.Generator().manual_seed(6)
+    start, end = 300, 316
+    k, v = torch.randn(end, 2, 64, generator=gen), torch.randn(end, 2, 64, generator=gen)
+    q = torch.randn(16, 4, 64, generator=gen)
+    outs = []
+    for capacity in (512, 4096):
+        cache = Cache(capacity, 2, 64, FP8)
+        cache.write(k, v, 0, triton=False)
+        outs.append(decode_attention(q, cache.k, cache.v, cache.k_scale, cache.v_scale,
+                                     torch.tensor([start], dtype=torch.int32), None, capacity, SCALE, capacity))
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_decode_bf16_cache_default_split():
     """bf16 queries over a bf16 cache with the default split: close to the reference."""
     gen = torch.Generator().manual_seed(3)

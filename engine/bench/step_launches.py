@@ -205,6 +205,8 @@ def record_steps(points=DEFAULT_POINTS, kv_dtype: str = "fp8", draft_quantize: s
     if [s.sliding for s in model.cfg.layers] != [True, False]:
         raise RuntimeError("the synthetic two-layer model is no longer one sliding and one full layer")
     out = []
+    warm = model.new_cache(64, kv_dtype)
+    record_step(model, drafter, warm, drafter.new_context(64), "ar")  # one-time allocations are no step's
     for capacity, length in points:
         cache, ctx = model.new_cache(capacity, kv_dtype), drafter.new_context(capacity)
         cache.place(length, length)
