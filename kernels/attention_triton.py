@@ -70,10 +70,19 @@ class PrefillConfig(NamedTuple):
     num_stages: int = LAUNCH_STAGES
 
 
-def decode_config(head_dim: int) -> DecodeConfig:
-    """16-key chunks: wider ones put the real head dims (256, 512) near 255 registers on some cards.
-    Tiny heads (test models) take 64-key chunks: fewer steps, no more registers than D=128's."""
-    return DecodeConfig(64 if head_dim <= TINY_HEAD_DIM else 16, 8 if head_dim >= 128 else 4)
+def decode_config(head_dim: int, fp8: bool = False) -> DecodeConfig:
+    """8 warps over 16-key chunks for a bf16 cache (wider ones put the real head dims near 255
+    registers on some cards). An fp8 cache takes wider chunks: the 16 x 16 score tile of a 16-key
+    chunk is one warp's MMA, so 8 warps each converted the whole chunk's K to bf16 (8 times the
+    work); 8 warps need 64 keys to split the tile between them. 64-key chunks for D=256 (no
+    conversion repeated: about 22 SASS instructions per key, as against 56), 32 for D=512 (64 took
+    255 registers and 151 KB of shared memory: 61 per key, as against 101). Tiny heads (test
+    models) take 64-key chunks: fewer steps, no more registers than D=128's."""
+    if head_dim <= TINY_HEAD_DIM:
+        return DecodeConfig(64, 4)
+    if fp8 and head_dim >= 256:
+        return DecodeConfig(64 if head_dim == 256 else 32, 8)
+    return DecodeConfig(16, 8 if head_dim >= 128 else 4)
 
 
 def prefill_config(head_dim: int) -> PrefillConfig:
@@ -89,9 +98,9 @@ def prefill_config(head_dim: int) -> PrefillConfig:
     return PrefillConfig(64, 64, 4)
 
 
-def decode_split(head_dim: int) -> int:
+def decode_split(head_dim: int, fp8: bool = False) -> int:
     """Positions per split: SPLIT, a whole number of key chunks (never from the length or capacity)."""
-    block_n = decode_config(head_dim).block_n
+    block_n = decode_config(head_dim, fp8).block_n
     return triton.cdiv(SPLIT, block_n) * block_n
 
 
@@ -321,8 +330,8 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
         raise ValueError("non-causal decode attention takes no window")
     fp8 = k_scale is not None
     _check_contiguous(cache_k, cache_v, *((k_scale, v_scale) if fp8 else ()))
-    cfg = decode_config(d)
-    split = split or decode_split(d)
+    cfg = decode_config(d, fp8)
+    split = split or decode_split(d, fp8)
     if split % cfg.block_n:
         raise ValueError(f"split {split} is not a multiple of the chunk size {cfg.block_n}")
     splits = decode_num_splits(window, max_context, split)
@@ -460,10 +469,10 @@ def _spec(name: str, fn, types: dict[str, str], consts: dict, num_warps: int, nu
 
 def _decode_specs(d: int, hkv: int, window: int | None, hq: int = HQ_TARGET, causal: bool = True,
                   storage: tuple[bool, ...] = (True, False)) -> list[CompileSpec]:
-    cfg = decode_config(d)
     kind = ("sliding" if window else "full") + ("" if causal else ",bidirectional")
     specs = []
     for fp8 in storage:
+        cfg = decode_config(d, fp8)
         for one_split in (False, True):  # one split: a context of at most SPLIT positions
             cache = "*u8" if fp8 else "*bf16"
             types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "ks_ptr": "*fp32", "vs_ptr": "*fp32",

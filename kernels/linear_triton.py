@@ -206,8 +206,9 @@ def small_tiles(n: int, k: int, group: int | None, gated: bool = False) -> Tiles
 
     Chunks of >= 2 K steps are added until about TARGET_PROGRAMS tiles are in flight: a narrow N
     (router, o_proj, down) would otherwise leave most SMs idle while one reads the whole K.
-    int4 runs 8 warps and 2 stages: with 4 warps or 3 stages ptxas 13 (sm_90, sm_120) spills a
-    register or two around the loop. A gated dense weight takes 32-column steps over 8 warps: with
+    int4 runs 8 warps and 3 stages: two K steps of weights in flight per block, 34 KiB per SM on
+    an H200 (which needs ~25 KiB per SM to stream at speed; 2 stages kept 17). With 4 warps ptxas
+    spills a register or two around the loop on sm_90. A gated dense weight takes 32-column steps over 8 warps: with
     64 or 128 its activation spills on sm_86..sm_120. A K under 256 (the test models) takes 64-column
     steps, fewer of them: Triton's interpreter, which runs the tests, pays per step."""
     dense_gated = gated and group is None
@@ -218,7 +219,7 @@ def small_tiles(n: int, k: int, group: int | None, gated: bool = False) -> Tiles
     wanted = triton.cdiv(TARGET_PROGRAMS, triton.cdiv(n, block_n))
     steps_per_chunk = max(2, triton.cdiv(k_steps, wanted))
     split = triton.cdiv(k_steps, steps_per_chunk)
-    num_warps, num_stages = (4, 3) if group is None and not gated else (8, 2 if group else 3)
+    num_warps, num_stages = (4, 3) if group is None and not gated else (8, 3)
     return Tiles(SMALL_M, block_n, block_k, split, steps_per_chunk * block_k, num_warps, num_stages)
 
 

@@ -2,8 +2,8 @@
 
 At batch 1 a kernel streams weights or KV, and two things decide whether it streams at the card's
 speed: the bytes its loads keep in flight and the instructions it issues per byte. Both are in the
-SASS. The main loop is the backward branch whose body issues the most global-load bytes (a kernel
-with no loop is its whole body, once). Its instructions are counted per warp, as a scheduler
+SASS. The main loop is the innermost backward branch whose body issues the most global-load bytes
+(a kernel with no loop is its whole body, once). Its instructions are counted per warp, as a scheduler
 issues them; its load bytes are each load's width times the 32 lanes of a warp (a predicated load
 counts whole: an upper bound), and whether they are asynchronous copies (cp.async, `LDGSTS`, or
 TMA, `UTMALDG`): those are what Triton's software pipeliner keeps `num_stages - 1` iterations ahead.
@@ -82,11 +82,17 @@ def _summary(body: list[Instruction], is_loop: bool) -> Loop:
                 async_copies=any(ins.opcode.startswith(ASYNC_LOADS) for ins in loads), is_loop=is_loop)
 
 
+def _innermost(loops: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The loops that hold no other loop (an outer loop's body also holds the inner one's prologue)."""
+    return [(f, l) for f, l in loops if not any(f <= g and m <= l and (g, m) != (f, l) for g, m in loops)]
+
+
 def main_loop(sass: str) -> Loop:
-    """The loop that loads the most bytes (ties: the longer one); the whole kernel if none loads."""
+    """The innermost loop that loads the most bytes (ties: the longer one); the whole kernel if
+    none loads."""
     code = parse(sass)
     best = None
-    for first, last in _loops(code):
+    for first, last in _innermost(_loops(code)):
         loop = _summary(code[first:last + 1], True)
         if loop.load_bytes and (best is None or (loop.load_bytes, loop.instructions) >
                                 (best.load_bytes, best.instructions)):

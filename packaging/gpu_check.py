@@ -8,23 +8,26 @@ its own failure and the rest go on. After `--deadline` seconds (540) it prints e
 and exits, so a hang inside the device tool's 10-minute limit still brings back what finished.
 `--smoke` runs the same code on the CPU with small shapes, so the script is tested without a GPU.
 
-Sections:
+Sections, most useful first (an H200 should take under 5 minutes):
 1. environment: torch, CUDA, GPU, triton.
 2. tiny model on the device vs the CPU (fp32 logits), bf16 and fp8 KV on the device, greedy output
    with DFlash equal to without, a follow-up resumed from the prefix cache equal to a fresh prefill,
    int4 weights; batch invariance in bf16 with fp8 KV: a 16-token block's logits equal the same
    tokens decoded one by one, bit for bit (required on the GPU; the CPU's torch path is not).
-3. full-size Gemma 4 26B-A4B (random int4 weights, bf16 embedding) + the full-size drafter (random):
+3. `flashdesk bench --synthetic --json`, all 30 layers, the steps users run: a 4K context in a cache
+   of the card's default capacity (262,144 positions), AR, verify 1..16 and draft (+ int4 draft)
+   replayed from CUDA graphs, each against the bytes it reads and the card's copy bandwidth; and
+   beside each of ar, verify-16 and draft the performance model's time for this card
+   (kernels/perf_model.py), so the first GPU calibrates the model.
+4. full-size Gemma 4 26B-A4B (random int4 weights, bf16 embedding) + the full-size drafter (random):
    memory held vs the memory plan, the same batch invariance at the full size, the seconds the
    kernels took to compile ahead on every core, prefill speed, AR decode step, DFlash step at
-   K = 4, 8, 15, for fp8 and bf16 KV; speedup projected from the measured step times at acceptance
-   lengths 1..8; the memory a prompt filling 8K, 32K and 64K tokens allocates against the memory
-   plan.
-4. `flashdesk bench --synthetic --json --profile`, all 30 layers: prefill 1024 / 8192, AR, verify
-   1..16 and draft (+ int4 draft) steps at 4K context, replayed from CUDA graphs, each against the
-   bytes it reads and the card's copy bandwidth, with kernel profiles of the AR, verify-16 and draft
-   steps (its table is printed, its JSON kept under "synthetic_bench").
+   K = 4, 8, 15, for fp8 and bf16 KV; the memory a prompt filling 8K, 32K and 64K tokens allocates
+   against the memory plan (the long prefills).
 5. every kernel the run compiled, as the driver loaded it: registers and spills (none expected).
+6. kernel profiles of the ar, verify-16 and draft steps (bench --synthetic --profile over 6 layers:
+   the same kernels a layer runs), last: attaching CUPTI to graph replays has crashed some CUDA
+   versions.
 """
 
 from __future__ import annotations
@@ -383,10 +386,15 @@ def section_compiled_kernels():
             "max_shared_bytes": max((row["shared_bytes"] for row in rows), default=None)}
 
 
-def section_synthetic_bench(device, smoke: bool):
+DEFAULT_CAPACITY = 262144  # the context limit the app picks on an H200 and a 24 GB card: the longest that fits
+MODELED_STEPS = ("ar", "verify-16", "draft")
+
+
+def section_synthetic_bench(device, smoke: bool, profile: bool = False):
     """`flashdesk bench --synthetic --json` through the CLI: all 30 layers on the GPU (prefill 1024 and
-    8192, AR, verify 1..16, draft at 4K context, time vs bytes read vs the card's copy bandwidth);
-    --smoke runs the same code with the smoke shapes on the CPU."""
+    8192, AR, verify 1..16, draft at 4K context in a cache of DEFAULT_CAPACITY, time vs bytes read vs
+    the card's copy bandwidth), with the model's step times beside the measured ones; `profile`: 6
+    layers with kernel profiles instead. --smoke runs the same code with the smoke shapes on the CPU."""
     import contextlib
     import gc
     import io
@@ -399,12 +407,13 @@ def section_synthetic_bench(device, smoke: bool):
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    argv = ["bench", "--synthetic", "--json", "--profile", "--device", device.type]
+    argv = ["bench", "--synthetic", "--json", "--device", device.type] + (["--profile"] if profile else [])
     if smoke:
         argv += ["--layers", "6", "--context", "24", "--prefill-lengths", "8,16"]
         shapes = synthetic_shapes(*smoke_configs())
     else:
-        argv += ["--layers", "30", "--context", "4096", "--repeats", "3"]  # ~1 min with the torch reference path
+        argv += ["--layers", "6" if profile else "30", "--context", "4096", "--capacity", str(DEFAULT_CAPACITY),
+                 "--repeats", "3"]
         shapes = contextlib.nullcontext()
     captured = io.StringIO()
     try:
@@ -418,7 +427,55 @@ def section_synthetic_bench(device, smoke: bool):
     report = json.loads(lines[-1])
     steps = report["steps"]
     ok = all(step["seconds"] and step["bytes"] for step in steps if "skipped" not in step.get("note", ""))
-    return {"ok": ok, "argv": argv, "report": report}
+    out = {"ok": ok, "argv": argv, "report": report}
+    if not profile:
+        out["model_vs_measured"] = model_vs_measured(device, smoke, report)
+        for row in out["model_vs_measured"].get("steps", []):
+            print(f"{row['step']:<10} measured {row['measured_ms']:.3f} ms, modeled {row['modeled_ms']:.3f} ms "
+                  f"(measured / modeled {row['measured_over_modeled']})", flush=True)
+    return out
+
+
+def model_vs_measured(device, smoke: bool, report: dict) -> dict:
+    """The performance model's ar, verify-16 and draft times for this card at the bench's capacity
+    and length (kernels.check --perf's model: this card's compiled rows, the steps' launch lists
+    recorded under the interpreter in a subprocess) beside the measured ones. Not on the smoke run:
+    its shapes are not the model's."""
+    import subprocess
+
+    import torch
+
+    from flashdesk.kernels import check, perf_model
+
+    if smoke or device.type != "cuda":
+        return {"skipped": "the model is of the real shapes on a GPU"}
+    major, minor = torch.cuda.get_device_capability(device)
+    card = perf_model.card_for(f"sm_{10 * major + minor}")
+    if card is None:
+        return {"skipped": f"no card of sm_{10 * major + minor} in perf_model.CARDS"}
+    rows = check.check([card.arch], perf=True)
+    code = ("import json, sys; from flashdesk.engine.bench.step_launches import record_steps; "
+            f"json.dump(record_steps((({report['capacity']}, {report['context']}),)), sys.stdout)")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    if run.returncode:
+        return {"error": run.stderr[-2000:]}
+    modeled = perf_model.model_steps(rows, json.loads(run.stdout), [card])
+    return {"card": card.name, "label": perf_model.MODEL_LABEL, "steps": compare_steps(modeled, report["steps"])}
+
+
+def compare_steps(modeled: list[dict], measured: list[dict]) -> list[dict]:
+    """Rows of step, modeled_ms, measured_ms, measured_over_modeled for the steps both have."""
+    seconds = {step["name"]: step["seconds"] for step in measured if step.get("seconds")}
+    out = []
+    for row in modeled:
+        if row["step"] in seconds:
+            out.append({"step": row["step"], "launches": row["launches"], "bytes": row["bytes"],
+                        "floor_ms": round(1000 * row["floor_seconds"], 3),
+                        "modeled_ms": round(1000 * row["modeled_seconds"], 3),
+                        "measured_ms": round(1000 * seconds[row["step"]], 3),
+                        "measured_over_modeled": round(seconds[row["step"]] / row["modeled_seconds"], 2)})
+    return out
 
 
 def main() -> int:
@@ -440,12 +497,14 @@ def main() -> int:
     results = {}
     sections = [("environment", lambda: section_environment(device)),
                 ("tiny_correctness", lambda: section_tiny_correctness(device, smoke)),
+                ("synthetic_bench", lambda: section_synthetic_bench(device, smoke)),
                 ("full_size", lambda: section_full_size(device, smoke,
                                                         ("float32",) if device.type == "cpu" else ("fp8", "bfloat16"))),
-                # after full_size: its kernel profiles attach CUPTI to CUDA graph replays, which has
-                # crashed some CUDA versions (pytorch/pytorch#112507); a crash now costs only the last two
-                ("synthetic_bench", lambda: section_synthetic_bench(device, smoke)),
-                ("compiled_kernels", section_compiled_kernels)]
+                ("compiled_kernels", section_compiled_kernels),
+                # last: kernel profiles attach CUPTI to CUDA graph replays, which has crashed some CUDA
+                # versions (pytorch/pytorch#112507); a crash there costs nothing else
+                ("kernel_profiles", lambda: {"skipped": "profiles are a GPU's"} if device.type != "cuda" else
+                 section_synthetic_bench(device, smoke, profile=True))]
     for name, run in sections:
         # written before and after each section: a hang or a crash still leaves what finished, and
         # names the section it stopped in

@@ -19,6 +19,8 @@ def test_gpu_check_smoke(tmp_path):
     # drafts with graphs and the context written ahead against eager steps: a GPU's check (no graphs here)
     assert results["tiny_correctness"]["drafts_with_graphs_equal_eager"] == {"equal": True, "graphs": False,
                                                                           "ahead": False}
+    assert results["synthetic_bench"]["ok"] and results["synthetic_bench"]["model_vs_measured"] == {
+        "skipped": "the model is of the real shapes on a GPU"}
     row = results["full_size"]["float32"]
     assert row["ar_step_ms"] > 0 and row["dflash_k15_step_ms"] > 0
     # batch invariance is measured everywhere and required on a GPU only (fp32 CPU matmuls are not)
@@ -48,3 +50,18 @@ def test_gpu_check_keeps_what_finished_when_a_section_hangs(tmp_path):
     assert results["environment"]["torch"]
     assert "did not finish" in results["tiny_correctness"]["error"]
     assert "full_size" not in results
+
+
+def test_modeled_steps_are_set_beside_the_measured_ones():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "packaging" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    modeled = [{"step": "ar", "launches": 416, "bytes": 3 * 10**9, "floor_seconds": 0.0007, "modeled_seconds": 0.002},
+               {"step": "draft", "launches": 64, "bytes": 2 * 10**9, "floor_seconds": 0.0005, "modeled_seconds": 0.001}]
+    measured = [{"name": "ar", "seconds": 0.003}, {"name": "verify-16", "seconds": 0.006},
+                {"name": "draft", "seconds": None}]  # a step that did not run has no time to compare
+    rows = gpu_check.compare_steps(modeled, measured)
+    assert rows == [{"step": "ar", "launches": 416, "bytes": 3 * 10**9, "floor_ms": 0.7, "modeled_ms": 2.0,
+                     "measured_ms": 3.0, "measured_over_modeled": 1.5}]

@@ -124,6 +124,8 @@ SCENARIOS = {  # (dtype, Hq, Hkv, D, window, split): full layers (4:2) and wrapp
     "full-fp8": (FP8, 4, 2, 64, None, 32),
     "ring-fp32": (torch.float32, 4, 1, 16, 8, 64),
     "ring-fp8": (FP8, 4, 1, 16, 8, 64),
+    "full-fp8-d256": (FP8, 4, 2, 256, None, 64),  # the real heads' fp8 chunks: 64 keys at D=256, 32 at D=512
+    "full-fp8-d512": (FP8, 4, 2, 512, None, 32),
     "full-fp32-one-split": (torch.float32, 4, 2, 32, None, None),
     "ring-fp8-one-split": (FP8, 4, 1, 16, 8, None),
 }
@@ -137,7 +139,8 @@ def test_decode_matches_reference_and_is_batch_invariant(name):
     heads do, over splits of 32: the block straddles the split boundary at 64. Rings (capacity 24,
     window 8) wrap; with D=16 they read 64-key chunks, and over splits of 64 the probes' windows lie
     before, across and after the boundary at 64. The default split is one split at this context: the
-    split kernel writes the output itself (no combine), over two 64-key chunks for the full layer."""
+    split kernel writes the output itself (no combine), over two 64-key chunks for the full layer.
+    fp8 at the real head dims reads 64-key (D=256) and 32-key (D=512) chunks over splits of one chunk."""
     dtype, hq, hkv, d, window, split = SCENARIOS[name]
     start = 60
     probes = (start, start + 4, start + 15)

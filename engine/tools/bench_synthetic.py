@@ -154,9 +154,12 @@ def parse_prefill_lengths(text: str) -> tuple[int, ...]:
 
 def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device: str = "auto",
                   dtype: str = "auto", kv_dtype: str = "auto", prefill_lengths=(1024, 8192),
-                  repeats: int | None = None, seed: int = 0, log=None, profile: bool = False) -> dict:
+                  repeats: int | None = None, seed: int = 0, log=None, profile: bool = False,
+                  capacity: int | None = None) -> dict:
     """Build the synthetic model on the device, time every step, and return the report dict; with
-    `profile`, on a GPU, each PROFILED step's kernels too (kernel_profile.py)."""
+    `profile`, on a GPU, each PROFILED step's kernels too (kernel_profile.py). `capacity`: the
+    cache's and the drafter context's size (default: the context fill and one block), as a long
+    context limit allocates them: attention grids follow it."""
     from flashdesk.engine.decode.kernel_warmup import compile_generation_kernels
     from flashdesk.kernels.backend import describe
 
@@ -168,6 +171,7 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
     context = context if context is not None else (GPU_CONTEXT if gpu else CPU_CONTEXT)
     if context < 1:
         raise ValueError(f"--context must be at least 1, got {context}")
+    capacity = max(capacity or 0, context + VERIFY_LENGTHS[-1])
     repeats = repeats if repeats is not None else (5 if gpu else 1)
     warmup = 1 if gpu else 0
     prefill_repeats = max(1, min(repeats, 3))
@@ -185,8 +189,8 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
         return torch.randint(5, cfg.vocab_size, (n,), device=dev, generator=gen)
 
     # the context's cache and drafter context, allocated first: the kernels compile ahead over them
-    cache = model.new_cache(context + VERIFY_LENGTHS[-1], kv)
-    dctx = drafter.new_context(context + DRAFT_K + 1)
+    cache = model.new_cache(capacity, kv)
+    dctx = drafter.new_context(capacity)
     took = compile_generation_kernels(model, cache, drafter, dctx)
     compiled = None if took is None else f"kernels compiled ahead in {took:.1f} s on {os.cpu_count()} cores"
     if compiled:
@@ -264,7 +268,7 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
     del dctx
     drafter = graphs = None  # the bf16 drafter's memory (and its graphs') goes before the int4 one is made
     drafter = synthetic_drafter(model, seed + 1, quantize="int4")
-    ctx4 = drafter.new_context(context + DRAFT_K + 1)
+    ctx4 = drafter.new_context(capacity)
     for taps_chunk in tap_chunks:
         drafter.add_context(ctx4, taps_chunk)
     graphs = StepGraphs(model, cache, taps, drafter, ctx4) if graphs_on else None
@@ -277,7 +281,8 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
             ("prefill", "ar", "verify")) for step in steps):
         notes.append("the MoE call was not observed: expert bytes of some steps are missing")
 
-    return _report(dev, layers, context, kv, torch_dtype, bandwidth, steps, notes, describe(dev), graphs_note)
+    report = _report(dev, layers, context, kv, torch_dtype, bandwidth, steps, notes, describe(dev), graphs_note)
+    return dict(report, capacity=capacity)
 
 
 def _unique(ids: torch.Tensor) -> int:
@@ -357,7 +362,7 @@ def run_synthetic_bench(args) -> int:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     report = run_synthetic(layers=args.layers, context=args.context, device=args.device, dtype=args.dtype,
                            kv_dtype=args.kv_dtype, prefill_lengths=lengths, repeats=args.repeats,
-                           profile=args.profile)
+                           profile=args.profile, capacity=args.capacity)
     print(format_table(report), flush=True)
     if args.json:
         print(json.dumps(report), flush=True)

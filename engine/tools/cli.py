@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--layers", type=int, default=30, help="--synthetic: keep the first N decoder layers")
     bench.add_argument("--context", type=int,
                        help="--synthetic: context fill for ar/verify/draft (default 4096 on a GPU, 256 on the CPU)")
+    bench.add_argument("--capacity", type=int,
+                       help="--synthetic: the cache's capacity, as a long context limit allocates it (default: the "
+                       "context fill + 16); the steps' grids follow it")
     bench.add_argument("--prefill-lengths", default="1024,8192",
                        help="--synthetic: token counts of the prefill-1024 and prefill-8192 steps (shrink on the CPU)")
     bench.add_argument("--repeats", type=int,
