@@ -196,7 +196,7 @@ def record_step(model, drafter, cache, ctx, step: str, real_layers: bool = True)
     return _costed(launched, _Storage(model, drafter, cache, ctx), cache.length, share, counts)
 
 
-def record_steps(points=DEFAULT_POINTS, kv_dtype: str = "fp8", draft_quantize: str | None = None) -> list[dict]:
+def record_steps(points=DEFAULT_POINTS, kv_dtype: str = "fp8", draft_quantize: str | None = "int4") -> list[dict]:
     """One entry per (step, capacity, length): step, capacity, length, launches (costed, counted
     for the 30-layer model)."""
     from flashdesk.engine.bench.synthetic_model import synthetic_pair

@@ -22,7 +22,7 @@ from flashdesk.engine.errors import ContextOverflowError
 from flashdesk.engine.model.cuda_graphs import StepGraphs, graphs_wanted
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
-from flashdesk.engine.model.drafter import DraftContext, Drafter
+from flashdesk.engine.model.drafter import DraftContext, Drafter, resolve_draft_quantize
 from flashdesk.engine.loading.memory_plan import context_that_fits
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.draft_length import AutoDraftLength, costs_file, load_costs, save_costs
@@ -164,12 +164,13 @@ class Engine:
     @classmethod
     def load(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto", kv_dtype: str = "auto",
              context_limit: int | None = None, draft_dir: str | Path | None = None,
-             quantize: str | None = None, progress=None, draft_quantize: str | None = None,
+             quantize: str | None = None, progress=None, draft_quantize: str | None = "auto",
              stage=None) -> "Engine":
         """Load the target (and drafter) on the device. `progress(fraction)` follows the weights read:
         the target takes 0..0.95 of the way, the drafter the rest. On a GPU the kernels are then
         compiled (compile_kernels), announced through `stage(text)`."""
         dev = resolve_device(device)
+        draft_quantize = resolve_draft_quantize(draft_quantize, dev)
         torch_dtype = resolve_dtype(dtype, dev)
         kv = resolve_kv_dtype(kv_dtype, dev, torch_dtype)
         if dev.type == "cpu":

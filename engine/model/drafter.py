@@ -39,6 +39,17 @@ GROUP_SIZE = 32
 HEAD_CHUNK_ROWS = 32768  # the int4 head is quantized and applied this many vocab rows at a time
 
 
+def resolve_draft_quantize(quantize: str | None, device: torch.device) -> str | None:
+    """The drafter's weights as a load asks for them: "auto" (the default) drafts with int4 weights
+    and an int4 head on a GPU, where a draft step then reads 0.68 GB instead of 2.3 (a fifth of a
+    plain step instead of two thirds); "none" (or None) keeps the checkpoint's bf16, as on the CPU.
+    The target verifies every token over its whole vocabulary: outputs never change, only how
+    many drafted tokens it accepts (on the demo pair at K = 8, 2.96% fewer)."""
+    if quantize == "auto":
+        return "int4" if torch.device(device).type == "cuda" else None
+    return None if quantize == "none" else quantize
+
+
 def check_draft_quantize(quantize: str | None) -> None:
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"unknown drafter quantization {quantize!r}: the choice is int4 "

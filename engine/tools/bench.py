@@ -71,7 +71,7 @@ def run_bench(args) -> int:
 
         args.model, args.draft = (str(p) for p in create_demo(paths.demo_dir()))
     engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, None, args.draft,
-                         draft_quantize=getattr(args, "draft_quantize", None))
+                         draft_quantize=getattr(args, "draft_quantize", "auto"))
     progress, close = _progress_bar(getattr(args, "no_progress", False))
     try:
         report = run_suite(engine, plan, args.model, args.draft, progress)

@@ -53,8 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--draft-lengths", default="4,8,15,auto",
                        help="DFlash modes: draft lengths and 'auto' (the engine picks K each step); AR always runs")
-    bench.add_argument("--draft-quantize", choices=["int4"],
-                       help="draft with int4 drafter weights and an int4 copy of the head (output unchanged)")
+    add_draft_quantize(bench)
     bench.add_argument("--compare", action="store_true",
                        help="also time transformers' generate and z-lab's reference loop on the same files")
     bench.add_argument("--device", default="auto")
@@ -132,8 +131,13 @@ def _add_generation_flags(parser: argparse.ArgumentParser, system_help: str) -> 
                         "the most tokens per second on this card (default: what your last `flashdesk bench` "
                         "of this pair on this card found fastest, else block_size-1)")
     parser.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
-    parser.add_argument("--draft-quantize", choices=["int4"],
-                        help="draft with int4 drafter weights and an int4 copy of the head (output unchanged)")
+    add_draft_quantize(parser)
+
+
+def add_draft_quantize(parser) -> None:
+    parser.add_argument("--draft-quantize", choices=["auto", "int4", "none"], default="auto",
+                        help="the drafter's weights: int4 weights and an int4 copy of the head, or the "
+                        "checkpoint's bf16 (none); auto: int4 on a GPU, none on the CPU. Output is unchanged")
 
 
 def load_engine(args):
@@ -143,7 +147,7 @@ def load_engine(args):
 
     if (args.draft_length is not None or args.no_speculate) and not args.draft:
         raise ValueError("--draft-length and --no-speculate need --draft")
-    if args.draft_quantize and not args.draft:
+    if args.draft_quantize not in (None, "auto") and not args.draft:
         raise ValueError("--draft-quantize needs --draft")
     engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, args.context, args.draft,
                          args.quantize, draft_quantize=args.draft_quantize)

@@ -23,7 +23,7 @@ DEFAULT_PORT = 8719
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from flashdesk.engine.tools.cli import _draft_length, _positive_int
+    from flashdesk.engine.tools.cli import _draft_length, _positive_int, add_draft_quantize
 
     parser.add_argument("--model", help="folder (or pulled Hub id) of the Gemma 4 target (required unless --demo)")
     parser.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
@@ -45,8 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens drafted per step, 1..block_size-1, or auto (default: what your last "
                         "`flashdesk bench` of this pair on this card found fastest, else block_size-1)")
     parser.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
-    parser.add_argument("--draft-quantize", choices=["int4"],
-                        help="draft with int4 drafter weights and an int4 copy of the head (output unchanged)")
+    add_draft_quantize(parser)
 
 
 def _port(text: str) -> int:
