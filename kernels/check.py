@@ -221,13 +221,13 @@ def _compile(module: str, index: int, name: str, cap: int, perf: bool = False) -
 
 def _perf_fields(spec, compiled, cap: int, registers: int, shared: int) -> dict:
     from flashdesk.kernels import perf_model, sass
-    from flashdesk.kernels.launch_log import _key
+    from flashdesk.kernels.launch_log import spec_key
 
     loop = sass.main_loop(sass.disassemble(compiled.asm["cubin"], _cuobjdump()))
     fields = perf_model.row_perf(f"sm_{cap}", spec.fn.fn.__name__, spec.constexprs, spec.num_warps,
                                  spec.num_stages, registers, shared, loop)
     fields["in_flight_ok"] = perf_model.in_flight_floor_ok(fields, cap)
-    fields["key"] = repr(_key(spec.fn, spec.signature, spec.constexprs, spec.num_warps, spec.num_stages,
+    fields["key"] = repr(spec_key(spec.fn, spec.signature, spec.constexprs, spec.num_warps, spec.num_stages,
                               spec.maxnreg))
     return fields
 

@@ -191,15 +191,17 @@ def unlisted(launches: list[dict], modules=None) -> list[dict]:
     defaults filled in) and launch options."""
     from flashdesk.kernels.check import SPEC_MODULES, _specs
 
-    listed = {_key(getattr(spec.fn, "fn", spec.fn), spec.signature, spec.constexprs, spec.num_warps,
+    listed = {spec_key(getattr(spec.fn, "fn", spec.fn), spec.signature, spec.constexprs, spec.num_warps,
                    spec.num_stages, spec.maxnreg) for module in (modules or SPEC_MODULES) for spec in _specs(module)}
     return [launch for launch in launches
-            if _key(getattr(importlib.import_module(launch["module"]), launch["function"]), launch["signature"],
+            if spec_key(getattr(importlib.import_module(launch["module"]), launch["function"]), launch["signature"],
                     as_on_gpu(launch), launch["num_warps"], launch["num_stages"], launch.get("maxnreg"))
             not in listed]
 
 
-def _key(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None) -> tuple:
+def spec_key(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None) -> tuple:
+    """What makes one compiled specialization: the function, argument types, constexpr values
+    (defaults filled in) and launch options. A launch and a compile spec match when their keys do."""
     fn = getattr(fn, "fn", fn)  # the Python function under a JITFunction or InterpretedFunction
     values = {name: param.default for name, param in inspect.signature(fn).parameters.items()
               if param.default is not inspect.Parameter.empty} | constexprs

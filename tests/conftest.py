@@ -18,6 +18,35 @@ os.environ.setdefault("FLASHDESK_DATA_DIR", tempfile.mkdtemp(prefix="flashdesk-t
 
 import pytest  # noqa: E402
 
+# Test tiers (docs/development.md): the README's command runs the tests no marker names; .ci/run
+# then runs `-m "slow or compile"`. By module, with the one interpreted Triton-path variant and the
+# performance model's unit tests kept in the default tier.
+TIERS = {
+    "test_kernels_check": "compile",  # ptxas for four cards
+    "test_launch_log": "compile",  # what the engine launches at the real shapes, compiled
+    "test_compile_ahead": "compile",  # Triton's JIT through a stand-in driver
+    "test_triton_path": "slow",  # interpreted end to end, every layout
+    "test_bench_synthetic": "slow",  # two full-size layers on the CPU
+    "test_reliability": "slow",  # the reliability figures' quick run
+}
+SLOW_TESTS = ("test_prefix_reuse.py::test_the_triton_path_resumes_the_same_way",
+              "test_pipelined_steps.py::test_a_stop_string_undoes_the_step_launched_ahead[triton]",
+              "test_perf_model.py::test_a_recorded_step_reads_what_step_bytes_counts")
+DEFAULT_TIER = ("test_triton_path.py::test_triton_path_equals_transformers_and_the_torch_path[conditional-per_expert-False]",
+                "test_triton_path.py::test_kernels_are_named_for_each_choice")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        nodeid = item.nodeid.removeprefix("tests/")
+        if nodeid.startswith(DEFAULT_TIER):
+            continue
+        marker = TIERS.get(item.module.__name__.rpartition(".")[2])
+        if marker is None and nodeid.startswith(SLOW_TESTS):
+            marker = "slow"
+        if marker is not None:
+            item.add_marker(getattr(pytest.mark, marker))
+
 
 def _interpret_without_overflow_checks() -> None:
     """The interpreter checks every integer add and multiply for overflow, which makes it several

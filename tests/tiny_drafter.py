@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -70,13 +71,47 @@ def write_drafter(folder: Path, seed: int = 0, nested_rope: bool = False, target
             else:
                 tensor.copy_(torch.randn(tensor.shape, generator=gen) * 0.2)
     if target is not None:
-        train(model, target, train_steps, gen)
+        trained = trained_cache(raw, seed, train_steps, target)
+        if trained.is_file():  # trained before with the same inputs and versions
+            from safetensors.torch import load_model
+
+            load_model(model, str(trained))
+        else:
+            train(model, target, train_steps, gen)
+            _keep(model, trained)
     model.save_pretrained(folder, safe_serialization=True)
     # the exact z-lab config, not transformers' re-serialization of it
     if nested_rope:
         raw = {k: v for k, v in raw.items() if k != "rope_theta"}
         raw["rope_parameters"] = {"rope_theta": TINY_DRAFT_CONFIG["rope_theta"], "rope_type": "default"}
     (folder / "config.json").write_text(json.dumps(raw, indent=2))
+
+
+def trained_cache(raw: dict, seed: int, steps: int, target) -> Path:
+    """Where a drafter trained on `target` is kept between runs: under a key of everything that
+    decides its weights (the config, seed and steps, the target's weights, this file, and the
+    torch, transformers and dflash versions). FLASHDESK_TEST_CACHE names the folder."""
+    import hashlib
+    from importlib import metadata
+
+    digest = hashlib.sha256(json.dumps([raw, seed, steps, Path(__file__).read_text()] + [
+        metadata.version(name) for name in ("torch", "transformers", "dflash")], sort_keys=True).encode())
+    for name, tensor in sorted(target.state_dict().items()):
+        digest.update(name.encode() + tensor.detach().float().contiguous().numpy().tobytes())
+    root = Path(os.environ.get("FLASHDESK_TEST_CACHE") or Path.home() / ".cache" / "flashdesk" / "test-drafters")
+    return root / f"{digest.hexdigest()[:32]}.safetensors"
+
+
+def _keep(model, path: Path) -> None:
+    from safetensors.torch import save_model
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        save_model(model, str(partial))
+        partial.replace(path)
+    except OSError:
+        pass  # a read-only home: the next run trains again
 
 
 def load_reference_drafter(folder: Path):

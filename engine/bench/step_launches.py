@@ -24,7 +24,7 @@ from contextlib import contextmanager
 import torch
 
 from flashdesk.kernels.int4 import Int4Weight
-from flashdesk.kernels.launch_log import _key, as_on_gpu, launch_list
+from flashdesk.kernels.launch_log import as_on_gpu, launch_list, spec_key
 
 STEPS = ("ar", "verify-16", "draft")
 DEFAULT_POINTS = ((262144, 4096), (8192, 4096))  # (capacity, length)
@@ -52,7 +52,7 @@ def _tensors(obj):
 
 
 class _Storage:
-    """What each storage holds: weights (expert tensors marked), KV (with rows per position)."""
+    """What each storage holds: weights (expert tensors marked), KV (caches and drafter contexts)."""
 
     def __init__(self, model, drafter, cache, ctx):
         self.kind: dict[int, tuple[str, bool]] = {}
@@ -135,7 +135,7 @@ def _costed(kernels: list[dict], storage: _Storage, start: int, expert_share: fl
                  "programs": _working_programs(launch, start), "key": None}
         if "signature" in launch:  # a Triton launch: the key of the compiled spec it runs
             fn = getattr(__import__(launch["module"], fromlist=[launch["function"]]), launch["function"])
-            entry["key"] = repr(_key(fn, launch["signature"], as_on_gpu(launch), launch["num_warps"],
+            entry["key"] = repr(spec_key(fn, launch["signature"], as_on_gpu(launch), launch["num_warps"],
                                      launch["num_stages"], launch.get("maxnreg")))
         out.append(entry)
     return out
