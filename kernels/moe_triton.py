@@ -39,9 +39,11 @@ SMALL_T = 16  # up to this many tokens: the batch-invariant path (decode, verify
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) per kernel and path for the real experts, none spilling on
 # sm_86/89/90/120. The small path's BLOCK_M is 4, not 16: at decode every slot holds one pair and at
 # verify a few, so a 16-row tile would spend 4-16x the FMAs (and registers) on masked rows; a slot
-# with more pairs loops over row tiles, re-reading its weight tile from L2. Untuned: no GPU was at hand.
+# with more pairs loops over row tiles, re-reading its weight tile from L2. The small down kernel
+# runs 2 warps: 6 blocks an SM instead of 4 (asymmetric) keep 45 KiB of weights in flight per SM
+# on an H200, where 4 warps kept 30 (kernels.check --perf). Untuned: no GPU was at hand.
 SMALL_GATE_UP = (4, 8, 64, 4)
-SMALL_DOWN = (4, 16, 64, 4)
+SMALL_DOWN = (4, 16, 64, 2)
 LARGE_GATE_UP = (64, 32, 64, 4)  # 8 warps: ptxas held them to 128 registers and spilled on sm_120
 LARGE_DOWN = (64, 32, 64, 8)  # (64, 64, ...) spills on triton 3.6 (the GPU machine) when asymmetric
 # A tiny expert (the test models) whose whole [BLOCK_M, N, K] small-path tile has at most this many
