@@ -1,5 +1,5 @@
 """Gemma 4's router after its projection: softmax over the experts, top-k, renormalize, times each
-chosen expert's scale (MODEL-SPEC.md section 2). The torch form is seven ops and a sum of k terms;
+chosen expert's scale (docs/model.md, one decoder layer). The torch form is seven ops and a sum of k terms;
 on the Triton path it is one small kernel a layer, each row on its own (batch invariant)."""
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def import_flashdesk():
 
 
 def real_configs() -> tuple[dict, dict]:
-    """The real pair's raw configs, as `bench --synthetic` builds them (MODEL-SPEC.md sections 1, 4)."""
+    """The real pair's raw configs, as `bench --synthetic` builds them (docs/model.md)."""
     from flashdesk.engine.bench.synthetic_model import REAL_DRAFTER, REAL_TARGET
 
     return REAL_TARGET, REAL_DRAFTER

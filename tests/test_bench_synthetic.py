@@ -114,7 +114,7 @@ def test_target_step_bytes_by_hand():
 
 
 def test_full_size_bytes_match_the_performance_model():
-    """The real 30-layer model on the meta device (nothing allocated): PERFORMANCE-MODEL.md 2.2, scenario
+    """The real 30-layer model on the meta device (nothing allocated): docs/performance-model.md, scenario
     B32 (int4 g32 linears, bf16 head): attention 0.624 + dense MLP 0.301 + experts 0.803 + router 0.022
     + head 1.476 GB per AR token; 2.3 fp8 KV at 4K about 0.14 GB; 3.3 drafter step about 2.3 GB."""
     model, drafter = sm.synthetic_pair(30, "meta", torch.bfloat16)

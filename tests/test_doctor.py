@@ -54,7 +54,7 @@ def test_kv_cache_bytes_refuses_unknown_dtypes(tiny_model):
         kv_cache_bytes(tiny_model.cfg, 16, "int4")
 
 
-# -- the real Gemma 4 26B-A4B text config (MODEL-SPEC.md section 1) -----------------------------
+# -- the real Gemma 4 26B-A4B text config (docs/model.md) -----------------------------
 
 REAL_26B = {
     "architectures": ["Gemma4ForConditionalGeneration"],
@@ -125,14 +125,14 @@ def test_kv_cache_bytes_of_gemma4_26b_by_hand(cfg_26b):
     # bf16 at the model's limit, 262144 positions
     assert kv_cache_bytes(cfg_26b, 262144, "bfloat16") == 25 * 1040 * 8192 + 5 * 262144 * 4096
 
-    # PERFORMANCE-MODEL.md: fp8 data is 100 KiB/token on the sliding layers, 10 KiB/token on the full
+    # fp8 data is 100 KiB/token on the sliding layers, 10 KiB/token on the full
     # ones; the scales add 4 bytes per 256 or 512 data bytes
     per_token_full = (kv_cache_bytes(cfg_26b, 40000, "fp8") - kv_cache_bytes(cfg_26b, 30000, "fp8")) / 10000
     assert per_token_full == 10 * 1024 + 5 * 2 * 2 * 4
 
 
 def test_loaded_weight_bytes_of_gemma4_26b(cfg_26b):
-    """MODEL-SPEC.md (HF-RUN): 25,233,141,760 text parameters; the 30 layer_scalar values are
+    """docs/model.md: 25,233,141,760 text parameters; the 30 layer_scalar values are
     buffers in transformers, not parameters. Our model keeps the 612,096 norm weights in fp32."""
     norms = 30 * 7 * 2816 + 25 * 2 * 256 + 5 * 2 * 512 + 2816  # 7 per layer, q/k norms, final norm
     assert norms == 612_096

@@ -105,7 +105,7 @@ def test_the_norms_after_the_mlps_are_one_kernel(dtype, d, experts_out):
 
 
 def test_the_chains_compute_what_the_layer_defines():
-    """The references spelled out op by op as MODEL-SPEC.md section 2 defines the layer, in fp32:
+    """The references spelled out op by op as docs/model.md (one decoder layer) defines the layer, in fp32:
     a wrong weight or a missing residual here would pass the fused-against-reference tests."""
     d = 32
     rand = _rows(d, torch.float32, seed=9)

@@ -90,7 +90,7 @@ def test_every_launch_at_the_real_shapes_is_one_kernels_check_compiles():
 
 
 def test_a_layer_at_the_real_shapes_runs_12_kernels_a_step():
-    """Kernel count is latency at batch 1 (PERFORMANCE-MODEL.md: ~600 kernels a step is the main
+    """Kernel count is latency at batch 1 (docs/performance-model.md; ~600 kernels a step is the main
     loss of today's engines). A sliding layer of the real model on the Triton path, for a decode
     step and a 16-token verify: 5 linears, q/k/v norms + RoPE + the K/V write into the cache,
     attention, the norms after attention, routing + pair grouping, the experts' two kernels, the

@@ -17,7 +17,7 @@ from test_doctor import REAL_26B, cfg_26b  # noqa: F401 - the real config as a f
 from tiny_int4 import write_int4_checkpoint
 
 GIB = 1 << 30
-REAL_DRAFTER = {  # z-lab/gemma-4-26B-A4B-it-DFlash config.json (MODEL-SPEC.md section 4)
+REAL_DRAFTER = {  # z-lab/gemma-4-26B-A4B-it-DFlash config.json (docs/model.md)
     "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 2816, "num_hidden_layers": 5,
     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 5632,
     "hidden_act": "silu", "attention_bias": False, "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
@@ -40,7 +40,7 @@ def test_the_real_int4_target_drafter_and_fp8_kv_by_hand(cfg_26b):  # noqa: F811
     assert int4_weight_bytes(cfg_26b) == int4 + bf16 + fp32_norms == 15_272_576_572  # 14.22 GiB
 
     draft = parse_draft_config(REAL_DRAFTER)
-    assert drafter_weight_bytes(draft) == 2 * 429_689_088  # MODEL-SPEC: 429,689,088 parameters
+    assert drafter_weight_bytes(draft) == 2 * 429_689_088  # docs/model.md: 429,689,088 parameters
     # drafter context at 32768: 4 sliding layers keep 2048 positions, the full one all, each plus a
     # block of 16; K and V, 8 x 128, bf16
     assert drafter_context_bytes(draft, 32768) == (4 * (2048 + 16) + 32768 + 16) * 2 * 8 * 128 * 2

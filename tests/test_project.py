@@ -105,6 +105,19 @@ def test_kernels_do_not_import_engine_or_app() -> None:
     assert not offenders, "kernels/ imports nothing of engine/ or app/:\n" + "\n".join(offenders)
 
 
+def test_nothing_cites_documents_outside_the_repository() -> None:
+    """Every fact the code leans on is in docs/ (model.md, performance-model.md, architecture.md),
+    so someone with only a clone can follow each reference."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not files:
+        pytest.skip("not a git checkout")
+    names = ("MODEL" + "-SPEC", "PERFORMANCE" + "-MODEL", "shared" + "/design", r"\.\./" + "shared")
+    outside = re.compile("|".join(names))  # spelled in pieces: this file is among those searched
+    cited = [name for name in files if (ROOT / name).suffix in (".py", ".md", ".jinja", ".toml", ".sh")
+             and outside.search((ROOT / name).read_text(encoding="utf-8", errors="replace"))]
+    assert not cited, cited
+
+
 def test_engine_modules_do_not_load_qt(tmp_path: Path) -> None:
     modules = sorted(
         ".".join(("flashdesk", *p.relative_to(ROOT).with_suffix("").parts)).removesuffix(".__init__")

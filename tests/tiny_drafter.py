@@ -1,6 +1,6 @@
 """A tiny DFlash drafter in z-lab's on-disk layout, and z-lab's reference model loaded from it.
 
-The layout follows z-lab/gemma-4-26B-A4B-it-DFlash (MODEL-SPEC.md section 4): Qwen3-style
+The layout follows z-lab/gemma-4-26B-A4B-it-DFlash (docs/model.md, the DFlash drafter): Qwen3-style
 config with `architectures: ["DFlashDraftModel"]`, sliding layers then one full layer,
 `dflash_config.{mask_token_id, target_layer_ids}`, weights `fc`, `hidden_norm`, `layers.N.*`, `norm`,
 no embedding and no head. Its sliding window is smaller than the tiny target's, so the tests run

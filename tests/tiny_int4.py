@@ -1,6 +1,6 @@
 """Tiny int4 checkpoints in compressed-tensors `pack-quantized` format, packed by compressed-tensors itself.
 
-Like cyankiwi/gemma-4-26B-A4B-it-AWQ-4bit (MODEL-SPEC.md section 3): linear and expert weights as
+Like cyankiwi/gemma-4-26B-A4B-it-AWQ-4bit (docs/model.md, the 4-bit checkpoint): linear and expert weights as
 `weight_packed` int32 + `weight_scale` bf16 (+ `weight_zero_point` when asymmetric) + `weight_shape`;
 the embedding and the routers in 16 bits; one dense MLP left in bf16 and listed in `ignore`; the
 experts either fused 3-D (`experts.gate_up_proj_packed`) or per expert

@@ -21,7 +21,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 TINY_VOCAB = 512
 
-# Gemma 4's special tokens at their real ids (MODEL-SPEC.md section 1).
+# Gemma 4's special tokens at their real ids (docs/model.md).
 SPECIAL_TOKENS: dict[int, str] = {
     0: "<pad>",
     1: "<eos>",
@@ -139,7 +139,7 @@ def _byte_level() -> Tokenizer:
     return tok
 
 
-# Gemma 4's chat format (MODEL-SPEC.md), shared with the tiny test tokenizer and the demo pair
+# Gemma 4's chat format (docs/model.md), shared with the tiny test tokenizer and the demo pair
 CHAT_TEMPLATE = (Path(__file__).resolve().parents[1] / "assets" / "gemma4_chat_template.jinja").read_text(
     encoding="utf-8")
 

@@ -1,7 +1,7 @@
 """Where a step's device time goes: the kernels it launches, each kernel's share, and how long the
 device sat idle between them.
 
-At batch 1 a step costs its bytes plus a gap and a tail per kernel (PERFORMANCE-MODEL.md: some 600
+At batch 1 a step costs its bytes plus a gap and a tail per kernel (docs/performance-model.md; some 600
 dependent kernels a step is the main loss of today's engines). The byte floor says how far a step
 is from the card's bandwidth; this says why: a step whose kernels are busy 95% of its span is
 bound by the kernels themselves, one busy 60% by the gaps between them (fewer, fused kernels).

@@ -1,6 +1,6 @@
 """What a step must read, counted from the model as it sits in memory: the floor of its time.
 
-At batch 1 a step costs the bytes it reads (PERFORMANCE-MODEL.md sections 0-2): the non-expert
+At batch 1 a step costs the bytes it reads (docs/performance-model.md): the non-expert
 weights it touches (fused linears as stored, int4 counted as packed + scales (+ zeros), norms,
 routers, scalars), the embedding rows of its tokens, the whole head (any logits read all of it),
 the UNION of experts the routers picked in that step (recorded by wrapping the MoE call the model

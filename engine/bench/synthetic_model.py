@@ -1,12 +1,12 @@
 """The exact Gemma 4 26B-A4B and z-lab DFlash drafter shapes with random weights, made on the device.
 
-No checkpoint and no download (the GPU machines reach no model hub): the real configs (MODEL-SPEC.md
-sections 1 and 4) are filled with random weights laid out like the real 4-bit checkpoint, int4
-group-32 symmetric where it is int4 (every attention and MLP linear and the experts), 16-bit where
-it is not (tied embedding / head, routers, norms, scalars). `layers` keeps the first N decoder
-layers (the last kept one is full attention, as the config parser makes it), with the drafter's
-target_layer_ids remapped into range. Used by `bench --synthetic`, gpu_check and the tests that
-record or count what the real shapes launch.
+No checkpoint and no download (the GPU machines reach no model hub): the real configs (docs/model.md)
+are filled with random weights laid out like the real 4-bit checkpoint, int4 group-32 symmetric
+where it is int4 (every attention and MLP linear and the experts), 16-bit where it is not (tied
+embedding / head, routers, norms, scalars). `layers` keeps the first N decoder layers (the last
+kept one is full attention, as the config parser makes it), with the drafter's target_layer_ids
+remapped into range. Used by `bench --synthetic`, gpu_check and the tests that record or count what
+the real shapes launch.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 REAL_LAYERS = 30
 LAYER_TYPES = (["sliding_attention"] * 5 + ["full_attention"]) * 5
-REAL_TARGET = {  # google/gemma-4-26B-A4B-it text config (MODEL-SPEC.md section 1)
+REAL_TARGET = {  # google/gemma-4-26B-A4B-it text config (docs/model.md)
     "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "vocab_size": 262144,
     "hidden_size": 2816, "intermediate_size": 2112, "num_hidden_layers": REAL_LAYERS, "num_attention_heads": 16,
     "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 2,
@@ -31,7 +31,7 @@ REAL_TARGET = {  # google/gemma-4-26B-A4B-it text config (MODEL-SPEC.md section 
     "final_logit_softcapping": 30.0, "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True, "eos_token_id": [1, 106], "bos_token_id": 2, "pad_token_id": 0,
     "dtype": "bfloat16"}
-REAL_DRAFTER = {  # z-lab/gemma-4-26B-A4B-it-DFlash config.json (MODEL-SPEC.md section 4)
+REAL_DRAFTER = {  # z-lab/gemma-4-26B-A4B-it-DFlash config.json (docs/model.md)
     "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 2816, "num_hidden_layers": 5,
     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 5632,
     "hidden_act": "silu", "attention_bias": False,

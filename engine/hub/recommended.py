@@ -57,7 +57,7 @@ def gpu_memory() -> tuple[str, int, int] | None:
 def real_pair():
     """(config, int4 weight bytes, drafter config) of the pair FlashDesk is for, as it runs on a GPU:
     the 4-bit target and the bf16 drafter with the exact shapes `bench --synthetic` builds
-    (MODEL-SPEC.md), so its memory plan needs no download."""
+    (docs/model.md), so its memory plan needs no download."""
     from flashdesk.engine.loading.memory_plan import int4_weight_bytes
     from flashdesk.engine.model.config import parse_config, parse_draft_config
     from flashdesk.engine.bench.synthetic_model import draft_raw, target_raw

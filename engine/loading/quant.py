@@ -1,7 +1,7 @@
 """4-bit checkpoints: compressed-tensors `pack-quantized` int4, and int4 quantization while loading.
 
 The target users run, cyankiwi/gemma-4-26B-A4B-it-AWQ-4bit, is "AWQ" stored as compressed-tensors
-pack-quantized W4A16 (MODEL-SPEC.md section 3). Per module the checkpoint holds either a plain
+pack-quantized W4A16 (docs/model.md, the 4-bit checkpoint). Per module the checkpoint holds either a plain
 `.weight` (left in bf16, e.g. modules in `ignore`) or `.weight_packed` + `.weight_scale`
 (+ `.weight_zero_point` when asymmetric, + `.weight_shape`). The key names decide which, and they
 also decide the MoE layout: fused 3-D (`experts.gate_up_proj_packed`, gate rows first) or per expert

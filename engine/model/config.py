@@ -2,7 +2,7 @@
 
 Accepted: `Gemma4ForConditionalGeneration` (text config nested under `text_config`; the vision and
 audio towers are ignored) and `Gemma4ForCausalLM` / a bare `gemma4_text` config. Field meanings and
-defaults follow transformers' `Gemma4TextConfig` (MODEL-SPEC.md section 1 and 2).
+defaults follow transformers' `Gemma4TextConfig` (docs/model.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from the target's tied head with the drafter's softcap. Its context is the targe
 after `target_layer_ids`, projected by `fc` + `hidden_norm`; each layer turns that into context K/V
 once per accepted token and keeps it (sliding layers in a ring). The block's own K/V are never kept.
 Sliding layers are causal within their window; full layers see all context and the whole block.
-(MODEL-SPEC.md section 4.)
+(docs/model.md, the DFlash drafter.)
 
 `quantize="int4"` packs every drafter linear (fc, q, kv, o, gate_up, down) to symmetric int4 (group 32)
 as it loads, and drafts with an int4 copy of the target's embedding as the head, quantized once at

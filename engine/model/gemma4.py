@@ -1,6 +1,6 @@
 """Our Gemma 4 text model for inference: one sequence, a preallocated KV cache, fused projections.
 
-It computes exactly what transformers' Gemma4 computes (MODEL-SPEC.md section 2): RMSNorm with a
+It computes exactly what transformers' Gemma4 computes (docs/model.md, one decoder layer): RMSNorm with a
 plain weight, attention scale 1.0, proportional partial RoPE on full layers, weightless v_norm,
 k_eq_v, dense MLP and MoE in parallel, layer_scalar, scaled embedding, final softcap. Attention,
 linears and MoE go through `flashdesk.kernels` so GPU kernels drop in behind one function each.

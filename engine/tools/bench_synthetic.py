@@ -5,7 +5,7 @@ shapes with random weights made on the device. Each step's bytes are counted by
 engine/bench/step_bytes.py; on a GPU the card's copy bandwidth turns them into floor_seconds =
 bytes / bandwidth and the fraction of that floor each step reaches.
 
-Steps timed (PERFORMANCE-MODEL.md sections 0-2 give the byte model):
+Steps timed (engine/bench/step_bytes.py counts their bytes):
 - prefill-1024, prefill-8192: a forward of that many tokens from an empty cache of its own (the
   names stay when `--prefill-lengths` shrinks them for a CPU run; on the CPU one longer than
   --context is skipped with a note, on a GPU both always run);

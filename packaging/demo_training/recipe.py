@@ -114,7 +114,7 @@ DRAFT_CONFIG = {
 }
 
 
-# Gemma 4's chat format (MODEL-SPEC.md), shared with the tiny test tokenizer and the demo pair
+# Gemma 4's chat format (docs/model.md), shared with the tiny test tokenizer and the demo pair
 CHAT_TEMPLATE = (ROOT / "assets" / "gemma4_chat_template.jinja").read_text(encoding="utf-8")
 
 
