@@ -73,8 +73,9 @@ def check(archs=ARCHS, kernel_filter: str | None = None, modules=SPEC_MODULES,
     stack_bytes, spill_stores, seconds (of one compile); a module that cannot be imported or
     listed gives one row with arch "all". ok is False on a compile error, local memory
     (local_bytes > 0: spills) or shared memory over the card's per-block limit; error says which.
-    With `perf`, each compiled row also has the performance model's fields (perf_model.row_perf,
-    from the SASS main loop) and `key`, the launch key a step's launch list matches it by.
+    With `perf`, each compiled row also has spill_bytes (local_bytes), the performance model's
+    fields (perf_model.row_perf, from the SASS main loop) and `key`, the launch key a step's launch
+    list matches it by.
     A row is kept in the result cache (result_cache.py) under its kernel sources, spec, Triton
     version and arch: an unchanged kernel is not compiled again.
     """
@@ -212,6 +213,7 @@ def _compile(module: str, index: int, name: str, cap: int, perf: bool = False) -
     row = _row(name, module, arch, error=error, registers=usage["REG"], shared_bytes=shared,
                local_bytes=local, stack_bytes=usage["STACK"], spill_stores=spill_stores, seconds=seconds)
     if perf:
+        row["spill_bytes"] = local
         try:
             row.update(_perf_fields(spec, compiled, cap, usage["REG"], shared))
         except Exception as exc:  # noqa: BLE001 - the compile stands; the model says what failed

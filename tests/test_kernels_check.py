@@ -156,7 +156,7 @@ def test_perf_rows_model_a_kernel_from_its_cubin():
                         perf=True)
     assert rows and all(r["ok"] for r in rows), rows
     for r in rows:
-        assert (r["role"], r["kv_dtype"], r["head_dim"]) == ("kv", "fp8", 512)
+        assert (r["role"], r["kv_dtype"], r["head_dim"], r["spill_bytes"]) == ("kv", "fp8", 512, 0)
         assert r["instructions_per_key"] > 0 and r["main_loop"] and r["blocks_per_sm"] >= 1
         assert r["bytes_in_flight_per_sm"] == r["blocks_per_sm"] * r["bytes_in_flight_per_block"] > 0
         assert r["key"].startswith("('flashdesk.kernels.attention_triton', '_decode_split_kernel'")
