@@ -387,7 +387,8 @@ def section_compiled_kernels():
 
 
 DEFAULT_CAPACITY = 262144  # the context limit the app picks on an H200 and a 24 GB card: the longest that fits
-MODELED_STEPS = ("ar", "verify-16", "draft")
+# the model's steps by the names the bench measures them under: its draft is the default int4 drafter's
+MEASURED_AS = {"ar": "ar", "verify-16": "verify-16", "draft": "draft-int4"}
 
 
 def section_synthetic_bench(device, smoke: bool, profile: bool = False):
@@ -465,16 +466,18 @@ def model_vs_measured(device, smoke: bool, report: dict) -> dict:
 
 
 def compare_steps(modeled: list[dict], measured: list[dict]) -> list[dict]:
-    """Rows of step, modeled_ms, measured_ms, measured_over_modeled for the steps both have."""
+    """Rows of step, modeled_ms, measured_ms, measured_over_modeled for the steps both have (a
+    modeled step is measured under its MEASURED_AS name)."""
     seconds = {step["name"]: step["seconds"] for step in measured if step.get("seconds")}
     out = []
     for row in modeled:
-        if row["step"] in seconds:
-            out.append({"step": row["step"], "launches": row["launches"], "bytes": row["bytes"],
+        name = MEASURED_AS.get(row["step"], row["step"])
+        if name in seconds:
+            out.append({"step": name, "launches": row["launches"], "bytes": row["bytes"],
                         "floor_ms": round(1000 * row["floor_seconds"], 3),
                         "modeled_ms": round(1000 * row["modeled_seconds"], 3),
-                        "measured_ms": round(1000 * seconds[row["step"]], 3),
-                        "measured_over_modeled": round(seconds[row["step"]] / row["modeled_seconds"], 2)})
+                        "measured_ms": round(1000 * seconds[name], 3),
+                        "measured_over_modeled": round(seconds[name] / row["modeled_seconds"], 2)})
     return out
 
 

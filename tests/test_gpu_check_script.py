@@ -61,7 +61,12 @@ def test_modeled_steps_are_set_beside_the_measured_ones():
     modeled = [{"step": "ar", "launches": 416, "bytes": 3 * 10**9, "floor_seconds": 0.0007, "modeled_seconds": 0.002},
                {"step": "draft", "launches": 64, "bytes": 2 * 10**9, "floor_seconds": 0.0005, "modeled_seconds": 0.001}]
     measured = [{"name": "ar", "seconds": 0.003}, {"name": "verify-16", "seconds": 0.006},
-                {"name": "draft", "seconds": None}]  # a step that did not run has no time to compare
+                {"name": "draft", "seconds": 0.004}, {"name": "draft-int4", "seconds": 0.0015}]
     rows = gpu_check.compare_steps(modeled, measured)
     assert rows == [{"step": "ar", "launches": 416, "bytes": 3 * 10**9, "floor_ms": 0.7, "modeled_ms": 2.0,
-                     "measured_ms": 3.0, "measured_over_modeled": 1.5}]
+                     "measured_ms": 3.0, "measured_over_modeled": 1.5},
+                    # the model's draft is the default (int4) drafter's: set beside draft-int4, not the bf16 draft
+                    {"step": "draft-int4", "launches": 64, "bytes": 2 * 10**9, "floor_ms": 0.5, "modeled_ms": 1.0,
+                     "measured_ms": 1.5, "measured_over_modeled": 1.5}]
+    measured[-1]["seconds"] = None  # a step that did not run has no time to compare
+    assert [row["step"] for row in gpu_check.compare_steps(modeled, measured)] == ["ar"]
