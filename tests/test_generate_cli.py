@@ -215,3 +215,22 @@ def test_auto_draft_length_from_the_command_line(spec_pair, capsys, monkeypatch,
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", *map(str, args), "--draft-length", "many"])
     assert exit_info.value.code == 2 and "not a whole number (or auto): 'many'" in capsys.readouterr().err
+
+
+def test_the_version_and_the_demo_pair_need_no_model_folder(capsys):
+    """`flashdesk --version` names the installed version; `generate --demo` runs the demo pair (made
+    in the data folder from the package's own copy) without --model or --draft."""
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"flashdesk {importlib.metadata.version('flashdesk')}"
+    assert main(["generate", "--demo", "--prompt", "def fib(n):", "--max-new-tokens", "6", "--ignore-eos",
+                 "--device", "cpu", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(out["token_ids"]) == 6 and out["steps"]
+    assert out["stats"]["acceptance_rate"] is not None  # the demo's drafter came with it
+    with pytest.raises(SystemExit):
+        main(["generate", "--prompt", "x"])
+    assert "--model (or use --demo)" in capsys.readouterr().err

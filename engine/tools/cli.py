@@ -8,16 +8,18 @@ import json
 import sys
 from pathlib import Path
 
+from flashdesk import __version__
 from flashdesk.engine.errors import FlashDeskError
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flashdesk", description="FlashDesk engine commands. "
                                      "Run without arguments to open the desktop app.")
+    parser.add_argument("--version", action="version", version=f"flashdesk {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text from a prompt")
-    gen.add_argument("--model", required=True, help="folder of the Gemma 4 target checkpoint")
+    gen.add_argument("--model", help="folder of the Gemma 4 target checkpoint (required unless --demo)")
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="user message, wrapped in the model's chat template")
     source.add_argument("--prompt-ids", help="comma-separated token ids fed to the model as they are")
@@ -25,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object with ids, text, steps, stats")
 
     chat = sub.add_parser("chat", help="chat in the terminal: streamed replies, history, /commands (/help)")
-    chat.add_argument("--model", required=True, help="folder of the Gemma 4 target checkpoint")
+    chat.add_argument("--model", help="folder of the Gemma 4 target checkpoint (required unless --demo)")
     _add_generation_flags(chat, system_help="system prompt (/system TEXT changes it)")
     chat.add_argument("--jsonl", action="store_true",
                       help="for scripts: one JSON request per stdin line, one JSON object per reply or command")
@@ -111,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_generation_flags(parser: argparse.ArgumentParser, system_help: str) -> None:
     """The flags `generate` and `chat` share: prompt shaping, sampling, device, KV, speculation."""
+    parser.add_argument("--demo", action="store_true",
+                        help="the demo pair instead of --model and --draft (a tiny target and drafter, made in "
+                        "the data folder; seconds on the CPU)")
     parser.add_argument("--system", help=system_help)
     parser.add_argument("--thinking", action="store_true", help="let the model think before answering")
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -269,6 +274,16 @@ def run_generate(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command in ("generate", "chat"):
+        if args.demo and (args.model or args.draft):
+            parser.error(f"{args.command}: --demo runs the demo pair; leave out --model and --draft")
+        if not args.demo and not args.model:
+            parser.error(f"{args.command}: the following arguments are required: --model (or use --demo)")
+        if args.demo:
+            from flashdesk import paths
+            from flashdesk.engine.hub.demo import create_demo
+
+            args.model, args.draft = (str(folder) for folder in create_demo(paths.demo_dir()))
     if args.command == "bench" and not args.synthetic and not args.history:
         if args.demo and (args.model or args.draft):
             parser.error("bench: --demo benches the demo pair; leave out --model and --draft")
