@@ -2,9 +2,9 @@
 
 A step is recorded on the CPU with the kernels counted, not run (kernels/launch_log.launch_list),
 on the synthetic Gemma 4 26B-A4B over its first two layers (one sliding, one full) at the real
-cache capacity and a filled length, and the full-size DFlash drafter. Launches inside the sliding
-layer count 25 times, inside the full layer 5 times, the rest (embedding, head) once: the 30-layer
-step. Every launch gets the bytes it moves, from its tensor arguments:
+cache capacity and a filled length, and the full-size DFlash drafter in int4 (a GPU's default,
+`--draft-quantize auto`). Launches inside the sliding layer count 25 times, inside the full layer 5
+times, the rest (embedding, head) once: the 30-layer step. Every launch gets the bytes it moves, from its tensor arguments:
 - weights: an argument that is (a view of) a weight is read whole, an expert tensor only for the
   experts the step routes to (8 for one token; for a 16-token block, the expected union under
   uniform routing, ~82 of 128, the near-uniform end that published verify costs imply);
