@@ -61,6 +61,15 @@ def create_demo(folder: str | Path, force: bool = False) -> tuple[Path, Path]:
     return target, drafter
 
 
+def demo_pair() -> tuple[str, str]:
+    """(target, drafter) folders of the demo pair in the user's data folder, made there if missing:
+    what `--demo` stands for in generate, chat, bench and serve."""
+    from flashdesk import paths
+
+    target, drafter = create_demo(paths.demo_dir())
+    return str(target), str(drafter)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:

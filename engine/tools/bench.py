@@ -67,9 +67,9 @@ def run_bench(args) -> int:
         return 0
     plan = plan_from_args(args)
     if args.demo:
-        from flashdesk.engine.hub.demo import create_demo
+        from flashdesk.engine.hub.demo import demo_pair
 
-        args.model, args.draft = (str(p) for p in create_demo(paths.demo_dir()))
+        args.model, args.draft = demo_pair()
     engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, None, args.draft,
                          draft_quantize=getattr(args, "draft_quantize", "auto"))
     progress, close = _progress_bar(getattr(args, "no_progress", False))

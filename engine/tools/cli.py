@@ -280,10 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.demo and not args.model:
             parser.error(f"{args.command}: the following arguments are required: --model (or use --demo)")
         if args.demo:
-            from flashdesk import paths
-            from flashdesk.engine.hub.demo import create_demo
+            from flashdesk.engine.hub.demo import demo_pair
 
-            args.model, args.draft = (str(folder) for folder in create_demo(paths.demo_dir()))
+            args.model, args.draft = demo_pair()
     if args.command == "bench" and not args.synthetic and not args.history:
         if args.demo and (args.model or args.draft):
             parser.error("bench: --demo benches the demo pair; leave out --model and --draft")

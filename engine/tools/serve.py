@@ -68,10 +68,9 @@ def run_serve(args) -> int:
     if not args.demo and not args.model:
         raise FlashDeskError("give --model DIR (and --draft DIR for speculative decoding), or --demo")
     if args.demo:
-        from flashdesk import paths
-        from flashdesk.engine.hub.demo import create_demo
+        from flashdesk.engine.hub.demo import demo_pair
 
-        args.model, args.draft = (str(folder) for folder in create_demo(paths.demo_dir()))
+        args.model, args.draft = demo_pair()
     else:
         from flashdesk.engine.tools.cli import _resolve_models
 
