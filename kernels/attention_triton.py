@@ -48,7 +48,7 @@ from flashdesk.kernels.backend import LAUNCH_STAGES, MAX_REGISTERS, CompileSpec,
 from flashdesk.kernels.kv_write import device_start
 
 BLOCK_T = DECODE_QUERIES  # query rows of a decode tile: one tile takes a whole verify block
-SPLIT = 256  # positions per flash-decoding split, for every layer and cache size
+SPLIT = 128  # positions per flash-decoding split, for every layer and cache size
 MAX_SPLITS = 64  # split columns of the grid: bounds the fp32 partials (<= 32 MB at T=16, D=512)
 COMBINE_BLOCK_D = 64  # columns per combine program: 16 heads x D/64 programs
 COMBINE_WARPS = 4

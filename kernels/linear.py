@@ -52,18 +52,18 @@ def gate(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     return (F.gelu(g, approximate="tanh") if activation == "gelu_tanh" else F.silu(g)) * up
 
 
-def gated_linear(gate_up: torch.Tensor, weight, activation: str) -> torch.Tensor:
-    """linear(act(gate) * up, weight): a GLU MLP's down projection from its fused gate_up output.
-    On the Triton path the activation is computed as the projection loads its input, so it runs
-    no kernels of its own (two fewer a layer)."""
-    if isinstance(weight, tuple) or not use_triton(gate_up):
-        return linear(gate(gate_up, activation), weight)
+def glu_linear(x: torch.Tensor, gate_up, activation: str) -> torch.Tensor:
+    """act(x @ gate.T) * (x @ up.T) for a GLU MLP's stacked [gate; up] weight: [..., N / 2]. On the
+    Triton path the projection applies the activation in its epilogue (no kernels of its own, and
+    the down projection after it reads a plain input)."""
+    if isinstance(gate_up, tuple) or not use_triton(x):
+        return gate(linear(x, gate_up), activation)
     from flashdesk.kernels.linear_triton import dense_linear, w4a16_linear
 
-    rows = gate_up.reshape(-1, gate_up.shape[-1])
-    project = w4a16_linear if isinstance(weight, Int4Weight) else dense_linear
-    y = project(rows, weight, activation)
-    return y.view(*gate_up.shape[:-1], y.shape[-1])
+    rows = x.reshape(-1, x.shape[-1])
+    project = w4a16_linear if isinstance(gate_up, Int4Weight) else dense_linear
+    y = project(rows, gate_up, activation)
+    return y.view(*x.shape[:-1], y.shape[-1])
 
 
 def concat_rows(parts: list):

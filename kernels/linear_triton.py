@@ -14,6 +14,9 @@ dequantizes it in registers and feeds `tl.dot` with fp32 accumulation.
   counter. One launch per linear instead of two (at batch 1 a launch costs more than the adds),
   no host sync, grids from shapes only: a captured launch replays.
 - more rows (prefill, compute-bound): 128x128 tiles over the whole K; the dense case is torch.
+- a GLU MLP's first projection ([gate; up] weight) can return act(gate) * up: each tile holds
+  matching gate and up rows, so the activation runs once per output in the epilogue and the
+  down projection that follows is a plain linear.
 
 The tensor-core operands are x's dtype; under the interpreter (whose bf16 dot is broken) fp32.
 A dequantized bf16 weight equals the torch reference's bf16 dequantization bit for bit, since
@@ -116,24 +119,52 @@ def _gated(gate, up, ACTIVATION: tl.constexpr):
     return (a.to(gate.dtype).to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
 
 
+@triton.jit
+def _tile_rows(pid_n, c, N, ACTIVATION: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The weight rows of tile pid_n's columns c, and which exist: rows pid_n * BLOCK_N + c; with
+    an ACTIVATION (a [gate; up] weight of 2N rows) gate rows for the first BLOCK_N / 2 columns
+    and the matching up rows for the others."""
+    if ACTIVATION == "":
+        row = pid_n * BLOCK_N + c
+        return row, row < N
+    gate = pid_n * (BLOCK_N // 2) + c % (BLOCK_N // 2)
+    return gate + (c // (BLOCK_N // 2)) * N, gate < N
+
+
+@triton.jit
+def _glu(tile, ty: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """act(gate) * up of an fp32 tile [BLOCK_M, BLOCK_N] whose first BLOCK_N / 2 columns are gate
+    outputs and the rest the matching up outputs: [BLOCK_M, BLOCK_N / 2] in ty, gate and up each
+    rounded to ty first, as a torch linear rounds its output."""
+    gate, up = tl.split(tl.permute(tl.reshape(tile, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+    return _gated(gate.to(ty), up.to(ty), ACTIVATION)
+
+
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count: M = 1 is not special
 def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, part_ptr, count_ptr, M, N,
                    K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr,
                    INT4: tl.constexpr, HAS_ZERO: tl.constexpr, DOT_FP32: tl.constexpr,
                    ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[m, n] = sum over k of x[m, k] * w[n, k]; grid (N tiles, SPLIT chunks of K, M tiles).
-    With SPLIT > 1 each chunk writes part[s, m, n]; the last to finish sums them (count_ptr: one
-    int32 per output tile, zero between launches). With an ACTIVATION, x rows are [gate | up]
-    (2K wide) and the input is act(gate) * up, computed as it is loaded.
+    With SPLIT > 1 each chunk writes part[s, m, weight row]; the last to finish sums them
+    (count_ptr: one int32 per output tile, zero between launches).
+
+    With an ACTIVATION the weight is [gate; up] (2N rows) and out[m, n] = act(gate) * up of row n of
+    each half (a GLU MLP's first projection with its activation): a tile's first BLOCK_N / 2 columns
+    are gate rows, the others the matching up rows, so one tile holds both operands of its outputs
+    and the activation runs once per output, in the epilogue.
 
     Weight loads have no row mask: rows past N read row N - 1 and are never stored (fewer live
     predicates; ptxas 13 spilled one across the loop). x is masked, so columns past K add 0."""
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.minimum(offs_n, N - 1)
+    c = tl.arange(0, BLOCK_N)
+    if ACTIVATION == "":
+        rows = tl.minimum(pid_n * BLOCK_N + c, N - 1)
+    else:
+        rows = tl.minimum(pid_n * (BLOCK_N // 2) + c % (BLOCK_N // 2), N - 1) + (c // (BLOCK_N // 2)) * N
     m_mask = offs_m < M
-    x_rows = x_ptr + offs_m[:, None] * (K if ACTIVATION == "" else 2 * K)
+    x_rows = x_ptr + offs_m[:, None] * K
     if INT4:
         w_rows = w_ptr + rows[:, None] * (K // 8)
         scale_rows = scale_ptr + (rows * (K // GROUP))[:, None]
@@ -152,13 +183,8 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, part_ptr, count_p
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if K % BLOCK_K == 0:  # no step runs past K: no column masks
             x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
-            if ACTIVATION != "":
-                x = _gated(x, tl.load(x_rows + K + offs_k[None, :], mask=m_mask[:, None], other=0.0), ACTIVATION)
         else:
-            x_mask = m_mask[:, None] & (offs_k < K)[None, :]
-            x = tl.load(x_rows + offs_k[None, :], mask=x_mask, other=0.0)
-            if ACTIVATION != "":
-                x = _gated(x, tl.load(x_rows + K + offs_k[None, :], mask=x_mask, other=0.0), ACTIVATION)
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
         if INT4:
             cur_scale, cur_zero = scale, zero
             if GROUP != K:
@@ -169,22 +195,37 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, part_ptr, count_p
         else:
             w = tl.load(w_rows + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0)
         acc = tl.dot(x.to(dot_ty), tl.trans(w.to(dot_ty)), acc, input_precision="ieee")
-    at = offs_m[:, None] * N + offs_n[None, :]
-    mask = m_mask[:, None] & (offs_n < N)[None, :]
+    ty: tl.constexpr = out_ptr.dtype.element_ty
+    OUT_N: tl.constexpr = BLOCK_N if ACTIVATION == "" else BLOCK_N // 2
+    offs_out = pid_n * OUT_N + tl.arange(0, OUT_N)
+    out_at = offs_m[:, None] * N + offs_out[None, :]
+    out_mask = m_mask[:, None] & (offs_out < N)[None, :]
+    W_ROWS = N if ACTIVATION == "" else 2 * N  # a partial's row: one value per weight row
     if SPLIT == 1:
-        tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        if ACTIVATION == "":
+            tl.store(out_ptr + out_at, acc.to(ty), mask=out_mask)
+        else:
+            tl.store(out_ptr + out_at, _glu(acc, ty, ACTIVATION, BLOCK_M, BLOCK_N), mask=out_mask)
     else:
-        tl.store(part_ptr + pid_s * M * N + at, acc, mask=mask)
+        w_row, w_row_ok = _tile_rows(pid_n, c, N, ACTIVATION, BLOCK_N)
+        tl.store(part_ptr + pid_s * M * W_ROWS + offs_m[:, None] * W_ROWS + w_row[None, :], acc,
+                 mask=m_mask[:, None] & w_row_ok[None, :])
         tl.debug_barrier()  # all of this program's partial is written before the release below
         counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
         if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT - 1:  # the others' partials are visible
             flat = tl.arange(0, BLOCK_M * BLOCK_N)  # the tile as one vector: few registers for the sum
-            row, col = pid_m * BLOCK_M + flat // BLOCK_N, pid_n * BLOCK_N + flat % BLOCK_N
-            flat_at, flat_mask = row * N + col, (row < M) & (col < N)
+            row = pid_m * BLOCK_M + flat // BLOCK_N
+            col, col_ok = _tile_rows(pid_n, flat % BLOCK_N, N, ACTIVATION, BLOCK_N)
+            flat_at, flat_mask = row * W_ROWS + col, (row < M) & col_ok
             total = tl.load(part_ptr + flat_at, mask=flat_mask, other=0.0, cache_modifier=".cg")
             for s in range(1, SPLIT):  # chunk order, the same bits whichever chunk came last
-                total += tl.load(part_ptr + s * M * N + flat_at, mask=flat_mask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + flat_at, total.to(out_ptr.dtype.element_ty), mask=flat_mask)
+                total += tl.load(part_ptr + s * M * W_ROWS + flat_at, mask=flat_mask, other=0.0,
+                                 cache_modifier=".cg")
+            if ACTIVATION == "":
+                tl.store(out_ptr + flat_at, total.to(ty), mask=flat_mask)
+            else:
+                glu = _glu(tl.reshape(total, (BLOCK_M, BLOCK_N)), ty, ACTIVATION, BLOCK_M, BLOCK_N)
+                tl.store(out_ptr + out_at, glu, mask=out_mask)
             tl.atomic_xchg(counter, 0, sem="relaxed")  # the next launch starts from zero
 
 
@@ -200,63 +241,64 @@ class Tiles(NamedTuple):
     num_stages: int
 
 
-def small_tiles(n: int, k: int, group: int | None, gated: bool = False) -> Tiles:
-    """The 1..16-row configuration; `group` None for a dense weight, `gated` when the kernel
-    applies an activation to its [gate | up] input.
+def small_tiles(n: int, k: int, group: int | None) -> Tiles:
+    """The 1..16-row configuration for a weight of n rows; `group` None for a dense weight.
 
     Chunks of >= 2 K steps are added until about TARGET_PROGRAMS tiles are in flight: a narrow N
     (router, o_proj, down) would otherwise leave most SMs idle while one reads the whole K.
     int4 runs 8 warps and 3 stages: two K steps of weights in flight per block, 34 KiB per SM on
     an H200 (which needs ~25 KiB per SM to stream at speed; 2 stages kept 17). With 4 warps ptxas
-    spills a register or two around the loop on sm_90. A gated dense weight takes 32-column steps over 8 warps: with
-    64 or 128 its activation spills on sm_86..sm_120. A K under 256 (the test models) takes 64-column
-    steps, fewer of them: Triton's interpreter, which runs the tests, pays per step."""
-    dense_gated = gated and group is None
-    block_n, block_k = 64, (128 if k >= 256 and not dense_gated else 32)
+    spills a register or two around the loop on sm_90. A K under 256 (the test models) takes
+    64-column steps, fewer of them: Triton's interpreter, which runs the tests, pays per step.
+    A GLU projection's tiles hold 64 weight rows as any other's (32 gate, 32 up)."""
+    block_n, block_k = 64, 128
     if k < 256:  # only the test models: 64-column steps (in fp32, 64 x 128 tiles spilled or passed 99 KB)
         block_k = min(triton.next_power_of_2(k), 64)
     k_steps = triton.cdiv(k, block_k)
     wanted = triton.cdiv(TARGET_PROGRAMS, triton.cdiv(n, block_n))
     steps_per_chunk = max(2, triton.cdiv(k_steps, wanted))
     split = triton.cdiv(k_steps, steps_per_chunk)
-    num_warps, num_stages = (4, 3) if group is None and not gated else (8, 3)
+    num_warps, num_stages = (4, 3) if group is None else (8, 3)
     return Tiles(SMALL_M, block_n, block_k, split, steps_per_chunk * block_k, num_warps, num_stages)
 
 
 def prefill_tiles(n: int, k: int, group: int | None) -> Tiles:
     """The >16-row int4 configuration: 128x128 output tiles over the whole K, 32 columns a step
-    (one group-32 scale per row and step; the dequantization is shared by 128 rows). Never gated:
-    an activation runs on its own first."""
+    (one group-32 scale per row and step; the dequantization is shared by 128 rows). Never a GLU:
+    its activation runs on its own after (compute-bound, it costs little there)."""
     return Tiles(128, 128, 32, 1, triton.cdiv(k, 32) * 32, 8, 3)
 
 
 ACTIVATIONS = ("gelu_tanh", "silu")
 
 
-def _check(x: torch.Tensor, k: int, activation: str) -> None:
+def _check(x: torch.Tensor, n: int, k: int, activation: str) -> None:
     if activation and activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}: the choice is {', '.join(ACTIVATIONS)}")
-    width = 2 * k if activation else k
-    if x.dim() != 2 or x.shape[1] != width:
-        raise ValueError(f"x {tuple(x.shape)} does not match a weight with {k} inputs"
-                         + (" ([gate | up] rows are twice as wide)" if activation else ""))
+    if activation and n % 2:
+        raise ValueError(f"a GLU weight stacks [gate; up]: its {n} rows are not an even number")
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x {tuple(x.shape)} does not match a weight with {k} inputs")
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, n: int, group: int,
             int4: bool, has_zero: bool, tiles: Tiles, activation: str) -> torch.Tensor:
-    m, k = x.shape[0], x.shape[1] // 2 if activation else x.shape[1]
-    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    """One launch over an [n, k] weight; with an `activation` its output is act(gate) * up, n / 2 wide."""
+    m, k = x.shape
+    n_out, out_tile = (n // 2, tiles.block_n // 2) if activation else (n, tiles.block_n)
+    out = torch.empty(m, n_out, device=x.device, dtype=x.dtype)
     if m == 0:
         return out
-    grid = (triton.cdiv(n, tiles.block_n), tiles.split, triton.cdiv(m, tiles.block_m))
+    grid = (triton.cdiv(n_out, out_tile), tiles.split, triton.cdiv(m, tiles.block_m))
     part = out if tiles.split == 1 else torch.empty(tiles.split, m, n, device=x.device, dtype=torch.float32)
     if tiles.split > 1 and grid[0] * grid[2] > MAX_SPLIT_TILES:
         raise ValueError(f"a split launch of {grid[0] * grid[2]} output tiles: more than the "
                          f"{MAX_SPLIT_TILES} counters")
-    _linear_kernel[grid](x, w, scale, zero, out, part, split_counters(x.device), m, n, K=k, K_CHUNK=tiles.k_chunk,
-                         SPLIT=tiles.split, GROUP=group, INT4=int4, HAS_ZERO=has_zero, DOT_FP32=interpreted(),
-                         ACTIVATION=activation, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-                         num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    _linear_kernel[grid](x, w, scale, zero, out, part, split_counters(x.device), m, n_out, K=k,
+                         K_CHUNK=tiles.k_chunk, SPLIT=tiles.split, GROUP=group, INT4=int4, HAS_ZERO=has_zero,
+                         DOT_FP32=interpreted(), ACTIVATION=activation, BLOCK_M=tiles.block_m,
+                         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
+                         num_stages=tiles.num_stages)
     return out
 
 
@@ -270,30 +312,30 @@ def split_counters(device: torch.device) -> torch.Tensor:
 
 def w4a16_linear(x: torch.Tensor, w: Int4Weight, activation: str = "") -> torch.Tensor:
     """x [M, K] @ w.dequantize().T -> [M, N] in x's dtype, fp32 accumulation; with an
-    `activation` x is [M, 2K] = [gate | up] and the input act(gate) * up.
+    `activation` w is [gate; up] and the output act(x @ gate.T) * (x @ up.T), [M, N / 2].
 
     Rows 1..16 are batch invariant (row r is bit-identical to the same row computed alone)."""
     n, k = w.shape
-    _check(x, k, activation)
-    if x.shape[0] > SMALL_M:  # compute-bound: the activation's own kernels cost little, its registers a lot
-        x, activation, tiles = gate(x, activation) if activation else x, "", prefill_tiles(n, k, w.group_size)
-    else:
-        tiles = small_tiles(n, k, w.group_size, bool(activation))
+    _check(x, n, k, activation)
     packed = w.packed.contiguous()
     zero = packed.view(torch.int8) if w.zero is None else w.zero.contiguous()  # an unread int8 stand-in
-    return _launch(x.contiguous(), packed, w.scale.contiguous(), zero, n, w.group_size, True, w.zero is not None,
-                   tiles, activation)
+    small = x.shape[0] <= SMALL_M
+    tiles = small_tiles(n, k, w.group_size) if small else prefill_tiles(n, k, w.group_size)
+    out = _launch(x.contiguous(), packed, w.scale.contiguous(), zero, n, w.group_size, True, w.zero is not None,
+                  tiles, activation if small else "")
+    return out if small or not activation else gate(out, activation)
 
 
 def dense_linear(x: torch.Tensor, w: torch.Tensor, activation: str = "") -> torch.Tensor:
     """x [M, K] @ w.T for a dense [N, K] weight (`activation` as in w4a16_linear): the
     batch-invariant kernel for 1..16 rows, torch beyond."""
     n, k = w.shape
-    _check(x, k, activation)
+    _check(x, n, k, activation)
     if x.shape[0] > SMALL_M:
-        return F.linear(gate(x, activation) if activation else x, w)
+        out = F.linear(x, w)
+        return gate(out, activation) if activation else out
     w = w.contiguous()
-    return _launch(x.contiguous(), w, w, w, n, 0, False, False, small_tiles(n, k, None, bool(activation)), activation)
+    return _launch(x.contiguous(), w, w, w, n, 0, False, False, small_tiles(n, k, None), activation)
 
 
 # --- compile specs: the real model's shapes -------------------------------------------------------
@@ -314,8 +356,8 @@ DRAFTER_INT4 = DRAFTER + [(262144, HIDDEN), (32768, HIDDEN)]
 DENSE = [(262144, HIDDEN), (128, HIDDEN)] + DRAFTER + TARGET_INT4
 
 
-# The down projections read their MLP's [gate | up] and apply its activation while loading.
-ACTIVATION_OF = {(HIDDEN, 2112): "gelu_tanh", (HIDDEN, 5632): "silu"}
+# The GLU MLPs' [gate; up] projections apply their activation in the epilogue.
+ACTIVATION_OF = {(4224, HIDDEN): "gelu_tanh", (11264, HIDDEN): "silu"}
 
 
 def _kernel_spec(n: int, k: int, group: int, int4: bool, has_zero: bool, tiles: Tiles, kind: str) -> CompileSpec:
@@ -344,8 +386,8 @@ def compile_specs() -> list[CompileSpec]:
     int4 = [(n, k, g or k, zero) for n, k in TARGET_INT4 for g in TARGET_GROUPS for zero in (False, True)
             if k % (g or k) == 0] + [(n, k, 32, False) for n, k in DRAFTER_INT4]
     for n, k, group, has_zero in int4:
-        add(_kernel_spec(n, k, group, True, has_zero, small_tiles(n, k, group, (n, k) in ACTIVATION_OF), "small"))
+        add(_kernel_spec(n, k, group, True, has_zero, small_tiles(n, k, group), "small"))
         add(_kernel_spec(n, k, group, True, has_zero, prefill_tiles(n, k, group), "prefill"))
     for n, k in DENSE:
-        add(_kernel_spec(n, k, 0, False, False, small_tiles(n, k, None, (n, k) in ACTIVATION_OF), "small"))
+        add(_kernel_spec(n, k, 0, False, False, small_tiles(n, k, None), "small"))
     return list(specs.values())

@@ -260,7 +260,7 @@ def _move(model, device):
 
     model.device = device
     model.embed, model.final_norm, model.embed_scale = to(model.embed), to(model.final_norm), to(model.embed_scale)
-    model.inv_freq = {k: to(v) for k, v in model.inv_freq.items()}
+    model.rope_freqs = to(model.rope_freqs)
     for layer in model.layers:
         for key, value in vars(layer).items():
             if isinstance(value, torch.Tensor):

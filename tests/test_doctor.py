@@ -185,7 +185,7 @@ def held_bytes(model: Gemma4) -> int:
     """Every weight tensor our model keeps, by walking it (not the computed RoPE tables)."""
     def tensors(obj):
         for name, value in vars(obj).items():
-            if name in ("inv_freq", "embed_scale", "spec"):
+            if name in ("rope_freqs", "embed_scale", "spec"):
                 continue
             if isinstance(value, torch.Tensor):
                 yield value

@@ -46,7 +46,7 @@ def test_rope_nested_under_rope_parameters_gives_the_same_drafter(tmp_path, spec
     write_drafter(tmp_path / "nested", seed=4, nested_rope=True)
     assert "rope_theta" not in json.loads((tmp_path / "nested" / "config.json").read_text())
     a, b = Drafter.from_pretrained(tmp_path / "top", target), Drafter.from_pretrained(tmp_path / "nested", target)
-    assert a.cfg == b.cfg and torch.equal(a.inv_freq, b.inv_freq)
+    assert a.cfg == b.cfg and torch.equal(a.rope_freqs, b.rope_freqs)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -164,35 +164,39 @@ def test_compile_specs_name_the_kernel_parameters():
 
 @pytest.mark.parametrize("activation", ["gelu_tanh", "silu"])
 @pytest.mark.parametrize("int4", [True, False], ids=["int4", "dense"])
-def test_a_gated_projection_applies_the_activation_as_it_loads(activation, int4):
-    """gated_linear(gate_up, w) == linear(act(gate) * up, w): in fp32 to float rounding, in bf16
-    within a few units of its last place (our tanh and torch's may round act(gate) apart, and each
-    output rounds); 1..16 rows batch invariant;
-    one kernel for 1..16 rows (no separate activation or product)."""
+@pytest.mark.parametrize("n_out, k", [(40, 320), (24, 64)], ids=["split", "unsplit"])
+def test_a_glu_projection_applies_the_activation_in_its_epilogue(activation, int4, n_out, k):
+    """glu_linear(x, [gate; up]) == act(x @ gate.T) * (x @ up.T), as torch computes it: in fp32 to
+    float rounding, in bf16 within a few units of its last place (our tanh and torch's may round
+    act(gate) apart); 1..16 rows batch invariant; one kernel for 1..16 rows (no separate
+    activation or product). 40 outputs end in a partial tile; K = 320 splits and ends in a partial step."""
     from flashdesk.kernels.backend import kernels
     from flashdesk.kernels.launch_log import count_kernels
-    from flashdesk.kernels.linear import gate, gated_linear, linear_reference
+    from flashdesk.kernels.linear import gate, glu_linear, linear_reference
 
-    n, k = 40, 320  # K ends in a partial step; split K
+    assert (lt.small_tiles(2 * n_out, k, 32).split > 1) == (k == 320)
     for dtype, tol in ((torch.float32, 5e-5), (torch.bfloat16, 0.1)):
-        w = random_int4(n, k, 32, False, dtype) if int4 else randn(n, k, dtype=dtype, seed=3)
-        gate_up = randn(17, 2 * k, dtype=dtype, seed=4) * 2
+        w = random_int4(2 * n_out, k, 32, False, dtype) if int4 else randn(2 * n_out, k, dtype=dtype, seed=3)
+        x = randn(17, k, dtype=dtype, seed=4)
+        expected = gate(linear_reference(x, w), activation).float()
         with kernels("triton"):
-            out = gated_linear(gate_up, w, activation)
-            assert out.dtype == dtype
-            torch.testing.assert_close(out.float(), linear_reference(gate(gate_up, activation), w).float(),
-                                       rtol=tol, atol=tol)
-            small = gated_linear(gate_up[:16], w, activation)
+            out = glu_linear(x, w, activation)
+            assert out.dtype == dtype and out.shape == (17, n_out)
+            torch.testing.assert_close(out.float(), expected, rtol=tol, atol=tol)
+            small = glu_linear(x[:16], w, activation)
+            torch.testing.assert_close(small.float(), expected[:16], rtol=tol, atol=tol)
             for row in (0, 9, 15):
-                assert torch.equal(gated_linear(gate_up[row:row + 1], w, activation), small[row:row + 1])
+                assert torch.equal(glu_linear(x[row:row + 1], w, activation), small[row:row + 1])
             with count_kernels() as counts:
-                gated_linear(gate_up[:3], w, activation)
+                glu_linear(x[:3], w, activation)
     assert sum(counts.values()) == 1, dict(counts)
 
 
-def test_a_gated_projection_checks_its_input():
+def test_a_glu_projection_checks_its_input():
+    with pytest.raises(ValueError, match="not an even number"):
+        lt.w4a16_linear(torch.zeros(2, 64), random_int4(25, 64, 8, True), "gelu_tanh")
     w = random_int4(24, 64, 8, True)
-    with pytest.raises(ValueError, match="twice as wide"):
-        lt.w4a16_linear(torch.zeros(2, 64), w, "gelu_tanh")
+    with pytest.raises(ValueError, match="does not match a weight with 64 inputs"):
+        lt.w4a16_linear(torch.zeros(2, 128), w, "gelu_tanh")
     with pytest.raises(ValueError, match="unknown activation"):
-        lt.w4a16_linear(torch.zeros(2, 128), w, "relu")
+        lt.w4a16_linear(torch.zeros(2, 64), w, "relu")

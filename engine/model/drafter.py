@@ -31,7 +31,7 @@ from flashdesk.kernels.attention import attention
 from flashdesk.kernels.backend import use_triton
 from flashdesk.kernels.int4 import Int4Weight, quantize_int4, weight_nbytes
 from flashdesk.kernels.kv_write import KVSlots
-from flashdesk.kernels.linear import concat_rows, gated_linear, linear, rows_from
+from flashdesk.kernels.linear import concat_rows, glu_linear, linear, rows_from
 from flashdesk.kernels.norm import add_qwen_norm, drafter_qk_norms, drafter_store_kv
 
 QUANTIZATIONS = (None, "int4")  # None: the checkpoint's weights in the target's dtype (bf16)
@@ -199,7 +199,7 @@ class Drafter:
                 "down": get("mlp.down_proj.weight"),
             })
         exponents = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim
-        self.inv_freq = (1.0 / cfg.rope_theta ** exponents).to(self.device)
+        self.rope_freqs = (1.0 / cfg.rope_theta ** exponents).repeat(2).to(self.device)  # rotate-half pairs
         # Gemma targets embed with sqrt(hidden); the drafter was trained on those embeddings
         self.embed_scale = math.sqrt(target.cfg.hidden_size) * cfg.input_embedding_scale
 
@@ -231,9 +231,11 @@ class Drafter:
         return DraftContext(self.cfg, max_context, self.dtype, self.device)
 
     def _rope(self, positions: torch.Tensor):
-        freqs = positions[:, None].float() * self.inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        """cos and sin [T, head_dim]: fp32 angles (int positions times fp32 frequencies, as
+        .float() would), rounded once into the model's dtype: 3 kernels."""
+        angles = positions[:, None] * self.rope_freqs
+        cos = torch.cos(angles, out=torch.empty(angles.shape, dtype=self.dtype, device=self.device))
+        return cos, torch.sin(angles, out=torch.empty(angles.shape, dtype=self.dtype, device=self.device))
 
     @torch.inference_mode()
     def add_context(self, ctx: DraftContext, taps: torch.Tensor) -> None:
@@ -279,7 +281,7 @@ class Drafter:
             a = self._attend(ctx, i, layer, qkv, cos, sin, positions)
             h, x = add_qwen_norm(h, linear(a.reshape(t, -1), layer["o"]), layer["post_norm"], eps)
             reader = self.layers[i + 1]["in_norm"] if i + 1 < len(self.layers) else self.norm  # fused into the add
-            h, x = add_qwen_norm(h, gated_linear(linear(x, layer["gate_up"]), layer["down"], "silu"), reader, eps)
+            h, x = add_qwen_norm(h, linear(glu_linear(x, layer["gate_up"], "silu"), layer["down"]), reader, eps)
         h = x[1:]  # the final norm of the block's drafts (not the anchor)
         logits = self._head(h).float() * cfg.output_multiplier
         if cfg.final_logit_softcapping:

@@ -20,7 +20,7 @@ from flashdesk.engine.model.kv_cache import CacheLayout, KVCache
 from flashdesk.engine.loading.quant import assemble, parse_quant_config, plan, quantize_on_load
 from flashdesk.engine.loading.weights import expected_shapes, load_tensors, scan_checkpoint, validate
 from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput, attention_out_norms, mlp_out_norms
-from flashdesk.kernels.linear import concat_rows, gated_linear, linear
+from flashdesk.kernels.linear import concat_rows, glu_linear, linear
 from flashdesk.kernels.moe import routed_moe
 from flashdesk.kernels.norm import qkv_norms, rms_norm
 
@@ -75,7 +75,11 @@ class Gemma4:
         self.layers = [_Layer(w, i, cfg) for i in range(cfg.num_layers)]
         if w:
             raise ValueError(f"unused weights: {sorted(w)[:5]}")
-        self.inv_freq = {kind: spec.inv_freq().to(self.device) for kind, spec in cfg.rope.items()}
+        # every layer kind's frequencies side by side, each repeated for the rotate-half pairs
+        freqs = {kind: spec.inv_freq().repeat(2) for kind, spec in cfg.rope.items()}
+        self.rope_freqs = torch.cat(list(freqs.values())).to(self.device)
+        ends = torch.tensor([f.numel() for f in freqs.values()]).cumsum(0).tolist()
+        self.rope_spans = {kind: (end - f.numel(), end) for (kind, f), end in zip(freqs.items(), ends)}
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype=torch.float32,
@@ -100,12 +104,14 @@ class Gemma4:
         return KVCache(layouts, max_context, kv_dtype, self.dtype, self.device, slack)
 
     def _rope_tables(self, positions: torch.Tensor) -> dict:
-        tables = {}
-        for kind, inv_freq in self.inv_freq.items():
-            freqs = positions[:, None].float() * inv_freq[None, :]
-            emb = torch.cat([freqs, freqs], dim=-1)
-            tables[kind] = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
-        return tables
+        """cos and sin [T, head_dim] of each layer kind at `positions`, as transformers computes
+        them (fp32 angles, rounded to the model's dtype once), for all kinds in one multiply, one
+        cos and one sin: 3 kernels a step instead of 7 a kind. A decode step's kind tables are
+        views; a block's are made contiguous once here, not once a layer in the kernels."""
+        angles = positions[:, None] * self.rope_freqs  # int positions times fp32: fp32, as .float() would
+        cos = torch.cos(angles, out=torch.empty(angles.shape, dtype=self.dtype, device=self.device))
+        sin = torch.sin(angles, out=torch.empty(angles.shape, dtype=self.dtype, device=self.device))
+        return {kind: (cos[:, a:b].contiguous(), sin[:, a:b].contiguous()) for kind, (a, b) in self.rope_spans.items()}
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = (),
@@ -156,7 +162,7 @@ class Gemma4:
             if L.moe else None
         h, x, *moe_inputs = attention_out_norms(a, h, eps, n["post_attention_layernorm"],
                                                 n["pre_feedforward_layernorm"], router)
-        m = gated_linear(linear(x, L.gate_up), L.down, "gelu_tanh")
+        m = linear(glu_linear(x, L.gate_up, "gelu_tanh"), L.down)
         experts = self._moe(L, *moe_inputs) if L.moe else None
         return mlp_out_norms(m, experts, h, eps, MlpOutWeights(
             n.get("post_feedforward_layernorm_1"), n.get("post_feedforward_layernorm_2"),
