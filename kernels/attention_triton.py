@@ -20,8 +20,12 @@ is read on the device, so one captured CUDA graph replays at every length.
 
 fp8 e4m3 is handled as raw bytes with our own bit-level codec: Triton's fp8e4nv type does not exist
 below sm_89 (RTX 3090), and the encoder rounds exactly as torch does (nearest even, NaN past 464,
-as c10's Float8_e4m3fn), so the Triton cache write is bit-identical to the torch one. Scales are
-factored out of the dots: scores times the key's scale, probabilities times the value's scale.
+as c10's Float8_e4m3fn), so the Triton cache write is bit-identical to the torch one. The decode
+loop turns each byte into the fp16 of its value times 2**-8 (exact: fp16 is e4m3 with a wider
+exponent), four bytes per PTX call on a GPU (`_e4m3_to_f16`) and by the same bit operations under
+the interpreter, and runs its dots in fp16 (the query converted once: a normed, roped query is far
+inside fp16's range). Scales are factored out of the dots: scores times the key's scale,
+probabilities times the value's scale.
 
 Prefill (`prefill_attention`): flash-attention over explicit K/V with positions, BLOCK_M queries x
 BLOCK_N keys per step, key range found by binary search on the increasing key positions.
@@ -61,6 +65,7 @@ TINY_HEAD_DIM = 32  # up to this head dim, wider key chunks (the real heads are 
 class DecodeConfig(NamedTuple):
     block_n: int
     num_warps: int
+    num_stages: int = LAUNCH_STAGES
 
 
 class PrefillConfig(NamedTuple):
@@ -72,16 +77,17 @@ class PrefillConfig(NamedTuple):
 
 def decode_config(head_dim: int, fp8: bool = False) -> DecodeConfig:
     """8 warps over 16-key chunks for a bf16 cache (wider ones put the real head dims near 255
-    registers on some cards). An fp8 cache takes wider chunks: the 16 x 16 score tile of a 16-key
-    chunk is one warp's MMA, so 8 warps each converted the whole chunk's K to bf16 (8 times the
-    work); 8 warps need 64 keys to split the tile between them. 64-key chunks for D=256 (no
-    conversion repeated: about 22 SASS instructions per key, as against 56), 32 for D=512 (64 took
-    255 registers and 151 KB of shared memory: 61 per key, as against 101). Tiny heads (test
-    models) take 64-key chunks: fewer steps, no more registers than D=128's."""
+    registers on some cards). An fp8 cache takes 64-key chunks: the 16 x 16 score tile of a 16-key
+    chunk is one warp's MMA, so 8 warps each converted the whole chunk's K (8 times the work); 64
+    keys give each warp its own 8 columns (32 still gave two warps each). At D=512 two stages: three
+    took 151 KB of shared memory, over the 99 KB of an RTX 3090/4090/5090. With the packed
+    conversion (`_e4m3_to_f16`), about 16 SASS instructions per key at D=256 and 28 at D=512, as
+    against 17 and 26 with a bf16 cache. Tiny heads (test models) take 64-key chunks: fewer steps,
+    no more registers than D=128's."""
     if head_dim <= TINY_HEAD_DIM:
         return DecodeConfig(64, 4)
     if fp8 and head_dim >= 256:
-        return DecodeConfig(64 if head_dim == 256 else 32, 8)
+        return DecodeConfig(64, 8, 2 if head_dim >= 512 else LAUNCH_STAGES)
     return DecodeConfig(16, 8 if head_dim >= 128 else 4)
 
 
@@ -128,6 +134,32 @@ def _e4m3_encode(y):
     code = tl.where(mag < (121 << 23), sub, normal)
     code = tl.where(mag >= (1087 << 20), 0x7F, code)
     return (code | sign).to(tl.uint8)
+
+
+# fp16 pairs from four e4m3 bytes ($2): see _e4m3_to_f16
+E4M3_TO_F16_PTX = tl.constexpr("""{
+        .reg .b32 t0, t1, s0, s1;
+        prmt.b32 t0, $2, $2, 0x1000;
+        prmt.b32 t1, $2, $2, 0x3020;
+        shr.b32 s0, t0, 1;
+        shr.b32 s1, t1, 1;
+        and.b32 s0, s0, 0x3F803F80;
+        and.b32 s1, s1, 0x3F803F80;
+        lop3.b32 $0, t0, 0x80008000, s0, 0xEA;
+        lop3.b32 $1, t1, 0x80008000, s1, 0xEA;
+        }""")
+
+
+@triton.jit
+def _e4m3_to_f16(x):
+    """e4m3 bytes -> fp16 of value * 2**-8, exactly (the decode loop's bit path), four bytes per
+    PTX call, two values per instruction: Triton packs bytes 0..3 of a thread's run into $2 and
+    takes fp16 pairs (0, 1) from $0 and (2, 3) from $1, low half first. A byte permute puts bytes
+    0 and 1 in the high bytes of the two halves, where each sign already sits at bit 15; a shift
+    and a mask put the 7 magnitude bits at 7..13 (tests/test_kernels_attention.py runs this PTX
+    through a model of the four instructions, for every byte)."""
+    return tl.inline_asm_elementwise(asm=E4M3_TO_F16_PTX, constraints="=r,=r,r", args=[x], dtype=tl.float16,
+                                     is_pure=True, pack=4)
 
 
 # ----------------------------------------------------------------------------- cache write
@@ -217,6 +249,8 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, 
         q = tl.load(q_ptr + (t * HQ + head)[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
         if DOT_FP32:
             q = q.to(tl.float32)
+        elif FP8:
+            q = q.to(tl.float16)
         m = tl.full([BLOCK_T], float("-inf"), tl.float32)
         l = tl.full([BLOCK_T], 0.0, tl.float32)
         acc = tl.full([BLOCK_T, D], 0.0, tl.float32)
@@ -231,8 +265,11 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, 
                 if FP8:
                     # e4m3 byte -> fp16 of value * 2**-8, exactly: fp16 is e4m3 with one more exponent bit
                     # (bias 15, not 7), subnormals included; the 2**8 goes into the scales. NaN is never stored.
-                    k = k.to(tl.uint16)
-                    k = (((k & 0x7F) << 7) | ((k & 0x80) << 8)).to(tl.float16, bitcast=True)
+                    if DOT_FP32:
+                        k = k.to(tl.uint16)
+                        k = (((k & 0x7F) << 7) | ((k & 0x80) << 8)).to(tl.float16, bitcast=True)
+                    else:
+                        k = _e4m3_to_f16(k)
                     k_scale = tl.load(ks_ptr + row, mask=k_ok, other=0.0) * 256.0 * qk_scale
                     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * k_scale[None, :]
                 else:
@@ -250,8 +287,11 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, 
                 l = l * alpha + tl.sum(p, 1)
                 v = tl.load(v_ptr + row[:, None] * D + d[None, :], mask=k_ok[:, None], other=0)
                 if FP8:  # as k
-                    v = v.to(tl.uint16)
-                    v = (((v & 0x7F) << 7) | ((v & 0x80) << 8)).to(tl.float16, bitcast=True)
+                    if DOT_FP32:
+                        v = v.to(tl.uint16)
+                        v = (((v & 0x7F) << 7) | ((v & 0x80) << 8)).to(tl.float16, bitcast=True)
+                    else:
+                        v = _e4m3_to_f16(v)
                     p = p * (tl.load(vs_ptr + row, mask=k_ok, other=0.0) * 256.0)[None, :]
                 acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
                 m = m_new
@@ -348,7 +388,7 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
         q, ck, cv, ks, vs, start, m, l, acc, out, t, capacity, w, split, splits, scale * LOG2E,
         HQ=hq, GROUP=hq // hkv, D=d, BLOCK_T=BLOCK_T, BLOCK_N=cfg.block_n, FP8=fp8,
         DOT_FP32=interpreted(), ONE_SPLIT=one_split, CAUSAL=causal, num_warps=cfg.num_warps,
-        num_stages=LAUNCH_STAGES, maxnreg=MAX_REGISTERS)
+        num_stages=cfg.num_stages, maxnreg=MAX_REGISTERS)
     if one_split:
         return out
     block_d = min(d, COMBINE_BLOCK_D)
@@ -482,7 +522,8 @@ def _decode_specs(d: int, hkv: int, window: int | None, hq: int = HQ_TARGET, cau
                       "BLOCK_N": cfg.block_n, "FP8": fp8, "DOT_FP32": False, "ONE_SPLIT": one_split,
                       "CAUSAL": causal}
             name = f"decode_split[D={d},{kind},{'fp8' if fp8 else 'bf16'}{',one split' if one_split else ''}]"
-            specs.append(_spec(name, _decode_split_kernel, types, consts, cfg.num_warps, maxnreg=MAX_REGISTERS))
+            specs.append(_spec(name, _decode_split_kernel, types, consts, cfg.num_warps, cfg.num_stages,
+                               maxnreg=MAX_REGISTERS))
     types = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "start_ptr": "*i32", "o_ptr": "*bf16",
              **dict.fromkeys(("T", "window", "split", "P"), "i32")}
     consts = {"HQ": hq, "D": d, "BLOCK_D": COMBINE_BLOCK_D, "BLOCK_T": BLOCK_T}

@@ -102,6 +102,58 @@ def test_fp8_write_rounds_like_torch():
     assert torch.equal(ours.read(9 + torch.arange(exact))[0], k[:exact])
 
 
+def run_ptx(ptx: str, registers: dict[str, int]) -> dict[str, int]:
+    """A model of the PTX instructions the fp8 conversion uses (prmt.b32 in its default mode,
+    shr.b32, and.b32, lop3.b32), on 32-bit registers, as the PTX ISA defines them."""
+    registers = dict(registers)
+
+    def value(token: str) -> int:
+        return registers[token] if token in registers else int(token, 0)
+
+    for statement in ptx.replace("{", "").replace("}", "").split(";"):
+        statement = statement.strip()
+        if not statement or statement.startswith(".reg"):
+            continue
+        op, operands = statement.split(None, 1)
+        dest, *sources = (token.strip() for token in operands.split(","))
+        a = [value(token) for token in sources]
+        if op == "prmt.b32":  # byte i of d is byte (selector nibble i) of the pair {b, a}
+            pool, result = a[0] | a[1] << 32, 0
+            for i in range(4):
+                nibble = a[2] >> 4 * i & 0xF
+                assert nibble < 8, "the sign-replicating selector mode is not modeled"
+                result |= (pool >> 8 * nibble & 0xFF) << 8 * i
+        elif op == "shr.b32":
+            result = a[0] >> a[1]
+        elif op == "and.b32":
+            result = a[0] & a[1]
+        elif op == "lop3.b32":  # bit j is bit (a_j b_j c_j, read as a 3-bit number) of the table
+            result = sum((a[3] >> ((a[0] >> j & 1) << 2 | (a[1] >> j & 1) << 1 | (a[2] >> j & 1)) & 1) << j
+                         for j in range(32))
+        else:
+            raise AssertionError(f"{op} is not modeled")
+        registers[dest] = result & 0xFFFFFFFF
+    return registers
+
+
+def test_the_packed_fp8_conversion_gives_each_value_times_2_to_the_minus_8():
+    """The decode loop's PTX (a GPU runs it; the interpreter runs the same bit path in Triton ops),
+    through a model of its instructions: every e4m3 byte in each of the four places of the packed
+    register comes out as the fp16 of its value * 2**-8 in its place (pairs 0, 1 in $0, 2, 3 in $1,
+    low half first), bit for bit; NaN is never stored in a cache."""
+    from flashdesk.kernels.attention_triton import E4M3_TO_F16_PTX
+
+    codes = torch.arange(256, dtype=torch.uint8)
+    expected = ((codes.view(FP8).float() * 2.0 ** -8).half().view(torch.int16).int() & 0xFFFF).tolist()
+    for byte in range(256):
+        packed = [byte, (byte + 1) % 256, (byte + 37) % 256, (byte + 101) % 256]
+        out = run_ptx(E4M3_TO_F16_PTX.value, {"$2": sum(b << 8 * i for i, b in enumerate(packed))})
+        halves = [out["$0"] & 0xFFFF, out["$0"] >> 16, out["$1"] & 0xFFFF, out["$1"] >> 16]
+        for place, (b, bits) in enumerate(zip(packed, halves)):
+            if b & 0x7F != 0x7F:  # NaN is never stored
+                assert bits == expected[b], (byte, place)
+
+
 @pytest.mark.parametrize("dtype, in_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                              (FP8, torch.float32), (FP8, torch.bfloat16)])
 def test_kv_write_equals_reference(dtype, in_dtype):
@@ -124,8 +176,8 @@ SCENARIOS = {  # (dtype, Hq, Hkv, D, window, split): full layers (4:2) and wrapp
     "full-fp8": (FP8, 4, 2, 64, None, 32),
     "ring-fp32": (torch.float32, 4, 1, 16, 8, 64),
     "ring-fp8": (FP8, 4, 1, 16, 8, 64),
-    "full-fp8-d256": (FP8, 4, 2, 256, None, 64),  # the real heads' fp8 chunks: 64 keys at D=256, 32 at D=512
-    "full-fp8-d512": (FP8, 4, 2, 512, None, 32),
+    "full-fp8-d256": (FP8, 4, 2, 256, None, 64),  # the real heads' fp8 chunks: 64 keys
+    "full-fp8-d512": (FP8, 4, 2, 512, None, 64),
     "full-fp32-one-split": (torch.float32, 4, 2, 32, None, None),
     "ring-fp8-one-split": (FP8, 4, 1, 16, 8, None),
 }
@@ -140,7 +192,7 @@ def test_decode_matches_reference_and_is_batch_invariant(name):
     window 8) wrap; with D=16 they read 64-key chunks, and over splits of 64 the probes' windows lie
     before, across and after the boundary at 64. The default split is one split at this context: the
     split kernel writes the output itself (no combine), over two 64-key chunks for the full layer.
-    fp8 at the real head dims reads 64-key (D=256) and 32-key (D=512) chunks over splits of one chunk."""
+    fp8 at the real head dims reads 64-key chunks over splits of one chunk."""
     dtype, hq, hkv, d, window, split = SCENARIOS[name]
     start = 60
     probes = (start, start + 4, start + 15)
