@@ -89,13 +89,14 @@ def moe(x, gate_up, down, top_idx, top_w, summed: bool = True):
     return moe_reference(x, gate_up, down, top_idx, top_w)
 
 
-def routed_moe(x, gate_up, down, logits: torch.Tensor, top_k: int, per_expert_scale: torch.Tensor,
+def routed_moe(x, gate_up, down, router_x: torch.Tensor, router, top_k: int, per_expert_scale: torch.Tensor,
                summed: bool = True):
-    """The router's top-k of its logits [T, E] (router.route), then `moe`. On the fused path a
-    decode or verify block's routing and the grouping of its pairs by expert are one kernel."""
+    """The router's logits linear(router_x, router) [T, E], their top-k (router.route), then `moe`.
+    On the fused path a decode or verify block's router projection, its routing and the grouping of
+    its pairs by expert are one kernel."""
     if use_triton(x) and isinstance(gate_up, Int4Weight) and isinstance(down, Int4Weight):
-        from flashdesk.kernels.moe_triton import fused_routed_moe
+        from flashdesk.kernels.moe_triton import fused_router_moe
 
-        return fused_routed_moe(x, gate_up, down, logits, top_k, per_expert_scale, summed)
-    top_w, top_idx = route(logits, top_k, per_expert_scale)
+        return fused_router_moe(x, gate_up, down, router_x, router, top_k, per_expert_scale, summed)
+    top_w, top_idx = route(linear(router_x, router), top_k, per_expert_scale)
     return moe(x, gate_up, down, top_idx, top_w, summed)

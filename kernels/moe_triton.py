@@ -2,8 +2,8 @@
 
 Launches with grids that depend only on shapes (CUDA-graph friendly, no host sync):
 0. the grouping of the (token, expert) pairs by expert: for up to GROUP_PAIRS pairs (decode,
-   verify) one program, which can also route the tokens first (`fused_routed_moe`); past that
-   torch's sort.
+   verify) one program, which can also route the tokens first (`fused_routed_moe`), or project
+   them on the router, route and group in one kernel (`fused_router_moe`); past that torch's sort.
 1. gate_up + GeGLU: one program per (slot, block of I). A slot is one distinct expert hit by the
    call; the (token, expert) pairs are sorted by expert on the device, so a slot owns a contiguous
    range of pairs. The program reads its expert's gate and up tiles and applies them to every pair
@@ -32,7 +32,8 @@ import triton.language as tl
 
 from flashdesk.kernels.backend import MAX_REGISTERS, CompileSpec, interpreted
 from flashdesk.kernels.int4 import Int4Weight
-from flashdesk.kernels.linear_triton import gelu_tanh
+from flashdesk.kernels.linear import linear
+from flashdesk.kernels.linear_triton import gelu_tanh, small_tiles, split_counters
 from flashdesk.kernels.router_triton import ROUTE_ROWS, route_rows, route_triton
 
 SMALL_T = 16  # up to this many tokens: the batch-invariant path (decode, verify)
@@ -54,6 +55,7 @@ NUM_STAGES = 2
 GROUP_PAIRS = 128  # (token, expert) pairs grouped by one program: 16 tokens x top 8
 GROUP_CHUNK = 32
 GROUP_WARPS = 4
+ROUTER_STAGES = 2  # a router program walks two K steps: two [128, 128] bf16 tiles in flight (64 KB)
 
 
 @triton.jit
@@ -223,17 +225,65 @@ def _group_pairs_kernel(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, S
     group_pairs(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E, BLOCK_E, BLOCK_P, CHUNK)
 
 
-@triton.jit(do_not_specialize=["T", "SLOTS"])  # one compiled kernel for every block size: T = 1 is not special
-def _route_group_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T, SLOTS,
-                        E: tl.constexpr, TOP_K: tl.constexpr, ROUTE_ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
-                        BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
-    """A decode or verify block's routing and pair grouping in one program: every token's top-k
-    (router_triton.route_rows, ROUTE_ROWS tokens a step, each row reduced on its own whatever its
-    place in the tile), then, once the whole program has stored them, the grouping by expert."""
+@triton.jit
+def _route_and_group(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T, SLOTS,
+                     E: tl.constexpr, TOP_K: tl.constexpr, ROUTE_ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
+                     BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
+    """Every token's top-k (router_triton.route_rows, ROUTE_ROWS tokens a step, each row reduced
+    on its own whatever its place in the tile), then, once the whole program has stored them, the
+    grouping by expert."""
     for t0 in range(0, T, ROUTE_ROWS):
         route_rows(logits_ptr, scale_ptr, w_ptr, idx_ptr, t0 + tl.arange(0, ROUTE_ROWS), T, E, TOP_K, BLOCK_E, BLOCK_K)
     tl.debug_barrier()  # the ids each thread stored are read back by others
     group_pairs(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T * TOP_K, SLOTS, E, BLOCK_E, BLOCK_P, CHUNK)
+
+
+@triton.jit(do_not_specialize=["T", "SLOTS"])  # one compiled kernel for every block size: T = 1 is not special
+def _route_group_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T, SLOTS,
+                        E: tl.constexpr, TOP_K: tl.constexpr, ROUTE_ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
+                        BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
+    """A decode or verify block's routing and pair grouping in one program (a router whose logits
+    come from elsewhere: `_router_kernel` computes them too)."""
+    _route_and_group(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T, SLOTS,
+                     E, TOP_K, ROUTE_ROWS, BLOCK_E, BLOCK_K, BLOCK_P, CHUNK)
+
+
+@triton.jit(do_not_specialize=["T", "SLOTS"])
+def _router_kernel(x_ptr, router_ptr, part_ptr, count_ptr, logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr,
+                   begin_ptr, end_ptr, expert_ptr, T, SLOTS, D: tl.constexpr, E: tl.constexpr,
+                   K_CHUNK: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, TOP_K: tl.constexpr,
+                   ROUTE_ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
+    """A decode or verify block's router: program s projects the block's T <= BLOCK_T rows on
+    columns s * K_CHUNK.. of the router weight [E, D] (a BLOCK_T-row tensor-core tile: rows never
+    mix) into an fp32 partial; the last program to finish (count_ptr: zero between launches) adds
+    the partials in chunk order, rounds the logits to x's dtype, then routes and groups the pairs.
+    The tiles and the order are the linear kernel's for this weight (linear_triton.small_tiles),
+    so the logits are the bits `linear` gives: one launch where there were two."""
+    s = tl.program_id(0)
+    t = tl.arange(0, BLOCK_T)
+    e = tl.arange(0, BLOCK_E)
+    rows = router_ptr + tl.minimum(e, E - 1)[:, None] * D  # rows past E read row E - 1, never stored
+    dot_ty = tl.float32 if DOT_FP32 else x_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_T, BLOCK_E), tl.float32)
+    for k0 in range(s * K_CHUNK, tl.minimum(s * K_CHUNK + K_CHUNK, D), BLOCK_D):
+        k = k0 + tl.arange(0, BLOCK_D)
+        x = tl.load(x_ptr + t[:, None] * D + k[None, :], mask=(t < T)[:, None] & (k < D)[None, :], other=0.0)
+        w = tl.load(rows + k[None, :], mask=(k < D)[None, :], other=0.0)
+        acc = tl.dot(x.to(dot_ty), tl.trans(w.to(dot_ty)), acc, input_precision="ieee")
+    at = t[:, None] * E + e[None, :]
+    ok = (t < T)[:, None] & (e < E)[None, :]
+    tl.store(part_ptr + s * T * E + at, acc, mask=ok)
+    tl.debug_barrier()  # all of this program's partial is written before the release below
+    if tl.atomic_add(count_ptr, 1, sem="acq_rel") == SPLIT - 1:  # the others' partials are visible
+        total = tl.load(part_ptr + at, mask=ok, other=0.0, cache_modifier=".cg")
+        for j in range(1, SPLIT):  # chunk order, the same bits whichever program came last
+            total += tl.load(part_ptr + j * T * E + at, mask=ok, other=0.0, cache_modifier=".cg")
+        tl.store(logits_ptr + at, total.to(logits_ptr.dtype.element_ty), mask=ok)
+        tl.atomic_xchg(count_ptr, 0, sem="relaxed")  # the next launch starts from zero
+        tl.debug_barrier()  # the logits each thread stored are read back by others
+        _route_and_group(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T,
+                         SLOTS, E, TOP_K, ROUTE_ROWS, BLOCK_E, BLOCK_K, BLOCK_P, CHUNK)
 
 
 @triton.jit
@@ -335,6 +385,48 @@ def fused_routed_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, log
     return _experts(x, gate_up, down, weight, top_k, (order, begin, end, expert), summed)
 
 
+def _router_launch(router_x: torch.Tensor, router: torch.Tensor, top_k: int) -> tuple | None:
+    """The router kernel's (tiles, logits block) for a dense router on a decode or verify block
+    that one program groups; None where it does not apply."""
+    if not isinstance(router, torch.Tensor):
+        return None
+    n_tokens, n_experts = router_x.shape[0], router.shape[0]
+    if not (0 < n_tokens <= SMALL_T and 0 < top_k <= n_experts and n_tokens * top_k <= GROUP_PAIRS
+            and n_experts <= GROUP_PAIRS):
+        return None
+    return small_tiles(n_experts, router.shape[1], None)
+
+
+def fused_router_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, router_x: torch.Tensor, router,
+                     top_k: int, per_expert_scale: torch.Tensor, summed: bool = True) -> torch.Tensor:
+    """The router's logits linear(router_x, router), their routing, then fused_moe. For a dense
+    router on a decode or verify block the projection, the routing and the grouping of the pairs
+    are one kernel (`_router_kernel`); otherwise `linear`, then fused_routed_moe."""
+    tiles = _router_launch(router_x, router, top_k)
+    if tiles is None:
+        return fused_routed_moe(x, gate_up, down, linear(router_x, router), top_k, per_expert_scale, summed)
+    n_tokens, (n_experts, d) = router_x.shape[0], router.shape
+    if router_x.shape[1] != d:
+        raise ValueError(f"router input {tuple(router_x.shape)} does not match a router of {d} inputs")
+    n_pairs, slots, device = n_tokens * top_k, min(n_experts, n_tokens * top_k), x.device
+    part = torch.empty((tiles.split, n_tokens, n_experts), dtype=torch.float32, device=device)
+    logits = torch.empty((n_tokens, n_experts), dtype=router_x.dtype, device=device)
+    weight = torch.empty(n_pairs, dtype=torch.float32, device=device)
+    ids, order = (torch.empty(n_pairs, dtype=torch.int32, device=device) for _ in range(2))
+    begin, end, expert = (torch.empty(slots, dtype=torch.int32, device=device) for _ in range(3))
+    _router_kernel[(tiles.split,)](router_x.contiguous(), router.contiguous(), part, split_counters(device), logits,
+                                   per_expert_scale, weight, ids, order, begin, end, expert, n_tokens, slots,
+                                   **_router_constexprs(n_experts, d, top_k, tiles), DOT_FP32=interpreted(),
+                                   num_warps=tiles.num_warps, num_stages=ROUTER_STAGES, maxnreg=MAX_REGISTERS)
+    return _experts(x, gate_up, down, weight, top_k, (order, begin, end, expert), summed)
+
+
+def _router_constexprs(n_experts: int, d: int, top_k: int, tiles) -> dict:
+    return dict(D=d, E=n_experts, K_CHUNK=tiles.k_chunk, SPLIT=tiles.split, TOP_K=top_k, ROUTE_ROWS=ROUTE_ROWS,
+                BLOCK_T=tiles.block_m, BLOCK_E=max(16, triton.next_power_of_2(n_experts)), BLOCK_D=tiles.block_k,
+                BLOCK_K=triton.next_power_of_2(top_k), BLOCK_P=GROUP_PAIRS, CHUNK=GROUP_CHUNK)
+
+
 def _nothing(x: torch.Tensor, top_k: int, summed: bool) -> torch.Tensor:
     return torch.empty_like(x) if summed else torch.empty(0, top_k, x.shape[1], device=x.device, dtype=torch.float32)
 
@@ -403,6 +495,14 @@ def compile_specs() -> list[CompileSpec]:
                              {"E": REAL_EXPERTS, "TOP_K": REAL_TOP_K, "ROUTE_ROWS": ROUTE_ROWS,
                               "BLOCK_E": REAL_EXPERTS, "BLOCK_K": REAL_TOP_K, "BLOCK_P": GROUP_PAIRS, "CHUNK": GROUP_CHUNK},
                              num_warps=GROUP_WARPS, num_stages=NUM_STAGES, maxnreg=MAX_REGISTERS))
+    router_tiles = small_tiles(REAL_EXPERTS, REAL_D, None)
+    specs.append(_spec("moe_router[E=128,top 8]", _router_kernel,
+                       {"x_ptr": "*bf16", "router_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
+                        "logits_ptr": "*bf16", "scale_ptr": "*bf16", "w_ptr": "*fp32", "idx_ptr": "*i32",
+                        "order_ptr": "*i32", "begin_ptr": "*i32", "end_ptr": "*i32", "expert_ptr": "*i32", "T": "i32",
+                        "SLOTS": "i32"},
+                       dict(_router_constexprs(REAL_EXPERTS, REAL_D, REAL_TOP_K, router_tiles), DOT_FP32=False),
+                       router_tiles.num_warps, ROUTER_STAGES, MAX_REGISTERS))
     specs.append(CompileSpec("moe_group_pairs", _group_pairs_kernel,
                              {"idx_ptr": "*i64", "order_ptr": "*i32", "begin_ptr": "*i32", "end_ptr": "*i32",
                               "expert_ptr": "*i32", "P": "i32", "SLOTS": "i32", "E": "constexpr",
@@ -412,7 +512,7 @@ def compile_specs() -> list[CompileSpec]:
     return specs
 
 
-def _spec(name, fn, pointer_sig, consts, warps) -> CompileSpec:
+def _spec(name, fn, pointer_sig, consts, warps, stages=NUM_STAGES, maxnreg=None) -> CompileSpec:
     """A CompileSpec with the signature in the kernel's argument order, constexprs marked."""
     sig = {arg: pointer_sig[arg] if arg in pointer_sig else "constexpr" for arg in fn.arg_names}
-    return CompileSpec(name, fn, sig, consts, num_warps=warps, num_stages=NUM_STAGES)
+    return CompileSpec(name, fn, sig, consts, num_warps=warps, num_stages=stages, maxnreg=maxnreg)

@@ -73,7 +73,7 @@ MIN_IN_FLIGHT_DEFAULT = 8 * 1024
 
 # What each kernel streams: its role in a step's bytes.
 ROLES = {"_linear_kernel": "weights", "_gate_up_kernel": "weights", "_down_kernel": "weights",
-         "_route_kernel": "weights", "_decode_split_kernel": "kv", "_prefill_kernel": "kv"}
+         "_route_kernel": "weights", "_router_kernel": "weights", "_decode_split_kernel": "kv", "_prefill_kernel": "kv"}
 
 
 def card_for(arch: str) -> Card | None:

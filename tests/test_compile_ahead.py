@@ -56,7 +56,7 @@ def test_after_the_engine_compiled_its_kernels_a_conversation_compiles_nothing(t
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert isinstance(report["seconds"], float)
     assert {"_linear_kernel", "_head_norms_kernel", "_decode_split_kernel", "_prefill_kernel",
-            "_route_group_kernel", "_gate_up_kernel", "_down_kernel", "_mlp_out_kernel"} <= set(report["ahead"])
+            "_router_kernel", "_gate_up_kernel", "_down_kernel", "_mlp_out_kernel"} <= set(report["ahead"])
     assert report["where"].startswith("at load, on ")  # what doctor says on such a machine
     assert report["left_empty"] == [0, 0, 0, 0]  # cache and drafter context: length and device position
     # a prompt of 1061 tokens, follow-ups resuming from the prefix cache with 49, 18, 6 and 31 new

@@ -14,7 +14,7 @@ from flashdesk.kernels.backend import kernels  # noqa: E402
 from flashdesk.kernels.int4 import Int4Weight, pack_int4  # noqa: E402
 from flashdesk.kernels.launch_log import describe_launch  # noqa: E402
 from flashdesk.kernels.moe import moe_reference  # noqa: E402
-from flashdesk.kernels.moe_triton import compile_specs, fused_moe, fused_routed_moe, tiles  # noqa: E402
+from flashdesk.kernels.moe_triton import compile_specs, fused_moe, fused_router_moe, fused_routed_moe, tiles  # noqa: E402
 from flashdesk.kernels.router import ordered_sum  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not moe_triton.interpreted(), reason="needs TRITON_INTERPRET=1 before triton import")
@@ -133,6 +133,39 @@ def test_routing_with_the_grouping_is_route_then_the_experts(tokens, top_k):
         assert torch.equal(alone[0][0], got[0]) and torch.equal(alone[1][0], got[-1])
 
 
+@pytest.mark.parametrize("tokens,top_k,d", [(1, 2, 64), (16, 3, 64), (5, 2, 320), (70, 2, 64)])
+def test_the_router_kernel_is_the_router_linear_then_routing(tokens, top_k, d):
+    """A decode or verify block's router projection, routing and grouping are one launch, with the
+    bits of `linear` then fused_routed_moe: the same logits (the linear's tiles and chunk order;
+    D = 320 splits the projection into chunks and ends in a partial step), hence the same experts
+    and outputs; a token alone gets its bits in the block. Past what one program groups (70 x 2
+    pairs), linear and the router's own kernel run."""
+    from flashdesk.kernels.launch_log import count_kernels
+    from flashdesk.kernels.linear import linear
+
+    x, gate_up, down, _, _ = problem(tokens + top_k, tokens, top_k, 8, True, torch.bfloat16)
+    gen = torch.Generator().manual_seed(tokens)
+    router_x = torch.randn(tokens, d, generator=gen).to(torch.bfloat16)
+    router = (torch.randn(E, d, generator=gen) / d ** 0.5).to(torch.bfloat16)
+    scale = (torch.rand(E, generator=gen) + 0.5).to(torch.bfloat16)
+    with kernels("triton"):
+        got = fused_router_moe(x, gate_up, down, router_x, router, top_k, scale)
+        want = fused_routed_moe(x, gate_up, down, linear(router_x, router), top_k, scale)
+        with count_kernels() as counts:  # (launches counted, not run)
+            fused_router_moe(x, gate_up, down, router_x, router, top_k, scale)
+        alone = [fused_router_moe(x[r:r + 1], gate_up, down, router_x[r:r + 1], router, top_k, scale)
+                 for r in (0, tokens - 1)]
+    assert torch.equal(got, want)
+    fused = tokens * top_k <= moe_triton.GROUP_PAIRS
+    routing = {name: counts[name] for name in ("_router_kernel", "_route_group_kernel", "_route_kernel")}
+    assert routing == ({"_router_kernel": 1, "_route_group_kernel": 0, "_route_kernel": 0} if fused else
+                       {"_router_kernel": 0, "_route_group_kernel": 0, "_route_kernel": 1}), dict(counts)
+    if fused:
+        assert torch.equal(alone[0][0], got[0]) and torch.equal(alone[1][0], got[-1])
+    with kernels("triton"), pytest.raises(ValueError, match=f"does not match a (router of|weight with) {d} inputs"):
+        fused_router_moe(x, gate_up, down, router_x[:, :-1], router, top_k, scale)
+
+
 def _no_sync(name):
     original = getattr(torch.Tensor, name)
 
@@ -190,7 +223,8 @@ def test_compile_specs_match_launches(monkeypatch):
         assert [k for k, v in spec.signature.items() if v == "constexpr"] == _constexpr_names(spec.fn)
         assert set(spec.constexprs) == set(_constexpr_names(spec.fn))
     launches = []
-    for name in ("_group_pairs_kernel", "_route_group_kernel", "_gate_up_kernel", "_down_kernel", "_sum_top_k_kernel"):
+    for name in ("_group_pairs_kernel", "_route_group_kernel", "_router_kernel", "_gate_up_kernel", "_down_kernel",
+                 "_sum_top_k_kernel"):
         monkeypatch.setattr(moe_triton, name, _Recorder(getattr(moe_triton, name), launches))
     monkeypatch.setattr(moe_triton, "interpreted", lambda: False)
     e, d, inter, top_k, group = 128, moe_triton.REAL_D, moe_triton.REAL_I, moe_triton.REAL_TOP_K, moe_triton.REAL_GROUP
@@ -208,6 +242,8 @@ def test_compile_specs_match_launches(monkeypatch):
             fused_moe(x, fake(2 * inter, d, asym), fake(d, inter, asym), top_idx, torch.rand(tokens, top_k))
             logits, scale = torch.randn(tokens, e).to(torch.bfloat16), torch.ones(e, dtype=torch.bfloat16)
             fused_routed_moe(x, fake(2 * inter, d, asym), fake(d, inter, asym), logits, top_k, scale, summed=False)
+            router = torch.zeros(1, 1, dtype=torch.bfloat16).expand(e, d)
+            fused_router_moe(x, fake(2 * inter, d, asym), fake(d, inter, asym), x, router, top_k, scale, summed=False)
     launched = {_launch_key(fn, args, kwargs) for fn, args, kwargs in launches}
     listed = {_key(s.fn, s.signature, s.constexprs, s.num_warps, s.num_stages, s.maxnreg) for s in specs}
     assert launched == listed

@@ -46,7 +46,7 @@ def test_gpu_checks_first_section_launches_only_kernels_that_compile_for_sm_90(t
     assert result["ok"], result
     functions = {launch["function"] for launch in launches}
     assert {"_linear_kernel", "_gate_up_kernel", "_down_kernel", "_decode_split_kernel", "_prefill_kernel",
-            "_head_norms_kernel", "_route_group_kernel", "_rms_norm_kernel"} <= functions
+            "_head_norms_kernel", "_router_kernel", "_rms_norm_kernel"} <= functions
     save(launches, tmp_path / "launches.json")
     monkeypatch.setenv(LOG_VARIABLE, str(tmp_path / "launches.json"))
     assert len(compile_specs()) == len(launches)

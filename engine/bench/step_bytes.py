@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from flashdesk.kernels.int4 import weight_nbytes
+from flashdesk.kernels.linear import linear
 
 KV_ELEMENT_BYTES = {"fp8": 1, "bfloat16": 2, "float32": 4}
 FP8_SCALE_BYTES = 4  # one fp32 scale per (token, KV head), for K and for V
@@ -113,8 +114,9 @@ def draft_step_bytes(drafter, context: int) -> Bytes:
 
 
 class RouterRecorder:
-    """Wraps the MoE call of flashdesk.engine.model.gemma4 to keep each layer's router logits
-    (a reference, nothing computed in the timed step); `union` takes their top-k afterwards."""
+    """Wraps the MoE call of flashdesk.engine.model.gemma4 to keep each layer's router input (a
+    reference, nothing computed in the timed step); `union` projects it on the router and takes the
+    top-k afterwards."""
 
     def __init__(self, model):
         self.layer_of = {id(layer.experts_gate_up): i for i, layer in enumerate(model.layers)
@@ -128,9 +130,9 @@ class RouterRecorder:
 
         original = gemma4.routed_moe
 
-        def recording(x, gate_up, down, logits, top_k, *args, **kwargs):
-            self.calls.append((self.layer_of.get(id(gate_up)), logits, top_k))
-            return original(x, gate_up, down, logits, top_k, *args, **kwargs)
+        def recording(x, gate_up, down, router_x, router, top_k, *args, **kwargs):
+            self.calls.append((self.layer_of.get(id(gate_up)), router_x, router, top_k))
+            return original(x, gate_up, down, router_x, router, top_k, *args, **kwargs)
 
         gemma4.routed_moe = recording
         try:
@@ -147,8 +149,9 @@ class RouterRecorder:
         if not self.calls:
             return None
         ids: dict[int, list] = {}
-        for n, (layer, logits, top_k) in enumerate(self.calls):
+        for n, (layer, router_x, router, top_k) in enumerate(self.calls):
             if layer is None and self.moe_layers:  # experts not passed as stored: layers run in order
                 layer = self.moe_layers[n % len(self.moe_layers)]
-            ids.setdefault(layer, []).append(torch.topk(logits.float(), top_k, dim=-1).indices.reshape(-1))
+            logits = linear(router_x, router).float()
+            ids.setdefault(layer, []).append(torch.topk(logits, top_k, dim=-1).indices.reshape(-1))
         return {layer: int(torch.unique(torch.cat(parts)).numel()) for layer, parts in ids.items()}

@@ -171,5 +171,5 @@ class Gemma4:
     def _moe(self, L: _Layer, x: torch.Tensor, router_x: torch.Tensor) -> torch.Tensor:
         """The experts on x (pre_feedforward_layernorm_2 of the residual stream), routed on router_x
         (its weightless norm, scaled)."""
-        return routed_moe(x, L.experts_gate_up, L.experts_down, linear(router_x, L.router), self.cfg.top_k_experts,
+        return routed_moe(x, L.experts_gate_up, L.experts_down, router_x, L.router, self.cfg.top_k_experts,
                           L.per_expert_scale, summed=False)  # mlp_out_norms sums
