@@ -48,12 +48,17 @@ import triton
 import triton.language as tl
 
 from flashdesk.kernels.attention import DECODE_QUERIES
-from flashdesk.kernels.backend import LAUNCH_STAGES, MAX_REGISTERS, CompileSpec, interpreted
+from flashdesk.kernels.backend import (ARRIVAL_COUNTERS, LAUNCH_STAGES, MAX_REGISTERS, CompileSpec, arrival_counters,
+                                       interpreted)
 from flashdesk.kernels.kv_write import device_start
 
 BLOCK_T = DECODE_QUERIES  # query rows of a decode tile: one tile takes a whole verify block
 SPLIT = 128  # positions per flash-decoding split, for every layer and cache size
 MAX_SPLITS = 64  # split columns of the grid: bounds the fp32 partials (<= 32 MB at T=16, D=512)
+# Up to this many split columns the last split program of a row block combines the partials itself:
+# one launch fewer, at most 18 partials to read. Every sliding layer's window fits (the target's 1,024
+# positions span at most 10 splits, the drafter's 2,048 at most 18).
+COMBINE_IN_SPLIT = 18
 COMBINE_BLOCK_D = 64  # columns per combine program: 16 heads x D/64 programs
 COMBINE_WARPS = 4
 KV_WRITE_ELEMENTS = 1024  # values per cache-write program (rows of D), 8 a thread
@@ -221,15 +226,17 @@ def kv_write_rows(head_dim: int) -> int:
 # ----------------------------------------------------------------------------- decode / verify
 
 @triton.jit(do_not_specialize=["T", "capacity", "P"])
-def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, l_ptr, acc_ptr, o_ptr,
+def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, l_ptr, acc_ptr, o_ptr, count_ptr,
                          T, capacity, window, split, P, qk_scale,
                          HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
                          BLOCK_N: tl.constexpr, FP8: tl.constexpr, DOT_FP32: tl.constexpr,
-                         ONE_SPLIT: tl.constexpr, CAUSAL: tl.constexpr):
+                         ONE_SPLIT: tl.constexpr, COMBINE: tl.constexpr, CAUSAL: tl.constexpr):
     """Program (kv head x row block, j) of P split columns: 16 (query head, query) rows sharing one
     KV head, over the block's splits s with s % P == j, into partials (ONE_SPLIT: the only split,
-    normalized into o). Row r is query r % T of head kv_head * GROUP + r // T. Not CAUSAL (the
-    drafter's full layers): every query sees the whole block."""
+    normalized into o). With COMBINE the last program of a row block to finish (count_ptr: one
+    counter per row block, zero between launches) combines its partials into o, as the combine
+    kernel would. Row r is query r % T of head kv_head * GROUP + r // T. Not CAUSAL (the drafter's
+    full layers): every query sees the whole block."""
     pid, j = tl.program_id(0), tl.program_id(1)
     n_rows = GROUP * T  # (query head, query) rows of one KV head
     row_blocks = (n_rows + BLOCK_T - 1) // BLOCK_T
@@ -304,36 +311,51 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, 
             tl.store(m_ptr + part, m, mask=row_ok)
             tl.store(l_ptr + part, l, mask=row_ok)
             tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+            if COMBINE:
+                tl.debug_barrier()  # all of this program's partials are written before the release below
+                ran = tl.minimum(hi // split - first_split + 1, P)
+                if tl.atomic_add(count_ptr + pid, 1, sem="acq_rel") == ran - 1:  # the others' are visible
+                    out = _combine(m_ptr, l_ptr, acc_ptr, t, head, row_ok, d, first_split, ran, P, T, HQ, D)
+                    tl.store(o_ptr + (t * HQ + head)[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty),
+                             mask=row_ok[:, None])
+                    tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed")  # the next launch starts from zero
+
+
+@triton.jit
+def _combine(m_ptr, l_ptr, acc_ptr, t, head, row_ok, cols, first_split, ran, P, T, HQ: tl.constexpr,
+             D: tl.constexpr):
+    """Rows (query t, head) [BLOCK_T] over columns `cols`: each row sums its non-empty partials,
+    those of the `ran` split programs that ran, in position order of their first split. The
+    partials are read past L1 (a fused combine reads what other programs just wrote)."""
+    top = tl.full(t.shape, float("-inf"), tl.float32)
+    for i in range(0, ran):
+        part = (((first_split + i) % P) * T + t) * HQ + head
+        top = tl.maximum(top, tl.load(m_ptr + part, mask=row_ok, other=float("-inf"), cache_modifier=".cg"))
+    num = tl.full([t.shape[0], cols.shape[0]], 0.0, tl.float32)
+    den = tl.full(t.shape, 0.0, tl.float32)
+    for i in range(0, ran):
+        part = (((first_split + i) % P) * T + t) * HQ + head
+        m = tl.load(m_ptr + part, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        seen = m > float("-inf")  # an empty split adds nothing, not even a zero
+        w = tl.exp2(m - tl.where(seen, top, 0.0))
+        acc = tl.load(acc_ptr + part[:, None] * D + cols[None, :], mask=seen[:, None], other=0.0, cache_modifier=".cg")
+        num = tl.where(seen[:, None], num + w[:, None] * acc, num)
+        den = tl.where(seen, den + w * tl.load(l_ptr + part, mask=seen, other=0.0, cache_modifier=".cg"), den)
+    return num / tl.where(row_ok, den, 1.0)[:, None]  # padding rows: nothing to normalize
 
 
 @triton.jit(do_not_specialize=["T", "P"])
 def _decode_combine_kernel(m_ptr, l_ptr, acc_ptr, start_ptr, o_ptr, T, window, split, P,
                            HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Program (head, column block): each row sums its non-empty partials, those of the split
-    programs that ran, in position order of their first split."""
+    """Program (head, column block): `_combine` of the head's T rows."""
     head, col = tl.program_id(0), tl.program_id(1)
     start = tl.load(start_ptr).to(tl.int32)
-    hi = start + T - 1
     first_split = tl.maximum(start - window + 1, 0) // split
-    ran = tl.minimum(hi // split - first_split + 1, P)
+    ran = tl.minimum((start + T - 1) // split - first_split + 1, P)
     rows = tl.arange(0, BLOCK_T)
     row_ok = rows < T
     d = col * BLOCK_D + tl.arange(0, BLOCK_D)
-    top = tl.full([BLOCK_T], float("-inf"), tl.float32)
-    for i in range(0, ran):
-        j = (first_split + i) % P
-        top = tl.maximum(top, tl.load(m_ptr + (j * T + rows) * HQ + head, mask=row_ok, other=float("-inf")))
-    num = tl.full([BLOCK_T, BLOCK_D], 0.0, tl.float32)
-    den = tl.full([BLOCK_T], 0.0, tl.float32)
-    for i in range(0, ran):
-        part = (((first_split + i) % P) * T + rows) * HQ + head
-        m = tl.load(m_ptr + part, mask=row_ok, other=float("-inf"))
-        seen = m > float("-inf")  # an empty split adds nothing, not even a zero
-        w = tl.exp2(m - tl.where(seen, top, 0.0))
-        acc = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=seen[:, None], other=0.0)
-        num = tl.where(seen[:, None], num + w[:, None] * acc, num)
-        den = tl.where(seen, den + w * tl.load(l_ptr + part, mask=seen, other=0.0), den)
-    out = num / tl.where(row_ok, den, 1.0)[:, None]  # padding rows: nothing to normalize
+    out = _combine(m_ptr, l_ptr, acc_ptr, rows, head, row_ok, d, first_split, ran, P, T, HQ, D)
     tl.store(o_ptr + (rows * HQ + head)[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty),
              mask=row_ok[:, None])
 
@@ -376,6 +398,8 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
         raise ValueError(f"split {split} is not a multiple of the chunk size {cfg.block_n}")
     splits = decode_num_splits(window, max_context, split)
     one_split = splits == 1  # a short static context: the split kernel writes the output itself
+    row_blocks = hkv * triton.cdiv(hq // hkv * t, BLOCK_T)
+    combine = not one_split and splits <= COMBINE_IN_SPLIT and row_blocks <= ARRIVAL_COUNTERS
     start = device_start(start, q.device)
     q = q.contiguous()
     out = torch.empty_like(q)
@@ -384,12 +408,12 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
     acc = m if one_split else torch.empty((splits, t, hq, d), dtype=torch.float32, device=q.device)
     ck, cv = (cache_k.view(torch.uint8), cache_v.view(torch.uint8)) if fp8 else (cache_k, cache_v)
     ks, vs = (k_scale, v_scale) if fp8 else (m, m)  # unused pointers without scales
-    _decode_split_kernel[(hkv * triton.cdiv(hq // hkv * t, BLOCK_T), splits)](
-        q, ck, cv, ks, vs, start, m, l, acc, out, t, capacity, w, split, splits, scale * LOG2E,
-        HQ=hq, GROUP=hq // hkv, D=d, BLOCK_T=BLOCK_T, BLOCK_N=cfg.block_n, FP8=fp8,
-        DOT_FP32=interpreted(), ONE_SPLIT=one_split, CAUSAL=causal, num_warps=cfg.num_warps,
+    _decode_split_kernel[(row_blocks, splits)](
+        q, ck, cv, ks, vs, start, m, l, acc, out, arrival_counters(q.device), t, capacity, w, split, splits,
+        scale * LOG2E, HQ=hq, GROUP=hq // hkv, D=d, BLOCK_T=BLOCK_T, BLOCK_N=cfg.block_n, FP8=fp8,
+        DOT_FP32=interpreted(), ONE_SPLIT=one_split, COMBINE=combine, CAUSAL=causal, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, maxnreg=MAX_REGISTERS)
-    if one_split:
+    if one_split or combine:
         return out
     block_d = min(d, COMBINE_BLOCK_D)
     _decode_combine_kernel[(hq, d // block_d)](m, l, acc, start, out, t, w, split, splits,
@@ -513,15 +537,20 @@ def _decode_specs(d: int, hkv: int, window: int | None, hq: int = HQ_TARGET, cau
     specs = []
     for fp8 in storage:
         cfg = decode_config(d, fp8)
-        for one_split in (False, True):  # one split: a context of at most SPLIT positions
+        # one split: a context of at most SPLIT positions; a window of few splits always combines in
+        # the split kernel, a full layer does up to COMBINE_IN_SPLIT splits of context
+        always = window is not None and decode_num_splits(window, 1 << 30, decode_split(d, fp8)) <= COMBINE_IN_SPLIT
+        for one_split, combine in [(True, False)] + [(False, c) for c in ((True,) if always else (False, True))]:
             cache = "*u8" if fp8 else "*bf16"
             types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "ks_ptr": "*fp32", "vs_ptr": "*fp32",
                      "start_ptr": "*i32", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "o_ptr": "*bf16",
-                     "qk_scale": "fp32", **dict.fromkeys(("T", "capacity", "window", "split", "P"), "i32")}
+                     "count_ptr": "*i32", "qk_scale": "fp32",
+                     **dict.fromkeys(("T", "capacity", "window", "split", "P"), "i32")}
             consts = {"HQ": hq, "GROUP": hq // hkv, "D": d, "BLOCK_T": BLOCK_T,
                       "BLOCK_N": cfg.block_n, "FP8": fp8, "DOT_FP32": False, "ONE_SPLIT": one_split,
-                      "CAUSAL": causal}
-            name = f"decode_split[D={d},{kind},{'fp8' if fp8 else 'bf16'}{',one split' if one_split else ''}]"
+                      "COMBINE": combine, "CAUSAL": causal}
+            variant = ",one split" if one_split else ",combined" if combine else ""
+            name = f"decode_split[D={d},{kind},{'fp8' if fp8 else 'bf16'}{variant}]"
             specs.append(_spec(name, _decode_split_kernel, types, consts, cfg.num_warps, cfg.num_stages,
                                maxnreg=MAX_REGISTERS))
     types = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "start_ptr": "*i32", "o_ptr": "*bf16",

@@ -146,6 +146,19 @@ def kernels(choice: str):
 
 # Pipelining depth of the kernels that choose no other: Triton's CUDA default, but passed at every
 # launch, so a launch and the CompileSpec that kernels.check compiles for it cannot drift apart.
+ARRIVAL_COUNTERS = 512  # program groups a launch may count in at once (a split linear's output tiles)
+
+
+@cache
+def arrival_counters(device: torch.device) -> torch.Tensor:
+    """The int32 counters on which a launch's programs count themselves in, so that the last of a
+    group to finish runs the group's epilogue (a split linear's sum, the router's routing, decode
+    attention's combine). Zeroed once and left at zero by every launch (the last program resets
+    its group's), so launches in one stream and CUDA graphs share them. Allocated by the first
+    launch: the warm-up runs before a graph capture, never inside one."""
+    return torch.zeros(ARRIVAL_COUNTERS, dtype=torch.int32, device=device)
+
+
 LAUNCH_STAGES = 3
 
 # The register ceiling (`maxnreg`) of the kernels whose grid is at most about one program per SM at

@@ -25,7 +25,6 @@ A dequantized bf16 weight equals the torch reference's bf16 dequantization bit f
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -33,13 +32,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from flashdesk.kernels.backend import CompileSpec, interpreted
+from flashdesk.kernels.backend import ARRIVAL_COUNTERS, CompileSpec, arrival_counters, interpreted
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.linear import gate
 
 SMALL_M = 16  # rows per tile of the batch-invariant path; calls with more rows take the prefill path
 TARGET_PROGRAMS = 512  # ~4 resident tiles per SM on 82..170-SM cards: enough loads in flight
-MAX_SPLIT_TILES = 512  # output tiles of a split launch: fewer than TARGET_PROGRAMS, or it would not split
+MAX_SPLIT_TILES = ARRIVAL_COUNTERS  # output tiles of a split launch: fewer than TARGET_PROGRAMS, or it would not split
 
 
 @triton.jit
@@ -294,20 +293,12 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, zero: torch.T
     if tiles.split > 1 and grid[0] * grid[2] > MAX_SPLIT_TILES:
         raise ValueError(f"a split launch of {grid[0] * grid[2]} output tiles: more than the "
                          f"{MAX_SPLIT_TILES} counters")
-    _linear_kernel[grid](x, w, scale, zero, out, part, split_counters(x.device), m, n_out, K=k,
+    _linear_kernel[grid](x, w, scale, zero, out, part, arrival_counters(x.device), m, n_out, K=k,
                          K_CHUNK=tiles.k_chunk, SPLIT=tiles.split, GROUP=group, INT4=int4, HAS_ZERO=has_zero,
                          DOT_FP32=interpreted(), ACTIVATION=activation, BLOCK_M=tiles.block_m,
                          BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
                          num_stages=tiles.num_stages)
     return out
-
-
-@functools.cache
-def split_counters(device: torch.device) -> torch.Tensor:
-    """The per-tile arrival counters of split launches on a device: zeroed once, and left at zero
-    by every launch (the last chunk resets its tile's), so all linears and CUDA graphs share them.
-    Allocated by the first launch: the warm-up runs before a graph capture, never inside one."""
-    return torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
 
 
 def w4a16_linear(x: torch.Tensor, w: Int4Weight, activation: str = "") -> torch.Tensor:

@@ -30,10 +30,10 @@ import torch
 import triton
 import triton.language as tl
 
-from flashdesk.kernels.backend import MAX_REGISTERS, CompileSpec, interpreted
+from flashdesk.kernels.backend import MAX_REGISTERS, CompileSpec, arrival_counters, interpreted
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.linear import linear
-from flashdesk.kernels.linear_triton import gelu_tanh, small_tiles, split_counters
+from flashdesk.kernels.linear_triton import gelu_tanh, small_tiles
 from flashdesk.kernels.router_triton import ROUTE_ROWS, route_rows, route_triton
 
 SMALL_T = 16  # up to this many tokens: the batch-invariant path (decode, verify)
@@ -414,7 +414,7 @@ def fused_router_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, rou
     weight = torch.empty(n_pairs, dtype=torch.float32, device=device)
     ids, order = (torch.empty(n_pairs, dtype=torch.int32, device=device) for _ in range(2))
     begin, end, expert = (torch.empty(slots, dtype=torch.int32, device=device) for _ in range(3))
-    _router_kernel[(tiles.split,)](router_x.contiguous(), router.contiguous(), part, split_counters(device), logits,
+    _router_kernel[(tiles.split,)](router_x.contiguous(), router.contiguous(), part, arrival_counters(device), logits,
                                    per_expert_scale, weight, ids, order, begin, end, expert, n_tokens, slots,
                                    **_router_constexprs(n_experts, d, top_k, tiles), DOT_FP32=interpreted(),
                                    num_warps=tiles.num_warps, num_stages=ROUTER_STAGES, maxnreg=MAX_REGISTERS)

@@ -88,14 +88,16 @@ def _innermost(loops: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def main_loop(sass: str) -> Loop:
-    """The innermost loop that loads the most bytes (ties: the longer one); the whole kernel if
-    none loads."""
+    """The innermost loop that streams: one with asynchronous copies (what the software pipeliner
+    makes of a kernel's main loop) before one without (an epilogue's, such as a split sum or an
+    attention combine), then the one that loads the most bytes (ties: the longer one); the whole
+    kernel if none loads."""
     code = parse(sass)
     best = None
     for first, last in _innermost(_loops(code)):
         loop = _summary(code[first:last + 1], True)
-        if loop.load_bytes and (best is None or (loop.load_bytes, loop.instructions) >
-                                (best.load_bytes, best.instructions)):
+        rank = (loop.async_copies, loop.load_bytes, loop.instructions)
+        if loop.load_bytes and (best is None or rank > (best.async_copies, best.load_bytes, best.instructions)):
             best = loop
     if best is not None:
         return best

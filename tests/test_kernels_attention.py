@@ -220,6 +220,33 @@ def test_decode_matches_reference_and_is_batch_invariant(name):
         assert torch.equal(out[0], block[p - start]), f"query at {p} differs from its verify-block row"
 
 
+@pytest.mark.parametrize("name", [name for name in SCENARIOS if "one-split" not in name])
+def test_the_split_kernel_combines_as_the_combine_kernel_does(name, monkeypatch):
+    """With few splits the last split program of a row block combines the partials (one launch);
+    with COMBINE_IN_SPLIT 0 the combine kernel does: the same bits, for a verify block and one query."""
+    from flashdesk.kernels import attention_triton
+    from flashdesk.kernels.launch_log import count_kernels
+
+    dtype, hq, hkv, d, window, split = SCENARIOS[name]
+    gen = torch.Generator().manual_seed(4)
+    start, end = 60, 76
+    k, v = torch.randn(end, hkv, d, generator=gen) * 2, torch.randn(end, hkv, d, generator=gen)
+    q = torch.randn(end, hq, d, generator=gen)
+    cache = Cache(MAX_CONTEXT if window is None else window + SLACK, hkv, d, dtype)
+    cache.write(k, v, 0, triton=False)
+    outputs, launches = {}, {}
+    for bound in (attention_triton.COMBINE_IN_SPLIT, 0):
+        monkeypatch.setattr(attention_triton, "COMBINE_IN_SPLIT", bound)
+        outputs[bound] = [cache.attend(q[start:end], start, window, split), cache.attend(q[70:71], 70, window, split)]
+        with count_kernels() as counts:
+            cache.attend(q[start:end], start, window, split)
+        launches[bound] = {name: n for name, n in counts.items() if not name.startswith("aten.")}
+    fused, separate = outputs.values()
+    assert all(torch.equal(a, b) for a, b in zip(fused, separate))
+    assert list(launches.values()) == [{"_decode_split_kernel": 1}, {"_decode_split_kernel": 1,
+                                                                      "_decode_combine_kernel": 1}]
+
+
 def test_a_program_that_takes_several_splits_is_still_batch_invariant(monkeypatch):
     """At most MAX_SPLITS split programs: past that, program j reduces every split s with
     s % P == j. With 3 programs over splits of 16 the verify block 60..75 touches splits 0..4

@@ -10,7 +10,8 @@ times, the rest (embedding, head) once: the 30-layer step. Every launch gets the
   uniform routing, ~82 of 128, the near-uniform end that published verify costs imply);
 - KV: a cache or drafter context read by attention is read over the positions the block sees
   (its scales likewise); a cache written by a K/V store moves the block's rows;
-- activations: every other tensor argument, whole.
+- activations: every other tensor argument, whole, but decode attention's per-split partials:
+  the splits that ran.
 `read_bytes` (weights and KV read) is the step's floor, as engine/bench/step_bytes counts it.
 
 `record_steps` is registered as the `flashdesk.step_launches` entry point: `python -m
@@ -31,6 +32,8 @@ DEFAULT_POINTS = ((262144, 4096), (8192, 4096))  # (capacity, length)
 REAL_SLIDING, REAL_FULL = 25, 5
 DRAFT_K = 15
 ATTENTION_READS = ("_decode_split_kernel",)
+SPLIT_PARTIALS = ("_decode_split_kernel", "_decode_combine_kernel")  # they move only the splits that ran
+PARTIALS = ("m_ptr", "l_ptr", "acc_ptr")
 
 
 def expected_union(experts: int, top_k: int, tokens: int) -> float:
@@ -88,27 +91,33 @@ def _visible(launch: dict, start: int) -> int:
     return hi - lo + 1
 
 
+def _splits_run(launch: dict, start: int) -> int:
+    """Split columns of a decode-attention launch that hold the block's keys (the others exit)."""
+    lo, hi = _key_range(launch, start)
+    split = launch["scalars"]["split"]
+    return min(launch["scalars"]["P"], hi // split - lo // split + 1)
+
+
 def _working_programs(launch: dict, start: int) -> int:
     """Programs that do work: a decode-attention program whose split lies past the block's keys
     exits at once (its grid is fixed by the cache's capacity)."""
     if launch["function"] not in ATTENTION_READS:
         return launch.get("programs", 1)
-    lo, hi = _key_range(launch, start)
-    split = launch["scalars"]["split"]
-    rows, columns = launch["grid"][0], launch["grid"][1]
-    return rows * min(columns, hi // split - lo // split + 1)
+    return launch["grid"][0] * _splits_run(launch, start)
 
 
 def _launch_bytes(launch: dict, storage: _Storage, start: int, expert_share: float) -> tuple[int, int]:
     """(bytes moved, bytes read of weights and KV) by one launch."""
     moved = read = 0
-    largest: dict[int, torch.Tensor] = {}  # one tensor per storage: an unused stand-in aliases another
-    for t in launch["tensors"].values():
-        if _ptr(t) not in largest or _nbytes(t) > _nbytes(largest[_ptr(t)]):
-            largest[_ptr(t)] = t
-    for t in largest.values():
+    largest: dict[int, tuple[str, torch.Tensor]] = {}  # one tensor per storage: an unused stand-in aliases another
+    for name, t in launch["tensors"].items():
+        if _ptr(t) not in largest or _nbytes(t) > _nbytes(largest[_ptr(t)][1]):
+            largest[_ptr(t)] = name, t
+    for name, t in largest.values():
         kind, expert = storage.of(t)
         size = _nbytes(t)
+        if launch["function"] in SPLIT_PARTIALS and name in PARTIALS:  # [P, ...]: the splits that ran
+            size = size * _splits_run(launch, start) // t.shape[0]
         if kind == "weights" and launch["function"] == "aten.embedding.default":
             size = _nbytes(launch["tensors"]["arg2"])  # the rows it gathers: as many bytes as it returns
             read += size
