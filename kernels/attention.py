@@ -1,9 +1,9 @@
 """Attention of a block of queries over the cached keys: causal, optionally sliding-window, GQA.
 
 The plain-torch reference below is the definition. `attention()` takes keys and values given
-explicitly (prefill chunks, the drafter) and runs the Triton flash-attention kernel on the Triton
-path; decode and verify steps read the KV cache in place through `attention_triton.decode_attention`
-(chosen by the cache, which knows its layout).
+explicitly (prefill chunks, the drafter; a full layer's fp8 cache as stored, with its scales) and
+runs the Triton flash-attention kernel on the Triton path; decode and verify steps read the KV cache
+in place through `attention_triton.decode_attention` (chosen by the cache, which knows its layout).
 """
 
 from __future__ import annotations
@@ -64,10 +64,15 @@ def _blocked(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None, causa
     return blocked
 
 
-def attention(q, k, v, q_pos, k_pos, window, scale, causal=True):
-    """Dispatcher: Triton's prefill kernel on the Triton path, the reference otherwise."""
+def attention(q, k, v, q_pos, k_pos, window, scale, causal=True, k_scale=None, v_scale=None):
+    """Dispatcher: Triton's prefill kernel on the Triton path, the reference otherwise. With
+    k_scale/v_scale [S, Hkv], k and v are fp8 as a cache stores them: the kernel reads them where
+    they are, the reference dequantizes them first."""
     if use_triton(q):
         from flashdesk.kernels.attention_triton import prefill_attention
 
-        return prefill_attention(q, k, v, q_pos, k_pos, window, scale, causal)
+        return prefill_attention(q, k, v, q_pos, k_pos, window, scale, causal, k_scale, v_scale)
+    if k_scale is not None:
+        k = (k.float() * k_scale.unsqueeze(-1)).to(q.dtype)
+        v = (v.float() * v_scale.unsqueeze(-1)).to(q.dtype)
     return attention_reference(q, k, v, q_pos, k_pos, window, scale, causal)

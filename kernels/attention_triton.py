@@ -156,13 +156,19 @@ E4M3_TO_F16_PTX = tl.constexpr("""{
 
 
 @triton.jit
-def _e4m3_to_f16(x):
-    """e4m3 bytes -> fp16 of value * 2**-8, exactly (the decode loop's bit path), four bytes per
-    PTX call, two values per instruction: Triton packs bytes 0..3 of a thread's run into $2 and
-    takes fp16 pairs (0, 1) from $0 and (2, 3) from $1, low half first. A byte permute puts bytes
-    0 and 1 in the high bytes of the two halves, where each sign already sits at bit 15; a shift
-    and a mask put the 7 magnitude bits at 7..13 (tests/test_kernels_attention.py runs this PTX
-    through a model of the four instructions, for every byte)."""
+def _e4m3_to_f16(x, INTERPRETED: tl.constexpr):
+    """e4m3 bytes -> fp16 of value * 2**-8, exactly: fp16 is e4m3 with one more exponent bit (bias
+    15, not 7), subnormals included; callers fold the 2**8 into the scales. NaN is never stored.
+
+    On a GPU four bytes per PTX call, two values per instruction: Triton packs bytes 0..3 of a
+    thread's run into $2 and takes fp16 pairs (0, 1) from $0 and (2, 3) from $1, low half first. A
+    byte permute puts bytes 0 and 1 in the high bytes of the two halves, where each sign already
+    sits at bit 15; a shift and a mask put the 7 magnitude bits at 7..13 (tests/test_kernels_attention.py
+    runs this PTX through a model of the four instructions, for every byte). The interpreter, which
+    runs no PTX, computes the same bits with Triton's operations."""
+    if INTERPRETED:
+        x = x.to(tl.uint16)
+        return (((x & 0x7F) << 7) | ((x & 0x80) << 8)).to(tl.float16, bitcast=True)
     return tl.inline_asm_elementwise(asm=E4M3_TO_F16_PTX, constraints="=r,=r,r", args=[x], dtype=tl.float16,
                                      is_pure=True, pack=4)
 
@@ -270,13 +276,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, 
                 kv = row[:, None] * D + d[None, :]
                 k = tl.load(k_ptr + kv, mask=k_ok[:, None], other=0)
                 if FP8:
-                    # e4m3 byte -> fp16 of value * 2**-8, exactly: fp16 is e4m3 with one more exponent bit
-                    # (bias 15, not 7), subnormals included; the 2**8 goes into the scales. NaN is never stored.
-                    if DOT_FP32:
-                        k = k.to(tl.uint16)
-                        k = (((k & 0x7F) << 7) | ((k & 0x80) << 8)).to(tl.float16, bitcast=True)
-                    else:
-                        k = _e4m3_to_f16(k)
+                    k = _e4m3_to_f16(k, DOT_FP32)
                     k_scale = tl.load(ks_ptr + row, mask=k_ok, other=0.0) * 256.0 * qk_scale
                     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * k_scale[None, :]
                 else:
@@ -294,11 +294,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, 
                 l = l * alpha + tl.sum(p, 1)
                 v = tl.load(v_ptr + row[:, None] * D + d[None, :], mask=k_ok[:, None], other=0)
                 if FP8:  # as k
-                    if DOT_FP32:
-                        v = v.to(tl.uint16)
-                        v = (((v & 0x7F) << 7) | ((v & 0x80) << 8)).to(tl.float16, bitcast=True)
-                    else:
-                        v = _e4m3_to_f16(v)
+                    v = _e4m3_to_f16(v, DOT_FP32)
                     p = p * (tl.load(vs_ptr + row, mask=k_ok, other=0.0) * 256.0)[None, :]
                 acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
                 m = m_new
@@ -439,10 +435,13 @@ def _lower_bound(pos_ptr, n, target):
 
 
 @triton.jit(do_not_specialize=["T", "S"])
-def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_pos_ptr, k_pos_ptr, T, S, window, qk_scale,
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, q_pos_ptr, k_pos_ptr, T, S, window, qk_scale,
                     HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, DOT_FP32: tl.constexpr):
-    """Program (query tile, head): online softmax over the keys any of its queries may see."""
+                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, FP8: tl.constexpr,
+                    DOT_FP32: tl.constexpr):
+    """Program (query tile, head): online softmax over the keys any of its queries may see. FP8: K
+    and V are e4m3 bytes with one fp32 scale per (key, KV head) at ks/vs (a full layer's cache, read
+    where it is stored), converted as the decode loop converts them."""
     pid_m, head = tl.program_id(0), tl.program_id(1)
     kv_row = head // GROUP
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -452,6 +451,8 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_pos_ptr, k_pos_ptr, T, S, wind
     q = tl.load(q_ptr + (rows * HQ + head)[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
     if DOT_FP32:
         q = q.to(tl.float32)
+    elif FP8:
+        q = q.to(tl.float16)
     first = S * 0
     last = S
     if WINDOWED:
@@ -467,9 +468,15 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_pos_ptr, k_pos_ptr, T, S, wind
         idx = n + tl.arange(0, BLOCK_N)
         k_ok = idx < last
         k_pos = tl.load(k_pos_ptr + idx, mask=k_ok, other=0).to(tl.int32)
-        kv = (idx * (HQ // GROUP) + kv_row)[:, None] * D + d[None, :]
-        k = tl.load(k_ptr + kv, mask=k_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * qk_scale
+        kv_at = idx * (HQ // GROUP) + kv_row
+        kv = kv_at[:, None] * D + d[None, :]
+        k = tl.load(k_ptr + kv, mask=k_ok[:, None], other=0)
+        if FP8:  # as the decode loop
+            k = _e4m3_to_f16(k, DOT_FP32)
+            k_scale = tl.load(ks_ptr + kv_at, mask=k_ok, other=0.0) * 256.0 * qk_scale
+            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * k_scale[None, :]
+        else:
+            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee") * qk_scale
         delta = q_pos[:, None] - k_pos[None, :]
         allowed = k_ok[None, :] & row_ok[:, None]
         if CAUSAL:
@@ -484,7 +491,10 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_pos_ptr, k_pos_ptr, T, S, wind
         alpha = tl.exp2(m - base)
         p = tl.exp2(s - base[:, None])
         l = l * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + kv, mask=k_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + kv, mask=k_ok[:, None], other=0)
+        if FP8:
+            v = _e4m3_to_f16(v, DOT_FP32)
+            p = p * (tl.load(vs_ptr + kv_at, mask=k_ok, other=0.0) * 256.0)[None, :]
         acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
         m = m_new
     out = acc / tl.where(l > 0, l, 1.0)[:, None]  # a query with no key at all (or a padding row) gives 0
@@ -493,23 +503,30 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q_pos_ptr, k_pos_ptr, T, S, wind
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
-                      window: int | None, scale: float, causal: bool = True) -> torch.Tensor:
+                      window: int | None, scale: float, causal: bool = True, k_scale: torch.Tensor | None = None,
+                      v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """attention_reference's function without its [T, S] scores: q [T, Hq, D], k/v [S, Hkv, D],
-    key positions increasing. A query that sees no key gets 0 (the reference gives NaN)."""
+    key positions increasing. A query that sees no key gets 0 (the reference gives NaN). With
+    k_scale/v_scale [S, Hkv] fp32, k and v are fp8 e4m3 as a cache stores them, read in place."""
     t, hq, d = q.shape
     s, hkv = k.shape[0], k.shape[1]
     if hq % hkv or d & (d - 1):
         raise ValueError("prefill attention needs Hq a multiple of Hkv and a power-of-two head dim")
+    fp8 = k_scale is not None
+    if fp8:
+        _check_contiguous(k, v, k_scale, v_scale)
+        k, v = k.view(torch.uint8), v.view(torch.uint8)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # views of a fused projection: one copy
     out = torch.empty_like(q)
     if t == 0:
         return out
     cfg = prefill_config(d)
+    ks, vs = (k_scale, v_scale) if fp8 else (q, q)  # unused pointers without scales
     _prefill_kernel[(triton.cdiv(t, cfg.block_m), hq)](
-        q, k, v, out, q_pos.to(torch.int64), k_pos.to(torch.int64), t, s, window or 0, scale * LOG2E,
+        q, k, v, ks, vs, out, q_pos.to(torch.int64), k_pos.to(torch.int64), t, s, window or 0, scale * LOG2E,
         HQ=hq, GROUP=hq // hkv, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
-        WINDOWED=window is not None, DOT_FP32=interpreted(), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        WINDOWED=window is not None, FP8=fp8, DOT_FP32=interpreted(), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **({"maxnreg": MAX_REGISTERS} if fp8 else {}))
     return out
 
 
@@ -561,14 +578,17 @@ def _decode_specs(d: int, hkv: int, window: int | None, hq: int = HQ_TARGET, cau
     return specs
 
 
-def _prefill_spec(d: int, hq: int, hkv: int, causal: bool, windowed: bool) -> CompileSpec:
+def _prefill_spec(d: int, hq: int, hkv: int, causal: bool, windowed: bool, fp8: bool = False) -> CompileSpec:
     cfg = prefill_config(d)
-    types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "q_pos_ptr": "*i64",
-             "k_pos_ptr": "*i64", "qk_scale": "fp32", **dict.fromkeys(("T", "S", "window"), "i32")}
+    kv, scales = ("*u8", "*fp32") if fp8 else ("*bf16", "*bf16")
+    types = {"q_ptr": "*bf16", "k_ptr": kv, "v_ptr": kv, "ks_ptr": scales, "vs_ptr": scales, "o_ptr": "*bf16",
+             "q_pos_ptr": "*i64", "k_pos_ptr": "*i64", "qk_scale": "fp32", **dict.fromkeys(("T", "S", "window"), "i32")}
     consts = {"HQ": hq, "GROUP": hq // hkv, "D": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-              "CAUSAL": causal, "WINDOWED": windowed, "DOT_FP32": False}
-    name = f"prefill[D={d},{'causal' if causal else 'bidirectional'},{'window' if windowed else 'full'}]"
-    return _spec(name, _prefill_kernel, types, consts, cfg.num_warps, cfg.num_stages)
+              "CAUSAL": causal, "WINDOWED": windowed, "FP8": fp8, "DOT_FP32": False}
+    name = f"prefill[D={d},{'causal' if causal else 'bidirectional'},{'window' if windowed else 'full'}" \
+           f"{',fp8 cache' if fp8 else ''}]"
+    return _spec(name, _prefill_kernel, types, consts, cfg.num_warps, cfg.num_stages,
+                 maxnreg=MAX_REGISTERS if fp8 else None)
 
 
 def compile_specs() -> list[CompileSpec]:
@@ -579,6 +599,8 @@ def compile_specs() -> list[CompileSpec]:
     for d, hkv, window in TARGET_LAYERS:
         specs += _decode_specs(d, hkv, window)
         specs.append(_prefill_spec(d, HQ_TARGET, hkv, causal=True, windowed=window is not None))
+        if window is None:  # a full layer's fp8 cache, read in place
+            specs.append(_prefill_spec(d, HQ_TARGET, hkv, causal=True, windowed=False, fp8=True))
     d, hq, hkv = DRAFTER  # its block over its context: bf16, causal sliding and bidirectional full layers
     specs += _decode_specs(d, hkv, DRAFTER_WINDOW, hq, causal=True, storage=(False,))
     specs += [spec for spec in _decode_specs(d, hkv, None, hq, causal=False, storage=(False,))

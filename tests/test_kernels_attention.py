@@ -314,6 +314,30 @@ def test_prefill_matches_reference(causal, window, hkv, d):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("d", [32, 512])
+def test_prefill_reads_an_fp8_cache_where_it_is_stored(d):
+    """A full layer's prompt chunk over its fp8 cache: the kernel converts the stored bytes and
+    their scales as it reads them (no dequantized copy), and gives what the reference gives over
+    the dequantized keys; the dispatcher's torch path dequantizes first, to the same result. D=512
+    is the real full layer's head."""
+    from flashdesk.kernels.attention import attention
+
+    gen = torch.Generator().manual_seed(6)
+    cache = Cache(90, 2, d, FP8)
+    k, v = torch.randn(90, 2, d, generator=gen) * 3, torch.randn(90, 2, d, generator=gen)
+    cache.write(k, v, 0, triton=False)
+    q = torch.randn(40, 4, d, generator=gen)
+    q_pos, k_pos = torch.arange(50, 90), torch.arange(90)
+    keys, values = cache.read(k_pos)
+    expected = attention_reference(q, keys, values, q_pos, k_pos, None, SCALE)
+    got = prefill_attention(q, cache.k, cache.v, q_pos, k_pos, None, SCALE, k_scale=cache.k_scale,
+                            v_scale=cache.v_scale)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)  # the scales fold in another order
+    with kernels("torch"):
+        torch.testing.assert_close(attention(q, cache.k, cache.v, q_pos, k_pos, None, SCALE, k_scale=cache.k_scale,
+                                             v_scale=cache.v_scale), expected, atol=1e-5, rtol=1e-5)
+
+
 def test_prefill_strided_bf16_queries():
     """Queries sliced out of a fused projection (row stride > Hq * D), bf16 in and out."""
     gen = torch.Generator().manual_seed(5)

@@ -88,7 +88,7 @@ def test_drafter_bytes_equal_what_the_loaded_drafter_holds(spec_pair):
 
 def test_longest_context_is_the_boundary(cfg_26b):  # noqa: F811
     weights = int4_weight_bytes(cfg_26b)
-    for free in (17 * GIB, 18 * GIB, 19 * GIB):
+    for free in (16 * GIB, 16.5 * GIB, 17 * GIB):
         n = longest_context(cfg_26b, weights, "fp8", free)
         assert 0 < n < 262144
         assert plan_memory(cfg_26b, weights, n, "fp8").total <= free < plan_memory(cfg_26b, weights, n + 1, "fp8").total
@@ -133,28 +133,41 @@ def test_doctor_refuses_a_mismatched_drafter(spec_pair, tmp_path, capsys):
     assert "vocabulary 1024 != target's 512" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("kv_dtype", ["float32", "fp8"])
-def test_the_plan_matches_what_a_full_context_allocates(spec_pair, kv_dtype):
+@pytest.mark.parametrize("kv_dtype, kernels_choice", [("float32", "torch"), ("fp8", "torch"), ("fp8", "triton")])
+def test_the_plan_matches_what_a_full_context_allocates(spec_pair, kv_dtype, kernels_choice):
     """Every byte that grows with the context is in the plan: a prompt filling the context (the
     worst prefill chunk attends over all of it) allocates what the plan says, counted tensor by
     tensor, at three context lengths. The rest (this tiny model's other chunk activations, a few
     MiB) is what the plan's fixed allowance covers; a prompt-sized buffer (the drafter's features
-    kept for the whole prompt) would be 2-7% more and fail this."""
+    kept for the whole prompt) would be 2-7% more and fail this. On the Triton path, whose prefill
+    reads a full layer's fp8 cache in place and allocates no scores, what grows with the context is
+    so small beside those chunk activations that the test compares growths: from 2048 to 3072 and
+    4096 tokens the peak grows as the plan does (a copy of the context's keys per chunk would
+    double it)."""
     from flashdesk.engine.decode.generation import Engine, GenerationRequest
     from flashdesk.engine.loading.memory_plan import WORKSPACE_FIXED_BYTES
+    from flashdesk.kernels.backend import kernels
     from memory_tracker import AllocationTracker
 
     target_dir, draft_dir = spec_pair[1]
+    peaks, plans = [], []
     for context in (2048, 3072, 4096):
-        engine = Engine.load(target_dir, device="cpu", draft_dir=draft_dir, context_limit=context,
-                             kv_dtype=kv_dtype)
-        engine.prefix_budget = 0  # host copies of kept conversations are not device memory
-        prompt = torch.randint(5, engine.model.cfg.vocab_size, (context - 1,),
-                               generator=torch.Generator().manual_seed(context)).tolist()
-        with AllocationTracker() as tracker:
-            for _ in engine.generate(GenerationRequest(prompt, 1, ignore_eos=True)):
-                pass
-        plan = plan_memory(engine.model.cfg, 0, context, kv_dtype, engine.drafter.cfg, dtype_bytes=4)
+        with kernels(kernels_choice):
+            engine = Engine.load(target_dir, device="cpu", draft_dir=draft_dir, context_limit=context,
+                                 kv_dtype=kv_dtype)
+            engine.prefix_budget = 0  # host copies of kept conversations are not device memory
+            prompt = torch.randint(5, engine.model.cfg.vocab_size, (context - 1,),
+                                   generator=torch.Generator().manual_seed(context)).tolist()
+            with AllocationTracker() as tracker:
+                for _ in engine.generate(GenerationRequest(prompt, 1, ignore_eos=True)):
+                    pass
+        plan = plan_memory(engine.model.cfg, 0, context, kv_dtype, engine.drafter.cfg, dtype_bytes=4,
+                           triton=kernels_choice == "triton")
         assert engine._cache.nbytes() == plan.kv_bytes
         planned = plan.kv_bytes + plan.draft_context_bytes + plan.workspace_bytes - WORKSPACE_FIXED_BYTES
-        assert abs(tracker.peak / planned - 1) <= 0.05, (context, tracker.peak, planned)
+        peaks.append(tracker.peak)
+        plans.append(planned)
+        if kernels_choice == "torch":
+            assert abs(tracker.peak / planned - 1) <= 0.05, (context, tracker.peak, planned)
+    for i in (1, 2):
+        assert abs((peaks[i] - peaks[0]) / (plans[i] - plans[0]) - 1) <= 0.05, (peaks, plans)

@@ -223,7 +223,7 @@ def _estimate_cpu_memory(cfg: Gemma4Config, context: int, report: CheckpointRepo
     if context is None:
         return
     weights = report.loaded_bytes if report.loaded_bytes is not None else loaded_weight_bytes(cfg, CPU_DTYPE_BYTES)
-    memory = plan_memory(cfg, weights, context, "float32", draft, dtype_bytes=CPU_DTYPE_BYTES)
+    memory = plan_memory(cfg, weights, context, "float32", draft, dtype_bytes=CPU_DTYPE_BYTES, triton=False)
     report.memory = memory
     head, parts = memory.lines()
     report.rows.append(("memory", f"{head} of RAM on the CPU{note}, float32 KV"))

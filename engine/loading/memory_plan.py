@@ -9,8 +9,9 @@ scales in the model dtype, unpacked int8 zero points; norms in fp32), the KV cac
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from pathlib import Path
+
+import torch
 
 from flashdesk.engine.model.config import SLIDING, DraftConfig, Gemma4Config, read_json
 from flashdesk.engine.errors import FlashDeskError
@@ -19,6 +20,7 @@ from flashdesk.engine.loading.quant import parse_quant_config, plan
 from flashdesk.engine.decode.speculative import PREFILL_CHUNK
 from flashdesk.engine.loading.weights import expected_shapes, scan_checkpoint
 from flashdesk.kernels.attention import MASK_BYTES_PER_ENTRY, SCORE_MATRICES_AT_PEAK, query_rows_per_pass
+from flashdesk.kernels.backend import use_triton
 
 MIN_USEFUL_CONTEXT = 2048
 GPU_KV_DTYPE = "fp8"  # what `--kv-dtype auto` picks on CUDA
@@ -58,16 +60,17 @@ def _is_norm(name: str) -> bool:
 
 
 def workspace_bytes(cfg: Gemma4Config, context: int, chunk: int = PREFILL_CHUNK, dtype_bytes: int = 2,
-                    kv_dtype: str = GPU_KV_DTYPE) -> int:
+                    kv_dtype: str = GPU_KV_DTYPE, triton: bool = True) -> int:
     """The activation/workspace allowance at `context` tokens: a fixed 1 GiB plus the attention of
     the worst prefill chunk (`chunk` queries over all `context` keys), on the layer where it peaks.
 
-    It mirrors the plain-torch attention (kernels/attention.py), in passes of as many query rows as
-    its score budget allows: the [heads, rows, keys] fp32 scores are alive twice at once (masked in
-    place, then softmaxed) beside the [rows, keys] bool masks. The layer's keys and values are read
-    back in the compute dtype when stored otherwise (fp8), a sliding layer's always (its window is
-    joined to the new block).
-    The Triton prefill kernel allocates no scores, so on the GPU this is an upper bound.
+    On the Triton path (a GPU's) the prefill kernel allocates no scores and reads a full layer's
+    keys where the cache stores them, fp8 included; a sliding layer's visible keys are read back in
+    the compute dtype (its window is joined to the new block). The plain-torch attention
+    (kernels/attention.py, `triton=False`) runs in passes of as many query rows as its score budget
+    allows: the [heads, rows, keys] fp32 scores are alive twice at once (masked in place, then
+    softmaxed) beside the [rows, keys] bool masks, and every layer's keys stored otherwise than in
+    the compute dtype (fp8) are read back in it.
     """
     chunk = max(1, min(chunk, context))
     storage = STORAGE_DTYPES[kv_dtype].itemsize if kv_dtype in STORAGE_DTYPES else 1
@@ -76,10 +79,12 @@ def workspace_bytes(cfg: Gemma4Config, context: int, chunk: int = PREFILL_CHUNK,
     for layer in cfg.layers:
         keys = min(context, cfg.sliding_window - 1 + chunk) if layer.sliding else context
         rows = min(chunk, query_rows_per_pass(cfg.num_heads, keys))
-        scores = int(SCORE_MATRICES_AT_PEAK * cfg.num_heads * rows * keys * 4) + rows * keys * MASK_BYTES_PER_ENTRY
+        scores = 0 if triton else \
+            int(SCORE_MATRICES_AT_PEAK * cfg.num_heads * rows * keys * 4) + rows * keys * MASK_BYTES_PER_ENTRY
+        read_back = layer.sliding or (converted and not triton)
         elements = keys * layer.num_kv_heads * layer.head_dim
-        held = 2 * elements * dtype_bytes if converted or layer.sliding else 0
-        converting = elements * (2 * dtype_bytes + 4) if converted else 0  # K, then V in fp32 and cast
+        held = 2 * elements * dtype_bytes if read_back else 0
+        converting = elements * (2 * dtype_bytes + 4) if converted and read_back else 0  # K, then V in fp32, cast
         attn = max(attn, held + scores, converting)
     return WORKSPACE_FIXED_BYTES + attn
 
@@ -185,10 +190,13 @@ class MemoryPlan:
 
 
 def plan_memory(cfg: Gemma4Config, target_bytes: int, context: int, kv_dtype: str,
-                draft: DraftConfig | None = None, dtype_bytes: int = 2) -> MemoryPlan:
+                draft: DraftConfig | None = None, dtype_bytes: int = 2, triton: bool | None = None) -> MemoryPlan:
     """Everything the engine holds on the device at `context` tokens, for a compute dtype of
-    `dtype_bytes` (bf16 on the GPU). Nothing else grows with the context: the drafter's context is
-    built chunk by chunk during prefill, and kept conversations live in host memory."""
+    `dtype_bytes` (bf16 on the GPU) and its kernels (`triton`; by default what a GPU runs here:
+    Triton, unless FLASHDESK_KERNELS=torch). Nothing else grows with the context: the drafter's
+    context is built chunk by chunk during prefill, and kept conversations live in host memory."""
+    if triton is None:
+        triton = use_triton(torch.device("cuda"))
     slack = max(16, draft.block_size) if draft else 16
     return MemoryPlan(
         context=context,
@@ -196,7 +204,7 @@ def plan_memory(cfg: Gemma4Config, target_bytes: int, context: int, kv_dtype: st
         drafter_bytes=drafter_weight_bytes(draft, dtype_bytes) if draft else 0,
         kv_bytes=kv_cache_bytes(cfg, context, kv_dtype, slack),
         draft_context_bytes=drafter_context_bytes(draft, context, dtype_bytes) if draft else 0,
-        workspace_bytes=workspace_bytes(cfg, context, dtype_bytes=dtype_bytes, kv_dtype=kv_dtype),
+        workspace_bytes=workspace_bytes(cfg, context, dtype_bytes=dtype_bytes, kv_dtype=kv_dtype, triton=triton),
         kv_dtype=kv_dtype,
     )
 

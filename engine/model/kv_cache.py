@@ -17,8 +17,9 @@ the numbers the model sees.
 and at most slack + 1) is written by one kernel and attended in place, addressed by slot, with the
 block's start read from `position` on the device, so the step has no host-side shapes and can be a
 CUDA graph.
-Longer blocks (prefill chunks) read the visible keys before writing, since a chunk may overwrite
-ring slots its own first queries still need.
+Longer blocks (prefill chunks) read a sliding layer's visible keys before writing, since a chunk
+may overwrite ring slots its own first queries still need; a full layer's fp8 keys are read where
+they are stored by the Triton prefill kernel.
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ class KVCache:
     def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
         """Store K/V [T, Hkv, Dh] for positions start..start+T-1 and return what those queries see.
 
-        Returns (K, V, key_positions): keys and values in position order, as stored (dequantized),
-        covering every position a query of this block may attend to under its layer's window.
+        Returns (K, V, key_positions): keys and values in position order, as stored (dequantized,
+        but a full layer's fp8 keys on the Triton path, returned as stored), covering every position
+        a query of this block may attend to under its layer's window.
         """
         store = self.layers[layer]
         t = k.shape[0]
@@ -106,6 +108,8 @@ class KVCache:
         if window is None:
             self._write(store, torch.arange(start, end, device=k.device), kq, ks, vq, vs)
             positions = torch.arange(0, end, device=k.device)
+            if self._in_place(store):
+                return store.k[:end], store.v[:end], positions
             return (dequantize(store.k[:end], _first(store.k_scale, end), dtype),
                     dequantize(store.v[:end], _first(store.v_scale, end), dtype), positions)
         lo = max(0, start - window + 1)
@@ -149,7 +153,18 @@ class KVCache:
             return decode_attention(q, store.k, store.v, store.k_scale, store.v_scale, self.position,
                                     store.layout.window, store.capacity, scale, self.max_context)
         keys, values, key_pos = self.update(layer, self.length, k, v)
+        if self._in_place(store):
+            end = keys.shape[0]
+            return attention(q, keys, values, positions, key_pos, None, scale, k_scale=store.k_scale[:end],
+                             v_scale=store.v_scale[:end])
         return attention(q, keys, values, positions, key_pos, store.layout.window, scale)
+
+    @staticmethod
+    def _in_place(store: _LayerStore) -> bool:
+        """Whether a prefill chunk reads this layer's fp8 keys where they are stored: a full layer on
+        the Triton path (its kernel converts them as it reads), so no chunk dequantizes the whole
+        context (a cost that grew with the square of the prompt, and ~2 GB of workspace at 256K)."""
+        return store.layout.window is None and store.k_scale is not None and use_triton(store.k)
 
     def _check_write(self, start: int, t: int) -> None:
         if start != self.length or start + t > self.max_context:
