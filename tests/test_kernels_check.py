@@ -162,6 +162,18 @@ def test_perf_rows_model_a_kernel_from_its_cubin():
         assert r["key"].startswith("('flashdesk.kernels.attention_triton', '_decode_split_kernel'")
 
 
+def test_an_fp8_cache_costs_at_most_half_again_bf16s_instructions_per_key():
+    """Decode attention over an fp8 cache, where the target runs it (sm_89 and sm_90, each head dim
+    and variant): at most 1.5x the SASS instructions per key of the same kernel over a bf16 cache
+    (the conversion packed four bytes per PTX call, the score tile not replicated across warps)."""
+    rows = kcheck.check(["sm_89", "sm_90"], "decode_split[D=", ("flashdesk.kernels.attention_triton",), perf=True)
+    per_key = {(r["arch"], r["kernel"]): r["instructions_per_key"] for r in rows if r["ok"]}
+    pairs = [(arch, name, name.replace(",fp8", ",bf16")) for arch, name in per_key if ",fp8" in name]
+    assert len(pairs) >= 8, sorted(per_key)
+    for arch, fp8, bf16 in pairs:
+        assert per_key[arch, fp8] <= 1.5 * per_key[arch, bf16], (arch, fp8, per_key[arch, fp8], per_key[arch, bf16])
+
+
 def test_a_row_is_compiled_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHDESK_CHECK_CACHE", str(tmp_path))
     first = kcheck.check(["sm_86"], modules=(f"{HERE}:good_specs",))
