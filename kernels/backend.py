@@ -154,8 +154,10 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
     """The int32 counters on which a launch's programs count themselves in, so that the last of a
     group to finish runs the group's epilogue (a split linear's sum, the router's routing, decode
     attention's combine). Zeroed once and left at zero by every launch (the last program resets
-    its group's), so launches in one stream and CUDA graphs share them. Allocated by the first
-    launch: the warm-up runs before a graph capture, never inside one."""
+    its group's), so launches in one stream and CUDA graphs share them. Two invariants keep that
+    true: every launch that counts runs on the engine's one stream (a second stream running such
+    kernels alongside would mix its arrivals in), and the first launch, which allocates them, is a
+    warm-up before any graph capture (inside one they would come from the graph's private pool)."""
     return torch.zeros(ARRIVAL_COUNTERS, dtype=torch.int32, device=device)
 
 

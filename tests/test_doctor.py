@@ -159,6 +159,9 @@ def test_workspace_allowance_of_gemma4_26b(cfg_26b):
     sliding = (1023 + 1024) * 8 * 256
     for context in (32768, 262144):
         assert workspace_bytes(cfg_26b, context, triton=True) == WORKSPACE_FIXED_BYTES + sliding * (2 + 4 + 2)
+    # an fp32 cache is read back in bf16 on the Triton path too: the full layer's cast again
+    assert workspace_bytes(cfg_26b, 262144, kv_dtype="float32", triton=True) == \
+        WORKSPACE_FIXED_BYTES + elements * (2 + 4 + 2)
     assert PREFILL_CHUNK == 1024
 
 

@@ -65,8 +65,9 @@ def workspace_bytes(cfg: Gemma4Config, context: int, chunk: int = PREFILL_CHUNK,
     the worst prefill chunk (`chunk` queries over all `context` keys), on the layer where it peaks.
 
     On the Triton path (a GPU's) the prefill kernel allocates no scores and reads a full layer's
-    keys where the cache stores them, fp8 included; a sliding layer's visible keys are read back in
-    the compute dtype (its window is joined to the new block). The plain-torch attention
+    keys where the cache stores them when they are fp8 or in the compute dtype (another dtype comes
+    back converted); a sliding layer's visible keys are read back in the compute dtype (its window
+    is joined to the new block). The plain-torch attention
     (kernels/attention.py, `triton=False`) runs in passes of as many query rows as its score budget
     allows: the [heads, rows, keys] fp32 scores are alive twice at once (masked in place, then
     softmaxed) beside the [rows, keys] bool masks, and every layer's keys stored otherwise than in
@@ -81,7 +82,7 @@ def workspace_bytes(cfg: Gemma4Config, context: int, chunk: int = PREFILL_CHUNK,
         rows = min(chunk, query_rows_per_pass(cfg.num_heads, keys))
         scores = 0 if triton else \
             int(SCORE_MATRICES_AT_PEAK * cfg.num_heads * rows * keys * 4) + rows * keys * MASK_BYTES_PER_ENTRY
-        read_back = layer.sliding or (converted and not triton)
+        read_back = layer.sliding or (converted and not (triton and kv_dtype == "fp8"))  # fp8: read in place
         elements = keys * layer.num_kv_heads * layer.head_dim
         held = 2 * elements * dtype_bytes if read_back else 0
         converting = elements * (2 * dtype_bytes + 4) if converted and read_back else 0  # K, then V in fp32, cast
