@@ -108,6 +108,10 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true")
     msub.add_parser("add", help="list a model folder of your own").add_argument("dir")
     msub.add_parser("remove", help="forget an added model folder").add_argument("dir")
+
+    desktop = sub.add_parser("install-desktop", help="put FlashDesk in the desktop's application menu (a "
+                             "freedesktop entry and icon in ~/.local/share)")
+    desktop.add_argument("--uninstall", action="store_true", help="remove the entry and the icon")
     return parser
 
 
@@ -294,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
             from flashdesk.engine.hub.models import run_models
 
             return run_models(args)
+        if args.command == "install-desktop":
+            from flashdesk.engine.tools.install_desktop import run_install_desktop
+
+            return run_install_desktop(args)
         if args.command == "serve":  # its address rule comes before the models are looked for
             from flashdesk.engine.tools.serve import run_serve
 
