@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import json
 import os
 import queue
 import sys
@@ -49,6 +48,7 @@ import weakref
 from pathlib import Path
 
 from flashdesk import protocol as p
+from flashdesk.engine.hub.model_card import model_name, sampling_defaults
 
 PULL_HZ = 10  # PullProgress events a second at most
 
@@ -108,26 +108,6 @@ def _add_run(runs: list[list], n: int, origin: str) -> None:
         runs[-1][0] += n
     else:
         runs.append([n, origin])
-
-
-def model_name(folder: Path) -> str:
-    """A short name: the folder's, or `org/name` for a Hugging Face cache snapshot."""
-    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
-        return folder.parent.parent.name.removeprefix("models--").replace("--", "/")
-    return folder.name
-
-
-def sampling_defaults(folder: Path) -> dict:
-    """The model's recommended sampling from generation_config.json (greedy when do_sample is false)."""
-    try:
-        data = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    if data.get("do_sample") is False:
-        return {"temperature": 0.0}
-    return {k: data[k] for k in ("temperature", "top_p", "top_k") if isinstance(data.get(k), (int, float))}
 
 
 class Worker:

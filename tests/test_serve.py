@@ -31,7 +31,7 @@ def served(demo):
     from flashdesk.engine.serve.app import create_app
     from flashdesk.engine.serve.runner import Runner
     from flashdesk.engine.serve.server import Server, ServerThread, bind, config, served_name, url
-    from flashdesk.engine.worker import sampling_defaults
+    from flashdesk.engine.hub.model_card import sampling_defaults
 
     target, drafter = demo
     engine = Engine.load(target, device="cpu", draft_dir=drafter)
@@ -179,12 +179,12 @@ def test_stop_strings_end_the_reply(client) -> None:
 def test_an_exposed_address_without_a_key_is_refused_before_loading(monkeypatch, capsys) -> None:
     from flashdesk.engine.serve.auth import check_exposure
     from flashdesk.engine.serve.errors import ServeError
-    from flashdesk.engine.tools import cli
+    from flashdesk.engine.tools import cli, cli_args
 
     def no_load(args):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(cli, "load_engine", no_load)
+    monkeypatch.setattr(cli_args, "load_engine", no_load)
     monkeypatch.delenv("FLASHDESK_API_KEY", raising=False)
     assert cli.main(["serve", "--demo", "--host", "0.0.0.0"]) == 2
     err = capsys.readouterr().err
@@ -200,12 +200,12 @@ def test_an_exposed_address_without_a_key_is_refused_before_loading(monkeypatch,
 def test_a_busy_port_is_refused_before_loading(monkeypatch, capsys) -> None:
     import socket
 
-    from flashdesk.engine.tools import cli
+    from flashdesk.engine.tools import cli, cli_args
 
     def no_load(args):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(cli, "load_engine", no_load)
+    monkeypatch.setattr(cli_args, "load_engine", no_load)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from flashdesk import __version__
 from flashdesk.engine.errors import FlashDeskError
+from flashdesk.engine.tools.cli_args import (add_draft_quantize, add_generation_flags, load_engine,
+                                            positive_int, resolve_models)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,12 +25,12 @@ def _parser() -> argparse.ArgumentParser:
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="user message, wrapped in the model's chat template")
     source.add_argument("--prompt-ids", help="comma-separated token ids fed to the model as they are")
-    _add_generation_flags(gen, system_help="system prompt (with --prompt)")
+    add_generation_flags(gen, system_help="system prompt (with --prompt)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with ids, text, steps, stats")
 
     chat = sub.add_parser("chat", help="chat in the terminal: streamed replies, history, /commands (/help)")
     chat.add_argument("--model", help="folder of the Gemma 4 target checkpoint (required unless --demo)")
-    _add_generation_flags(chat, system_help="system prompt (/system TEXT changes it)")
+    add_generation_flags(chat, system_help="system prompt (/system TEXT changes it)")
     chat.add_argument("--jsonl", action="store_true",
                       help="for scripts: one JSON request per stdin line, one JSON object per reply or command")
     chat.add_argument("--no-reuse", action="store_true",
@@ -94,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="check this machine (and a model folder) for FlashDesk")
     doc.add_argument("--model", help="also check this checkpoint folder")
     doc.add_argument("--draft", help="and this DFlash drafter folder (the memory plan includes it)")
-    doc.add_argument("--context", type=_positive_int, default=32768, help="context for the memory estimate")
+    doc.add_argument("--context", type=positive_int, default=32768, help="context for the memory estimate")
 
     models = sub.add_parser("models", help="download, list and check the models (--model / --draft also "
                             "accept a pulled Hub id)")
@@ -113,108 +115,6 @@ def _parser() -> argparse.ArgumentParser:
                              "freedesktop entry and icon in ~/.local/share)")
     desktop.add_argument("--uninstall", action="store_true", help="remove the entry and the icon")
     return parser
-
-
-def _add_generation_flags(parser: argparse.ArgumentParser, system_help: str) -> None:
-    """The flags `generate` and `chat` share: prompt shaping, sampling, device, KV, speculation."""
-    parser.add_argument("--demo", action="store_true",
-                        help="the demo pair instead of --model and --draft (a tiny target and drafter, made in "
-                        "the data folder; seconds on the CPU)")
-    parser.add_argument("--system", help=system_help)
-    parser.add_argument("--thinking", action="store_true", help="let the model think before answering")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-new-tokens tokens")
-    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0, help="0 turns top-k off")
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
-    parser.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16", "float32", "fp8"])
-    parser.add_argument("--context", type=_positive_int, help="context limit in tokens (default: the model's)")
-    parser.add_argument("--quantize", choices=["int4"], help="quantize a bf16 checkpoint to int4 while loading")
-    parser.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
-    parser.add_argument("--draft-length", type=_draft_length,
-                        help="tokens drafted per step, 1..block_size-1, or auto: each step drafts what gives "
-                        "the most tokens per second on this card (default: what your last `flashdesk bench` "
-                        "of this pair on this card found fastest, else block_size-1)")
-    parser.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
-    add_draft_quantize(parser)
-
-
-def add_draft_quantize(parser) -> None:
-    parser.add_argument("--draft-quantize", choices=["auto", "int4", "none"], default="auto",
-                        help="the drafter's weights: int4 weights and an int4 copy of the head, or the "
-                        "checkpoint's bf16 (none); auto: int4 on a GPU, none on the CPU. Output is unchanged")
-
-
-def load_engine(args):
-    """Check the speculation flags, load the engine; return it with its SpecControl (None without --draft)."""
-    from flashdesk.engine.decode.generation import Engine
-    from flashdesk.engine.decode.speculative import SpecControl
-
-    if (args.draft_length is not None or args.no_speculate) and not args.draft:
-        raise ValueError("--draft-length and --no-speculate need --draft")
-    if args.draft_quantize not in (None, "auto") and not args.draft:
-        raise ValueError("--draft-quantize needs --draft")
-    engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, args.context, args.draft,
-                         args.quantize, draft_quantize=args.draft_quantize)
-    control = None
-    if engine.drafter is not None:
-        longest = engine.drafter.max_draft_length
-        if args.draft_length not in (None, "auto") and args.draft_length > longest:
-            raise ValueError(f"--draft-length must be 1..{longest} for this drafter, got {args.draft_length}")
-        control = SpecControl(enabled=not args.no_speculate, draft_length=args.draft_length)
-    return engine, control
-
-
-def _resolve_models(args) -> None:
-    """--model / --draft as folders (a pulled Hub id becomes its cached folder; disk only)."""
-    for attr, what in (("model", "model"), ("draft", "drafter")):
-        if getattr(args, attr, None):
-            try:
-                setattr(args, attr, str(_model_folder(getattr(args, attr), what)))
-            except FlashDeskError as exc:
-                if args.command != "doctor":
-                    raise
-                print(f"flashdesk doctor: {exc}", file=sys.stderr)  # doctor still prints its report
-
-
-def _model_folder(name: str, what: str) -> Path:
-    """The folder `name` stands for. A missing folder or a file is named here: the loader would
-    only say that config.json inside it is missing, which hides the real mistake."""
-    from flashdesk.engine.hub.models import resolve_model_path
-
-    path = resolve_model_path(name)  # a Hub id not in the cache raises with its own advice
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise FlashDeskError(f"{what} path is a file, not a folder: {path.absolute()} (give the folder "
-                             "holding config.json and the weights)")
-    raise FlashDeskError(f"{what} folder not found: {path.absolute()} (give a folder holding config.json and "
-                         "the weights, or a Hub id such as org/name that `flashdesk models pull` downloaded)")
-
-
-def _positive_int(text: str, alternative: str = "") -> int:
-    """argparse type for counts that cannot be below 1 (--context): refused before anything loads;
-    `alternative` names the word also accepted (for the message)."""
-    other = f" (or {alternative})" if alternative else ""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number{other}: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1{other}, got {value}")
-    return value
-
-
-def _draft_length(text: str) -> int | str:
-    """argparse type for --draft-length: auto or at least 1 (the drafter's own maximum is checked
-    once it is loaded, in `load_engine`)."""
-    if text.strip().lower() == "auto":
-        return "auto"
-    return _positive_int(text, "auto")
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -306,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             from flashdesk.engine.tools.serve import run_serve
 
             return run_serve(args)
-        _resolve_models(args)
+        resolve_models(args)
         if args.command == "generate":
             return run_generate(args)
         if args.command == "chat":

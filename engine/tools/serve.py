@@ -23,7 +23,7 @@ DEFAULT_PORT = 8719
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from flashdesk.engine.tools.cli import _draft_length, _positive_int, add_draft_quantize
+    from flashdesk.engine.tools.cli_args import add_draft_quantize, draft_length_arg, positive_int
 
     parser.add_argument("--model", help="folder (or pulled Hub id) of the Gemma 4 target (required unless --demo)")
     parser.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
@@ -38,10 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16", "float32", "fp8"])
-    parser.add_argument("--context", type=_positive_int, help="context limit in tokens (default: the model's, or "
+    parser.add_argument("--context", type=positive_int, help="context limit in tokens (default: the model's, or "
                         "what fits the GPU)")
     parser.add_argument("--quantize", choices=["int4"], help="quantize a bf16 checkpoint to int4 while loading")
-    parser.add_argument("--draft-length", type=_draft_length,
+    parser.add_argument("--draft-length", type=draft_length_arg,
                         help="tokens drafted per step, 1..block_size-1, or auto (default: what your last "
                         "`flashdesk bench` of this pair on this card found fastest, else block_size-1)")
     parser.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
@@ -72,9 +72,9 @@ def run_serve(args) -> int:
 
         args.model, args.draft = demo_pair()
     else:
-        from flashdesk.engine.tools.cli import _resolve_models
+        from flashdesk.engine.tools.cli_args import resolve_models
 
-        _resolve_models(args)
+        resolve_models(args)
     return _serve(args, key)
 
 
@@ -82,8 +82,8 @@ def _serve(args, key: str | None) -> int:
     from flashdesk.engine.serve.app import create_app
     from flashdesk.engine.serve.runner import Runner
     from flashdesk.engine.serve.server import Server, bind, config, served_name, url
-    from flashdesk.engine.tools.cli import load_engine
-    from flashdesk.engine.worker import sampling_defaults
+    from flashdesk.engine.tools.cli_args import load_engine
+    from flashdesk.engine.hub.model_card import sampling_defaults
 
     sock = bind(args.host, args.port)  # a busy port fails now, not after the load
     try:

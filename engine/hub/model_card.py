@@ -1,0 +1,29 @@
+"""What a model folder says about itself: its short name and the sampling its makers recommend.
+
+The window, `serve` and the worker all name a loaded model and start from its recommended sampling;
+they read both here, from the folder alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def model_name(folder: Path) -> str:
+    """A short name: the folder's, or `org/name` for a Hugging Face cache snapshot."""
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return folder.name
+
+
+def sampling_defaults(folder: Path) -> dict:
+    """The model's recommended sampling from generation_config.json (greedy when do_sample is false)."""
+    try:
+        data = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    if data.get("do_sample") is False:
+        return {"temperature": 0.0}
+    return {k: data[k] for k in ("temperature", "top_p", "top_k") if isinstance(data.get(k), (int, float))}
