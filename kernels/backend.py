@@ -12,6 +12,7 @@ real model shapes, so `python -m flashdesk.kernels.check` can compile all of the
 
 from __future__ import annotations
 
+import inspect
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -192,3 +193,14 @@ class CompileSpec:
     num_stages: int = LAUNCH_STAGES
     attrs: dict[str, list] = field(default_factory=dict)
     maxnreg: int | None = None
+
+
+def spec_key(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None) -> tuple:
+    """What makes one compiled specialization: the function, argument types, constexpr values
+    (defaults filled in) and launch options. A launch and a compile spec match when their keys do."""
+    fn = getattr(fn, "fn", fn)  # the Python function under a JITFunction or InterpretedFunction
+    values = {name: param.default for name, param in inspect.signature(fn).parameters.items()
+              if param.default is not inspect.Parameter.empty} | constexprs
+    types = {name: kind for name, kind in signature.items() if kind != "constexpr"}
+    return (fn.__module__, fn.__name__, tuple(sorted(types.items())),
+            tuple(sorted((name, repr(value)) for name, value in values.items())), num_warps, num_stages, maxnreg)

@@ -223,7 +223,7 @@ def _compile(module: str, index: int, name: str, cap: int, perf: bool = False) -
 
 def _perf_fields(spec, compiled, cap: int, registers: int, shared: int) -> dict:
     from flashdesk.kernels import perf_model, sass
-    from flashdesk.kernels.launch_log import spec_key
+    from flashdesk.kernels.backend import spec_key
 
     loop = sass.main_loop(sass.disassemble(compiled.asm["cubin"], _cuobjdump()))
     fields = perf_model.row_perf(f"sm_{cap}", spec.fn.fn.__name__, spec.constexprs, spec.num_warps,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec, interpreted
+from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec, interpreted, spec_key
 
 LOG_VARIABLE = "FLASHDESK_LAUNCH_LOG"
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -197,17 +197,6 @@ def unlisted(launches: list[dict], modules=None) -> list[dict]:
             if spec_key(getattr(importlib.import_module(launch["module"]), launch["function"]), launch["signature"],
                     as_on_gpu(launch), launch["num_warps"], launch["num_stages"], launch.get("maxnreg"))
             not in listed]
-
-
-def spec_key(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None) -> tuple:
-    """What makes one compiled specialization: the function, argument types, constexpr values
-    (defaults filled in) and launch options. A launch and a compile spec match when their keys do."""
-    fn = getattr(fn, "fn", fn)  # the Python function under a JITFunction or InterpretedFunction
-    values = {name: param.default for name, param in inspect.signature(fn).parameters.items()
-              if param.default is not inspect.Parameter.empty} | constexprs
-    types = {name: kind for name, kind in signature.items() if kind != "constexpr"}
-    return (fn.__module__, fn.__name__, tuple(sorted(types.items())),
-            tuple(sorted((name, repr(value)) for name, value in values.items())), num_warps, num_stages, maxnreg)
 
 
 # torch ops that make a view or an uninitialized tensor: no kernel runs for them on a GPU

@@ -5,13 +5,17 @@ the interpreter quick), so each row is reduced the same way whatever the number 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
 
 from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec
-from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput
 from flashdesk.kernels.norm_triton import row_shape, row_tile
+
+if TYPE_CHECKING:  # the front's types; at run time the front calls this module, not the reverse
+    from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput
 
 
 @triton.jit

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.glu import gate  # noqa: F401 (also this module's API)
 from flashdesk.kernels.int4 import Int4Weight
 
 
@@ -44,12 +45,6 @@ def rows_from(weight, start: int):
             parts.append(part[start:] if start else part)
         start = max(0, start - part.shape[0])
     return parts[0] if len(parts) == 1 else tuple(parts)
-
-
-def gate(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
-    """act(gate) * up of gate_up [..., 2K] = [gate | up], for "gelu_tanh" or "silu"."""
-    g, up = gate_up.chunk(2, dim=-1)
-    return (F.gelu(g, approximate="tanh") if activation == "gelu_tanh" else F.silu(g)) * up
 
 
 def glu_linear(x: torch.Tensor, gate_up, activation: str) -> torch.Tensor:

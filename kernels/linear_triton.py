@@ -34,7 +34,7 @@ import triton.language as tl
 
 from flashdesk.kernels.backend import ARRIVAL_COUNTERS, CompileSpec, arrival_counters, interpreted
 from flashdesk.kernels.int4 import Int4Weight
-from flashdesk.kernels.linear import gate
+from flashdesk.kernels.glu import gate
 
 SMALL_M = 16  # rows per tile of the batch-invariant path; calls with more rows take the prefill path
 TARGET_PROGRAMS = 512  # ~4 resident tiles per SM on 82..170-SM cards: enough loads in flight

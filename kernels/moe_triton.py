@@ -55,7 +55,7 @@ NUM_STAGES = 2
 GROUP_PAIRS = 128  # (token, expert) pairs grouped by one program: 16 tokens x top 8
 GROUP_CHUNK = 32
 GROUP_WARPS = 4
-ROUTER_STAGES = 2  # a router program walks two K steps: two [128, 128] bf16 tiles in flight (64 KB)
+ROUTER_STAGES = 2  # a router program walks two K steps: the second loads while the first is used
 
 
 @triton.jit
@@ -385,9 +385,9 @@ def fused_routed_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, log
     return _experts(x, gate_up, down, weight, top_k, (order, begin, end, expert), summed)
 
 
-def _router_launch(router_x: torch.Tensor, router: torch.Tensor, top_k: int) -> tuple | None:
-    """The router kernel's (tiles, logits block) for a dense router on a decode or verify block
-    that one program groups; None where it does not apply."""
+def _router_launch(router_x: torch.Tensor, router, top_k: int):
+    """The router kernel's tiles (the linear kernel's for this weight) for a dense router on a
+    decode or verify block that one program groups; None where the kernel does not apply."""
     if not isinstance(router, torch.Tensor):
         return None
     n_tokens, n_experts = router_x.shape[0], router.shape[0]

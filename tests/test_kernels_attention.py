@@ -350,6 +350,13 @@ def test_prefill_strided_bf16_queries():
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
+def test_a_decode_tile_takes_the_longest_block():
+    from flashdesk.kernels.attention import DECODE_QUERIES
+    from flashdesk.kernels.attention_triton import BLOCK_T
+
+    assert BLOCK_T == DECODE_QUERIES
+
+
 def test_compile_specs_name_every_argument():
     for spec in compile_specs() + kv_write_specs():
         assert list(spec.signature) == spec.fn.arg_names, spec.name

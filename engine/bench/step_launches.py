@@ -25,7 +25,8 @@ from contextlib import contextmanager
 import torch
 
 from flashdesk.kernels.int4 import Int4Weight
-from flashdesk.kernels.launch_log import as_on_gpu, launch_list, spec_key
+from flashdesk.kernels.backend import spec_key
+from flashdesk.kernels.launch_log import as_on_gpu, launch_list
 
 STEPS = ("ar", "verify-16", "draft")
 DEFAULT_POINTS = ((262144, 4096), (8192, 4096))  # (capacity, length)

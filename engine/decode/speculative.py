@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flashdesk.engine.loading.memory_plan import PREFILL_CHUNK
 from flashdesk.engine.model import cuda_graphs
 from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import Gemma4
@@ -31,7 +32,6 @@ from flashdesk.kernels.backend import use_triton
 from flashdesk.protocol import AUTO_DRAFT_LENGTH
 from flashdesk.engine.decode.sampling import SamplingParams, draw, make_generator, probabilities, sample, verify_draft
 
-PREFILL_CHUNK = 1024  # prompt tokens per forward: bounds activation memory on long prompts
 PENDING_LIMIT = 256  # plain steps whose target features wait for the drafter before being folded in
 
 

@@ -17,13 +17,13 @@ from flashdesk.engine.model.config import SLIDING, DraftConfig, Gemma4Config, re
 from flashdesk.engine.errors import FlashDeskError
 from flashdesk.engine.model.kv_cache import FP8, STORAGE_DTYPES
 from flashdesk.engine.loading.quant import parse_quant_config, plan
-from flashdesk.engine.decode.speculative import PREFILL_CHUNK
 from flashdesk.engine.loading.weights import expected_shapes, scan_checkpoint
 from flashdesk.kernels.attention import MASK_BYTES_PER_ENTRY, SCORE_MATRICES_AT_PEAK, query_rows_per_pass
 from flashdesk.kernels.backend import use_triton
 
 MIN_USEFUL_CONTEXT = 2048
 GPU_KV_DTYPE = "fp8"  # what `--kv-dtype auto` picks on CUDA
+PREFILL_CHUNK = 1024  # prompt tokens per forward (the decoder's chunks): bounds a prefill's activations
 # CUDA context, allocator caching/fragmentation, logits, MLP/MoE activations of a prefill chunk
 WORKSPACE_FIXED_BYTES = 1 << 30
 
