@@ -18,6 +18,8 @@ os.environ.setdefault("FLASHDESK_DATA_DIR", tempfile.mkdtemp(prefix="flashdesk-t
 
 import pytest  # noqa: E402
 
+import flashdesk  # noqa: E402,F401  (first: takes the checkout's root off sys.path, where `kernels/` shadows HF's)
+
 # Test tiers (docs/development.md): the README's command runs the tests no marker names; .ci/run
 # then runs `-m "slow or compile"`. By module, with the one interpreted Triton-path variant and the
 # performance model's unit tests kept in the default tier.
