@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from flashdesk.kernels.backend import (ARRIVAL_COUNTERS, LAUNCH_STAGES, MAX_REGISTERS, CompileSpec, arrival_counters,
-                                       interpreted)
+                                       device_start, interpreted)
 
 BLOCK_T = 16  # query rows of a decode tile: one tile takes a whole verify block (attention.DECODE_QUERIES)
 SPLIT = 128  # positions per flash-decoding split, for every layer and cache size
@@ -394,8 +394,7 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
     one_split = splits == 1  # a short static context: the split kernel writes the output itself
     row_blocks = hkv * triton.cdiv(hq // hkv * t, BLOCK_T)
     combine = not one_split and splits <= COMBINE_IN_SPLIT and row_blocks <= ARRIVAL_COUNTERS
-    start = start.reshape(1).to(q.device, torch.int32) if isinstance(start, torch.Tensor) else \
-        torch.tensor([start], dtype=torch.int32, device=q.device)
+    start = device_start(start, q.device)
     q = q.contiguous()
     out = torch.empty_like(q)
     m = torch.empty((splits, t, hq), dtype=torch.float32, device=q.device)

@@ -147,6 +147,14 @@ def kernels(choice: str):
 
 # Pipelining depth of the kernels that choose no other: Triton's CUDA default, but passed at every
 # launch, so a launch and the CompileSpec that kernels.check compiles for it cannot drift apart.
+def device_start(start, device) -> torch.Tensor:
+    """A block's first position as a 1-element int32 device tensor (a Python int is copied over):
+    what the cache write and decode attention read on the device, so a step has no host-side shape."""
+    if isinstance(start, torch.Tensor):
+        return start.reshape(1).to(device=device, dtype=torch.int32)
+    return torch.tensor([start], dtype=torch.int32, device=device)
+
+
 ARRIVAL_COUNTERS = 512  # program groups a launch may count in at once (a split linear's output tiles)
 
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.backend import device_start, use_triton
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -69,13 +69,6 @@ def kv_write(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: t
         kv_write_triton(k, v, cache_k, cache_v, k_scale, v_scale, start, capacity)
     else:
         kv_write_reference(k, v, cache_k, cache_v, k_scale, v_scale, start, capacity)
-
-
-def device_start(start, device) -> torch.Tensor:
-    """A block's first position as a 1-element int32 device tensor (a Python int is copied over)."""
-    if isinstance(start, torch.Tensor):
-        return start.reshape(1).to(device=device, dtype=torch.int32)
-    return torch.tensor([start], dtype=torch.int32, device=device)
 
 
 def compile_specs():

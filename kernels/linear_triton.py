@@ -122,12 +122,13 @@ def _gated(gate, up, ACTIVATION: tl.constexpr):
 def _tile_rows(pid_n, c, N, ACTIVATION: tl.constexpr, BLOCK_N: tl.constexpr):
     """The weight rows of tile pid_n's columns c, and which exist: rows pid_n * BLOCK_N + c; with
     an ACTIVATION (a [gate; up] weight of 2N rows) gate rows for the first BLOCK_N / 2 columns
-    and the matching up rows for the others."""
+    and the matching up rows for the others. Rows past the end are clamped to the last (N - 1, or
+    its up row), so they can be loaded without a mask and are never stored."""
     if ACTIVATION == "":
         row = pid_n * BLOCK_N + c
-        return row, row < N
+        return tl.minimum(row, N - 1), row < N
     gate = pid_n * (BLOCK_N // 2) + c % (BLOCK_N // 2)
-    return gate + (c // (BLOCK_N // 2)) * N, gate < N
+    return tl.minimum(gate, N - 1) + (c // (BLOCK_N // 2)) * N, gate < N
 
 
 @triton.jit
@@ -158,10 +159,7 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, part_ptr, count_p
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     c = tl.arange(0, BLOCK_N)
-    if ACTIVATION == "":
-        rows = tl.minimum(pid_n * BLOCK_N + c, N - 1)
-    else:
-        rows = tl.minimum(pid_n * (BLOCK_N // 2) + c % (BLOCK_N // 2), N - 1) + (c // (BLOCK_N // 2)) * N
+    rows, _ = _tile_rows(pid_n, c, N, ACTIVATION, BLOCK_N)
     m_mask = offs_m < M
     x_rows = x_ptr + offs_m[:, None] * K
     if INT4:
