@@ -48,7 +48,8 @@ import triton
 import triton.language as tl
 
 from flashdesk.kernels.backend import (ARRIVAL_COUNTERS, LAUNCH_STAGES, MAX_REGISTERS, CompileSpec, arrival_counters,
-                                       device_start, interpreted)
+                                       device_start, interpreted, pdl_options)
+from flashdesk.kernels.grid_dependency import enter
 
 BLOCK_T = 16  # query rows of a decode tile: one tile takes a whole verify block (attention.DECODE_QUERIES)
 SPLIT = 128  # positions per flash-decoding split, for every layer and cache size
@@ -190,9 +191,11 @@ def store_quantized(x, c_ptr, s_ptr, ok, FP8: tl.constexpr):
 @triton.jit(do_not_specialize=["T", "capacity"])
 def _kv_write_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, ks_ptr, vs_ptr, start_ptr, T, capacity,
                      stride_kt, stride_kh, stride_vt, stride_vh,
-                     HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, ROWS: tl.constexpr):
+                     HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, ROWS: tl.constexpr,
+                     PDL: tl.constexpr = False):
     """Program i: (token, head) rows i * ROWS.. of the block; quantize their K and V and store them
     at the token's slot."""
+    enter(PDL)
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = r < T * HKV
     t = r // HKV
@@ -219,7 +222,7 @@ def kv_write_triton(k, v, cache_k, cache_v, k_scale, v_scale, start: torch.Tenso
     _kv_write_kernel[(triton.cdiv(t * hkv, rows),)](k, v, ck, cv, ks, vs, start, t, capacity,
                                                     k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                                                     HKV=hkv, D=d, FP8=fp8, ROWS=rows, num_warps=KV_WRITE_WARPS,
-                                                    num_stages=LAUNCH_STAGES)
+                                                    num_stages=LAUNCH_STAGES, **pdl_options(k.device))
 
 
 def kv_write_rows(head_dim: int) -> int:
@@ -234,13 +237,15 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, 
                          T, capacity, window, split, P, qk_scale,
                          HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
                          BLOCK_N: tl.constexpr, FP8: tl.constexpr, DOT_FP32: tl.constexpr,
-                         ONE_SPLIT: tl.constexpr, COMBINE: tl.constexpr, CAUSAL: tl.constexpr):
+                         ONE_SPLIT: tl.constexpr, COMBINE: tl.constexpr, CAUSAL: tl.constexpr,
+                         PDL: tl.constexpr = False):
     """Program (kv head x row block, j) of P split columns: 16 (query head, query) rows sharing one
     KV head, over the block's splits s with s % P == j, into partials (ONE_SPLIT: the only split,
     normalized into o). With COMBINE the last program of a row block to finish (count_ptr: one
     counter per row block, zero between launches) combines its partials into o, as the combine
     kernel would. Row r is query r % T of head kv_head * GROUP + r // T. Not CAUSAL (the drafter's
     full layers): every query sees the whole block."""
+    enter(PDL)
     pid, j = tl.program_id(0), tl.program_id(1)
     n_rows = GROUP * T  # (query head, query) rows of one KV head
     row_blocks = (n_rows + BLOCK_T - 1) // BLOCK_T
@@ -340,8 +345,10 @@ def _combine(m_ptr, l_ptr, acc_ptr, t, head, row_ok, cols, first_split, ran, P, 
 
 @triton.jit(do_not_specialize=["T", "P"])
 def _decode_combine_kernel(m_ptr, l_ptr, acc_ptr, start_ptr, o_ptr, T, window, split, P,
-                           HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
+                           HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+                           PDL: tl.constexpr = False):
     """Program (head, column block): `_combine` of the head's T rows."""
+    enter(PDL)
     head, col = tl.program_id(0), tl.program_id(1)
     start = tl.load(start_ptr).to(tl.int32)
     first_split = tl.maximum(start - window + 1, 0) // split
@@ -406,13 +413,14 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
         q, ck, cv, ks, vs, start, m, l, acc, out, arrival_counters(q.device), t, capacity, w, split, splits,
         scale * LOG2E, HQ=hq, GROUP=hq // hkv, D=d, BLOCK_T=BLOCK_T, BLOCK_N=cfg.block_n, FP8=fp8,
         DOT_FP32=interpreted(), ONE_SPLIT=one_split, COMBINE=combine, CAUSAL=causal, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, maxnreg=MAX_REGISTERS)
+        num_stages=cfg.num_stages, maxnreg=MAX_REGISTERS, **pdl_options(q.device))
     if one_split or combine:
         return out
     block_d = min(d, COMBINE_BLOCK_D)
     _decode_combine_kernel[(hq, d // block_d)](m, l, acc, start, out, t, w, split, splits,
                                                HQ=hq, D=d, BLOCK_D=block_d, BLOCK_T=BLOCK_T, num_warps=COMBINE_WARPS,
-                                               num_stages=LAUNCH_STAGES, maxnreg=MAX_REGISTERS)
+                                               num_stages=LAUNCH_STAGES, maxnreg=MAX_REGISTERS,
+                                               **pdl_options(out.device))
     return out
 
 
@@ -436,10 +444,11 @@ def _lower_bound(pos_ptr, n, target):
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, q_pos_ptr, k_pos_ptr, T, S, window, qk_scale,
                     HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, FP8: tl.constexpr,
-                    DOT_FP32: tl.constexpr):
+                    DOT_FP32: tl.constexpr, PDL: tl.constexpr = False):
     """Program (query tile, head): online softmax over the keys any of its queries may see. FP8: K
     and V are e4m3 bytes with one fp32 scale per (key, KV head) at ks/vs (a full layer's cache, read
     where it is stored), converted as the decode loop converts them."""
+    enter(PDL)
     pid_m, head = tl.program_id(0), tl.program_id(1)
     kv_row = head // GROUP
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -524,7 +533,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: 
         q, k, v, ks, vs, out, q_pos.to(torch.int64), k_pos.to(torch.int64), t, s, window or 0, scale * LOG2E,
         HQ=hq, GROUP=hq // hkv, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
         WINDOWED=window is not None, FP8=fp8, DOT_FP32=interpreted(), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **({"maxnreg": MAX_REGISTERS} if fp8 else {}))
+        num_stages=cfg.num_stages, **({"maxnreg": MAX_REGISTERS} if fp8 else {}), **pdl_options(q.device))
     return out
 
 
@@ -538,11 +547,13 @@ DRAFTER_WINDOW = 2048  # its sliding layers' window (context rings of window + b
 
 def _spec(name: str, fn, types: dict[str, str], consts: dict, num_warps: int, num_stages: int = LAUNCH_STAGES,
           maxnreg: int | None = None) -> CompileSpec:
-    """A spec whose signature lists every argument in the kernel's order, constexprs included."""
+    """A spec whose signature lists every argument in the kernel's order, constexprs included
+    (but PDL, which kernels.check sets by arch)."""
     types = {**types, **dict.fromkeys(consts, "constexpr")}
-    if set(types) != set(fn.arg_names):
-        raise ValueError(f"{name}: signature misnames {sorted(set(types) ^ set(fn.arg_names))}")
-    return CompileSpec(name, fn, {arg: types[arg] for arg in fn.arg_names}, consts, num_warps=num_warps,
+    args = [arg for arg in fn.arg_names if arg != "PDL"]
+    if set(types) != set(args):
+        raise ValueError(f"{name}: signature misnames {sorted(set(types) ^ set(args))}")
+    return CompileSpec(name, fn, {arg: types[arg] for arg in args}, consts, num_warps=num_warps,
                        num_stages=num_stages, maxnreg=maxnreg)
 
 

@@ -170,6 +170,49 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
     return torch.zeros(ARRIVAL_COUNTERS, dtype=torch.int32, device=device)
 
 
+PDL_CAPABILITY = 90  # programmatic dependent launch: sm_90 (Hopper) and later
+PDL_VARIABLE = "FLASHDESK_PDL"  # 0 turns it off (a fault to rule out on a new driver)
+PDL_ON = {"PDL": True, "launch_pdl": True}  # the kernel's constexpr and Triton's launch option
+_pdl_recording = False
+
+
+@cache
+def _pdl_allowed() -> bool:
+    value = os.environ.get(PDL_VARIABLE, "").strip().lower()
+    if value and value not in ("0", "1"):
+        raise ValueError(f"{PDL_VARIABLE}={value!r}: use 1 (the default on sm_90 and later) or 0")
+    return value != "0"
+
+
+@cache
+def _pdl_capable(index: int) -> bool:
+    major, minor = torch.cuda.get_device_capability(index)
+    return major * 10 + minor >= PDL_CAPABILITY
+
+
+def pdl_options(device: torch.device) -> dict:
+    """The launch options of every kernel (grid_dependency.enter): PDL_ON on a card of compute
+    capability 9.0 or later unless FLASHDESK_PDL=0, else none. While `recording_pdl` runs, PDL_ON
+    whatever the device: a recorder that never runs its launches notes them as such a card's."""
+    if _pdl_recording:
+        return PDL_ON
+    if device.type != "cuda" or not _pdl_allowed():
+        return {}
+    return PDL_ON if _pdl_capable(device.index if device.index is not None else torch.cuda.current_device()) else {}
+
+
+@contextmanager
+def recording_pdl():
+    """Launches in the block take PDL's options as on sm_90 and later; for launch recorders that
+    do not run the kernels (Triton's interpreter has no griddepcontrol)."""
+    global _pdl_recording
+    previous, _pdl_recording = _pdl_recording, True
+    try:
+        yield
+    finally:
+        _pdl_recording = previous
+
+
 LAUNCH_STAGES = 3
 
 # The register ceiling (`maxnreg`) of the kernels whose grid is at most about one program per SM at
@@ -202,13 +245,21 @@ class CompileSpec:
     attrs: dict[str, list] = field(default_factory=dict)
     maxnreg: int | None = None
 
+    def __post_init__(self):
+        # PDL is the arch's to set (kernels.check compiles it on for sm_90 and later), never a spec's
+        object.__setattr__(self, "signature", {k: v for k, v in self.signature.items() if k != "PDL"})
+        object.__setattr__(self, "constexprs", {k: v for k, v in self.constexprs.items() if k != "PDL"})
+
 
 def spec_key(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None) -> tuple:
     """What makes one compiled specialization: the function, argument types, constexpr values
-    (defaults filled in) and launch options. A launch and a compile spec match when their keys do."""
+    (defaults filled in) and launch options. A launch and a compile spec match when their keys do.
+    PDL is left out: the arch decides it (kernels.check compiles it on where the card has it), and
+    it adds two instructions at a kernel's entry, nothing to its loop."""
     fn = getattr(fn, "fn", fn)  # the Python function under a JITFunction or InterpretedFunction
     values = {name: param.default for name, param in inspect.signature(fn).parameters.items()
               if param.default is not inspect.Parameter.empty} | constexprs
+    values.pop("PDL", None)
     types = {name: kind for name, kind in signature.items() if kind != "constexpr"}
     return (fn.__module__, fn.__name__, tuple(sorted(types.items())),
             tuple(sorted((name, repr(value)) for name, value in values.items())), num_warps, num_stages, maxnreg)

@@ -70,7 +70,8 @@ def check(archs=ARCHS, kernel_filter: str | None = None, modules=SPEC_MODULES,
 
     A module is "pkg.mod" (its compile_specs) or "pkg.mod:function". Returns one row per
     (kernel, arch): kernel, module, arch, ok, error, registers, shared_bytes, local_bytes,
-    stack_bytes, spill_stores, seconds (of one compile); a module that cannot be imported or
+    stack_bytes, spill_stores, seconds (of one compile), pdl (its PTX waits on the kernels
+    before it: compiled with PDL, as on sm_90 and later); a module that cannot be imported or
     listed gives one row with arch "all". ok is False on a compile error, local memory
     (local_bytes > 0: spills) or shared memory over the card's per-block limit; error says which.
     With `perf`, each compiled row also has spill_bytes (local_bytes), the performance model's
@@ -211,7 +212,8 @@ def _compile(module: str, index: int, name: str, cap: int, perf: bool = False) -
     elif shared > SHARED_LIMIT.get(cap, shared):
         error = f"shared memory {shared} bytes is over {arch}'s {SHARED_LIMIT[cap]} bytes per block"
     row = _row(name, module, arch, error=error, registers=usage["REG"], shared_bytes=shared,
-               local_bytes=local, stack_bytes=usage["STACK"], spill_stores=spill_stores, seconds=seconds)
+               local_bytes=local, stack_bytes=usage["STACK"], spill_stores=spill_stores, seconds=seconds,
+               pdl="griddepcontrol.wait" in compiled.asm["ptx"])
     if perf:
         row["spill_bytes"] = local
         try:
@@ -239,7 +241,11 @@ def _triton_compile(spec, cap: int):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from flashdesk.kernels.backend import PDL_CAPABILITY
+
     signature, constexprs = _full_signature(spec)
+    if "PDL" in spec.fn.arg_names:  # the arch decides it, as backend.pdl_options does on a card
+        constexprs["PDL"] = cap >= PDL_CAPABILITY
     attrs = spec.attrs or {name: [["tt.divisibility", 16]] for name, kind in signature.items()
                            if kind.startswith("*")}  # as the JIT marks every aligned pointer
     attrs = {(spec.fn.arg_names.index(name),): value for name, value in attrs.items()}

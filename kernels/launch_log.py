@@ -32,7 +32,7 @@ import torch
 from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec, interpreted, spec_key
 
 LOG_VARIABLE = "FLASHDESK_LAUNCH_LOG"
-LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl")
 POINTER_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8e4nv",
                  "float8_e5m2": "fp8e5", "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8",
                  "uint8": "u8", "bool": "i1"}
@@ -40,7 +40,8 @@ POINTER_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "floa
 
 def describe_launch(fn, args: tuple, kwargs: dict) -> dict:
     """One launch of the jitted Python function `fn` as plain data: every argument's Triton type
-    ("*bf16", "i32", ...) or, for a constexpr, its value, plus the launch options."""
+    ("*bf16", "i32", ...) or, for a constexpr, its value, plus the launch options ("pdl": True
+    where it was launched with programmatic dependent launch)."""
     kwargs = dict(kwargs)
     options = {key: kwargs.pop(key) for key in LAUNCH_OPTIONS if key in kwargs}
     params = inspect.signature(fn).parameters
@@ -59,6 +60,8 @@ def describe_launch(fn, args: tuple, kwargs: dict) -> dict:
               "num_stages": options.get("num_stages", LAUNCH_STAGES)}  # Triton's default
     if options.get("maxnreg") is not None:
         launch["maxnreg"] = options["maxnreg"]
+    if options.get("launch_pdl"):
+        launch["pdl"] = True
     return launch
 
 

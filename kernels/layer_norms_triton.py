@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec
+from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec, pdl_options
+from flashdesk.kernels.grid_dependency import enter
 from flashdesk.kernels.norm_triton import row_shape, row_tile
 
 if TYPE_CHECKING:  # the front's types; at run time the front calls this module, not the reverse
@@ -42,7 +43,8 @@ def _round(y, ty: tl.constexpr):
 @triton.jit(do_not_specialize=["R"])
 def _attention_out_kernel(a_ptr, res_ptr, w_post_ptr, w_pre_ptr, w_experts_ptr, router_scale_ptr, router_scalar,
                           h_ptr, x_ptr, experts_x_ptr, router_x_ptr, R, D, eps, MOE: tl.constexpr,
-                          ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                          ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    enter(PDL)
     _, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
     ty: tl.constexpr = h_ptr.dtype.element_ty
     a = tl.load(a_ptr + at, mask=ok, other=0.0).to(tl.float32)
@@ -60,9 +62,10 @@ def _attention_out_kernel(a_ptr, res_ptr, w_post_ptr, w_pre_ptr, w_experts_ptr, 
 @triton.jit(do_not_specialize=["R"])
 def _mlp_out_kernel(dense_ptr, experts_ptr, res_ptr, w_dense_ptr, w_experts_ptr, w_out_ptr, scalar_ptr,
                     w_next_ptr, h_ptr, x_ptr, R, D, eps, MOE: tl.constexpr, TOP_K: tl.constexpr,
-                    ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                    ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """TOP_K 0: the experts' output is rows [R, D]; else each row's TOP_K weighted expert outputs
     [R, TOP_K, D] fp32, summed in order and rounded (as moe's sum kernel would)."""
+    enter(PDL)
     rows, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
     ty: tl.constexpr = h_ptr.dtype.element_ty
     m = tl.load(dense_ptr + at, mask=ok, other=0.0).to(tl.float32)
@@ -101,7 +104,8 @@ def attention_out_triton(a: torch.Tensor, residual: torch.Tensor, eps: float, po
         _attention_out_kernel[(triton.cdiv(t, rows),)](
             a, residual, post_attention, pre_feedforward, moe.experts_weight if moe else pre_feedforward,
             moe.router_scale if moe else a, moe.router_scalar if moe else 1.0, h, x, experts_x, router_x, t, d, eps,
-            MOE=moe is not None, ROWS=rows, BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES)
+            MOE=moe is not None, ROWS=rows, BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES,
+            **pdl_options(a.device))
     return (h, x, experts_x, router_x) if moe else (h, x)
 
 
@@ -124,7 +128,7 @@ def mlp_out_triton(dense: torch.Tensor, experts: torch.Tensor | None, residual: 
         _mlp_out_kernel[(triton.cdiv(t, rows),)](
             dense, experts if moe else dense, residual, w.dense if moe else w.output, w.experts if moe else w.output,
             w.output, w.layer_scalar, w.next_norm, h, x, t, d, eps, MOE=moe, TOP_K=top_k, ROWS=rows, BLOCK=block,
-            num_warps=warps, num_stages=LAUNCH_STAGES)
+            num_warps=warps, num_stages=LAUNCH_STAGES, **pdl_options(dense.device))
     return h, x
 
 

@@ -32,7 +32,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from flashdesk.kernels.backend import ARRIVAL_COUNTERS, CompileSpec, arrival_counters, interpreted
+from flashdesk.kernels.backend import ARRIVAL_COUNTERS, CompileSpec, arrival_counters, interpreted, pdl_options
+from flashdesk.kernels.grid_dependency import enter
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.glu import gate
 
@@ -144,7 +145,8 @@ def _glu(tile, ty: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr
 def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, part_ptr, count_ptr, M, N,
                    K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr,
                    INT4: tl.constexpr, HAS_ZERO: tl.constexpr, DOT_FP32: tl.constexpr,
-                   ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   PDL: tl.constexpr = False):
     """out[m, n] = sum over k of x[m, k] * w[n, k]; grid (N tiles, SPLIT chunks of K, M tiles).
     With SPLIT > 1 each chunk writes part[s, m, weight row]; the last to finish sums them
     (count_ptr: one int32 per output tile, zero between launches).
@@ -156,6 +158,7 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, part_ptr, count_p
 
     Weight loads have no row mask: rows past N read row N - 1 and are never stored (fewer live
     predicates; ptxas 13 spilled one across the loop). x is masked, so columns past K add 0."""
+    enter(PDL)
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     c = tl.arange(0, BLOCK_N)
@@ -295,7 +298,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, zero: torch.T
                          K_CHUNK=tiles.k_chunk, SPLIT=tiles.split, GROUP=group, INT4=int4, HAS_ZERO=has_zero,
                          DOT_FP32=interpreted(), ACTIVATION=activation, BLOCK_M=tiles.block_m,
                          BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
-                         num_stages=tiles.num_stages)
+                         num_stages=tiles.num_stages, **pdl_options(x.device))
     return out
 
 

@@ -30,7 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashdesk.kernels.backend import MAX_REGISTERS, CompileSpec, arrival_counters, interpreted
+from flashdesk.kernels.backend import MAX_REGISTERS, CompileSpec, arrival_counters, interpreted, pdl_options
+from flashdesk.kernels.grid_dependency import enter
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.linear import linear
 from flashdesk.kernels.linear_triton import gelu_tanh, small_tiles
@@ -63,8 +64,9 @@ def _gate_up_kernel(x_ptr, packed_ptr, scale_ptr, zero_ptr, pair_ptr, slot_begin
                     slot_expert_ptr, h_ptr, D: tl.constexpr, I: tl.constexpr, GROUP: tl.constexpr,
                     TOP_K: tl.constexpr, HAS_ZERO: tl.constexpr, USE_DOT: tl.constexpr,
                     DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
+                    BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """h[pair] = gelu_tanh(gate_e x) * up_e x for one slot's pairs and one block of I."""
+    enter(PDL)
     slot = tl.program_id(0)
     begin = tl.load(slot_begin_ptr + slot)
     end = tl.load(slot_end_ptr + slot)
@@ -136,8 +138,9 @@ def _gate_up_kernel(x_ptr, packed_ptr, scale_ptr, zero_ptr, pair_ptr, slot_begin
 def _down_kernel(h_ptr, packed_ptr, scale_ptr, zero_ptr, pair_ptr, weight_ptr, slot_begin_ptr, slot_end_ptr,
                  slot_expert_ptr, y_ptr, D: tl.constexpr, I: tl.constexpr, GROUP: tl.constexpr,
                  HAS_ZERO: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """y[pair] = weight[pair] * down_e h[pair] (fp32) for one slot's pairs and one block of D."""
+    enter(PDL)
     slot = tl.program_id(0)
     begin = tl.load(slot_begin_ptr + slot)
     end = tl.load(slot_end_ptr + slot)
@@ -192,8 +195,10 @@ def _down_kernel(h_ptr, packed_ptr, scale_ptr, zero_ptr, pair_ptr, weight_ptr, s
 
 
 @triton.jit
-def _sum_top_k_kernel(y_ptr, out_ptr, D: tl.constexpr, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_top_k_kernel(y_ptr, out_ptr, D: tl.constexpr, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
+                      PDL: tl.constexpr = False):
     """out[t] = y[t, 0] + y[t, 1] + ... + y[t, K-1] in that order, cast to out's dtype."""
+    enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = n < D
@@ -221,7 +226,8 @@ def _zero_arg(w: Int4Weight) -> torch.Tensor:
 
 @triton.jit(do_not_specialize=["P", "SLOTS"])
 def _group_pairs_kernel(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E: tl.constexpr,
-                        BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
+                        BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+    enter(PDL)
     group_pairs(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E, BLOCK_E, BLOCK_P, CHUNK)
 
 
@@ -241,9 +247,10 @@ def _route_and_group(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr
 @triton.jit(do_not_specialize=["T", "SLOTS"])  # one compiled kernel for every block size: T = 1 is not special
 def _route_group_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T, SLOTS,
                         E: tl.constexpr, TOP_K: tl.constexpr, ROUTE_ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
-                        BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
+                        BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
     """A decode or verify block's routing and pair grouping in one program (a router whose logits
     come from elsewhere: `_router_kernel` computes them too)."""
+    enter(PDL)
     _route_and_group(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T, SLOTS,
                      E, TOP_K, ROUTE_ROWS, BLOCK_E, BLOCK_K, BLOCK_P, CHUNK)
 
@@ -253,13 +260,14 @@ def _router_kernel(x_ptr, router_ptr, part_ptr, count_ptr, logits_ptr, scale_ptr
                    begin_ptr, end_ptr, expert_ptr, T, SLOTS, D: tl.constexpr, E: tl.constexpr,
                    K_CHUNK: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, TOP_K: tl.constexpr,
                    ROUTE_ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
+                   BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
     """A decode or verify block's router: program s projects the block's T <= BLOCK_T rows on
     columns s * K_CHUNK.. of the router weight [E, D] (a BLOCK_T-row tensor-core tile: rows never
     mix) into an fp32 partial; the last program to finish (count_ptr: zero between launches) adds
     the partials in chunk order, rounds the logits to x's dtype, then routes and groups the pairs.
     The tiles and the order are the linear kernel's for this weight (linear_triton.small_tiles),
     so the logits are the bits `linear` gives: one launch where there were two."""
+    enter(PDL)
     s = tl.program_id(0)
     t = tl.arange(0, BLOCK_T)
     e = tl.arange(0, BLOCK_E)
@@ -330,7 +338,8 @@ def _group_pairs(top_idx: torch.Tensor, n_experts: int):
     begin, end, expert = (torch.empty(slots, dtype=torch.int32, device=flat.device) for _ in range(3))
     _group_pairs_kernel[(1,)](flat, order, begin, end, expert, n_pairs, slots, E=n_experts,
                               BLOCK_E=triton.next_power_of_2(n_experts), BLOCK_P=GROUP_PAIRS, CHUNK=GROUP_CHUNK,
-                              num_warps=GROUP_WARPS, num_stages=NUM_STAGES)
+                              num_warps=GROUP_WARPS, num_stages=NUM_STAGES,
+                              **pdl_options(flat.device))
     return order, begin, end, expert
 
 
@@ -381,7 +390,7 @@ def fused_routed_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, log
                               slots, E=n_experts, TOP_K=top_k, ROUTE_ROWS=ROUTE_ROWS,
                               BLOCK_E=triton.next_power_of_2(n_experts), BLOCK_K=triton.next_power_of_2(top_k),
                               BLOCK_P=GROUP_PAIRS, CHUNK=GROUP_CHUNK, num_warps=GROUP_WARPS, num_stages=NUM_STAGES,
-                              maxnreg=MAX_REGISTERS)
+                              maxnreg=MAX_REGISTERS, **pdl_options(logits.device))
     return _experts(x, gate_up, down, weight, top_k, (order, begin, end, expert), summed)
 
 
@@ -417,7 +426,8 @@ def fused_router_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, rou
     _router_kernel[(tiles.split,)](router_x.contiguous(), router.contiguous(), part, arrival_counters(device), logits,
                                    per_expert_scale, weight, ids, order, begin, end, expert, n_tokens, slots,
                                    **_router_constexprs(n_experts, d, top_k, tiles), DOT_FP32=interpreted(),
-                                   num_warps=tiles.num_warps, num_stages=ROUTER_STAGES, maxnreg=MAX_REGISTERS)
+                                   num_warps=tiles.num_warps, num_stages=ROUTER_STAGES, maxnreg=MAX_REGISTERS,
+                                   **pdl_options(device))
     return _experts(x, gate_up, down, weight, top_k, (order, begin, end, expert), summed)
 
 
@@ -441,7 +451,7 @@ def _experts(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, weight: tor
     x = x.contiguous()
     pairs, begin, end, expert = grouping
     small = n_tokens <= SMALL_T
-    common = dict(USE_DOT=not small, DOT_FP32=interpreted() or x.dtype == torch.float32)
+    common = dict(USE_DOT=not small, DOT_FP32=interpreted() or x.dtype == torch.float32) | pdl_options(x.device)
     bm, bn, bk, warps = tiles(SMALL_GATE_UP if small else LARGE_GATE_UP, inter, d, small)
     h = torch.empty(n_tokens * top_k, inter, device=x.device, dtype=x.dtype)
     _gate_up_kernel[(begin.numel(), triton.cdiv(inter, bn))](
@@ -458,7 +468,7 @@ def _experts(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, weight: tor
         return y.view(n_tokens, top_k, d)
     out = torch.empty(n_tokens, d, device=x.device, dtype=x.dtype)
     _sum_top_k_kernel[(n_tokens, triton.cdiv(d, SUM_BLOCK))](y, out, D=d, TOP_K=top_k, BLOCK=SUM_BLOCK, num_warps=4,
-                                                            num_stages=NUM_STAGES)
+                                                            num_stages=NUM_STAGES, **pdl_options(y.device))
     return out
 
 

@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 
 from flashdesk.kernels.attention_triton import store_quantized
-from flashdesk.kernels.backend import LAUNCH_STAGES, MAX_REGISTERS, CompileSpec
+from flashdesk.kernels.backend import LAUNCH_STAGES, MAX_REGISTERS, CompileSpec, pdl_options
+from flashdesk.kernels.grid_dependency import enter
 from flashdesk.kernels.kv_write import KVSlots
 
 TILE = 4096  # elements per program: one 2816-wide hidden row (padded), or several narrow rows
@@ -39,8 +40,10 @@ def row_tile(R, D, ROWS: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit(do_not_specialize=["R"])
 def _rms_norm_kernel(x_ptr, w_ptr, res_ptr, scale_ptr, out_ptr, R, D, eps, HAS_WEIGHT: tl.constexpr,
-                     HAS_RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr = False):
     """out = norm(x) * w [+ residual] [* scale], rounded to the output type after each step."""
+    enter(PDL)
     _, cols, at, mask = row_tile(R, D, ROWS, BLOCK)
     x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
@@ -59,7 +62,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, res_ptr, scale_ptr, out_ptr, R, D, eps, HAS_W
 def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, ck_ptr, cv_ptr,
                        ks_ptr, vs_ptr, start_ptr, capacity, R, q_stride, kv_stride, eps, H: tl.constexpr,
                        KVH: tl.constexpr, V_MODE: tl.constexpr, WEIGHT_AFTER_CAST: tl.constexpr, STORE: tl.constexpr,
-                       FP8: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
+                       FP8: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr = False):
     """Rows are (token, head) pairs: q heads j < H at q_src[t * q_stride + j * D], then the k heads
     and (V_MODE "norm" or "copy") the v heads at kv_src[t * kv_stride + (j - H) * D]. q heads:
     rope(norm(x) * q_w) into q [T, H, D]; k heads: rope(norm(x) * k_w) into kv; v: norm(x) of the v
@@ -69,6 +72,7 @@ def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr
     before the weight (Qwen3's norm, the drafter's).
     STORE: k and v go straight into a layer's cache [capacity, KVH, D] at slot (start + t) %
     capacity instead of kv (quantized to fp8 with per-row scales when FP8), as kv_write stores them."""
+    enter(PDL)
     HEADS: tl.constexpr = H + KVH if V_MODE == "k" or V_MODE == "none" else H + 2 * KVH
     KV_OUT: tl.constexpr = KVH if V_MODE == "none" else 2 * KVH
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -119,8 +123,9 @@ def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr
 
 @triton.jit(do_not_specialize=["R"])
 def _add_norm_kernel(h_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, R, D, eps, HAS_Y: tl.constexpr, ROWS: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """sum = h + y (rounded), out = w * norm(sum) with the norm rounded before the weight (Qwen3)."""
+    enter(PDL)
     _, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
     out_ty = out_ptr.dtype.element_ty
     x = tl.load(h_ptr + at, mask=ok, other=0.0).to(tl.float32)
@@ -144,7 +149,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, eps: float, re
         _rms_norm_kernel[(triton.cdiv(rows, per_program),)](
             xc, weight if weight is not None else xc, res, scale if scale is not None else xc, out, rows, d, eps,
             HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, HAS_SCALE=scale is not None,
-            ROWS=per_program, BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES)
+            ROWS=per_program, BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES, **pdl_options(xc.device))
     return out
 
 
@@ -191,7 +196,8 @@ def head_norms_triton(q: torch.Tensor | None, kv: torch.Tensor, q_w, k_w, cos: t
             kv if q_out is None else q_out, kv if kv_out is None else kv_out, *cache, t * heads_in,
             0 if q is None else q.stride(0), kv.stride(0), eps, H=heads, KVH=kv_heads, V_MODE=v_mode,
             WEIGHT_AFTER_CAST=weight_after_cast, STORE=into is not None, FP8=into is not None and into.k_scale is not None,
-            D=d, ROWS=per_program, num_warps=warps, num_stages=LAUNCH_STAGES, maxnreg=MAX_REGISTERS)
+            D=d, ROWS=per_program, num_warps=warps, num_stages=LAUNCH_STAGES, maxnreg=MAX_REGISTERS,
+            **pdl_options(kv.device))
     return q_out, kv_out
 
 
@@ -217,7 +223,7 @@ def add_norm_triton(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tenso
         per_program, block, warps = row_shape(d)
         _add_norm_kernel[(triton.cdiv(t, per_program),)](
             h, h if y is None else y.contiguous(), weight, total, out, t, d, eps, HAS_Y=y is not None, ROWS=per_program,
-            BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES)
+            BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES, **pdl_options(h.device))
     return total, out
 
 

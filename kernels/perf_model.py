@@ -10,7 +10,9 @@ from a cubin and a launch list without a GPU (docs/performance-model.md gives th
   per SM, from registers, shared memory and warps) multiplies that;
 - instructions per byte: an SM issues 4 warp-instructions a clock; a loop that converts or
   replicates more than the bytes allow is bound by issue, not by DRAM;
-- launches: each kernel pays a gap after the previous one and one DRAM latency to fill and drain.
+- launches: each kernel pays a gap after the previous one and one DRAM latency to fill and drain;
+  with programmatic dependent launch (sm_90 and later), a kernel that follows one that released
+  it early is already launched when that one ends, and pays a shorter gap.
 
 A launch is modeled as latency + max(bytes / achieved bandwidth, issue time) + gap, where the
 achieved bandwidth is min(efficiency x peak, bytes in flight over its resident blocks / latency).
@@ -46,6 +48,9 @@ class Card:
     blocks_per_sm: int = 16
     latency_s: float = 600e-9  # DRAM load-to-use under load
     launch_gap_s: float = 1.0e-6  # between dependent kernels replayed from a CUDA graph
+    # the same with programmatic dependent launch (sm_90+): the next kernel's launch overlaps this
+    # one; what is left is the wait's release after this one completes (an estimate to calibrate)
+    pdl_gap_s: float = 0.5e-6
     efficiency: float = 0.9  # the share of the spec bandwidth a streaming kernel reaches
 
     @property
@@ -132,10 +137,11 @@ def in_flight_floor_ok(row: dict, capability: int) -> bool | None:
     return row["bytes_in_flight_per_sm"] >= min_in_flight(capability)
 
 
-def launch_seconds(card: Card, launch: dict, row: dict | None) -> float:
+def launch_seconds(card: Card, launch: dict, row: dict | None, released: bool = False) -> float:
     """One launch: latency + max(bytes / achieved bandwidth, issue time) + gap. `launch` has
     programs and bytes (the bytes it reads and writes); without a compiled row (a torch op, an
-    unlisted kernel) it streams at the card's efficiency."""
+    unlisted kernel) it streams at the card's efficiency. released: the kernel before it released
+    it early (see pdl); the gap is then card.pdl_gap_s."""
     nbytes = launch["bytes"]
     bandwidth = card.efficiency * card.bandwidth
     issue = 0.0
@@ -149,18 +155,26 @@ def launch_seconds(card: Card, launch: dict, row: dict | None) -> float:
         per_sm = math.ceil(programs / card.sms)
         warp_instructions = per_sm * max(1.0, passes) * row["loop_instructions"] * row["num_warps"]
         issue = warp_instructions / (ISSUE_PER_CLOCK * card.clock_hz)
-    return card.latency_s + max(nbytes / bandwidth, issue) + card.launch_gap_s
+    gap = card.pdl_gap_s if released and pdl(launch, row) else card.launch_gap_s
+    return card.latency_s + max(nbytes / bandwidth, issue) + gap
+
+
+def pdl(launch: dict, row: dict | None) -> bool:
+    """Whether a launch runs with programmatic dependent launch: launched with its option and
+    compiled with its wait (the row of an sm_90+ arch). Such a kernel releases the next at entry."""
+    return bool(launch.get("pdl") and row is not None and row.get("pdl"))
 
 
 def model_step(card: Card, launches: list[dict], rows: dict) -> dict:
     """A step's modeled time from its launch list (each launch: key, programs, bytes, count) and
     the compiled rows of card's arch by launch key."""
-    seconds, floor_bytes, count, unmatched = 0.0, 0, 0, 0
+    seconds, floor_bytes, count, unmatched, released = 0.0, 0, 0, 0, False
     for launch in launches:
         row = rows.get(launch["key"]) if launch.get("key") else None
         if launch.get("key") and row is None:
             unmatched += launch.get("count", 1)
-        seconds += launch.get("count", 1) * launch_seconds(card, launch, row)
+        seconds += launch.get("count", 1) * launch_seconds(card, launch, row, released)
+        released = pdl(launch, row)  # the launch list is in stream order
         floor_bytes += launch.get("count", 1) * launch["read_bytes"]
         count += launch.get("count", 1)
     floor = floor_bytes / card.bandwidth

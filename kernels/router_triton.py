@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec
+from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec, pdl_options
+from flashdesk.kernels.grid_dependency import enter
 
 ROUTER_WARPS = 1  # 128 experts: four a thread per row
 ROUTE_ROWS = 4  # rows a program: the interpreter pays per op and program; 16 x 128 tiles compiled slowly
@@ -50,9 +51,10 @@ def route_rows(logits_ptr, scale_ptr, w_ptr, idx_ptr, rows, R, E: tl.constexpr, 
 
 @triton.jit(do_not_specialize=["R"])
 def _route_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, R, E: tl.constexpr, TOP_K: tl.constexpr,
-                  ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+                  ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """ROWS rows a program (prefill's many rows in parallel); each row is reduced on its own, so
     its bits do not depend on which rows share its tile."""
+    enter(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     route_rows(logits_ptr, scale_ptr, w_ptr, idx_ptr, rows, R, E, TOP_K, BLOCK_E, BLOCK_K)
 
@@ -67,7 +69,7 @@ def route_triton(logits: torch.Tensor, top_k: int, per_expert_scale: torch.Tenso
         _route_kernel[(triton.cdiv(t, ROUTE_ROWS),)](
             logits.contiguous(), per_expert_scale, weights, ids, t, E=e, TOP_K=top_k, ROWS=ROUTE_ROWS,
             BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k),
-            num_warps=ROUTER_WARPS, num_stages=LAUNCH_STAGES)
+            num_warps=ROUTER_WARPS, num_stages=LAUNCH_STAGES, **pdl_options(logits.device))
     return weights, ids
 
 

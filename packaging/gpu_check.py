@@ -185,6 +185,10 @@ def section_environment(device):
         free, total = torch.cuda.mem_get_info(device)
         info.update(gpu=props.name, memory_gib=round(total / 2**30, 1), free_gib=round(free / 2**30, 1),
                     capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda)
+    from flashdesk.kernels.backend import pdl_options
+
+    # programmatic dependent launch: every step below runs with it where this is True (sm_90+)
+    info["pdl"] = bool(pdl_options(device))
     try:
         import triton
         info["triton"] = triton.__version__

@@ -359,7 +359,7 @@ def test_a_decode_tile_takes_the_longest_block():
 
 def test_compile_specs_name_every_argument():
     for spec in compile_specs() + kv_write_specs():
-        assert list(spec.signature) == spec.fn.arg_names, spec.name
+        assert list(spec.signature) == [n for n in spec.fn.arg_names if n != "PDL"], spec.name  # PDL: by arch
         assert all(spec.signature[name] == "constexpr" for name in spec.constexprs), spec.name
 
 

@@ -19,6 +19,7 @@ import triton.language as tl  # noqa: E402
 
 from flashdesk.kernels import check as kcheck  # noqa: E402
 from flashdesk.kernels.backend import CompileSpec  # noqa: E402
+from flashdesk.kernels.grid_dependency import enter  # noqa: E402
 
 HERE = __name__
 
@@ -28,6 +29,13 @@ def _scale(x, y, n, factor, BLOCK: tl.constexpr, SHIFT: tl.constexpr = 1.0):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(y + offs, tl.load(x + offs, mask=mask) * factor + SHIFT, mask=mask)
+
+
+@triton.jit
+def _scale_after_wait(x, y, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    enter(PDL)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + offs, tl.load(x + offs, mask=offs < n) * 2.0, mask=offs < n)
 
 
 @triton.jit
@@ -42,6 +50,12 @@ def good_specs():
     # SHIFT is left to its default: the check fills it in as a launch would.
     return [CompileSpec("tiny_scale", _scale, {"x": "*fp32", "y": "*fp32", "n": "i32",
                                                "factor": "fp32", "BLOCK": "constexpr"},
+                        {"BLOCK": 256})]
+
+
+def pdl_specs():
+    # PDL is left out: the check sets it by arch
+    return [CompileSpec("tiny_scale_after_wait", _scale_after_wait, {"x": "*fp32", "y": "*fp32", "n": "i32"},
                         {"BLOCK": 256})]
 
 
@@ -68,7 +82,7 @@ def crashing_specs():
 def rows():
     """One check run (a pool start costs seconds) over good, bad, broken and missing modules."""
     before = os.environ.get("TRITON_INTERPRET")
-    modules = (f"{HERE}:good_specs", f"{HERE}:bad_specs", f"{HERE}:broken_specs",
+    modules = (f"{HERE}:good_specs", f"{HERE}:pdl_specs", f"{HERE}:bad_specs", f"{HERE}:broken_specs",
                "flashdesk.kernels.no_such_module")
     result = kcheck.check(["sm_86", "sm_120"], modules=modules)
     assert os.environ.get("TRITON_INTERPRET") == before  # the workers' env did not leak
@@ -86,6 +100,37 @@ def test_tiny_kernel_compiles_for_sm86_and_sm120(rows):
         assert r["ok"] and r["error"] is None, r
         assert r["registers"] > 0 and r["local_bytes"] == 0 and r["shared_bytes"] == 0
         assert r["seconds"] >= 0
+
+
+def test_a_kernel_waits_on_the_kernels_before_it_where_the_arch_has_pdl(rows):
+    """Programmatic dependent launch exists from sm_90: a kernel with a PDL argument compiles its
+    wait in for sm_120 and not for sm_86 (where the instruction does not exist); the row says which
+    from the PTX."""
+    waits = _by_kernel(rows, "tiny_scale_after_wait")
+    assert [(r["arch"], r["ok"], r["pdl"]) for r in waits] == [("sm_86", True, False), ("sm_120", True, True)]
+    assert [r["pdl"] for r in _by_kernel(rows, "tiny_scale")] == [False, False]
+
+
+def test_every_engine_kernel_waits_before_it_touches_memory():
+    """Launched with PDL, a kernel may start while the one before it still runs: each engine
+    kernel's first statement must be the wait (grid_dependency.enter), or it could read what is not
+    yet written, or write what is still being read."""
+    import ast
+    from pathlib import Path
+
+    kernels, wrong = [], []
+    for path in sorted(Path(kcheck.__file__).parent.glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel")):
+                continue
+            kernels.append(node.name)
+            body = node.body[1:] if isinstance(node.body[0], ast.Expr) and isinstance(
+                node.body[0].value, ast.Constant) else node.body
+            params = {arg.arg: default for arg, default in zip(node.args.args[::-1], node.args.defaults[::-1])}
+            first = ast.unparse(body[0])
+            if first != "enter(PDL)" or ast.unparse(params.get("PDL", ast.Constant(None))) != "False":
+                wrong.append(f"{path.name}:{node.name} starts with {first!r}")
+    assert len(kernels) >= 17 and not wrong, wrong
 
 
 def test_bad_signature_is_an_error_row(rows):
@@ -181,3 +226,30 @@ def test_a_row_is_compiled_once_and_then_read_from_the_cache(tmp_path, monkeypat
     assert len(list(tmp_path.glob("*.json"))) == len(first) == len(again) == 1
     assert not first[0].get("cached") and again[0]["cached"]
     assert {k: v for k, v in again[0].items() if k != "cached"} == first[0]
+
+
+def test_pdl_launch_options_follow_the_card_and_the_switch(monkeypatch):
+    """Kernels launch with PDL on a card of compute capability 9.0 or later, unless FLASHDESK_PDL=0;
+    never on the CPU (the interpreter has no griddepcontrol), but while a recorder notes launches."""
+    import torch
+
+    from flashdesk.kernels import backend
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(backend, "_pdl_capable", lambda index: index == 0)
+    try:
+        assert backend.pdl_options(torch.device("cpu")) == {}
+        with backend.recording_pdl():
+            assert backend.pdl_options(torch.device("cpu")) == backend.PDL_ON == {"PDL": True, "launch_pdl": True}
+        backend._pdl_allowed.cache_clear()
+        assert backend.pdl_options(cuda) == backend.PDL_ON
+        assert backend.pdl_options(torch.device("cuda", 1)) == {}  # an older card beside it
+        monkeypatch.setenv("FLASHDESK_PDL", "0")
+        backend._pdl_allowed.cache_clear()
+        assert backend.pdl_options(cuda) == {}
+        monkeypatch.setenv("FLASHDESK_PDL", "yes")
+        backend._pdl_allowed.cache_clear()
+        with pytest.raises(ValueError, match="FLASHDESK_PDL='yes'"):
+            backend.pdl_options(cuda)
+    finally:
+        backend._pdl_allowed.cache_clear()

@@ -68,6 +68,24 @@ def test_a_launch_is_bound_by_bytes_in_flight_or_by_issue():
         card.latency_s + card.launch_gap_s)
 
 
+def test_a_kernel_released_early_pays_the_shorter_gap():
+    """Programmatic dependent launch: a launch with its option, compiled with its wait (an sm_90+
+    row), after a kernel that released it at entry, pays pdl_gap_s; after a torch op (which releases
+    nothing early), or compiled without the wait (sm_89), the full gap."""
+    card = perf_model.CARDS["h200"]
+    row = {"blocks_per_sm": 4, "bytes_in_flight_per_block": 8192, "loop_load_bytes": 8192,
+           "loop_instructions": 100, "num_warps": 4}
+    launch = {"key": "k", "programs": 132, "bytes": 10**6, "read_bytes": 10**6, "count": 1, "pdl": True}
+    torch_op = {"key": None, "programs": 1, "bytes": 0, "read_bytes": 0, "count": 1}
+    plain = perf_model.launch_seconds(card, launch, row)
+    released = perf_model.launch_seconds(card, launch, row | {"pdl": True}, released=True)
+    assert plain - released == pytest.approx(card.launch_gap_s - card.pdl_gap_s) and card.pdl_gap_s < card.launch_gap_s
+    assert perf_model.launch_seconds(card, launch, row, released=True) == plain  # compiled without the wait
+    first = perf_model.model_step(card, [torch_op, launch, launch], {"k": row | {"pdl": True}})
+    assert first["modeled_seconds"] == pytest.approx(
+        perf_model.launch_seconds(card, torch_op, None) + plain + released)
+
+
 def test_a_step_model_counts_launches_bytes_and_unmatched_kernels():
     card = perf_model.CARDS["rtx4090"]
     launches = [{"key": "a", "programs": 128, "bytes": 10**6, "read_bytes": 10**6, "count": 25},
@@ -111,4 +129,6 @@ def test_a_recorded_step_reads_what_step_bytes_counts(step):
     read = sum(launch["read_bytes"] for launch in launches)
     assert read == pytest.approx(counted.total, rel=0.01)
     assert all(launch["count"] == 1 for launch in launches)
+    # every Triton launch takes programmatic dependent launch's option, as on an sm_90 card
+    assert [launch["function"] for launch in launches if launch["key"] and not launch["pdl"]] == []
     assert any(launch["function"] == "_decode_split_kernel" and launch["read_bytes"] for launch in launches)

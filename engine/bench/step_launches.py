@@ -3,8 +3,11 @@
 A step is recorded on the CPU with the kernels counted, not run (kernels/launch_log.launch_list),
 on the synthetic Gemma 4 26B-A4B over its first two layers (one sliding, one full) at the real
 cache capacity and a filled length, and the full-size DFlash drafter in int4 (a GPU's default,
-`--draft-quantize auto`). Launches inside the sliding layer count 25 times, inside the full layer 5
-times, the rest (embedding, head) once: the 30-layer step. Every launch gets the bytes it moves, from its tensor arguments:
+`--draft-quantize auto`). Triton launches take the options an sm_90 or later card gives them
+(programmatic dependent launch; the model applies it where an arch's compiled rows have it).
+Launches inside the sliding layer count 25 times, inside the full layer 5 times, the rest
+(embedding, head) once: the 30-layer step. Every launch gets the bytes it moves, from its tensor
+arguments:
 - weights: an argument that is (a view of) a weight is read whole, an expert tensor only for the
   experts the step routes to (8 for one token; for a 16-token block, the expected union under
   uniform routing, ~82 of 128, the near-uniform end that published verify costs imply);
@@ -142,7 +145,7 @@ def _costed(kernels: list[dict], storage: _Storage, start: int, expert_share: fl
     for launch, count in zip(kernels, counts):
         moved, read = _launch_bytes(launch, storage, start, expert_share)
         entry = {"function": launch["function"], "count": count, "bytes": moved, "read_bytes": read,
-                 "programs": _working_programs(launch, start), "key": None}
+                 "programs": _working_programs(launch, start), "key": None, "pdl": launch.get("pdl", False)}
         if "signature" in launch:  # a Triton launch: the key of the compiled spec it runs
             fn = getattr(__import__(launch["module"], fromlist=[launch["function"]]), launch["function"])
             entry["key"] = repr(spec_key(fn, launch["signature"], as_on_gpu(launch), launch["num_warps"],
@@ -189,11 +192,11 @@ def _last_layer_end(launched: list[dict], marks: list) -> int:
 def record_step(model, drafter, cache, ctx, step: str, real_layers: bool = True) -> list[dict]:
     """The costed launches of one step at the cache's and context's length. real_layers: each
     launch counted as often as the 30-layer model runs it; else once (the model as it is)."""
-    from flashdesk.kernels.backend import kernels
+    from flashdesk.kernels.backend import kernels, recording_pdl
 
     rows = {"ar": 1, "verify-16": 16, "draft": DRAFT_K + 1}[step]
     cfg, marks = model.cfg, []
-    with kernels("triton"), torch.inference_mode(), launch_list() as launched, \
+    with kernels("triton"), recording_pdl(), torch.inference_mode(), launch_list() as launched, \
             _layer_marks(model, marks, launched):
         if step == "draft":
             drafter.draft_logits(ctx, torch.tensor([7]), DRAFT_K)
