@@ -344,6 +344,8 @@ class Loaded:
     # (an int or AUTO_DRAFT_LENGTH), None: the drafter's longest; and why, in words
     default_draft_length: int | str | None = None
     default_note: str = ""
+    # kernel families that failed their self-test on this card and run on torch, in one line ('' if none)
+    kernel_note: str = ""
 
 
 @message("pull_progress")

@@ -24,6 +24,7 @@ from flashdesk import protocol as p
 from flashdesk.app import paths
 from flashdesk.app.history import export
 from flashdesk.app.chat.banner import Banner
+from flashdesk.app.diagnostics import DiagnosticsCopier
 from flashdesk.app.chat.chat_controller import ChatController
 from flashdesk.app.engines.chat_engine import ChatEngine
 from flashdesk.app.chat.chat_view import ChatView
@@ -187,6 +188,8 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.load_bar.setMaximumWidth(180)
         self.load_bar.hide()
         self.statusBar().addWidget(self.engine_label, 1)
+        self.diagnostics = DiagnosticsCopier(self)
+        self.diagnostics.done.connect(self._diagnostics_done)
         self.statusBar().addPermanentWidget(self.load_bar)
         self.esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.controller.stop)
         self.esc.setEnabled(False)
@@ -299,6 +302,18 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         action(engine, "&Benchmark…", self.show_bench, "Ctrl+B", name="benchAction")
         action(engine, "&Restart engine", self.restart_engine, "Ctrl+Shift+R")
         action(engine, "&Unload model (free its memory)", self.session.unload)
+        help_menu = bar.addMenu("&Help")
+        action(help_menu, "Copy &diagnostics", self.copy_diagnostics, name="copyDiagnosticsAction")
+
+    def copy_diagnostics(self) -> None:
+        """Help > Copy diagnostics: the report to send when something fails, onto the clipboard."""
+        if self.diagnostics.start():
+            self.statusBar().showMessage("Collecting diagnostics…")
+
+    def _diagnostics_done(self, copied: bool, text: str) -> None:
+        self.statusBar().showMessage(text, 10_000)
+        if not copied:
+            self.notice_banner.show_text(text, kind="error")
 
     # -- pages and titles ------------------------------------------------------------------------------
 
@@ -393,6 +408,8 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.bench.set_model(info)
         self.sampler.nvml.bind(info.device_uuid)
         self.crash_banner.hide()
+        if info.kernel_note:  # some kernels failed their self-test on this card: say so, once a load
+            self.notice_banner.show_text(info.kernel_note[:1].upper() + info.kernel_note[1:])
         self.composer.set_can_send(True)
 
     def _engine_state(self, state: str) -> None:

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from flashdesk import protocol as p
 from flashdesk.engine.hub.model_card import model_name, sampling_defaults
+from flashdesk.engine.tools.report import log_error, record_load
 
 PULL_HZ = 10  # PullProgress events a second at most
 
@@ -251,6 +252,7 @@ class Worker:
         text = str(exc) or type(exc).__name__
         if kind == p.CRASH:
             text = f"{type(exc).__name__}: {text}"
+        log_error(kind, during, text)  # for `flashdesk doctor --report`
         self.send(p.Error(kind, text, during=during, request_id=getattr(msg, "request_id", None), details=details))
         if kind == p.OUT_OF_MEMORY:
             self._free()
@@ -414,6 +416,7 @@ class Worker:
             uuid = f"GPU-{props.uuid}" if getattr(props, "uuid", None) else None
             memory = int(torch.cuda.memory_allocated(device))
         block = engine.drafter.cfg.block_size if engine.drafter is not None else None
+        record_load(_load_facts(engine, target, draft, memory))  # for `flashdesk doctor --report`
         self.send(p.Loaded(
             target=str(target), draft=str(draft) if draft else None, name=model_name(target),
             device=str(device), device_name=device_name, device_uuid=uuid,
@@ -421,7 +424,7 @@ class Worker:
             context_limit=engine.context_limit, block_size=block, memory_bytes=memory,
             seconds=time.perf_counter() - started, layers=model.cfg.num_layers, vocab=model.cfg.vocab_size,
             sampling_defaults=sampling_defaults(target), default_draft_length=engine.default_draft_length,
-            default_note=engine.default_note))
+            default_note=engine.default_note, kernel_note=engine.fallback_note()))
 
     def bench(self, msg: p.Bench) -> None:
         """`flashdesk bench` on the loaded pair: BenchProgress at most PULL_HZ times a second, the run
@@ -577,6 +580,31 @@ class Worker:
             with self.state_lock:
                 self.active = None
                 self.cancels.pop(rid, None)
+
+
+def _load_facts(engine, target: Path, draft: Path | None, memory: int) -> dict:
+    """What `doctor --report` keeps of a load: names, device, settings, and on a GPU the memory
+    allocated against the memory plan (never a prompt)."""
+    import torch
+
+    model = engine.model
+    facts = {"model": model_name(target), "drafter": model_name(draft) if draft else None,
+             "device": str(model.device), "dtype": str(model.dtype).removeprefix("torch."),
+             "kv_dtype": engine.kv_dtype, "context_limit": engine.context_limit, "allocated_bytes": memory,
+             "kernels": engine.kernel_checks and "self-tested" or "not self-tested",
+             "fallback_note": engine.fallback_note(), "cuda_graphs": engine.cuda_graphs()}
+    if model.device.type == "cuda":
+        facts["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(model.device))
+        try:
+            from flashdesk.engine.loading.memory_plan import plan_memory, target_weight_bytes
+
+            weights, _ = target_weight_bytes(target, model.cfg, None, model.dtype.itemsize)
+            plan = plan_memory(model.cfg, weights, engine.context_limit, engine.kv_dtype,
+                               engine.drafter.cfg if engine.drafter else None, model.dtype.itemsize)
+            facts.update(planned_bytes=plan.total, plan=plan.lines())
+        except Exception as exc:  # noqa: BLE001 - the record is informative only
+            facts["plan_error"] = f"{type(exc).__name__}: {exc}"
+    return facts
 
 
 def _rss() -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.backend import faulty, use_triton
 
 DECODE_QUERIES = 16  # the most queries a decode / verify attention call takes: a DFlash block
 SCORE_BUDGET_BYTES = 256 << 20  # peak score memory of one attention call; longer blocks go in passes
@@ -68,10 +68,11 @@ def attention(q, k, v, q_pos, k_pos, window, scale, causal=True, k_scale=None, v
     """Dispatcher: Triton's prefill kernel on the Triton path, the reference otherwise. With
     k_scale/v_scale [S, Hkv], k and v are fp8 as a cache stores them: the kernel reads them where
     they are, the reference dequantizes them first."""
-    if use_triton(q):
+    if use_triton(q, "prefill_attention"):
         from flashdesk.kernels.attention_triton import prefill_attention
 
-        return prefill_attention(q, k, v, q_pos, k_pos, window, scale, causal, k_scale, v_scale)
+        return faulty("prefill_attention", prefill_attention(q, k, v, q_pos, k_pos, window, scale, causal, k_scale,
+                                                             v_scale))
     if k_scale is not None:
         k = (k.float() * k_scale.unsqueeze(-1)).to(q.dtype)
         v = (v.float() * v_scale.unsqueeze(-1)).to(q.dtype)

@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from flashdesk.kernels.backend import (ARRIVAL_COUNTERS, LAUNCH_STAGES, MAX_REGISTERS, CompileSpec, arrival_counters,
-                                       device_start, interpreted, pdl_options)
+                                       device_start, faulty, interpreted, pdl_options)
 from flashdesk.kernels.grid_dependency import enter
 
 BLOCK_T = 16  # query rows of a decode tile: one tile takes a whole verify block (attention.DECODE_QUERIES)
@@ -415,13 +415,13 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
         DOT_FP32=interpreted(), ONE_SPLIT=one_split, COMBINE=combine, CAUSAL=causal, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, maxnreg=MAX_REGISTERS, **pdl_options(q.device))
     if one_split or combine:
-        return out
+        return faulty("decode_attention", out)
     block_d = min(d, COMBINE_BLOCK_D)
     _decode_combine_kernel[(hq, d // block_d)](m, l, acc, start, out, t, w, split, splits,
                                                HQ=hq, D=d, BLOCK_D=block_d, BLOCK_T=BLOCK_T, num_warps=COMBINE_WARPS,
                                                num_stages=LAUNCH_STAGES, maxnreg=MAX_REGISTERS,
                                                **pdl_options(out.device))
-    return out
+    return faulty("decode_attention", out)
 
 
 # ----------------------------------------------------------------------------- prefill

@@ -3,8 +3,10 @@
 Default: Triton on CUDA tensors, torch elsewhere. `FLASHDESK_KERNELS=triton|torch` overrides it;
 with `TRITON_INTERPRET=1 FLASHDESK_KERNELS=triton` the Triton kernels run on CPU tensors through
 Triton's interpreter, which is how the tests check them without a GPU. Every dispatcher in
-`flashdesk.kernels` asks `use_triton(tensor)`; `describe()` names the choice for `doctor` and
-`generate --json`.
+`flashdesk.kernels` asks `use_triton(tensor, family)`; `describe()` names the choice for `doctor`
+and `generate --json`. A family (KERNELS) that failed its self-test on this card
+(kernels/self_test.py) falls back to its torch path alone (`fall_back`); FLASHDESK_INJECT_FAULT
+makes chosen families return wrong values, so tests can check that a self-test catches them.
 
 `CompileSpec` is how each Triton module lists the specializations the engine launches for the
 real model shapes, so `python -m flashdesk.kernels.check` can compile all of them for every card.
@@ -104,8 +106,9 @@ def triton_available() -> bool:
     return True
 
 
-def use_triton(x: torch.Tensor | torch.device) -> bool:
-    """Whether kernels on this tensor's device run as Triton (else the torch reference)."""
+def use_triton(x: torch.Tensor | torch.device, kernel: str | None = None) -> bool:
+    """Whether kernels on this tensor's device run as Triton (else the torch reference); with
+    `kernel` (a family of KERNELS), whether that family does: not where it fell back."""
     device = x if isinstance(x, torch.device) else x.device
     choice = _choice()
     if choice == "torch":
@@ -114,8 +117,10 @@ def use_triton(x: torch.Tensor | torch.device) -> bool:
         if device.type != "cuda" and not (interpreted() or _recording_compiles):
             raise RuntimeError("FLASHDESK_KERNELS=triton on CPU tensors needs TRITON_INTERPRET=1 "
                                "(set before triton is imported)")
-        return True
-    return device.type == "cuda" and triton_available()
+        on = True
+    else:
+        on = device.type == "cuda" and triton_available()
+    return on and (kernel is None or kernel not in _fallbacks or _ignoring_fallbacks)
 
 
 def describe(device: torch.device | str) -> str:
@@ -124,6 +129,97 @@ def describe(device: torch.device | str) -> str:
     if not use_triton(device):
         return "torch"
     return "triton (interpreter)" if device.type != "cuda" else "triton"
+
+
+# ----------------------------------------------------------------------------- per-kernel fallback
+
+# The kernel families a self-test checks and a fallback replaces, by the dispatcher that runs them.
+KERNELS = {
+    "linear": "int4 and bf16 linears (GEMV with split-K, prefill tiles)",
+    "glu_linear": "the MLPs' gate_up projections with their activation",
+    "rms_norm": "RMSNorm with the residual add and scale",
+    "add_norm": "the drafter's residual add with its norm",
+    "head_norms": "q/k/v head norms with RoPE and the K/V store",
+    "attention_out_norms": "the norms after attention",
+    "mlp_out_norms": "the norms after the MLPs",
+    "router": "routing (softmax, top-k)",
+    "moe": "the fused MoE (with its router for decode and verify blocks)",
+    "kv_write": "the K/V cache write",
+    "decode_attention": "decode and verify attention over the cache",
+    "prefill_attention": "prefill attention",
+}
+_fallbacks: dict[str, str] = {}  # family -> why it runs on torch
+_ignoring_fallbacks = False
+
+
+def fall_back(name: str, why: str) -> None:
+    """Run kernel family `name` on its torch path from now on (until clear_fallbacks)."""
+    if name not in KERNELS:
+        raise ValueError(f"unknown kernel family {name!r}: one of {', '.join(KERNELS)}")
+    _fallbacks[name] = why
+
+
+def fallbacks() -> dict[str, str]:
+    """The families that run on their torch path, with why."""
+    return dict(_fallbacks)
+
+
+def clear_fallbacks() -> None:
+    _fallbacks.clear()
+
+
+@contextmanager
+def ignoring_fallbacks():
+    """The block runs every family as `kernels` says, fallbacks or not (the self-tests)."""
+    global _ignoring_fallbacks
+    previous, _ignoring_fallbacks = _ignoring_fallbacks, True
+    try:
+        yield
+    finally:
+        _ignoring_fallbacks = previous
+
+
+FAULT_VARIABLE = "FLASHDESK_INJECT_FAULT"  # a testing aid: see injected_faults
+
+
+@cache
+def _fault_spec() -> tuple[frozenset, frozenset]:
+    value = os.environ.get(FAULT_VARIABLE, "").strip()
+    names, captures = set(), set()
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        if item == "all":
+            names |= set(KERNELS)
+        elif item.startswith("capture:"):
+            captures.add(item.removeprefix("capture:"))
+        elif item in KERNELS:
+            names.add(item)
+        else:
+            raise ValueError(f"{FAULT_VARIABLE}: unknown {item!r}; use all, kernel names ({', '.join(KERNELS)}) "
+                             "or capture:STEP (decode, verify, draft, context)")
+    return frozenset(names), frozenset(captures)
+
+
+def injected_faults() -> frozenset[str]:
+    """The kernel families FLASHDESK_INJECT_FAULT (a testing aid: `all` or comma-separated names)
+    makes return wrong values on the Triton path, so tests can check a self-test catches them."""
+    return _fault_spec()[0]
+
+
+def injected_capture_fault(step: str) -> bool:
+    """Whether FLASHDESK_INJECT_FAULT names capture:STEP: that step's CUDA graph capture fails."""
+    return step in _fault_spec()[1]
+
+
+def faulty(name: str, value):
+    """value, or (with `name` injected) a wrong one: the first floating tensor in it becomes
+    1 - 2 x value in place (every element off by at least its own magnitude)."""
+    if name not in injected_faults():
+        return value
+    for t in ([value] if isinstance(value, torch.Tensor) else value if isinstance(value, (tuple, list)) else []):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.element_size() > 1:
+            t.mul_(-2).add_(1)
+            break
+    return value
 
 
 @contextmanager
@@ -174,6 +270,7 @@ PDL_CAPABILITY = 90  # programmatic dependent launch: sm_90 (Hopper) and later
 PDL_VARIABLE = "FLASHDESK_PDL"  # 0 turns it off (a fault to rule out on a new driver)
 PDL_ON = {"PDL": True, "launch_pdl": True}  # the kernel's constexpr and Triton's launch option
 _pdl_recording = False
+_pdl_off: str | None = None  # why PDL is off for this process (the self-tests passed only without it)
 
 
 @cache
@@ -192,13 +289,24 @@ def _pdl_capable(index: int) -> bool:
 
 def pdl_options(device: torch.device) -> dict:
     """The launch options of every kernel (grid_dependency.enter): PDL_ON on a card of compute
-    capability 9.0 or later unless FLASHDESK_PDL=0, else none. While `recording_pdl` runs, PDL_ON
-    whatever the device: a recorder that never runs its launches notes them as such a card's."""
+    capability 9.0 or later unless FLASHDESK_PDL=0 or turn_off_pdl, else none. While
+    `recording_pdl` runs, PDL_ON whatever the device: a recorder that never runs its launches notes
+    them as such a card's."""
     if _pdl_recording:
         return PDL_ON
-    if device.type != "cuda" or not _pdl_allowed():
+    if device.type != "cuda" or not _pdl_allowed() or _pdl_off:
         return {}
     return PDL_ON if _pdl_capable(device.index if device.index is not None else torch.cuda.current_device()) else {}
+
+
+def turn_off_pdl(why: str | None) -> None:
+    """Launch without PDL from now on (why: in words), or with it again (None)."""
+    global _pdl_off
+    _pdl_off = why
+
+
+def pdl_off_reason() -> str | None:
+    return _pdl_off
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from flashdesk.kernels.backend import device_start, use_triton
+from flashdesk.kernels.backend import device_start, faulty, injected_faults, use_triton
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -63,8 +63,11 @@ def kv_write(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: t
     if keep < k.shape[0]:
         start = start + (k.shape[0] - keep)
         k, v = k[-keep:], v[-keep:]
-    if use_triton(k):
+    if use_triton(k, "kv_write"):
         from flashdesk.kernels.attention_triton import kv_write_triton
+
+        if "kv_write" in injected_faults():  # FLASHDESK_INJECT_FAULT: store wrong keys
+            k = faulty("kv_write", k.clone())
 
         kv_write_triton(k, v, cache_k, cache_v, k_scale, v_scale, start, capacity)
     else:

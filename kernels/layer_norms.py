@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.backend import faulty, use_triton
 from flashdesk.kernels.norm import rms_norm as norm
 from flashdesk.kernels.router import ordered_sum
 
@@ -42,10 +42,11 @@ def attention_out_norms(a: torch.Tensor, residual: torch.Tensor, eps: float, pos
     """h = residual + norm(a) * post_attention, then the MLP input norm(h) * pre_feedforward and,
     with `moe`, the experts' input and the router's input: (h, x) or (h, x, experts_x, router_x).
     Rows [T, D]; norm weights fp32."""
-    if use_triton(a):
+    if use_triton(a, "attention_out_norms"):
         from flashdesk.kernels.layer_norms_triton import attention_out_triton
 
-        return attention_out_triton(a, residual, eps, post_attention, pre_feedforward, moe)
+        return faulty("attention_out_norms", attention_out_triton(a, residual, eps, post_attention, pre_feedforward,
+                                                                  moe))
     return attention_out_reference(a, residual, eps, post_attention, pre_feedforward, moe)
 
 
@@ -78,8 +79,8 @@ def mlp_out_norms(dense: torch.Tensor, experts: torch.Tensor | None, residual: t
     and norm(h) * next_norm, the next layer's input. Rows [T, D]. `experts` may also be each
     token's weighted expert outputs [T, K, D] fp32 (`moe(..., summed=False)`): they are summed here
     in top-k order and rounded, as the experts' own sum would be, so the MoE needs no sum kernel."""
-    if use_triton(dense):
+    if use_triton(dense, "mlp_out_norms"):
         from flashdesk.kernels.layer_norms_triton import mlp_out_triton
 
-        return mlp_out_triton(dense, experts, residual, eps, w)
+        return faulty("mlp_out_norms", mlp_out_triton(dense, experts, residual, eps, w))
     return mlp_out_reference(dense, experts, residual, eps, w)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.backend import faulty, use_triton
 from flashdesk.kernels.glu import gate  # noqa: F401 (also this module's API)
 from flashdesk.kernels.int4 import Int4Weight
 
@@ -26,13 +26,13 @@ def linear(x: torch.Tensor, weight) -> torch.Tensor:
     """x [..., K] @ W.T -> [..., N]."""
     if isinstance(weight, tuple):
         return torch.cat([linear(x, part) for part in weight], dim=-1)
-    if not use_triton(x):
+    if not use_triton(x, "linear"):
         return linear_reference(x, weight)
     from flashdesk.kernels.linear_triton import dense_linear, w4a16_linear
 
     rows = x.reshape(-1, x.shape[-1])
     y = w4a16_linear(rows, weight) if isinstance(weight, Int4Weight) else dense_linear(rows, weight)
-    return y.view(*x.shape[:-1], y.shape[-1])
+    return faulty("linear", y.view(*x.shape[:-1], y.shape[-1]))
 
 
 def rows_from(weight, start: int):
@@ -51,14 +51,14 @@ def glu_linear(x: torch.Tensor, gate_up, activation: str) -> torch.Tensor:
     """act(x @ gate.T) * (x @ up.T) for a GLU MLP's stacked [gate; up] weight: [..., N / 2]. On the
     Triton path the projection applies the activation in its epilogue (no kernels of its own, and
     the down projection after it reads a plain input)."""
-    if isinstance(gate_up, tuple) or not use_triton(x):
+    if isinstance(gate_up, tuple) or not use_triton(x, "glu_linear"):
         return gate(linear(x, gate_up), activation)
     from flashdesk.kernels.linear_triton import dense_linear, w4a16_linear
 
     rows = x.reshape(-1, x.shape[-1])
     project = w4a16_linear if isinstance(gate_up, Int4Weight) else dense_linear
     y = project(rows, gate_up, activation)
-    return y.view(*x.shape[:-1], y.shape[-1])
+    return faulty("glu_linear", y.view(*x.shape[:-1], y.shape[-1]))
 
 
 def concat_rows(parts: list):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.backend import faulty, use_triton
 from flashdesk.kernels.int4 import Int4Weight, as_dense
 from flashdesk.kernels.linear import linear
 from flashdesk.kernels.router import ordered_sum, route
@@ -77,10 +77,10 @@ def moe(x, gate_up, down, top_idx, top_w, summed: bool = True):
     loop otherwise (the real model). Returns [T, D] in x's dtype; with summed=False the fused
     kernel may instead return each token's weighted expert outputs [T, K, D] fp32 for the next
     kernel to sum (`layer_norms.mlp_out_norms` does: one launch a layer fewer)."""
-    if use_triton(x) and isinstance(gate_up, Int4Weight) and isinstance(down, Int4Weight):
+    if use_triton(x, "moe") and isinstance(gate_up, Int4Weight) and isinstance(down, Int4Weight):
         from flashdesk.kernels.moe_triton import fused_moe
 
-        return fused_moe(x, gate_up, down, top_idx, top_w, summed)
+        return faulty("moe", fused_moe(x, gate_up, down, top_idx, top_w, summed))
     per_pair = (gate_up.shape[1] * gate_up.shape[2] + down.shape[1] * down.shape[2]) * x.element_size()
     if x.device.type == "cpu" and gate_up.shape[0] * per_pair <= EVERY_EXPERT_LIMIT_BYTES:
         return moe_every_expert(x, gate_up, down, top_idx, top_w)
@@ -94,9 +94,9 @@ def routed_moe(x, gate_up, down, router_x: torch.Tensor, router, top_k: int, per
     """The router's logits linear(router_x, router) [T, E], their top-k (router.route), then `moe`.
     On the fused path a decode or verify block's router projection, its routing and the grouping of
     its pairs by expert are one kernel."""
-    if use_triton(x) and isinstance(gate_up, Int4Weight) and isinstance(down, Int4Weight):
+    if use_triton(x, "moe") and isinstance(gate_up, Int4Weight) and isinstance(down, Int4Weight):
         from flashdesk.kernels.moe_triton import fused_router_moe
 
-        return fused_router_moe(x, gate_up, down, router_x, router, top_k, per_expert_scale, summed)
+        return faulty("moe", fused_router_moe(x, gate_up, down, router_x, router, top_k, per_expert_scale, summed))
     top_w, top_idx = route(linear(router_x, router), top_k, per_expert_scale)
     return moe(x, gate_up, down, top_idx, top_w, summed)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.backend import faulty, use_triton
 from flashdesk.kernels.kv_write import KVSlots, kv_write
 
 
@@ -30,10 +30,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual:
     """x [..., D] normalized over its last dimension; weight [D] fp32 or None. With `residual`
     (like x) the result is residual + norm, then times `scale` (a one-element tensor) if given:
     one kernel instead of three on the Triton path."""
-    if use_triton(x):
+    if use_triton(x, "rms_norm"):
         from flashdesk.kernels.norm_triton import rms_norm_triton
 
-        return rms_norm_triton(x, weight, eps, residual, scale)
+        return faulty("rms_norm", rms_norm_triton(x, weight, eps, residual, scale))
     return rms_norm_reference(x, weight, eps, residual, scale)
 
 
@@ -66,13 +66,15 @@ def qkv_norms(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos
     `into` k and v are stored in that cache (as kv_write stores them) and returned as None. One
     kernel on the Triton path instead of three norms, two copies, ten elementwise ops and the cache
     write; heads of a size that is not a power of two take those ops."""
-    if use_triton(qkv) and qkv.dim() == 2 and qkv.stride(1) == 1 and (into is None or qkv.shape[0] <= into.capacity):
+    if (use_triton(qkv, "head_norms") and qkv.dim() == 2 and qkv.stride(1) == 1
+            and (into is None or qkv.shape[0] <= into.capacity)):
         from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
 
         q, kv = qkv.view(qkv.shape[0], -1, head_dim).split([heads, qkv.shape[1] // head_dim - heads], dim=1)
         if heads_fusable(q, head_dim) and heads_fusable(kv, head_dim):
-            q, kv = head_norms_triton(q, kv, q_norm, k_norm, cos, sin, eps, kv_heads, "k" if k_eq_v else "norm",
-                                      weight_after_cast=False, into=into)
+            q, kv = faulty("head_norms", head_norms_triton(q, kv, q_norm, k_norm, cos, sin, eps, kv_heads,
+                                                           "k" if k_eq_v else "norm", weight_after_cast=False,
+                                                           into=into))
             return (q, None, None) if into is not None else (q, kv[:, :kv_heads], kv[:, kv_heads:])
     q, k, v = qkv_norms_reference(qkv, q_norm, k_norm, cos, sin, eps, heads, kv_heads, head_dim, k_eq_v)
     if into is None:
@@ -91,10 +93,10 @@ def qwen_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 def add_qwen_norm(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple:
     """(h + y, qwen_rms_norm(h + y)) of rows [T, D] (without y: h and its norm): a residual add and
     the norm that reads the sum, one kernel on the Triton path instead of eight."""
-    if use_triton(h) and h.dim() == 2:
+    if use_triton(h, "add_norm") and h.dim() == 2:
         from flashdesk.kernels.norm_triton import add_norm_triton
 
-        return add_norm_triton(h, y, weight, eps)
+        return faulty("add_norm", add_norm_triton(h, y, weight, eps))
     total = h if y is None else h + y
     return total, qwen_rms_norm(total, weight, eps)
 
@@ -103,11 +105,12 @@ def drafter_qk_norms(q: torch.Tensor | None, k: torch.Tensor, q_norm: torch.Tens
                      cos: torch.Tensor, sin: torch.Tensor, eps: float) -> tuple:
     """The drafter's rope(qwen_rms_norm(x)) of q [T, H, D] (or None: context keys only) and k
     [T, Hkv, D]; one kernel on the Triton path (views of a projection are read in place)."""
-    if use_triton(k):
+    if use_triton(k, "head_norms"):
         from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
 
         if heads_fusable(q, k.shape[-1]) and heads_fusable(k, k.shape[-1]):
-            return head_norms_triton(q, k, q_norm, k_norm, cos, sin, eps, k.shape[1], "none", weight_after_cast=True)
+            return faulty("head_norms", head_norms_triton(q, k, q_norm, k_norm, cos, sin, eps, k.shape[1], "none",
+                                                          weight_after_cast=True))
     q_out = None if q is None else apply_rope(qwen_rms_norm(q, q_norm, eps), cos, sin)
     return q_out, apply_rope(qwen_rms_norm(k, k_norm, eps), cos, sin)
 
@@ -118,12 +121,12 @@ def drafter_store_kv(q: torch.Tensor | None, kv: torch.Tensor, q_norm: torch.Ten
     kv [T, 2 Hkv, D], the k heads then the v heads. Returns q's, or None. One kernel on the Triton
     path for up to the cache's capacity of tokens (else the norms, then kv_write keeps the newest)."""
     heads, d = kv.shape[1] // 2, kv.shape[-1]
-    if use_triton(kv) and kv.shape[0] <= into.capacity:
+    if use_triton(kv, "head_norms") and kv.shape[0] <= into.capacity:
         from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
 
         if heads_fusable(q, d) and heads_fusable(kv, d):
-            return head_norms_triton(q, kv, q_norm, k_norm, cos, sin, eps, heads, "copy", weight_after_cast=True,
-                                     into=into)[0]
+            return faulty("head_norms", head_norms_triton(q, kv, q_norm, k_norm, cos, sin, eps, heads, "copy",
+                                                          weight_after_cast=True, into=into))[0]
     q_out, k = drafter_qk_norms(q, kv[:, :heads], q_norm, k_norm, cos, sin, eps)
     kv_write(k, kv[:, heads:], *into)
     return q_out

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.backend import faulty, use_triton
 
 
 def ordered_sum(x: torch.Tensor) -> torch.Tensor:
@@ -26,8 +26,8 @@ def route_reference(logits: torch.Tensor, top_k: int, per_expert_scale: torch.Te
 
 def route(logits: torch.Tensor, top_k: int, per_expert_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [T, E] -> (weights [T, k] fp32, expert ids [T, k] int64), largest first."""
-    if use_triton(logits):
+    if use_triton(logits, "router"):
         from flashdesk.kernels.router_triton import route_triton
 
-        return route_triton(logits, top_k, per_expert_scale)
+        return faulty("router", route_triton(logits, top_k, per_expert_scale))
     return route_reference(logits, top_k, per_expert_scale)

@@ -9,23 +9,25 @@ and exits, so a hang inside the device tool's 10-minute limit still brings back 
 `--smoke` runs the same code on the CPU with small shapes, so the script is tested without a GPU.
 
 Sections, most useful first (an H200 should take under 5 minutes):
-1. environment: torch, CUDA, GPU, triton.
-2. tiny model on the device vs the CPU (fp32 logits), bf16 and fp8 KV on the device, greedy output
+1. environment: torch, CUDA, GPU, triton, whether programmatic dependent launch is on.
+2. the kernel self-tests the first load runs (kernels/self_test.py): every kernel family against its
+   torch reference at the real shapes, and 16-row blocks against the same rows alone.
+3. tiny model on the device vs the CPU (fp32 logits), bf16 and fp8 KV on the device, greedy output
    with DFlash equal to without, a follow-up resumed from the prefix cache equal to a fresh prefill,
    int4 weights; batch invariance in bf16 with fp8 KV: a 16-token block's logits equal the same
    tokens decoded one by one, bit for bit (required on the GPU; the CPU's torch path is not).
-3. `flashdesk bench --synthetic --json`, all 30 layers, the steps users run: a 4K context in a cache
+4. `flashdesk bench --synthetic --json`, all 30 layers, the steps users run: a 4K context in a cache
    of the card's default capacity (262,144 positions), AR, verify 1..16 and draft (+ int4 draft)
    replayed from CUDA graphs, each against the bytes it reads and the card's copy bandwidth; and
    beside each of ar, verify-16 and draft the performance model's time for this card
    (kernels/perf_model.py), so the first GPU calibrates the model.
-4. full-size Gemma 4 26B-A4B (random int4 weights, bf16 embedding) + the full-size drafter (random):
+5. full-size Gemma 4 26B-A4B (random int4 weights, bf16 embedding) + the full-size drafter (random):
    memory held vs the memory plan, the same batch invariance at the full size, the seconds the
    kernels took to compile ahead on every core, prefill speed, AR decode step, DFlash step at
    K = 4, 8, 15, for fp8 and bf16 KV; the memory a prompt filling 8K, 32K and 64K tokens allocates
    against the memory plan (the long prefills).
-5. every kernel the run compiled, as the driver loaded it: registers and spills (none expected).
-6. kernel profiles of the ar, verify-16 and draft steps (bench --synthetic --profile over 6 layers:
+6. every kernel the run compiled, as the driver loaded it: registers and spills (none expected).
+7. kernel profiles of the ar, verify-16 and draft steps (bench --synthetic --profile over 6 layers:
    the same kernels a layer runs), last: attaching CUPTI to graph replays has crashed some CUDA
    versions.
 """
@@ -195,6 +197,23 @@ def section_environment(device):
     except ImportError as exc:
         info["triton"] = f"missing: {exc}"
     return info
+
+
+def section_kernel_self_tests(device, smoke: bool):
+    """What the first load on a card runs: every kernel family against its torch reference
+    (`flashdesk doctor --kernels`). On the CPU (--smoke) through Triton's interpreter."""
+    from dataclasses import asdict
+
+    from flashdesk.kernels import self_test
+    from flashdesk.kernels.backend import interpreted, kernels
+
+    if device.type != "cuda" and not interpreted():
+        return {"skipped": "the Triton kernels run on a GPU (or on the CPU under TRITON_INTERPRET=1)"}
+    with kernels("triton"):
+        results = self_test.run_self_tests(device)
+    for r in results:
+        print(f"{'ok  ' if r.ok else 'FAIL'} {r.name:<20} {r.max_error} {r.batch_invariant} {r.error or ''}", flush=True)
+    return {"ok": all(r.ok for r in results), "kernels": [asdict(r) for r in results]}
 
 
 def section_tiny_correctness(device, smoke: bool, new_tokens: int = 48):
@@ -503,6 +522,7 @@ def main() -> int:
     faulthandler.dump_traceback_later(args.deadline, exit=True)
     results = {}
     sections = [("environment", lambda: section_environment(device)),
+                ("kernel_self_tests", lambda: section_kernel_self_tests(device, smoke)),
                 ("tiny_correctness", lambda: section_tiny_correctness(device, smoke)),
                 ("synthetic_bench", lambda: section_synthetic_bench(device, smoke)),
                 ("full_size", lambda: section_full_size(device, smoke,

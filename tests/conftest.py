@@ -30,6 +30,7 @@ TIERS = {
     "test_triton_path": "slow",  # interpreted end to end, every layout
     "test_bench_synthetic": "slow",  # two full-size layers on the CPU
     "test_reliability": "slow",  # the reliability figures' quick run
+    "test_wheel": "slow",  # builds the wheel and runs the demo from it
 }
 SLOW_TESTS = ("test_prefix_reuse.py::test_the_triton_path_resumes_the_same_way",
               "test_pipelined_steps.py::test_a_stop_string_undoes_the_step_launched_ahead[triton]",
@@ -37,6 +38,19 @@ SLOW_TESTS = ("test_prefix_reuse.py::test_the_triton_path_resumes_the_same_way",
               "test_memory_plan.py::test_the_plan_matches_what_a_full_context_allocates[fp8-triton]")
 DEFAULT_TIER = ("test_triton_path.py::test_triton_path_equals_transformers_and_the_torch_path[conditional-per_expert-False]",
                 "test_triton_path.py::test_kernels_are_named_for_each_choice")
+
+
+@pytest.fixture(autouse=True)
+def _no_kernel_fallbacks_left_behind():
+    """A test that sends kernel families to torch (self-tests, injected faults) leaves none behind."""
+    yield
+    import sys
+
+    backend = sys.modules.get("flashdesk.kernels.backend")
+    if backend is not None:
+        backend.clear_fallbacks()
+        backend.turn_off_pdl(None)
+        backend._fault_spec.cache_clear()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -436,3 +436,29 @@ def test_regenerate_keeps_the_earlier_replies_to_browse(qtbot, open_window, demo
     assert widget is not None and widget.version_label.text() == "1/2"
     qtbot.mouseClick(widget.newer, Qt.MouseButton.LeftButton)
     assert messages(again)[-1].id == second.id
+
+
+def test_kernels_that_failed_their_self_test_are_named_after_the_load(qtbot, open_window) -> None:
+    """A load on a card where some kernel families failed their self-test (they run on torch):
+    the window says which, once, in the notice banner."""
+    w = open_window()
+    note = "moe runs on the slower torch path: it failed the kernel self-test on this card (replies stay correct)"
+    w._loaded(p.Loaded(target="/m", draft=None, name="Gemma", device="cuda:0", device_name="RTX 4090",
+                       device_uuid=None, dtype="bfloat16", kv_dtype="fp8", context_limit=4096, block_size=None,
+                       memory_bytes=1, seconds=1.0, kernel_note=note))
+    assert not w.notice_banner.isHidden() and w.notice_banner.label.text() == "M" + note[1:]
+
+
+def test_help_copies_the_diagnostics_report(qtbot, open_window, tmp_path) -> None:
+    """Help > Copy diagnostics runs `flashdesk doctor --report -` in a child process and puts its
+    report on the clipboard (no torch in the window's process)."""
+    from PySide6.QtGui import QGuiApplication
+
+    w = open_window()
+    QGuiApplication.clipboard().setText("")
+    with qtbot.waitSignal(w.diagnostics.done, timeout=120_000) as done:
+        w.findChild(QAction, "copyDiagnosticsAction").trigger()
+    assert done.args[0] is True, done.args
+    report = json.loads(QGuiApplication.clipboard().text())
+    assert report["flashdesk"] and any(line.startswith("torch: ") for line in report["environment"])
+    assert "errors" in report and "kernel_self_tests" in report

@@ -14,6 +14,8 @@ def test_gpu_check_smoke(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((tmp_path / "gpu_check.json").read_text())
+    # the first load's kernel self-tests, through the interpreter here (conftest sets TRITON_INTERPRET)
+    assert results["kernel_self_tests"]["ok"] is True and len(results["kernel_self_tests"]["kernels"]) == 12
     assert results["tiny_correctness"]["ok"] is True
     assert results["tiny_correctness"]["dflash_greedy_equals_ar"] is True
     # drafts with graphs and the context written ahead against eager steps: a GPU's check (no graphs here)
@@ -40,7 +42,7 @@ def test_gpu_check_keeps_what_finished_when_a_section_hangs(tmp_path):
         "import importlib.util, sys, time\n"
         f"spec = importlib.util.spec_from_file_location('gpu_check', {str(script)!r})\n"
         "gpu_check = importlib.util.module_from_spec(spec); spec.loader.exec_module(gpu_check)\n"
-        "gpu_check.section_tiny_correctness = lambda device, smoke: time.sleep(60)\n"
+        "gpu_check.section_kernel_self_tests = lambda device, smoke: time.sleep(60)\n"
         f"sys.argv = ['gpu_check', '--smoke', '--deadline', '2', '--out', {str(tmp_path)!r}]\n"
         "sys.exit(gpu_check.main())\n")
     done = subprocess.run([sys.executable, "-c", hang], capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -48,8 +50,8 @@ def test_gpu_check_keeps_what_finished_when_a_section_hangs(tmp_path):
     assert "Timeout" in done.stderr and "most recent call first" in done.stderr  # the hung stack
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     assert results["environment"]["torch"]
-    assert "did not finish" in results["tiny_correctness"]["error"]
-    assert "full_size" not in results
+    assert "did not finish" in results["kernel_self_tests"]["error"]
+    assert "tiny_correctness" not in results
 
 
 def test_modeled_steps_are_set_beside_the_measured_ones():

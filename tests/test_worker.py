@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from flashdesk import paths
 from flashdesk import protocol as p
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,6 +166,8 @@ def test_inspect_load_generate(worker: WorkerProcess, demo) -> None:
 
     info = _load(worker, demo)
     assert info.block_size == 16 and info.device == "cpu" and info.context_limit == 4096
+    last = json.loads((paths.data_dir() / "last_load.json").read_text())  # for doctor --report
+    assert last["device"] == "cpu" and last["context_limit"] == 4096 and last["drafter"]
     assert info.sampling_defaults == {"temperature": 0.0}  # the demo's generation_config: greedy
 
     worker.send(p.Generate("a", HELLO, temperature=0.0, max_tokens=40, ignore_eos=True))  # 40 tokens, whatever it says
@@ -259,6 +263,9 @@ def test_errors_are_events_with_a_kind(worker: WorkerProcess, tmp_path: Path) ->
     worker.send(p.Load(str(tmp_path / "missing")))
     seen = worker.until(p.Error)
     assert seen[-1].kind == p.BAD_INPUT and "missing" in seen[-1].message and seen[-1].during == "load"
+    logged = [json.loads(line) for line in (paths.data_dir() / "errors.jsonl").read_text().splitlines()]
+    assert {"kind": p.BAD_INPUT, "during": "load"}.items() <= logged[-1].items()  # for doctor --report
+    assert "missing" in logged[-1]["message"]
     worker.proc.stdin.write("this is not a message\n")
     worker.proc.stdin.flush()
     assert worker.next().kind == p.BAD_INPUT

@@ -30,7 +30,8 @@ from flashdesk.engine.decode.kernel_warmup import compile_generation_kernels
 from flashdesk.engine.decode.prefix_cache import PrefixCache
 from flashdesk.engine.decode.speculative import AUTO, Decoder, SpecControl, StepResult
 from flashdesk.engine.decode.stats import SpecStats, StepRecord
-from flashdesk.kernels.backend import describe
+from flashdesk.kernels import self_test
+from flashdesk.kernels.backend import describe, fallbacks, pdl_off_reason
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,20 @@ class Engine:
         # bench on this card (auto where it was at least as fast as the best fixed K), else the longest
         self.default_draft_length: int | str | None = None
         self.default_note = ""  # why, in words (empty: no bench of this pair on this card yet)
+        self.kernel_checks: list = []  # the kernel self-tests' results at load (kernels/self_test.py)
+
+    @staticmethod
+    def fallback_note() -> str:
+        """One line when kernel families run on their torch path after failing their self-test on
+        this card (else ''): which, and what it means."""
+        failed = sorted(fallbacks())
+        notes = [f"programmatic dependent launch is off: {pdl_off_reason()}"] if pdl_off_reason() else []
+        if failed:
+            notes.append(f"{', '.join(failed)} {'runs' if len(failed) == 1 else 'run'} on the slower torch path: "
+                         f"{'it' if len(failed) == 1 else 'they'} failed the kernel self-test on this card")
+        if not notes:
+            return ""
+        return "; ".join(notes) + " (replies stay correct; `flashdesk doctor --kernels` shows the errors)"
 
     def cuda_graphs(self) -> str:
         """In words: whether decode and verify steps run as CUDA graphs (and why not)."""
@@ -173,6 +188,9 @@ class Engine:
         draft_quantize = resolve_draft_quantize(draft_quantize, dev)
         torch_dtype = resolve_dtype(dtype, dev)
         kv = resolve_kv_dtype(kv_dtype, dev, torch_dtype)
+        # before the memory plan: a family that fails on this card runs on torch, which plans otherwise
+        checks = self_test.ensure(dev, announce=lambda: stage and stage("checking the GPU kernels on this card "
+                                                                        "(once per driver and version)"))
         if dev.type == "cpu":
             torch.set_num_threads(cpu_threads(Path(model_dir)))
         if dev.type == "cuda":  # refuse before loading a byte when it cannot fit; else pick the context
@@ -189,6 +207,7 @@ class Engine:
         eos = eos_ids(model_dir) or set(model.cfg.eos_token_ids)
         limit = min(context_limit or model.cfg.max_position_embeddings, model.cfg.max_position_embeddings)
         engine = cls(model, tokenizer, eos, kv, limit, drafter)
+        engine.kernel_checks = checks
         if drafter is not None:
             engine.costs_path = _costs_path(dev, model_dir, draft_dir, torch_dtype, kv, draft_quantize)
             engine.use_benched_default(dev, model_dir, draft_dir)
@@ -301,7 +320,8 @@ class Engine:
                 save_costs(self.costs_path, self.auto.costs)
         summary = {"prompt_tokens": len(prompt), "reused_tokens": reused, "prefill_tokens": len(prompt) - reused,
                    "prefill_seconds": prefill_seconds, **stats.summary(),
-                   "kernels": describe(self.model.device), "cuda_graphs": self.cuda_graphs(),
+                   "kernels": describe(self.model.device), "fallbacks": sorted(fallbacks()),
+                   "cuda_graphs": self.cuda_graphs(),
                    "pipelined": self.pipelined}
         yield FinishEvent(finish, tokens, "".join(text.answer), "".join(text.thought), summary)
 

@@ -197,7 +197,7 @@ def plan_memory(cfg: Gemma4Config, target_bytes: int, context: int, kv_dtype: st
     Triton, unless FLASHDESK_KERNELS=torch). Nothing else grows with the context: the drafter's
     context is built chunk by chunk during prefill, and kept conversations live in host memory."""
     if triton is None:
-        triton = use_triton(torch.device("cuda"))
+        triton = use_triton(torch.device("cuda"), "prefill_attention")
     slack = max(16, draft.block_size) if draft else 16
     return MemoryPlan(
         context=context,

@@ -11,7 +11,9 @@ past the held length and attended in place, the start read from the device. So d
 verified block's target features into the drafter's context K/V (one graph per row count).
 
 Capture needs the Triton kernels (the torch attention path slices the cache by host integers).
-When capture fails, `error` says why and every step runs eagerly; `doctor` reports it.
+When a step type's capture fails (decode, verify, draft or context), `error` says which and why
+and that step type runs eagerly; `doctor` and `generate --json` report it.
+FLASHDESK_INJECT_FAULT=capture:STEP makes that step type's capture fail (a testing aid).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import ForwardOutput, Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
-from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.backend import FAULT_VARIABLE, injected_capture_fault, use_triton
 
 MAX_ROWS = 16  # the anchor and up to 15 drafts: DFlash's block
 
@@ -40,31 +42,50 @@ def graphs_wanted(device: torch.device) -> tuple[bool, str]:
 
 
 class _Captured:
-    """Graphs of one function of a static input buffer, keyed by the number of rows it runs."""
+    """Graphs of one function of a static input buffer, keyed by the number of rows it runs. `kind`
+    names its steps: "target" (decode for one row, verify for more), "draft" or "context"; a step
+    type whose capture failed runs eagerly from then on, the others keep their graphs."""
 
-    def __init__(self, inputs: torch.Tensor, pool):
+    def __init__(self, inputs: torch.Tensor, pool, kind: str):
         self.inputs = inputs  # [MAX_ROWS, ...]: the rows the graphs read
         self.pool = pool
+        self.kind = kind
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, object]] = {}
-        self.error: str | None = None
+        self.errors: dict[str, str] = {}  # step type -> why its capture failed
+
+    def step(self, m: int) -> str:
+        if self.kind != "target":
+            return self.kind
+        return "decode" if m == 1 else "verify"
+
+    @property
+    def error(self) -> str | None:
+        return "; ".join(f"{step}: {why}" for step, why in self.errors.items()) or None
+
+    def covers(self, m: int) -> bool:
+        return self.step(m) not in self.errors
 
     def run(self, fn, inputs: torch.Tensor, m: int):
         """fn(static inputs, m) for rows m, replayed from its graph (captured on first use)."""
         self.inputs[:inputs.shape[0]].copy_(inputs)
-        if m not in self.graphs:
+        if m not in self.graphs and self.covers(m):
             try:
                 self.graphs[m] = self._capture(fn, m)
-            except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
-                self.error = f"{type(exc).__name__}: {exc}"
-                torch.cuda.synchronize()
-                with torch.inference_mode():
-                    return fn(self.inputs, m)
+            except Exception as exc:  # noqa: BLE001 - any capture failure means: this step runs eagerly
+                self.errors[self.step(m)] = f"{type(exc).__name__}: {exc}"
+                if self.inputs.is_cuda:
+                    torch.cuda.synchronize()
+        if m not in self.graphs:
+            with torch.inference_mode():
+                return fn(self.inputs, m)
         graph, out = self.graphs[m]
         graph.replay()
         return out
 
     @torch.inference_mode()
     def _capture(self, fn, m: int):
+        if injected_capture_fault(self.step(m)):
+            raise RuntimeError(f"{FAULT_VARIABLE}=capture:{self.step(m)} (a testing aid)")
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compile the Triton kernels and settle the allocator first;
@@ -87,23 +108,25 @@ class StepGraphs:
         self.model, self.cache, self.taps, self.drafter, self.ctx = model, cache, taps, drafter, ctx
         pool = torch.cuda.graph_pool_handle()
         ids = lambda: torch.zeros(MAX_ROWS, dtype=torch.long, device=model.device)  # noqa: E731
-        self.target = _Captured(ids(), pool)
-        self.draft = _Captured(ids(), pool)
+        self.target = _Captured(ids(), pool, "target")
+        self.draft = _Captured(ids(), pool, "draft")
         width = len(taps) * model.cfg.hidden_size
-        self.context = _Captured(torch.zeros(MAX_ROWS, width, dtype=model.dtype, device=model.device), pool)
+        self.context = _Captured(torch.zeros(MAX_ROWS, width, dtype=model.dtype, device=model.device), pool,
+                                 "context")
 
     @property
     def error(self) -> str | None:
-        return self.target.error or self.draft.error or self.context.error
+        """Which step types' captures failed, and why (None: none did)."""
+        return "; ".join(filter(None, (c.error for c in (self.target, self.draft, self.context)))) or None
 
     def covers(self, rows: int) -> bool:
-        return self.target.error is None and rows <= MAX_ROWS
+        return rows <= MAX_ROWS and self.target.covers(rows)
 
     def covers_draft(self, ctx: DraftContext, k: int) -> bool:
-        return self.draft.error is None and ctx is self.ctx and k + 1 <= MAX_ROWS and ctx.holds_block(k + 1)
+        return self.draft.covers(k) and ctx is self.ctx and k + 1 <= MAX_ROWS and ctx.holds_block(k + 1)
 
     def covers_context(self, ctx: DraftContext, rows: int) -> bool:
-        return self.context.error is None and ctx is self.ctx and rows <= MAX_ROWS and ctx.holds_block(rows)
+        return self.context.covers(rows) and ctx is self.ctx and rows <= MAX_ROWS and ctx.holds_block(rows)
 
     def run(self, ids: torch.Tensor) -> ForwardOutput:
         """The forward of ids [m] at cache.length (not committed: the caller advances the cache)."""

@@ -298,7 +298,7 @@ class Drafter:
         window = ctx.window(i)
         scale = cfg.head_dim ** -0.5
         q, kv = qkv[:, :cfg.num_heads], qkv[:, cfg.num_heads:]
-        if use_triton(q) and ctx.holds_block(t):
+        if use_triton(q, "decode_attention") and ctx.holds_block(t):
             from flashdesk.kernels.attention_triton import decode_attention
 
             q = drafter_store_kv(q, kv, layer["q_norm"], layer["k_norm"], cos, sin, eps, ctx.slots(i))
@@ -313,7 +313,7 @@ class Drafter:
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         """h @ head.T; the int4 head in vocab chunks, so a plain-torch dequantization stays small."""
-        if use_triton(h) or not isinstance(self.head, Int4Weight) or self.head.shape[0] <= HEAD_CHUNK_ROWS:
+        if use_triton(h, "linear") or not isinstance(self.head, Int4Weight) or self.head.shape[0] <= HEAD_CHUNK_ROWS:
             return linear(h, self.head)
         rows = self.head.shape[0]
         return torch.cat([linear(h, self.head[i:i + HEAD_CHUNK_ROWS]) for i in range(0, rows, HEAD_CHUNK_ROWS)],

@@ -136,7 +136,7 @@ class KVCache:
         into the cache, and `attend` gets k = v = None); None where `attend` takes k and v and stores
         them itself (longer blocks: a prompt's chunks, 17 tokens as well as 1024)."""
         store = self.layers[layer]
-        if not (use_triton(store.k) and t <= min(self.slack + 1, DECODE_QUERIES)):
+        if not (use_triton(store.k, "decode_attention") and t <= min(self.slack + 1, DECODE_QUERIES)):
             return None
         self._check_write(self.length, t)
         return KVSlots(store.k, store.v, store.k_scale, store.v_scale, self.position, store.capacity)
@@ -164,7 +164,7 @@ class KVCache:
         """Whether a prefill chunk reads this layer's fp8 keys where they are stored: a full layer on
         the Triton path (its kernel converts them as it reads), so no chunk dequantizes the whole
         context (a cost that grew with the square of the prompt, and ~2 GB of workspace at 256K)."""
-        return store.layout.window is None and store.k_scale is not None and use_triton(store.k)
+        return store.layout.window is None and store.k_scale is not None and use_triton(store.k, "prefill_attention")
 
     def _check_write(self, start: int, t: int) -> None:
         if start != self.length or start + t > self.max_context:

@@ -72,6 +72,8 @@ def run_bench(args) -> int:
         args.model, args.draft = demo_pair()
     engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, None, args.draft,
                          draft_quantize=getattr(args, "draft_quantize", "auto"))
+    if engine.fallback_note():  # the bench then measures torch kernels: say so
+        print(f"flashdesk: {engine.fallback_note()}", file=sys.stderr, flush=True)
     progress, close = _progress_bar(getattr(args, "no_progress", False))
     try:
         report = run_suite(engine, plan, args.model, args.draft, progress)

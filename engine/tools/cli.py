@@ -97,6 +97,13 @@ def _parser() -> argparse.ArgumentParser:
     doc.add_argument("--model", help="also check this checkpoint folder")
     doc.add_argument("--draft", help="and this DFlash drafter folder (the memory plan includes it)")
     doc.add_argument("--context", type=positive_int, default=32768, help="context for the memory estimate")
+    doc.add_argument("--kernels", action="store_true",
+                     help="run every GPU kernel against its torch reference on this device (the load's self-test)")
+    doc.add_argument("--json", action="store_true", help="with --kernels: one JSON object")
+    doc.add_argument("--report", nargs="?", const="", metavar="FILE",
+                     help="write one file to send when something fails (versions, GPU and driver, kernel "
+                          "self-tests, the last load, measured step costs, the last errors; no prompts or replies) "
+                          "to FILE, '-' for stdout, or by default the data folder")
 
     models = sub.add_parser("models", help="download, list and check the models (--model / --draft also "
                             "accept a pulled Hub id)")
@@ -221,6 +228,19 @@ def main(argv: list[str] | None = None) -> int:
             from flashdesk.engine.tools.bench import run_bench
 
             return run_bench(args)
+        if args.report is not None:
+            from flashdesk.engine.tools.report import write_report
+
+            where = write_report(args.report or None)
+            if where != "stdout":
+                print(f"wrote {where}: send it with your question (it holds no prompts or replies)")
+            return 0
+        if args.kernels:
+            from flashdesk.engine.tools.doctor import run_kernel_checks
+
+            return run_kernel_checks(args.json)
+        if args.json:
+            raise ValueError("--json goes with --kernels")
         from flashdesk.engine.tools.doctor import run_doctor
 
         return run_doctor(args.model, args.context, args.draft)

@@ -56,6 +56,8 @@ def load_engine(args):
         raise ValueError("--draft-quantize needs --draft")
     engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, args.context, args.draft,
                          args.quantize, draft_quantize=args.draft_quantize)
+    if engine.fallback_note():
+        print(f"flashdesk: {engine.fallback_note()}", file=sys.stderr, flush=True)
     control = None
     if engine.drafter is not None:
         longest = engine.drafter.max_draft_length

@@ -339,3 +339,41 @@ def run_doctor(model_dir: str | None, context: int | None = None, draft_dir: str
         print(f"  {line}")
     print(_verdict_line(lambda: model_verdict(report, _gpu0(), draft_dir)))
     return 0 if report.ok else 1
+
+
+def run_kernel_checks(as_json: bool = False) -> int:
+    """`flashdesk doctor --kernels`: every kernel family against its torch reference on this
+    machine's device, run now (kernels/self_test.py); the results replace what the next load would
+    have reused. Returns 0 when all pass, 1 when one fails (it would run on torch)."""
+    import json
+    from dataclasses import asdict
+
+    torch = _import("torch")
+    from flashdesk.kernels import backend, self_test
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not backend.use_triton(device):
+        note = ("the Triton kernels do not run here, so there is nothing to test (the torch kernels run on the CPU; "
+                "FLASHDESK_KERNELS=triton with TRITON_INTERPRET=1 interprets the Triton ones)")
+        print(json.dumps({"device": str(device), "note": note, "kernels": []}) if as_json
+              else f"kernel self-tests: {note}")
+        return 0
+    results, pdl = self_test.run_and_keep(device)
+    failed = [r.name for r in results if not r.ok]
+    if as_json:
+        print(json.dumps({"device": str(device), "kernels_backend": backend.describe(device), "pdl": pdl,
+                          "kernels": [asdict(r) for r in results], "failed": failed}))
+    else:
+        print(f"Kernel self-tests on {backend.describe(device)} ({device}): each family against its torch "
+              "reference; error relative to the reference's largest value")
+        for r in results:
+            invariant = {True: "batch invariant", False: "NOT batch invariant", None: ""}[r.batch_invariant]
+            measure = "-" if r.max_error is None else f"{r.max_error:.2e} (tolerance {r.tolerance:g})"
+            print(f"  {'ok  ' if r.ok else 'FAIL'} {r.name:<20} {measure:<28} {invariant:<20} {r.seconds:.1f} s")
+            if not r.ok:
+                print(f"       {self_test.why(r)}")
+        if not pdl:
+            print(f"  programmatic dependent launch: off ({self_test.PDL_OFF})")
+        print(f"verdict: {len(results) - len(failed)} of {len(results)} kernel families pass"
+              + (f"; {', '.join(failed)} will run on the slower torch path" if failed else ""))
+    return 1 if failed else 0

@@ -1,0 +1,168 @@
+"""Kernel self-tests and per-kernel fallback (kernels/self_test.py, backend.fall_back): every family
+passes through the interpreter, every injected fault is caught and sent to torch, the engine's
+output then equals the torch path's, and a failed CUDA graph capture runs that step type eagerly."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flashdesk.engine.decode.generation import Engine, GenerationRequest
+from flashdesk.engine.decode.speculative import SpecControl
+from flashdesk.kernels import backend, self_test
+from flashdesk.kernels.backend import KERNELS, kernels
+from tiny_int4 import write_int4_checkpoint
+
+pytest.importorskip("triton")
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def own_data_folder(tmp_path, monkeypatch):
+    """Each test keeps its self-test results apart (they are kept per identity in the data folder)."""
+    monkeypatch.setenv("FLASHDESK_DATA_DIR", str(tmp_path / "data"))
+
+
+def inject(monkeypatch, value: str) -> None:
+    monkeypatch.setenv(backend.FAULT_VARIABLE, value)
+    backend._fault_spec.cache_clear()
+
+
+def doctor_kernels(tmp_path, faults: str = "") -> tuple[int, dict]:
+    env = dict(os.environ, TRITON_INTERPRET="1", FLASHDESK_KERNELS="triton", FLASHDESK_DATA_DIR=str(tmp_path),
+               FLASHDESK_INJECT_FAULT=faults)
+    run = subprocess.run([sys.executable, "-m", "flashdesk", "doctor", "--kernels", "--json"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    return run.returncode, json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_doctor_kernels_passes_every_family_through_the_interpreter(tmp_path):
+    code, report = doctor_kernels(tmp_path)
+    assert code == 0 and report["failed"] == [], report
+    assert [k["name"] for k in report["kernels"]] == list(KERNELS)
+    for k in report["kernels"]:
+        assert k["ok"] and k["max_error"] <= k["tolerance"] and k["batch_invariant"] is not False, k
+    assert list(tmp_path.glob("self-test/*.json"))  # kept for the next load
+
+
+def test_every_injected_fault_is_caught_and_only_those(monkeypatch):
+    inject(monkeypatch, "all")
+    results = self_test.run_self_tests(CPU)
+    assert [r.name for r in results if not r.ok] == list(KERNELS)
+    assert all(r.max_error > 1 for r in results)  # each far off, not a rounding
+    inject(monkeypatch, "kv_write,router,decode_attention")
+    failed = [r.name for r in self_test.run_self_tests(CPU) if not r.ok]
+    assert failed == ["router", "kv_write", "decode_attention"]
+
+
+def test_an_unknown_fault_is_refused_by_name(monkeypatch):
+    inject(monkeypatch, "linear,lineer")
+    with pytest.raises(ValueError, match="unknown 'lineer'.*capture:STEP"):
+        backend.injected_faults()
+
+
+def test_a_kernel_that_raises_fails_its_test_with_the_error(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr("flashdesk.kernels.linear_triton.w4a16_linear", broken)
+    [result] = self_test.run_self_tests(CPU, ["linear"])
+    assert not result.ok and "no kernel image" in result.error
+    self_test.apply([result])
+    assert "linear" in backend.fallbacks() and "failed to run" in backend.fallbacks()["linear"]
+    assert backend.use_triton(CPU, "glu_linear") is False  # outside kernels("triton") the CPU runs torch anyway
+    with kernels("triton"):
+        assert not backend.use_triton(CPU, "linear") and backend.use_triton(CPU, "glu_linear")
+        assert backend.use_triton(CPU)  # the others stay on Triton
+
+
+def test_results_are_kept_per_identity_and_reused(monkeypatch):
+    runs = []
+    real = self_test.run_self_tests
+
+    def counted(device, names=None):
+        runs.append(device)
+        return real(device, ["rms_norm"])
+
+    monkeypatch.setattr(self_test, "run_self_tests", counted)
+    with kernels("triton"):
+        first = self_test.ensure(CPU)
+        again = self_test.ensure(CPU)
+        assert len(runs) == 1 and [r.name for r in again] == [r.name for r in first] == ["rms_norm"]
+        inject(monkeypatch, "rms_norm")  # another identity: run again, and this time it falls back
+        assert not self_test.ensure(CPU)[0].ok and len(runs) == 2
+        assert list(backend.fallbacks()) == ["rms_norm"]
+
+
+@pytest.fixture(scope="module")
+def int4_target(tmp_path_factory):
+    target = tmp_path_factory.mktemp("int4-target")
+    write_int4_checkpoint(target, "conditional", "fused", True, seed=3)
+    return target
+
+
+def greedy(engine, n=8):
+    events = list(engine.generate(GenerationRequest([2, 105, 236, 107, 259, 190], n, ignore_eos=True),
+                                  SpecControl(False)))
+    return events[-1]
+
+
+def test_with_every_kernel_faulty_the_engine_falls_back_and_says_so(int4_target, monkeypatch):
+    """FLASHDESK_INJECT_FAULT=all on the Triton path: the load's self-tests send every family to
+    torch, the greedy output equals the torch path's, and the stats and the note name them."""
+    with kernels("torch"):
+        want = greedy(Engine.load(int4_target, device="cpu", kv_dtype="fp8")).token_ids
+    inject(monkeypatch, "all")
+    stages = []
+    with kernels("triton"):
+        engine = Engine.load(int4_target, device="cpu", kv_dtype="fp8", stage=stages.append)
+        got = greedy(engine)
+    assert stages[:1] == ["checking the GPU kernels on this card (once per driver and version)"]
+    assert got.token_ids == want
+    assert got.stats["fallbacks"] == sorted(KERNELS)
+    assert engine.fallback_note().startswith("add_norm, attention_out_norms, ") and "doctor --kernels" in engine.fallback_note()
+
+
+def test_a_failed_capture_runs_that_step_type_eagerly(monkeypatch):
+    """capture:decode makes the one-row capture fail: decode runs eagerly and says why; verify
+    blocks keep their graphs (their capture is not even tried here: the CPU has none)."""
+    from flashdesk.engine.model.cuda_graphs import _Captured
+
+    inject(monkeypatch, "capture:decode")
+    captured = _Captured(torch.zeros(16), None, "target")
+    out = captured.run(lambda inputs, m: inputs[:m] * 2, torch.tensor([3.0]), 1)
+    assert out.tolist() == [6.0]
+    assert captured.error == "decode: RuntimeError: FLASHDESK_INJECT_FAULT=capture:decode (a testing aid)"
+    assert not captured.covers(1) and captured.covers(16)
+    assert captured.run(lambda inputs, m: inputs[:m] + 1, torch.tensor([3.0]), 1).tolist() == [4.0]  # no retry
+
+
+def test_kernels_that_fail_only_with_pdl_turn_pdl_off_instead(monkeypatch):
+    """Where the families that failed pass when launched without programmatic dependent launch (a
+    fault of PDL itself, say a driver's), they stay on Triton and PDL goes off, for this load and
+    the next; where they fail without it too, PDL stays on and they fall back."""
+    monkeypatch.setattr(backend, "pdl_options", lambda device: {} if backend.pdl_off_reason() else backend.PDL_ON)
+    broken_without_pdl = []
+
+    def run(device, names=None):
+        bad = backend.pdl_off_reason() is None or "moe" in broken_without_pdl
+        return [self_test.Result(n, not (bad and n == "moe"), 5.0 if bad and n == "moe" else 0.0, 0.03, None)
+                for n in names or KERNELS]
+
+    monkeypatch.setattr(self_test, "run_self_tests", run)
+    with kernels("triton"):
+        assert all(r.ok for r in self_test.ensure(CPU))
+        assert backend.fallbacks() == {} and backend.pdl_off_reason() == self_test.PDL_OFF
+        assert Engine.fallback_note().startswith("programmatic dependent launch is off: kernels failed")
+        backend.turn_off_pdl(None)
+        monkeypatch.setattr(self_test, "run_self_tests", lambda *args: pytest.fail("kept results run again"))
+        self_test.ensure(CPU)
+        assert backend.pdl_off_reason() == self_test.PDL_OFF
+        monkeypatch.setattr(self_test, "run_self_tests", run)
+        broken_without_pdl.append("moe")
+        results, pdl = self_test.run_and_keep(CPU)
+        self_test.apply(results, pdl)
+        assert pdl and backend.pdl_off_reason() is None and list(backend.fallbacks()) == ["moe"]
