@@ -148,6 +148,9 @@ KERNELS = {
     "decode_attention": "decode and verify attention over the cache",
     "prefill_attention": "prefill attention",
 }
+# A decode or verify step's K/V go into the cache inside the head norms' kernel (with the cache
+# write's code) and are read where they are by decode attention: all three, or the torch path's
+STEP_FAMILIES = ("head_norms", "kv_write", "decode_attention")
 _fallbacks: dict[str, str] = {}  # family -> why it runs on torch
 _ignoring_fallbacks = False
 
@@ -284,7 +287,22 @@ def _pdl_allowed() -> bool:
 @cache
 def _pdl_capable(index: int) -> bool:
     major, minor = torch.cuda.get_device_capability(index)
-    return major * 10 + minor >= PDL_CAPABILITY
+    return major * 10 + minor >= PDL_CAPABILITY and _triton_has_pdl()
+
+
+PDL_TRITON = (3, 9)  # the Triton whose PTX kernels.check read: the wait first, and the release kept
+
+
+@cache
+def _triton_has_pdl() -> bool:
+    """Whether this Triton launches with PDL and emits both instructions as kernels.check found
+    (an older one may not know `launch_pdl`, or drop the release as dead code)."""
+    try:
+        import triton
+    except ImportError:
+        return False
+    version = tuple(int(part) for part in triton.__version__.split(".")[:2] if part.isdigit())
+    return version >= PDL_TRITON
 
 
 def pdl_options(device: torch.device) -> dict:
@@ -294,7 +312,7 @@ def pdl_options(device: torch.device) -> dict:
     them as such a card's."""
     if _pdl_recording:
         return PDL_ON
-    if device.type != "cuda" or not _pdl_allowed() or _pdl_off:
+    if device.type != "cuda" or interpreted() or not _pdl_allowed() or _pdl_off:
         return {}
     return PDL_ON if _pdl_capable(device.index if device.index is not None else torch.cuda.current_device()) else {}
 

@@ -213,7 +213,7 @@ def _compile(module: str, index: int, name: str, cap: int, perf: bool = False) -
         error = f"shared memory {shared} bytes is over {arch}'s {SHARED_LIMIT[cap]} bytes per block"
     row = _row(name, module, arch, error=error, registers=usage["REG"], shared_bytes=shared,
                local_bytes=local, stack_bytes=usage["STACK"], spill_stores=spill_stores, seconds=seconds,
-               pdl="griddepcontrol.wait" in compiled.asm["ptx"])
+               pdl=pdl_in_ptx(compiled.asm["ptx"]))
     if perf:
         row["spill_bytes"] = local
         try:
@@ -221,6 +221,18 @@ def _compile(module: str, index: int, name: str, cap: int, perf: bool = False) -
         except Exception as exc:  # noqa: BLE001 - the compile stands; the model says what failed
             row["perf_error"] = _describe(exc)
     return row
+
+
+def pdl_in_ptx(ptx: str) -> bool:
+    """Whether a kernel runs under programmatic dependent launch safely and usefully: it waits
+    (griddepcontrol.wait) before its first global load, store or atomic, and releases the next
+    kernel (griddepcontrol.launch_dependents: a Triton that drops it as dead code would not)."""
+    accesses = re.compile(r"\b(ld|st|atom|red|cp\.async)\.(global|async)|\bcp\.async")
+    lines = ptx.splitlines()
+    wait = next((i for i, line in enumerate(lines) if "griddepcontrol.wait" in line), None)
+    first = next((i for i, line in enumerate(lines) if accesses.search(line)), None)
+    released = any("griddepcontrol.launch_dependents" in line for line in lines)
+    return wait is not None and released and (first is None or wait < first)
 
 
 def _perf_fields(spec, compiled, cap: int, registers: int, shared: int) -> dict:

@@ -94,7 +94,8 @@ def routed_moe(x, gate_up, down, router_x: torch.Tensor, router, top_k: int, per
     """The router's logits linear(router_x, router) [T, E], their top-k (router.route), then `moe`.
     On the fused path a decode or verify block's router projection, its routing and the grouping of
     its pairs by expert are one kernel."""
-    if use_triton(x, "moe") and isinstance(gate_up, Int4Weight) and isinstance(down, Int4Weight):
+    fused = all(use_triton(x, family) for family in ("moe", "router", "linear"))  # its router runs theirs
+    if fused and isinstance(gate_up, Int4Weight) and isinstance(down, Int4Weight):
         from flashdesk.kernels.moe_triton import fused_router_moe
 
         return faulty("moe", fused_router_moe(x, gate_up, down, router_x, router, top_k, per_expert_scale, summed))

@@ -67,7 +67,7 @@ def qkv_norms(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos
     kernel on the Triton path instead of three norms, two copies, ten elementwise ops and the cache
     write; heads of a size that is not a power of two take those ops."""
     if (use_triton(qkv, "head_norms") and qkv.dim() == 2 and qkv.stride(1) == 1
-            and (into is None or qkv.shape[0] <= into.capacity)):
+            and (into is None or qkv.shape[0] <= into.capacity and use_triton(qkv, "kv_write"))):
         from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
 
         q, kv = qkv.view(qkv.shape[0], -1, head_dim).split([heads, qkv.shape[1] // head_dim - heads], dim=1)
@@ -121,7 +121,7 @@ def drafter_store_kv(q: torch.Tensor | None, kv: torch.Tensor, q_norm: torch.Ten
     kv [T, 2 Hkv, D], the k heads then the v heads. Returns q's, or None. One kernel on the Triton
     path for up to the cache's capacity of tokens (else the norms, then kv_write keeps the newest)."""
     heads, d = kv.shape[1] // 2, kv.shape[-1]
-    if use_triton(kv, "head_norms") and kv.shape[0] <= into.capacity:
+    if use_triton(kv, "head_norms") and use_triton(kv, "kv_write") and kv.shape[0] <= into.capacity:
         from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
 
         if heads_fusable(q, d) and heads_fusable(kv, d):

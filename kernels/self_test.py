@@ -19,7 +19,9 @@ they run on the CPU, which is how CI checks them.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
+import os
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -124,10 +126,12 @@ def _rows_alone(run: Callable[[slice], object], rows: int = 16) -> bool:
 
 def _int4(gen, shape: tuple, group: int, device, asym: bool = False):
     """Random packed int4 weights [..., out, in] with bf16 group scales (int8 zero points when asym)."""
-    from flashdesk.kernels.int4 import Int4Weight, pack_int4
+    from flashdesk.kernels.int4 import Int4Weight
 
     groups = (*shape[:-1], shape[-1] // group)
-    q = pack_int4(torch.randint(-8, 8, shape, generator=gen))
+    # random 32-bit words are eight random nibbles: drawn as packed (the experts' nibbles one by one
+    # would be half a billion int64s at the real shapes)
+    q = torch.randint(-2**31, 2**31 - 1, (*shape[:-1], shape[-1] // 8), generator=gen, dtype=torch.int32)
     scale = (torch.rand(groups, generator=gen) * 0.02 + 0.005).to(torch.bfloat16)
     zero = torch.randint(-3, 4, groups, generator=gen).to(torch.int8).to(device) if asym else None
     return Int4Weight(q.to(device), scale.to(device), zero, group)
@@ -191,27 +195,47 @@ def _rope(t: int, dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _head_norms(d: Dims, device) -> tuple[float, bool]:
-    from flashdesk.kernels.norm import drafter_qk_norms, qkv_norms
+    """Gemma's q/k/v norms with RoPE (v a norm of its own or of k), returned or with K/V stored into
+    a cache as decode steps store them; the drafter's q/k norms, and its store of k and v."""
+    from flashdesk.kernels.kv_write import KVSlots
+    from flashdesk.kernels.norm import drafter_qk_norms, drafter_store_kv, qkv_norms
 
     gen = _gen(5)
     worst, invariant = 0.0, True
+    start = torch.tensor([5], dtype=torch.int32, device=device)
     for dim, kv_heads, _ in d.layers:
+        cos, sin = _rope(16, dim, device)
         for k_eq_v in (False, True):
             width = (d.q_heads + kv_heads * (1 if k_eq_v else 2)) * dim
             qkv = _randn(16, width, gen=gen, device=device, scale=2)
             q_w, k_w = ((torch.rand(dim, generator=gen) + 0.5).to(device) for _ in range(2))
-            cos, sin = _rope(16, dim, device)
 
-            def run(rows, qkv=qkv, q_w=q_w, k_w=k_w, cos=cos, sin=sin, dim=dim, kv_heads=kv_heads, k_eq_v=k_eq_v):
+            def run(rows, qkv=qkv, q_w=q_w, k_w=k_w, dim=dim, kv_heads=kv_heads, k_eq_v=k_eq_v):
                 return qkv_norms(qkv[rows], q_w, k_w, cos[rows], sin[rows], 1e-6, d.q_heads, kv_heads, dim, k_eq_v)
 
             worst = max(worst, _error(*_both(lambda: run(slice(0, 16)))))
             invariant &= _rows_alone(run)
+
+            def stored(qkv=qkv, q_w=q_w, k_w=k_w, dim=dim, kv_heads=kv_heads, k_eq_v=k_eq_v):
+                # a bf16 cache: in fp8 a value rounded differently before it is stored may land one fp8
+                # step (1/8) away; the fp8 rounding itself is kv_write's check, the same code
+                cache = _Cache(24, kv_heads, dim, False, device)
+                into = KVSlots(cache.k, cache.v, None, None, start, cache.capacity)
+                q = qkv_norms(qkv, q_w, k_w, cos, sin, 1e-6, d.q_heads, kv_heads, dim, k_eq_v, into)[0]
+                return (q, *cache.read(torch.arange(5, 21)))
+
+            worst = max(worst, _error(*_both(stored)))
         q = _randn(16, d.q_heads, dim, gen=gen, device=device)
-        k = _randn(16, kv_heads, dim, gen=gen, device=device)
-        cos, sin = _rope(16, dim, device)
+        kv = _randn(16, 2 * kv_heads, dim, gen=gen, device=device)
         w = (torch.rand(dim, generator=gen) + 0.5).to(device=device, dtype=torch.bfloat16)
-        worst = max(worst, _error(*_both(lambda: drafter_qk_norms(q, k, w, w, cos, sin, 1e-6))))
+        worst = max(worst, _error(*_both(lambda: drafter_qk_norms(q, kv[:, :kv_heads], w, w, cos, sin, 1e-6))))
+
+        def drafter_stored(q=q, kv=kv, w=w, dim=dim, kv_heads=kv_heads):
+            cache = _Cache(24, kv_heads, dim, False, device)
+            into = KVSlots(cache.k, cache.v, None, None, start, cache.capacity)
+            return (drafter_store_kv(q, kv, w, w, cos, sin, 1e-6, into), *cache.read(torch.arange(5, 21)))
+
+        worst = max(worst, _error(*_both(drafter_stored)))
     return worst, invariant
 
 
@@ -257,15 +281,22 @@ def _router(d: Dims, device) -> tuple[float, None]:
 
 
 def _moe(d: Dims, device) -> tuple[float, bool]:
+    """The routed experts as a decode or verify block runs them (the router's projection, routing,
+    grouping and both expert kernels). Each token's router input is one-hot and the router's weights
+    multiples of 1/16, so its logits are exact and distinct on every path: no tie can pick another
+    expert on one of them (router's own check covers ties)."""
     from flashdesk.kernels.moe import routed_moe
 
     gen = _gen(8)
-
     gate_up = _int4(gen, (d.experts, 2 * d.expert_inter, d.hidden), d.group, device)
     down = _int4(gen, (d.experts, d.hidden, d.expert_inter), d.group, device)
-    router = _randn(d.experts, d.hidden, gen=gen, device=device, scale=0.1)
+    router = torch.zeros(d.experts, d.hidden)
+    for t in range(16):
+        router[:, t] = torch.randperm(d.experts, generator=gen) / 16
+    router = router.to(device=device, dtype=torch.bfloat16)
+    router_x = torch.eye(16, d.hidden).to(device=device, dtype=torch.bfloat16)
     scale = (torch.rand(d.experts, generator=gen) + 0.5).to(device)
-    x, router_x = (_randn(16, d.hidden, gen=gen, device=device) for _ in range(2))
+    x = _randn(16, d.hidden, gen=gen, device=device)
 
     def run(rows):
         return routed_moe(x[rows], gate_up, down, router_x[rows], router, d.top_k, scale, summed=True)
@@ -339,10 +370,11 @@ def _decode_attention(d: Dims, device) -> tuple[float, bool]:
                 for lo in range(0, end, 16):
                     cache.write(k[lo:min(lo + 16, end)], v[lo:min(lo + 16, end)], lo)
 
-            def attend(block_start, rows, cache=cache, window=window, capacity=capacity):
+            def attend(block_start, rows, cache=cache, window=window, capacity=capacity, causal=True):
                 return decode_attention(rows, cache.k, cache.v, cache.k_scale, cache.v_scale,
                                         torch.tensor([block_start], dtype=torch.int32, device=device), window,
-                                        capacity, dim ** -0.5, capacity if window is None else end + 16)
+                                        capacity, dim ** -0.5, capacity if window is None else end + 16,
+                                        causal=causal)
 
             with kernels("triton"):
                 block = attend(start, q[start:end])
@@ -355,6 +387,13 @@ def _decode_attention(d: Dims, device) -> tuple[float, bool]:
             with kernels("triton"):
                 alone = attend(end - 1, q[end - 1:end])
             invariant &= torch.equal(alone[0], block[-1])
+            if window is None:  # the drafter's full layers: every query of the block sees all of it
+                with kernels("triton"):
+                    both_ways = attend(start, q[start:end], causal=False)
+                keys, values = cache.read(torch.arange(0, end))
+                want = attention_reference(q[start:end].float(), keys, values, torch.arange(start, end, device=device),
+                                           torch.arange(0, end, device=device), None, dim ** -0.5, causal=False)
+                worst = max(worst, _error(both_ways, want))
     return worst, invariant
 
 
@@ -413,6 +452,9 @@ def run_self_tests(device: torch.device, names=None) -> list[Result]:
                 result = Result(name, False, None, tolerance, None, f"{type(exc).__name__}: {exc}"[:500])
             result.seconds = round(time.perf_counter() - start, 2)
             results.append(result)
+    if device.type == "cuda":  # give back what the checks allocated before the load measures free memory
+        gc.collect()
+        torch.cuda.empty_cache()
     return results
 
 
@@ -427,7 +469,8 @@ def _identity(device: torch.device) -> dict:
 
     ident = {"checks": VERSION, "flashdesk": __version__, "torch": torch.__version__,
              "triton": metadata.version("triton"), "device": device.type,
-             "interpreted": backend.interpreted(), "faults": sorted(backend.injected_faults())}
+             "interpreted": backend.interpreted(), "faults": sorted(backend.injected_faults()),
+             "pdl": os.environ.get(backend.PDL_VARIABLE, "")}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         ident |= {"gpu": props.name, "capability": f"{props.major}.{props.minor}",
@@ -510,7 +553,10 @@ def kept_results(device: torch.device) -> tuple[list[Result], bool] | None:
 
 def keep(device: torch.device, results: list[Result], pdl: bool = True) -> None:
     """Keep results (and whether PDL stays on) for the next load on this device; a doctor run
-    replaces the load's."""
+    replaces the load's. Not where a kernel raised: that may pass (out of memory, say), so the next
+    load runs them again."""
+    if any(r.error for r in results):
+        return
     ident = _identity(device)
     where = _cache_file(ident)
     try:

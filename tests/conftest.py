@@ -35,7 +35,8 @@ TIERS = {
 SLOW_TESTS = ("test_prefix_reuse.py::test_the_triton_path_resumes_the_same_way",
               "test_pipelined_steps.py::test_a_stop_string_undoes_the_step_launched_ahead[triton]",
               "test_perf_model.py::test_a_recorded_step_reads_what_step_bytes_counts",
-              "test_memory_plan.py::test_the_plan_matches_what_a_full_context_allocates[fp8-triton]")
+              "test_memory_plan.py::test_the_plan_matches_what_a_full_context_allocates[fp8-triton]",
+              "test_self_test.py::test_some_kernels_on_torch_give_the_torch_paths_output")
 DEFAULT_TIER = ("test_triton_path.py::test_triton_path_equals_transformers_and_the_torch_path[conditional-per_expert-False]",
                 "test_triton_path.py::test_kernels_are_named_for_each_choice")
 

@@ -253,3 +253,12 @@ def test_pdl_launch_options_follow_the_card_and_the_switch(monkeypatch):
             backend.pdl_options(cuda)
     finally:
         backend._pdl_allowed.cache_clear()
+
+
+def test_pdl_counts_only_a_wait_before_every_global_access_and_a_release():
+    wait, release = "griddepcontrol.wait ;", "griddepcontrol.launch_dependents ;"
+    load, store = "ld.global.b16 { %rs1 }, [ %rd1 + 0 ];", "st.global.b16 [ %rd2 + 0 ], { %rs1 };"
+    assert kcheck.pdl_in_ptx("\n".join([wait, release, load, store]))
+    assert not kcheck.pdl_in_ptx("\n".join([load, wait, release, store]))  # read before the wait
+    assert not kcheck.pdl_in_ptx("\n".join([wait, load, store]))  # never releases the next kernel
+    assert not kcheck.pdl_in_ptx("\n".join([load, store]))

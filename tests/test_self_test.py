@@ -166,3 +166,48 @@ def test_kernels_that_fail_only_with_pdl_turn_pdl_off_instead(monkeypatch):
         results, pdl = self_test.run_and_keep(CPU)
         self_test.apply(results, pdl)
         assert pdl and backend.pdl_off_reason() is None and list(backend.fallbacks()) == ["moe"]
+
+
+def test_with_a_kernel_on_torch_steps_are_not_captured():
+    """A torch kernel may slice the cache by host integers, which a graph replay would freeze at
+    the capture's values: no graphs while any family runs on torch."""
+    from flashdesk.engine.model.cuda_graphs import graphs_wanted
+
+    cuda = torch.device("cuda")
+    assert graphs_wanted(cuda) == (True, "on")
+    backend.fall_back("moe", "off by 3.2")
+    assert graphs_wanted(cuda) == (False, "off: moe run on torch after their self-test")
+
+
+def test_a_capture_that_fails_with_pdl_is_tried_once_more_without_it(monkeypatch):
+    """Capturing PDL launches is newer in drivers than the rest: a failed capture is tried again
+    without PDL, which then stays off, before the step type is given up to eager execution."""
+    from flashdesk.engine.model import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "pdl_options", lambda device: {} if backend.pdl_off_reason() else backend.PDL_ON)
+    tries = []
+
+    def capture(self, fn, m):
+        tries.append(backend.pdl_off_reason())
+        if backend.pdl_off_reason() is None:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return ("graph", fn(self.inputs, m))
+
+    monkeypatch.setattr(cuda_graphs._Captured, "_capture", capture)
+    captured = cuda_graphs._Captured(torch.zeros(16), None, "target")
+    captured._failed(lambda inputs, m: inputs[:m], 2, "RuntimeError: operation not permitted when stream is capturing")
+    assert 2 in captured.graphs and captured.errors == {}
+    assert backend.pdl_off_reason().startswith("a CUDA graph capture failed with it (RuntimeError: operation")
+    assert tries == [backend.pdl_off_reason()]
+
+
+@pytest.mark.parametrize("faults", ["kv_write,router", "decode_attention"])
+def test_some_kernels_on_torch_give_the_torch_paths_output(int4_target, monkeypatch, faults):
+    """Families fall back alone, whole (the K/V store inside the head norms goes with kv_write, the
+    fused router with router), and the output is still the torch path's."""
+    with kernels("torch"):
+        want = greedy(Engine.load(int4_target, device="cpu", kv_dtype="fp8")).token_ids
+    inject(monkeypatch, faults)
+    with kernels("triton"):
+        got = greedy(Engine.load(int4_target, device="cpu", kv_dtype="fp8"))
+    assert got.stats["fallbacks"] == sorted(faults.split(",")) and got.token_ids == want

@@ -19,7 +19,7 @@ from flashdesk.engine.decode.speculative import PENDING_LIMIT, PREFILL_CHUNK
 from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
-from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.backend import fallbacks, use_triton
 from flashdesk.kernels.compile_ahead import compile_ahead
 
 
@@ -31,7 +31,7 @@ def compile_generation_kernels(model: Gemma4, cache: KVCache, drafter: Drafter |
     first use. The cache and context must be empty and are left empty."""
     if cache.length or (ctx is not None and ctx.length):
         raise ValueError("kernels compile ahead on an empty cache and drafter context only")
-    if not use_triton(model.device):  # the torch path would run the passes for real, on garbage
+    if not use_triton(model.device) or fallbacks():  # a torch kernel would run for real, on garbage
         return None
     began = time.perf_counter()
     taps = drafter.cfg.target_layer_ids if drafter is not None else ()

@@ -28,7 +28,7 @@ from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
 from flashdesk.engine.decode.draft_length import AutoDraftLength, StepCosts
-from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.backend import fallbacks, use_triton
 from flashdesk.protocol import AUTO_DRAFT_LENGTH
 from flashdesk.engine.decode.sampling import SamplingParams, draw, make_generator, probabilities, sample, verify_draft
 
@@ -134,7 +134,7 @@ class Decoder:
         self.pending: list[torch.Tensor] = []  # target features not yet in the drafter's context
         # write a verified block's context before knowing how much of it is kept: a row's K/V must
         # not depend on how many rows are written with it (the Triton kernels' batch invariance)
-        self.context_ahead = drafter is not None and use_triton(model.device)
+        self.context_ahead = drafter is not None and use_triton(model.device) and not fallbacks()
         self.generator = make_generator(sampling, model.device)
         self.last: torch.Tensor | None = None  # [1]: sampled, not yet run through the target
 

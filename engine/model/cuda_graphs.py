@@ -25,7 +25,8 @@ import torch
 from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import ForwardOutput, Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
-from flashdesk.kernels.backend import FAULT_VARIABLE, injected_capture_fault, use_triton
+from flashdesk.kernels.backend import (FAULT_VARIABLE, fallbacks, injected_capture_fault, pdl_options, turn_off_pdl,
+                                       use_triton)
 
 MAX_ROWS = 16  # the anchor and up to 15 drafts: DFlash's block
 
@@ -38,6 +39,8 @@ def graphs_wanted(device: torch.device) -> tuple[bool, str]:
         return False, "off (FLASHDESK_CUDA_GRAPHS=0)"
     if not use_triton(device):
         return False, "off: the torch kernels are in use (FLASHDESK_KERNELS=torch)"
+    if fallbacks():  # a torch kernel may slice by host integers: a replay would reuse the capture's
+        return False, f"off: {', '.join(sorted(fallbacks()))} run on torch after their self-test"
     return True, "on"
 
 
@@ -72,15 +75,29 @@ class _Captured:
             try:
                 self.graphs[m] = self._capture(fn, m)
             except Exception as exc:  # noqa: BLE001 - any capture failure means: this step runs eagerly
-                self.errors[self.step(m)] = f"{type(exc).__name__}: {exc}"
-                if self.inputs.is_cuda:
-                    torch.cuda.synchronize()
+                self._failed(fn, m, f"{type(exc).__name__}: {exc}")
         if m not in self.graphs:
             with torch.inference_mode():
                 return fn(self.inputs, m)
         graph, out = self.graphs[m]
         graph.replay()
         return out
+
+    def _failed(self, fn, m: int, why: str) -> None:
+        """A capture failed: where kernels launch with programmatic dependent launch, try once more
+        without it (capturing its launches is newer in drivers than the rest), PDL then staying off;
+        else the step type runs eagerly from now on."""
+        if self.inputs.is_cuda:
+            torch.cuda.synchronize()
+        if pdl_options(self.inputs.device) and not injected_capture_fault(self.step(m)):
+            turn_off_pdl(f"a CUDA graph capture failed with it ({why})")
+            try:
+                self.graphs[m] = self._capture(fn, m)
+                return
+            except Exception as exc:  # noqa: BLE001 - not PDL's doing: PDL back on, the step eager
+                turn_off_pdl(None)
+                why = f"{type(exc).__name__}: {exc}"
+        self.errors[self.step(m)] = why
 
     @torch.inference_mode()
     def _capture(self, fn, m: int):

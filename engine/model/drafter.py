@@ -28,7 +28,7 @@ from flashdesk.engine.model.kv_cache import ring_keeps
 from flashdesk.engine.loading.quant import quantize_on_load
 from flashdesk.engine.loading.weights import load_tensors, scan_checkpoint, validate
 from flashdesk.kernels.attention import attention
-from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.backend import STEP_FAMILIES, use_triton
 from flashdesk.kernels.int4 import Int4Weight, quantize_int4, weight_nbytes
 from flashdesk.kernels.kv_write import KVSlots
 from flashdesk.kernels.linear import concat_rows, glu_linear, linear, rows_from
@@ -298,7 +298,7 @@ class Drafter:
         window = ctx.window(i)
         scale = cfg.head_dim ** -0.5
         q, kv = qkv[:, :cfg.num_heads], qkv[:, cfg.num_heads:]
-        if use_triton(q, "decode_attention") and ctx.holds_block(t):
+        if all(use_triton(q, family) for family in STEP_FAMILIES) and ctx.holds_block(t):
             from flashdesk.kernels.attention_triton import decode_attention
 
             q = drafter_store_kv(q, kv, layer["q_norm"], layer["k_norm"], cos, sin, eps, ctx.slots(i))

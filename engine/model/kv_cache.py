@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from flashdesk.kernels.attention import DECODE_QUERIES, attention
-from flashdesk.kernels.backend import use_triton
+from flashdesk.kernels.backend import STEP_FAMILIES, use_triton
 from flashdesk.kernels.kv_write import FP8, FP8_MAX, KVSlots  # noqa: F401 (FP8_MAX re-exported)
 from flashdesk.kernels.kv_write import quantize_reference as quantize
 
@@ -136,7 +136,8 @@ class KVCache:
         into the cache, and `attend` gets k = v = None); None where `attend` takes k and v and stores
         them itself (longer blocks: a prompt's chunks, 17 tokens as well as 1024)."""
         store = self.layers[layer]
-        if not (use_triton(store.k, "decode_attention") and t <= min(self.slack + 1, DECODE_QUERIES)):
+        triton = all(use_triton(store.k, family) for family in STEP_FAMILIES)
+        if not (triton and t <= min(self.slack + 1, DECODE_QUERIES)):
             return None
         self._check_write(self.length, t)
         return KVSlots(store.k, store.v, store.k_scale, store.v_scale, self.position, store.capacity)
