@@ -184,7 +184,8 @@ def _add_norm(d: Dims, device) -> tuple[float, bool]:
     gen = _gen(4)
     h, y = (_randn(16, d.hidden, gen=gen, device=device, scale=2) for _ in range(2))
     w = (torch.rand(d.hidden, generator=gen) + 0.5).to(device=device, dtype=torch.bfloat16)
-    worst = max(_error(*_both(lambda: add_qwen_norm(h, y, w, 1e-6))), _error(*_both(lambda: add_qwen_norm(h, None, w, 1e-6))))
+    worst = max(_error(*_both(lambda: add_qwen_norm(h, y, w, 1e-6))),
+                _error(*_both(lambda: add_qwen_norm(h, None, w, 1e-6))))
     return worst, _rows_alone(lambda rows: add_qwen_norm(h[rows], y[rows], w, 1e-6))
 
 

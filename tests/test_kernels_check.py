@@ -237,6 +237,7 @@ def test_pdl_launch_options_follow_the_card_and_the_switch(monkeypatch):
 
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(backend, "_pdl_capable", lambda index: index == 0)
+    monkeypatch.setattr(backend, "interpreted", lambda: False)  # the tests' CUDA tensors would be a GPU's
     try:
         assert backend.pdl_options(torch.device("cpu")) == {}
         with backend.recording_pdl():
@@ -244,6 +245,9 @@ def test_pdl_launch_options_follow_the_card_and_the_switch(monkeypatch):
         backend._pdl_allowed.cache_clear()
         assert backend.pdl_options(cuda) == backend.PDL_ON
         assert backend.pdl_options(torch.device("cuda", 1)) == {}  # an older card beside it
+        backend.turn_off_pdl("a self-test passed only without it")
+        assert backend.pdl_options(cuda) == {}
+        backend.turn_off_pdl(None)
         monkeypatch.setenv("FLASHDESK_PDL", "0")
         backend._pdl_allowed.cache_clear()
         assert backend.pdl_options(cuda) == {}

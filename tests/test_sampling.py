@@ -55,3 +55,14 @@ def test_draws_follow_the_filtered_distribution():
 def test_invalid_parameters_are_refused(kwargs):
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)
+
+
+def test_suppressed_tokens_are_never_picked_greedy_or_sampled():
+    from flashdesk.engine.decode.sampling import verify_draft
+
+    logits = torch.tensor([[0.0, 5.0, 4.0, 1.0]])
+    assert sample(logits, SamplingParams(suppress=(1,)), None).tolist() == [2]
+    probs = probabilities(logits, SamplingParams(temperature=1.0, suppress=(1, 3)))
+    assert probs[0, 1] == 0 and probs[0, 3] == 0 and torch.isclose(probs.sum(), torch.tensor(1.0))
+    accepted, bonus = verify_draft(torch.tensor([1]), None, logits.repeat(2, 1), SamplingParams(suppress=(1,)), None)
+    assert (int(accepted), int(bonus)) == (0, 2)  # a draft of a suppressed token is rejected

@@ -123,7 +123,8 @@ def test_with_every_kernel_faulty_the_engine_falls_back_and_says_so(int4_target,
     assert stages[:1] == ["checking the GPU kernels on this card (once per driver and version)"]
     assert got.token_ids == want
     assert got.stats["fallbacks"] == sorted(KERNELS)
-    assert engine.fallback_note().startswith("add_norm, attention_out_norms, ") and "doctor --kernels" in engine.fallback_note()
+    note = engine.fallback_note()
+    assert note.startswith("add_norm, attention_out_norms, ") and "doctor --kernels" in note
 
 
 def test_a_failed_capture_runs_that_step_type_eagerly(monkeypatch):

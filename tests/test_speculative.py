@@ -176,3 +176,35 @@ def test_loading_reports_progress_through_the_weights(spec_pair):
     assert seen == sorted(seen) and 0 < seen[0] < 0.1
     assert seen[-1] == pytest.approx(1.0)
     assert any(0.9 < f < 0.96 for f in seen)  # the target ends at 95%, the drafter takes the rest
+
+
+def test_suppressed_tokens_are_never_emitted_as_transformers_suppresses_them(spec_pair, monkeypatch):
+    """generation_config.json's suppress_tokens: greedy output equals transformers' generate with
+    the same suppress_tokens (its tokens masked at every step), with speculation on and off; the
+    drafter's proposals of them are rejected."""
+    engine, _, reference, _ = spec_pair
+    prompt = PROMPTS[0]
+    free, _ = our_trace(engine, prompt, 24, SpecControl(enabled=False), ignore_eos=True)
+    suppress = tuple(sorted(set(free.token_ids[:6])))  # what it would have said first
+    with torch.no_grad():
+        seq = reference.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                                 suppress_tokens=list(suppress),
+                                 eos_token_id=None, pad_token_id=0)
+    want = seq[0, len(prompt):].tolist()
+    monkeypatch.setattr(engine, "suppress_tokens", suppress)
+    plain, _ = our_trace(engine, prompt, 24, SpecControl(enabled=False), ignore_eos=True)
+    assert plain.token_ids == want and not set(want) & set(suppress)
+    for k in (3, 15):
+        assert our_trace(engine, prompt, 24, SpecControl(True, k), ignore_eos=True)[0].token_ids == want
+
+
+def test_suppress_tokens_are_read_from_the_generation_config(tmp_path):
+    from flashdesk.engine.hub.model_card import suppress_tokens
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"suppress_tokens": [7, 3, 7]}))
+    assert suppress_tokens(tmp_path, 512) == (3, 7)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"suppress_tokens": [3, 9999]}))
+    with pytest.raises(ValueError, match="suppress_tokens must be a list of token ids in 0..511"):
+        suppress_tokens(tmp_path, 512)
+    (tmp_path / "generation_config.json").write_text("{}")
+    assert suppress_tokens(tmp_path, 512) == ()

@@ -10,13 +10,14 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
 from flashdesk.engine.decode.chat import ANSWER, ChannelSplitter, StopStrings, eos_ids, load_tokenizer
+from flashdesk.engine.hub.model_card import suppress_tokens
 from flashdesk.engine.model.config import load_config, load_draft_config
 from flashdesk.engine.errors import ContextOverflowError
 from flashdesk.engine.model.cuda_graphs import StepGraphs, graphs_wanted
@@ -130,6 +131,7 @@ class Engine:
         self.default_draft_length: int | str | None = None
         self.default_note = ""  # why, in words (empty: no bench of this pair on this card yet)
         self.kernel_checks: list = []  # the kernel self-tests' results at load (kernels/self_test.py)
+        self.suppress_tokens: tuple[int, ...] = ()  # generation_config.json's: never emitted
 
     @staticmethod
     def fallback_note() -> str:
@@ -208,6 +210,7 @@ class Engine:
         limit = min(context_limit or model.cfg.max_position_embeddings, model.cfg.max_position_embeddings)
         engine = cls(model, tokenizer, eos, kv, limit, drafter)
         engine.kernel_checks = checks
+        engine.suppress_tokens = suppress_tokens(Path(model_dir), model.cfg.vocab_size)
         if drafter is not None:
             engine.costs_path = _costs_path(dev, model_dir, draft_dir, torch_dtype, kv, draft_quantize)
             engine.use_benched_default(dev, model_dir, draft_dir)
@@ -270,7 +273,10 @@ class Engine:
             measuring = self.auto.costs is None
         prefix = self._step_state()
         reused = prefix.start(prompt, request.reuse)
-        decoder = Decoder(self.model, self.drafter, self.context_limit, self.kv_dtype, request.sampling, eos,
+        sampling = request.sampling  # with the checkpoint's suppressed tokens, greedy or not
+        if self.suppress_tokens and not sampling.suppress:
+            sampling = replace(sampling, suppress=self.suppress_tokens)
+        decoder = Decoder(self.model, self.drafter, self.context_limit, self.kv_dtype, sampling, eos,
                           self._cache, self._ctx, self._graphs, self.auto, self.default_draft_length)
         text = _TextOutput(self.tokenizer, request.stop_strings)
         tokens: list[int] = []

@@ -3,11 +3,15 @@
 Order: temperature, then top-k (keep the k largest scores), then softmax, then top-p (keep a token
 while the mass of the tokens ranked above it is below p), then renormalize. Temperature 0 is
 greedy (argmax). The same `probabilities()` serves the target (p) and the drafter (q) so that
-speculative rejection sampling sees both through the same filters.
+speculative rejection sampling sees both through the same filters. Tokens in `suppress` (a
+checkpoint's generation_config.json `suppress_tokens`) get a score of -inf before anything else,
+as transformers' SuppressTokensLogitsProcessor does: never emitted, greedy or sampled, and a draft
+proposing one is rejected.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +23,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    suppress: tuple[int, ...] = ()  # token ids never emitted
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -33,9 +38,23 @@ class SamplingParams:
         return self.temperature <= 0
 
 
+def suppressed(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits with params.suppress set to -inf (the same tensor when there are none)."""
+    if not params.suppress:
+        return logits
+    return logits.index_fill(-1, _ids_on(params.suppress, logits.device), float("-inf"))
+
+
+@functools.lru_cache(maxsize=8)
+def _ids_on(ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The ids as a device tensor, copied once: a copy from the host every step would wait for the
+    kernels before it (a pageable copy), and a step is launched before the last one's tokens are read."""
+    return torch.tensor(ids, dtype=torch.long, device=device)
+
+
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits [..., V] -> filtered probabilities [..., V] in fp32 (params must not be greedy)."""
-    scores = logits.float() / params.temperature
+    scores = suppressed(logits.float(), params) / params.temperature
     vocab = scores.shape[-1]
     indices = None
     if 0 < params.top_k < vocab:
@@ -72,7 +91,7 @@ def make_generator(params: SamplingParams, device) -> torch.Generator | None:
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     """Pick one token per row of logits [..., V]."""
     if params.greedy:
-        return torch.argmax(logits, dim=-1)
+        return torch.argmax(suppressed(logits, params), dim=-1)
     return draw(probabilities(logits, params), generator)
 
 
@@ -90,7 +109,7 @@ def verify_draft(draft: torch.Tensor, draft_probs: torch.Tensor | None, target_l
     """
     k = draft.shape[0]
     if params.greedy:
-        best = target_logits.argmax(dim=-1)
+        best = suppressed(target_logits, params).argmax(dim=-1)
         accepted = (draft == best[:k]).int().cumprod(0).sum()
         return accepted, best.index_select(0, accepted.view(1)).view(())
     p = probabilities(target_logits, params)

@@ -16,6 +16,23 @@ def model_name(folder: Path) -> str:
     return folder.name
 
 
+def suppress_tokens(folder: Path, vocab: int) -> tuple[int, ...]:
+    """generation_config.json's `suppress_tokens`: ids the model must never emit (transformers
+    masks them at every step). A value that is not a list of ids in 0..vocab-1 is refused by name."""
+    try:
+        data = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ()
+    value = data.get("suppress_tokens") if isinstance(data, dict) else None
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                                               for t in value):
+        raise ValueError(f"{folder / 'generation_config.json'}: suppress_tokens must be a list of token ids in "
+                         f"0..{vocab - 1}, got {value!r}")
+    return tuple(sorted(set(value)))
+
+
 def sampling_defaults(folder: Path) -> dict:
     """The model's recommended sampling from generation_config.json (greedy when do_sample is false)."""
     try:

@@ -79,7 +79,8 @@ def _self_tests() -> dict:
             return {"device": str(device), "note": "the Triton kernels do not run here"}
         kept = self_test.kept_results(device)
         if kept is None:
-            return {"device": str(device), "note": "not run yet for this driver and version: flashdesk doctor --kernels"}
+            return {"device": str(device),
+                    "note": "not run yet for this driver and version: flashdesk doctor --kernels"}
         results, pdl = kept
         return {"device": str(device), "pdl": pdl, "kernels": [vars(r) for r in results]}
     except Exception as exc:  # noqa: BLE001 - the report must never fail
