@@ -591,7 +591,7 @@ def _load_facts(engine, target: Path, draft: Path | None, memory: int) -> dict:
     facts = {"model": model_name(target), "drafter": model_name(draft) if draft else None,
              "device": str(model.device), "dtype": str(model.dtype).removeprefix("torch."),
              "kv_dtype": engine.kv_dtype, "context_limit": engine.context_limit, "allocated_bytes": memory,
-             "kernels": engine.kernel_checks and "self-tested" or "not self-tested",
+             "self_tested": bool(engine.kernel_checks),
              "fallback_note": engine.fallback_note(), "cuda_graphs": engine.cuda_graphs()}
     if model.device.type == "cuda":
         facts["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(model.device))
