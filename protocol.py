@@ -362,6 +362,21 @@ class PullProgress:
     total_bytes: int
 
 
+@message("pull_checked")
+@dataclass
+class PullChecked:
+    """What the engine would make of `repo_id`, from its configs and safetensors headers, sent
+    during a Pull once the small files are in and before the weights (`flashdesk models verify`)."""
+
+    repo_id: str
+    lines: list[str]
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
 @message("pulled")
 @dataclass
 class Pulled:

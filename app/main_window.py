@@ -204,6 +204,7 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         s.inspected.connect(lambda _m: self.setup.set_busy(None))
         s.demo_created.connect(self._demo_created)
         s.pull_progress.connect(self._pull_progress)
+        s.pull_checked.connect(self._pull_checked)
         s.pulled.connect(self._pulled)
         s.pull_cancelled.connect(self._pull_cancelled)
         s.error.connect(self._engine_error)

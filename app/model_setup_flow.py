@@ -193,6 +193,10 @@ class ModelSetupFlow:
         if msg.repo_id == self.downloading:
             self.setup.show_download(msg.repo_id, msg.file, msg.done_bytes, msg.total_bytes)
 
+    def _pull_checked(self, msg: p.PullChecked) -> None:
+        if msg.repo_id == self.downloading:
+            self.setup.show_pull_check(msg.repo_id, msg.lines, msg.problems)
+
     def _pulled(self, msg: p.Pulled) -> None:
         if msg.repo_id == self.downloading:
             self.engine_label.setText(f"Downloaded {msg.repo_id} into {msg.folder}")

@@ -352,7 +352,7 @@ class Worker:
                 return
             self.send(p.PullProgress(repo_id, "", 0, 0))
             entry = pull(repo_id, show_progress=False, log=lambda s: print(s, file=sys.stderr, flush=True),
-                         progress=progress)
+                         progress=progress, checked=self._send_check)
         except PullCancelledError:
             self.send(p.PullCancelled(repo_id, *totals()))
             return
@@ -369,6 +369,13 @@ class Worker:
         done, total = totals()
         self.send(p.PullProgress(repo_id, "", max(done, total), max(done, total)))
         self.send(p.Pulled(repo_id, str(entry.path), entry.size))
+
+    def _send_check(self, repo_id: str, snapshot: Path) -> None:
+        """What the engine would make of a model being pulled, before its weights (models verify)."""
+        from flashdesk.engine.hub.verify import check_snapshot
+
+        verification = check_snapshot(repo_id, snapshot)
+        self.send(p.PullChecked(repo_id, list(verification.lines), list(verification.problems)))
 
     def unload(self, msg: p.Unload) -> None:
         self.stop_server()

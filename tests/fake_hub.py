@@ -9,7 +9,8 @@ snapshot_download / hf_hub_download use (read from huggingface_hub 2.4's source)
 - `GET /api/models/{repo}/tree/{rev}?recursive=...` (list_repo_tree): one page, no Link header;
 - `HEAD /{repo}/resolve/{rev}/{path}` (get_hf_file_metadata): X-Repo-Commit, ETag (the sha256 for
   LFS files, like the Hub), X-Linked-Size / Content-Length;
-- `GET /{repo}/resolve/{rev}/{path}` (http_get), with `Range: bytes=N-` answered by 206.
+- `GET /{repo}/resolve/{rev}/{path}` (http_get), with `Range: bytes=N-` answered by 206; a bounded
+  `Range: bytes=A-B` (`models verify` reading a header) gets that slice, and no fault below.
 
 Faults, to test the client's recovery: `drop_once(path)` sends half of a file then closes the
 connection (once); `stall_once(path, n)` sends the first n bytes then sends nothing more until
@@ -177,15 +178,20 @@ class _Handler(BaseHTTPRequestHandler):
             headers["X-Linked-Size"] = str(len(data))
         if head:
             return self._send(200, data, headers, head=True)
+        byte_range = None if self.fake.ignore_range else self.headers.get("Range")
+        data = self.fake.corrupted.get((repo_id, file), data)
+        if byte_range and not byte_range.endswith("-"):  # bytes=A-B: a header read, never a fault's
+            first, last = (int(x) for x in byte_range.split("=", 1)[1].split("-", 1))
+            last = min(last, len(data) - 1)
+            headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
+            return self._send(206, data[first:last + 1], headers)
         with self.fake.lock:
             drop = file in self.fake.dropping
             self.fake.dropping.discard(file)
             stall = self.fake.stalling.pop(file, None)
         if not drop and stall is None and file in self.fake.failing:
             return self._send(500, b"server error", {"X-Repo-Commit": sha})
-        data = self.fake.corrupted.get((repo_id, file), data)
         start = 0
-        byte_range = None if self.fake.ignore_range else self.headers.get("Range")
         if byte_range:
             start = int(byte_range.split("=", 1)[1].split("-", 1)[0])
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"

@@ -102,6 +102,12 @@ def test_worker_pull_reports_monotone_progress_then_pulled(hub, checkpoint, tmp_
         dones = [e.done_bytes for e in sized]
         assert dones == sorted(dones) and dones[0] < total and dones[-1] == total
         assert any(e.file.endswith(".safetensors") and 0 < e.done_bytes < total for e in sized)
+        # what the engine would make of it came once, before any weights byte
+        checks = [i for i, e in enumerate(events) if isinstance(e, p.PullChecked)]
+        assert len(checks) == 1 and events[checks[0]].ok, events[checks[0]]
+        first_weights = min(i for i, e in enumerate(events) if isinstance(e, p.PullProgress)
+                            and e.file.endswith(".safetensors") and e.done_bytes)
+        assert checks[0] < first_weights
         folder = Path(events[-1].folder)
         assert folder.parent.name == "snapshots" and events[-1].size == total
         for name, data in checkpoint.items():
@@ -197,6 +203,8 @@ def test_download_shows_progress_cancel_keeps_the_partial_and_download_continues
     until(lambda: page.progress.maximum() == 1000 and page.progress.value() >= 250, timeout_ms=WAIT_MS)
     assert "Downloading tiny-org/tiny-gemma" in page.status.text() and " of " in page.status.text()
     assert ".safetensors" in page.status.text()
+    # what the engine would make of the model shows before its weights are in
+    assert "checked before its weights" in page.plan.toPlainText() and "verdict    ok" in page.plan.toPlainText()
     qtbot.mouseClick(page.cancel_download_button, Qt.MouseButton.LeftButton)
     until(lambda: not page.downloading, timeout_ms=WAIT_MS)
     timer.stop()
@@ -214,7 +222,8 @@ def test_download_shows_progress_cancel_keeps_the_partial_and_download_continues
     hub.log.clear()
     qtbot.mouseClick(page.download_button, Qt.MouseButton.LeftButton)
     until(lambda: not page.downloading, timeout_ms=WAIT_MS)
-    until(lambda: "memory" in page.plan.toPlainText() or "Not usable" in page.status.text(), timeout_ms=WAIT_MS)
+    until(lambda: "FlashDesk can load" in page.status.text() or "Not usable" in page.status.text(),
+          timeout_ms=WAIT_MS)
     assert "verdict    ok" in page.plan.toPlainText(), page.status.text() + page.plan.toPlainText()
     assert "FlashDesk can load" in page.status.text()
     assert page.target.text() == REPO
@@ -238,5 +247,6 @@ def test_download_from_an_unreachable_hub_says_so(qtbot, open_window, tmp_path) 
 
 def test_pull_messages_round_trip() -> None:
     for msg in (p.Pull(REPO), p.CancelPull(REPO), p.PullProgress(REPO, "model.safetensors", 5, 10),
-                p.Pulled(REPO, "/cache/snapshots/abc", 10), p.PullCancelled(REPO, 5, 10)):
+                p.Pulled(REPO, "/cache/snapshots/abc", 10), p.PullCancelled(REPO, 5, 10),
+                p.PullChecked(REPO, ["verdict  ok"], [])):
         assert p.decode(p.encode(msg)) == msg

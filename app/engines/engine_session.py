@@ -27,6 +27,7 @@ class EngineSession(QObject):
     demo_created = Signal(object)
     surveyed = Signal(object)  # protocol.Surveyed
     pull_progress = Signal(object)  # protocol.PullProgress
+    pull_checked = Signal(object)  # protocol.PullChecked
     pulled = Signal(object)  # protocol.Pulled
     pull_cancelled = Signal(object)  # protocol.PullCancelled
     started = Signal(object)
@@ -188,7 +189,8 @@ class EngineSession(QObject):
             self.info = None
             self._set_state(IDLE)
         signal = {p.LoadProgress: self.load_progress, p.Loaded: self.loaded, p.Inspected: self.inspected,
-                  p.DemoCreated: self.demo_created, p.Surveyed: self.surveyed, p.PullProgress: self.pull_progress, p.Pulled: self.pulled,
+                  p.DemoCreated: self.demo_created, p.Surveyed: self.surveyed, p.PullProgress: self.pull_progress,
+                  p.PullChecked: self.pull_checked, p.Pulled: self.pulled,
                   p.PullCancelled: self.pull_cancelled, p.Started: self.started, p.Finished: self.finished,
                   p.TokenCount: self.token_count, p.BenchProgress: self.bench_progress,
                   p.BenchResult: self.bench_result, p.BenchRuns: self.bench_runs,

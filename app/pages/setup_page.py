@@ -14,6 +14,8 @@ makes it the chat's engine; "Use the local engine" goes back.
 
 from __future__ import annotations
 
+import html
+
 import re
 from pathlib import Path
 
@@ -155,6 +157,7 @@ class SetupPage(QWidget):
         recommended_layout.addLayout(text_column, 1)
         recommended_layout.addWidget(self.recommended_button, 0, Qt.AlignmentFlag.AlignVCenter)
         self.survey: dict | None = None  # the last Surveyed, as a dict
+        self.pull_problem = ""  # why the model being downloaded would be refused (PullChecked)
 
         demo = QGroupBox("Demo")
         self.demo_text = QLabel(DEMO_TEXT)
@@ -337,6 +340,7 @@ class SetupPage(QWidget):
         self._update_download()
         self.progress.setVisible(on)
         if on:
+            self.pull_problem = ""
             self.status.setStyleSheet("")
             self.progress.setRange(0, 0)  # until the first sizes arrive
 
@@ -350,7 +354,19 @@ class SetupPage(QWidget):
         self.progress.setRange(0, 1000)
         self.progress.setValue(min(1000, done * 1000 // total))
         where = f" · {file}" if file else ""
-        self.status.setText(f"Downloading {repo_id}: {_size(done)} of {_size(total)}{where}")
+        warning = f"<br>{html.escape(self.pull_problem)}" if self.pull_problem else ""
+        self.status.setText(f"Downloading {html.escape(repo_id)}: {_size(done)} of {_size(total)}"
+                            f"{html.escape(where)}{warning}")
+
+    def show_pull_check(self, repo_id: str, lines: list[str], problems: list[str]) -> None:
+        """What the engine would make of the model being downloaded, known from its configs and
+        weights headers before the weights are in: a refusal shows under the progress at once."""
+        self.plan.setPlainText(f"{repo_id}, checked before its weights are downloaded (configs and "
+                               "safetensors headers only):\n\n" + "\n".join(lines))
+        if problems:
+            self.pull_problem = ("FlashDesk would refuse this model: " + "; ".join(problems)
+                                 + " Cancel to stop the download.")
+            self.status.setStyleSheet(f"color: {theme.colors()['error']};")
 
     def selection(self) -> dict:
         return {"target": self.target.text().strip(), "draft": self.draft.text().strip() or None,

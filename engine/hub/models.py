@@ -303,7 +303,7 @@ def _fetch(repo_id: str, filename: str | None = None, revision: str | None = Non
 
 def pull(repo_id: str, force: bool = False, repair: Callable[[str, list[Problem]], bool] = lambda r, p: False,
          show_progress: bool = True, log: Callable[[str], None] = print,
-         progress: Progress | None = None) -> ModelEntry:
+         progress: Progress | None = None, checked: Callable[[str, Path], None] | None = None) -> ModelEntry:
     """Download `repo_id`'s engine files, check them, and re-download damaged ones if `repair` agrees.
 
     The small files go through huggingface_hub's snapshot_download (which also records the commit
@@ -314,11 +314,17 @@ def pull(repo_id: str, force: bool = False, repair: Callable[[str, list[Problem]
     when snapshot_download has them, each weights file once with its size before any weights byte
     is downloaded (so the sum of the totals is known early) and then as its bytes arrive. An
     exception it raises stops the pull (a weights file cut off keeps its partial bytes for later).
+
+    `checked(repo_id, snapshot)`, when given, is called once the small files are in and before
+    any weights byte: where the callers run `models verify` (verify.check_snapshot), so that what
+    the engine would make of the checkpoint is known before the weights arrive.
     """
     log(f"Pulling {repo_id} from {hub_endpoint()} into {hub_cache_dir()}")
     snapshot = _fetch(repo_id, force=force, skip=RESUMABLE_FILES)
     if progress is not None:
         _report_small_files(repo_id, snapshot, progress)
+    if checked is not None:
+        checked(repo_id, snapshot)
     verified = _fetch_resumable(repo_id, snapshot, replace=force, fresh=force, show_progress=show_progress,
                                 log=log, progress=progress)
     problems = _check_download(repo_id, snapshot, show_progress, verified)
@@ -374,8 +380,10 @@ def _check_download(repo_id: str, snapshot: Path, show_progress: bool,
 
 # --- the CLI ---------------------------------------------------------------------------------
 
-def run_models(args) -> int:
-    """`flashdesk models pull|list|add|remove`: 0 when all is well, 1 when a model is incomplete."""
+def run_models(args, checked: Callable[[str, Path], None] | None = None) -> int:
+    """`flashdesk models pull|list|add|remove`: 0 when all is well, 1 when a model is incomplete.
+    `checked`: pull's hook once a repository's small files are in (the CLI prints `models verify`'s
+    answer there)."""
     if args.models_command == "add":
         print(f"added {add_folder(args.dir)}")
         return 0
@@ -409,7 +417,8 @@ def run_models(args) -> int:
     status = 0
     for repo_id in args.repo_ids or DEFAULT_REPOS:
         try:
-            entry = pull(repo_id, force=args.force, repair=ask, log=lambda s: print(s, file=sys.stderr))
+            entry = pull(repo_id, force=args.force, repair=ask, log=lambda s: print(s, file=sys.stderr),
+                         checked=checked)
         except KeyboardInterrupt:
             print(f"\n{repo_id}: interrupted; run the same command again to continue (finished files are "
                   "kept, and a weights file cut off half-way continues where it stopped)", file=sys.stderr)

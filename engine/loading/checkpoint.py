@@ -24,8 +24,8 @@ from flashdesk.engine.loading.memory_plan import (GPU_KV_DTYPE, MemoryPlan, draf
                                           int4_weight_bytes, kv_cache_bytes, loaded_weight_bytes, longest_context,
                                           plan_memory, planned_weight_bytes)
 from flashdesk.engine.loading.quant import parse_quant_config, plan
-from flashdesk.engine.loading.weights import (TOWER_PREFIXES, checkpoint_files, expected_shapes, read_header,
-                                      scan_checkpoint, stored_bytes, validate)
+from flashdesk.engine.loading.weights import (TOWER_PREFIXES, RemoteHeaders, checkpoint_files, expected_shapes,
+                                              file_header, scan_checkpoint, stored_bytes, validate)
 
 DEFAULT_CONTEXT = 32768
 
@@ -42,7 +42,9 @@ class CheckpointReport:
     tower_bytes: int | None = None  # vision/audio towers as stored (never loaded)
     loaded_bytes: int | None = None  # text model on the device (bf16, int4 kept packed)
     quantized: bool = False
+    formats: list[dict] = field(default_factory=list)  # weight_formats(): how each kind of weight is stored
     memory: MemoryPlan | None = None
+    gpu: dict | None = None  # {"free_bytes", "total_bytes", "fits", "longest_context"} where torch sees a GPU
 
     @property
     def ok(self) -> bool:
@@ -60,10 +62,11 @@ class CheckpointReport:
 
 def inspect_checkpoint(model_dir: str | Path, context: int | None = None,
                        draft_dir: str | Path | None = None, device: str = "cuda",
-                       flags: bool = True) -> CheckpointReport:
+                       flags: bool = True, remote: RemoteHeaders | None = None) -> CheckpointReport:
     """Check a model folder (and a drafter) as the loader would, and plan memory at `context` tokens
     on `device` ("cuda": bf16 with fp8 KV in GPU memory; "cpu": float32 in RAM, as the engine runs
-    there). `flags=False` leaves out advice phrased as command-line flags (the window's check)."""
+    there). `flags=False` leaves out advice phrased as command-line flags (the window's check).
+    `remote`: the headers of weights files not downloaded yet (models verify on a Hub id)."""
     folder = Path(model_dir)
     report = CheckpointReport()
     context = DEFAULT_CONTEXT if context is None else int(context)
@@ -73,7 +76,7 @@ def inspect_checkpoint(model_dir: str | Path, context: int | None = None,
     cpu = device == "cpu"
     cfg = _check_config(folder, report)
     if cfg is not None:
-        _check_weights(folder, cfg, report, cpu)
+        _check_weights(folder, cfg, report, cpu, remote)
     _check_tokenizer(folder, report)
     draft = _check_drafter(Path(draft_dir), cfg, report, cpu) if draft_dir else None
     if cfg is not None:
@@ -135,14 +138,16 @@ def _heads(layers) -> str:
     return ", ".join(f"{kv} KV head{'s' if kv > 1 else ''} x {dim}" for kv, dim in shapes)
 
 
-def _check_weights(folder: Path, cfg: Gemma4Config, report: CheckpointReport, cpu: bool = False) -> None:
+def _check_weights(folder: Path, cfg: Gemma4Config, report: CheckpointReport, cpu: bool = False,
+                   remote: RemoteHeaders | None = None) -> None:
     try:
         quant = parse_quant_config(read_json(folder / "config.json", "model config"))
-        entries = scan_checkpoint(folder)
+        entries = scan_checkpoint(folder, remote)
         specs, packed = plan(expected_shapes(cfg), entries, quant)
         validate(entries, specs)
-        files = checkpoint_files(folder)
-        towers = [e for path in files for name, e in read_header(path).items() if name.startswith(TOWER_PREFIXES)]
+        files = checkpoint_files(folder, remote)
+        towers = [e for path in files for name, e in file_header(path, remote).items()
+                  if name.startswith(TOWER_PREFIXES)]
     except Exception as exc:  # noqa: BLE001 - the loader's message becomes a problem line
         report.problem(_message(exc))
         return
@@ -151,15 +156,38 @@ def _check_weights(folder: Path, cfg: Gemma4Config, report: CheckpointReport, cp
     report.tower_bytes = sum(stored_bytes(e) for e in towers)
     report.loaded_bytes = planned_weight_bytes(specs, packed, CPU_DTYPE_BYTES if cpu else 2)
     report.quantized = bool(packed)
+    report.formats = weight_formats(specs, packed)
     dtypes = "+".join(sorted({e.dtype.lower() for e in entries.values()}))
     rest = "float32" if cpu else "bf16"
     form = f"int4 ({len(packed)} packed modules, kept packed) + {rest}" if packed else rest
     text = (f"complete: {len(entries)} tensors in {len(files)} file(s); {format_bytes(report.disk_bytes)} "
             f"on disk ({dtypes}), {format_bytes(report.loaded_bytes)} as {form} {'in RAM' if cpu else 'on the GPU'}")
     report.rows.append(("weights", text))
+    if packed:
+        report.rows.append(("", "; ".join(f"{f['modules']} {f['weights']} {f['format']}" for f in report.formats)))
     if towers:
         report.rows.append(("", f"vision/audio towers: {len(towers)} tensors, "
                                 f"{format_bytes(report.tower_bytes)} on disk, never loaded"))
+
+
+def weight_formats(specs: dict, packed: list) -> list[dict]:
+    """How the checkpoint stores each kind of weight: [{"weights": "linear" or "experts", "format":
+    "int4 group 32, symmetric" / "int4 per row, asymmetric" / "16-bit", "modules": count}], so a
+    reader sees at once, e.g., dense MLPs left in 16 bits beside int4 experts."""
+    counts: dict[tuple[str, str], int] = {}
+    for module in packed:
+        in_features = specs[module.parts[0] + "packed"].shape[-1] * 8
+        group = "per row" if module.group_size == in_features else f"group {module.group_size}"
+        kind = "experts" if ".experts." in module.dense_name + "." else "linear"
+        key = (kind, f"int4 {group}, {'symmetric' if module.symmetric else 'asymmetric'}")
+        counts[key] = counts.get(key, 0) + 1
+    packed_names = {module.dense_name for module in packed}
+    for name in specs:
+        if name in packed_names or not name.endswith(("_proj.weight", "experts.gate_up_proj", "experts.down_proj")):
+            continue
+        key = ("experts" if ".experts." in name + "." else "linear", "16-bit")
+        counts[key] = counts.get(key, 0) + 1
+    return [{"weights": kind, "format": fmt, "modules": n} for (kind, fmt), n in sorted(counts.items())]
 
 
 def _check_tokenizer(folder: Path, report: CheckpointReport) -> None:
@@ -188,13 +216,20 @@ def _check_tokenizer(folder: Path, report: CheckpointReport) -> None:
     report.rows.append(("tokenizer", f"{' + '.join(files)}; {chat}"))
 
 
+def inspect_drafter(folder: str | Path, remote: RemoteHeaders | None = None) -> CheckpointReport:
+    """A DFlash drafter folder on its own (no target to pair it with): its config and tensors."""
+    report = CheckpointReport()
+    _check_drafter(Path(folder), None, report, remote=remote)
+    return _verdict(report, "a complete DFlash drafter FlashDesk supports (pair it with its target)")
+
+
 def _check_drafter(folder: Path, cfg: Gemma4Config | None, report: CheckpointReport,
-                   cpu: bool = False) -> DraftConfig | None:
+                   cpu: bool = False, remote: RemoteHeaders | None = None) -> DraftConfig | None:
     try:
         draft = load_draft_config(folder)
         if cfg is not None:
             check_pair(cfg, draft, f"drafter {folder}")
-        validate(scan_checkpoint(folder), draft_expected_shapes(draft), "DFlash drafter")
+        validate(scan_checkpoint(folder, remote), draft_expected_shapes(draft), "DFlash drafter")
     except Exception as exc:  # noqa: BLE001 - the loader's message becomes a problem line
         report.problem(_message(exc))
         return None
@@ -250,6 +285,7 @@ def _estimate_memory(cfg: Gemma4Config, context: int, report: CheckpointReport, 
         free_bytes, total = free
         fits = memory.total <= free_bytes
         longest = longest_context(cfg, weights, GPU_KV_DTYPE, free_bytes, draft)
+        report.gpu = {"free_bytes": free_bytes, "total_bytes": total, "fits": fits, "longest_context": longest}
         report.rows.append(("GPU 0", f"{'fits' if fits else 'does NOT fit'}: {format_bytes(memory.total)} needed, "
                                      f"{format_bytes(free_bytes)} free of {format_bytes(total)}; longest context "
                                      f"that fits: {longest} tokens"))
@@ -268,9 +304,9 @@ def _gpu_free() -> tuple[int, int] | None:
         return None
 
 
-def _verdict(report: CheckpointReport) -> CheckpointReport:
+def _verdict(report: CheckpointReport, what: str = "a complete Gemma 4 checkpoint FlashDesk supports") -> CheckpointReport:
     if report.ok:
-        report.rows.append(("verdict", "ok: a complete Gemma 4 checkpoint FlashDesk supports"))
+        report.rows.append(("verdict", f"ok: {what}"))
     else:
         n = len(report.problems)
         report.rows.append(("verdict", f"NOT usable: {n} problem{'s' if n > 1 else ''} (see above)"))

@@ -36,20 +36,59 @@ class QuantConfig:
     schemes: tuple[Scheme, ...]
     ignore: tuple[str, ...]
 
-    def scheme_for(self, module: str) -> Scheme:
-        for scheme in self.schemes:
-            if any(_matches(target, module) for target in scheme.targets):
-                return scheme
-        raise CheckpointError(f"{module} is stored quantized but no config_groups entry targets it")
+    def scheme_for(self, modules: tuple[str, ...], experts: str = "") -> Scheme:
+        """The scheme of a packed weight stored as `modules` (one name, or one per expert and
+        part; experts: "", "fused" or "per_expert"). As compressed-tensors ranks them: a target
+        naming the module exactly, then a `re:` pattern, then a class name; a fused expert tensor
+        (experts.gate_up_proj) may also be targeted through its module (experts). Every module of
+        one weight must get the same scheme."""
+        found = None
+        for module in modules:
+            scheme = self._scheme_of(module, experts)
+            if scheme is None:
+                raise CheckpointError(f"{module} is stored quantized but no quantization_config.config_groups "
+                                      "entry targets it")
+            if found is not None and scheme != found:
+                raise CheckpointError(f"{modules[0]} and {module} are parts of one weight but are quantized "
+                                      f"differently ({_describe(found)} against {_describe(scheme)})")
+            found = scheme
+        return found
 
-    def ignored(self, module: str) -> bool:
-        return any(_matches(pattern, module) for pattern in self.ignore)
+    def _scheme_of(self, module: str, experts: str) -> Scheme | None:
+        names = (module, module.rsplit(".", 1)[0]) if experts == "fused" else (module,)
+        for name in names:
+            for rank in range(4):
+                for scheme in self.schemes:
+                    if any(_match_rank(target, name, bool(experts)) == rank for target in scheme.targets):
+                        return scheme
+        return None
+
+    def ignored(self, module: str, experts: str = "") -> bool:
+        return any(_match_rank(pattern, module, bool(experts)) is not None for pattern in self.ignore)
 
 
-def _matches(pattern: str, module: str) -> bool:
-    if pattern.startswith("re:"):
-        return re.match(pattern[3:], module) is not None
-    return pattern == "Linear" or module == pattern or module.endswith("." + pattern)
+def _match_rank(target: str, module: str, experts: bool) -> int | None:
+    """How `target` matches `module`, as compressed-tensors matches them: 0 its exact name, 1 a
+    `re:` pattern (re.match, from the start), 2 a class name; None when it does not. We have no
+    modules, only names: every packed weight is a Linear (fused experts are stacks of them, and
+    vLLM gives them the Linear scheme), and a class name with "Expert" in it (Gemma4TextExperts)
+    is an expert module, preferred to Linear for the experts (rank 3)."""
+    if target.startswith("re:"):
+        return 1 if re.match(target[3:], module) else None
+    if target == module:
+        return 0
+    if "." in target:
+        return None
+    if experts and "expert" in target.lower():
+        return 2
+    if target == "Linear":
+        return 3 if experts else 2  # an expert class, when a group names one, wins over Linear
+    return None
+
+
+def _describe(scheme: Scheme) -> str:
+    group = f"group {scheme.group_size}" if scheme.group_size else "one group per row"
+    return f"{group}, {'symmetric' if scheme.symmetric else 'asymmetric'}"
 
 
 def parse_quant_config(raw: dict, source: str = "config.json") -> QuantConfig | None:
@@ -117,11 +156,14 @@ def plan(dense: dict[str, tuple[int, ...]], entries: dict[str, TensorEntry],
             raise CheckpointError(f"{name} is stored packed (int4) but config.json has no quantization_config")
         if name.endswith(NEVER_QUANTIZED):
             raise CheckpointError(f"{name} is quantized; FlashDesk needs the embedding and router in 16 bits")
-        module = prefix + name.removesuffix(".weight")
-        if quant.ignored(module):
-            raise CheckpointError(f"{module} is listed in quantization_config.ignore but stored packed")
-        scheme = quant.scheme_for(module)
         stems, experts, rows = packed
+        kind = ("per_expert" if experts else "fused") if not name.endswith(".weight") else ""
+        module = prefix + name.removesuffix(".weight")
+        names = tuple(prefix + stem.removesuffix(".weight_") for stem in stems) if experts else (module,)
+        ignored = next((n for n in names if quant.ignored(n, kind)), None)
+        if ignored:
+            raise CheckpointError(f"{ignored} is listed in quantization_config.ignore but stored packed")
+        scheme = quant.scheme_for(names, kind)
         in_features = shape[-1]
         group = scheme.group_size or in_features
         if in_features % group or in_features % 8:

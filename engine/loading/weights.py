@@ -11,6 +11,7 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors import safe_open
@@ -53,6 +54,17 @@ class TensorEntry:
     shape: tuple[int, ...]
 
 
+class RemoteHeaders(Protocol):
+    """Safetensors headers of a checkpoint whose weights are not on disk yet (a Hub repository
+    before its download finished): what `models verify` reads instead of the files."""
+
+    def files(self) -> list[str]:
+        """The repository's top-level *.safetensors files."""
+
+    def header(self, name: str) -> dict[str, "TensorEntry"]:
+        """The entries of one file's header, checked as read_header checks a file on disk."""
+
+
 def read_header(path: Path) -> dict[str, TensorEntry]:
     """Parse a safetensors header and check that the file holds every byte it announces."""
     try:
@@ -65,12 +77,23 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
             if header_len > size - 8:
                 raise CheckpointError(f"{path}: truncated safetensors file (header of {header_len} bytes "
                                       f"in a file of {size})")
-            header = json.loads(f.read(header_len))
+            raw = f.read(header_len)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read: {exc}") from exc
+    return parse_header(raw, size - 8 - header_len, path)
+
+
+def parse_header(raw: bytes, data_size: int, path: Path, where: str | None = None) -> dict[str, TensorEntry]:
+    """The entries of a safetensors header (its JSON bytes), each checked to fit the `data_size`
+    bytes after it and to hold exactly its shape's bytes; `where` names the file in errors
+    (default: path)."""
+    where = where or str(path)
+    try:
+        header = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: corrupt safetensors header: {exc}") from exc
-    data_size = size - 8 - header_len
+        raise CheckpointError(f"{where}: corrupt safetensors header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{where}: corrupt safetensors header: not a JSON object")
     entries = {}
     for name, info in header.items():
         if name == "__metadata__":
@@ -78,20 +101,22 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
         dtype, shape = info.get("dtype"), tuple(info.get("shape", ()))
         start, end = info.get("data_offsets", (0, 0))
         if end > data_size:
-            raise CheckpointError(f"{path}: truncated: tensor {name} ends at byte {end} of the data "
+            raise CheckpointError(f"{where}: truncated: tensor {name} ends at byte {end} of the data "
                                   f"section but the file holds only {data_size}")
         numel = 1
         for dim in shape:
             numel *= dim
         if dtype in DTYPE_SIZES and end - start != numel * DTYPE_SIZES[dtype]:
-            raise CheckpointError(f"{path}: tensor {name} has {end - start} bytes for shape "
+            raise CheckpointError(f"{where}: tensor {name} has {end - start} bytes for shape "
                                   f"{list(shape)} of {dtype}")
         entries[name] = TensorEntry(name, path, dtype, shape)
     return entries
 
 
-def checkpoint_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a checkpoint: those of the index, or the single file."""
+def checkpoint_files(model_dir: Path, remote: RemoteHeaders | None = None) -> list[Path]:
+    """The safetensors files of a checkpoint: those of the index, or the single file. With
+    `remote`, files not on disk may be the repository's (their headers come from there)."""
+    listed = set(remote.files()) if remote else set()
     index = model_dir / INDEX_FILE
     if index.is_file():
         try:
@@ -99,22 +124,29 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{index}: not a valid safetensors index: {exc}") from exc
         files = sorted(set(weight_map.values()))
-        missing = [name for name in files if not (model_dir / name).is_file()]
+        missing = [name for name in files if not (model_dir / name).is_file() and name not in listed]
         if missing:
             raise CheckpointError(f"{model_dir}: shard file(s) named in {INDEX_FILE} are missing: "
                                   + ", ".join(missing))
         return [model_dir / name for name in files]
-    if (model_dir / SINGLE_FILE).is_file():
+    if (model_dir / SINGLE_FILE).is_file() or SINGLE_FILE in listed:
         return [model_dir / SINGLE_FILE]
     raise CheckpointError(f"{model_dir}: no {INDEX_FILE} and no {SINGLE_FILE}: not a safetensors checkpoint")
 
 
-def scan_checkpoint(model_dir: str | Path) -> dict[str, TensorEntry]:
+def file_header(path: Path, remote: RemoteHeaders | None = None) -> dict[str, TensorEntry]:
+    """One file's header: from disk, or from `remote` for a file not downloaded yet."""
+    if remote is not None and not path.is_file():
+        return remote.header(path.name)
+    return read_header(path)
+
+
+def scan_checkpoint(model_dir: str | Path, remote: RemoteHeaders | None = None) -> dict[str, TensorEntry]:
     """Every text-model tensor of a checkpoint, keyed by its name without the layout prefix."""
     model_dir = Path(model_dir)
     entries: dict[str, TensorEntry] = {}
-    for path in checkpoint_files(model_dir):
-        for name, entry in read_header(path).items():
+    for path in checkpoint_files(model_dir, remote):
+        for name, entry in file_header(path, remote).items():
             if name.startswith(TOWER_PREFIXES) or name in IGNORED_NAMES:
                 continue
             short = next((name[len(p):] for p in TEXT_PREFIXES if name.startswith(p)), name)
@@ -171,7 +203,7 @@ def validate(entries: dict[str, TensorEntry], expected: dict, what: str = "Gemma
     for name, entry in entries.items():
         if name not in specs:
             raise CheckpointError(f"unexpected tensor {entry.name} in {entry.file.name}: not part of the "
-                                  f"{what} this config.json describes")
+                                  f"{what} this config.json describes; {_unknown_hint(name)}")
         spec = specs[name]
         if entry.shape != spec.shape:
             raise CheckpointError(f"tensor {entry.name} in {entry.file.name} has shape {list(entry.shape)}, "
@@ -179,6 +211,17 @@ def validate(entries: dict[str, TensorEntry], expected: dict, what: str = "Gemma
         if entry.dtype not in KIND_DTYPES[spec.kind]:
             raise CheckpointError(f"tensor {entry.name} in {entry.file.name} has dtype {entry.dtype}; "
                                   f"expected one of {', '.join(KIND_DTYPES[spec.kind])}")
+
+
+def _unknown_hint(name: str) -> str:
+    """What to do about a tensor no part of the model reads (one clause, for the refusal's line)."""
+    if name.endswith("g_idx"):
+        return ("it is a GPTQ activation order (g_idx), which FlashDesk does not read: use an export "
+                "without activation order (compressed-tensors W4A16, group or channel scales)")
+    if name.endswith(("input_scale", "weight_global_scale", "input_global_scale", "k_scale", "v_scale")):
+        return "it belongs to a quantization of activations or the KV cache, which FlashDesk does not read"
+    return ("check that config.json belongs to these weights; if it is an export of a supported model, "
+            "`flashdesk models verify FOLDER --json` gives the details to send with a report")
 
 
 def load_tensors(entries: dict[str, TensorEntry], device: torch.device, dtype: torch.dtype,

@@ -113,6 +113,13 @@ def _parser() -> argparse.ArgumentParser:
                       help="default: cyankiwi/gemma-4-26B-A4B-it-AWQ-4bit z-lab/gemma-4-26B-A4B-it-DFlash")
     pull.add_argument("--force", action="store_true", help="re-download every file")
     pull.add_argument("--yes", action="store_true", help="re-download damaged files without asking")
+    check = msub.add_parser("verify", help="can FlashDesk run this checkpoint, with which kernels, at which context "
+                            "on this card? Reads only the configs and safetensors headers (a Hub id: no weights "
+                            "downloaded)")
+    check.add_argument("source", metavar="PATH_OR_REPO", help="a model folder or a Hugging Face id (org/name)")
+    check.add_argument("--context", type=positive_int, default=None,
+                       help="the context for the memory plan (default 32768)")
+    check.add_argument("--json", action="store_true", help="one JSON object")
     listing = msub.add_parser("list", help="the models present, each complete or incomplete (disk only)")
     listing.add_argument("--json", action="store_true")
     msub.add_parser("add", help="list a model folder of your own").add_argument("dir")
@@ -203,8 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "models":
             from flashdesk.engine.hub.models import run_models
+            from flashdesk.engine.hub.verify import check_snapshot, print_check, run_verify
 
-            return run_models(args)
+            if args.models_command == "verify":
+                return run_verify(args)
+            return run_models(args, checked=lambda repo_id, snapshot: print_check(check_snapshot(repo_id, snapshot)))
         if args.command == "install-desktop":
             from flashdesk.engine.tools.install_desktop import run_install_desktop
 
