@@ -48,7 +48,7 @@ import weakref
 from pathlib import Path
 
 from flashdesk import protocol as p
-from flashdesk.engine.hub.model_card import model_name, sampling_defaults
+from flashdesk.engine.loading.model_card import model_name, sampling_defaults
 from flashdesk.engine.tools.report import log_error, record_load
 
 PULL_HZ = 10  # PullProgress events a second at most
@@ -386,6 +386,7 @@ class Worker:
     def load(self, msg: p.Load) -> None:
         import torch
 
+        from flashdesk.engine.bench.results import benched_default
         from flashdesk.engine.errors import FlashDeskError
         from flashdesk.engine.decode.generation import Engine
 
@@ -407,7 +408,8 @@ class Worker:
                 self.send(p.LoadProgress("weights", 0.05 + 0.9 * fraction, text))
 
         engine = Engine.load(target, msg.device, msg.dtype, msg.kv_dtype, msg.context, draft, progress=progress,
-                             stage=lambda text: self.send(p.LoadProgress("kernels", -1, text)))
+                             stage=lambda text: self.send(p.LoadProgress("kernels", -1, text)),
+                             draft_default=benched_default)
         if engine.tokenizer is None:
             raise FlashDeskError(f"{target} has no tokenizer (tokenizer.json and a chat template): "
                                  "the app needs one to turn messages into tokens")
@@ -440,7 +442,7 @@ class Worker:
         from flashdesk import paths
         from flashdesk.engine.bench.measure import BenchCancelled, BenchPlan, keep_run, run_suite
         from flashdesk.engine.bench.prompts import TASKS, parse_draft_lengths, parse_tasks, select_prompts, task_prompts
-        from flashdesk.engine.bench.results import compact
+        from flashdesk.engine.bench.results import benched_default, compact
         from flashdesk.engine.errors import FlashDeskError
 
         engine, rid = self.engine, msg.request_id
@@ -479,7 +481,7 @@ class Worker:
                 self.active = None
                 self.cancels.pop(rid, None)
         keep_run(report, paths.bench_dir())
-        engine.use_benched_default(engine.model.device, target, draft)
+        engine.use_draft_default(*benched_default(engine.model.device, target, draft))
         self.send(p.BenchResult(rid, compact(report)))
 
     def bench_history(self, msg: p.BenchHistory) -> None:

@@ -62,9 +62,9 @@ def import_flashdesk():
 
 def real_configs() -> tuple[dict, dict]:
     """The real pair's raw configs, as `bench --synthetic` builds them (docs/model.md)."""
-    from flashdesk.engine.bench.synthetic_model import REAL_DRAFTER, REAL_TARGET
+    from flashdesk.engine.model import known_models
 
-    return REAL_TARGET, REAL_DRAFTER
+    return known_models.REAL_TARGET, known_models.REAL_DRAFTER
 
 
 def smoke_configs() -> tuple[dict, dict]:
@@ -425,7 +425,7 @@ def section_synthetic_bench(device, smoke: bool, profile: bool = False):
 
     import torch
 
-    from flashdesk.engine.bench.synthetic_model import shapes as synthetic_shapes
+    from flashdesk.engine.model.known_models import shapes as synthetic_shapes
     from flashdesk.engine.tools.cli import main as cli_main
 
     gc.collect()

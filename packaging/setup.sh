@@ -2,7 +2,7 @@
 # FlashDesk setup: system libraries for Qt, a virtual environment in .venv, and the package.
 #
 #   bash packaging/setup.sh            # what the app needs; afterwards .venv/bin/flashdesk exists
-#   bash packaging/setup.sh --tests    # also pytest, pytest-qt and the dflash test oracle
+#   bash packaging/setup.sh --tests    # also pytest, pytest-qt, pytest-xdist and the dflash test oracle
 #
 # Idempotent: a second run checks, finds everything in place and returns in a second or two.
 #
@@ -218,7 +218,8 @@ if [ $force -eq 0 ] && stamp_has "base=$BASE_KEY" && [ -x "$VENV/bin/flashdesk" 
 fi
 if [ $want_tests -eq 1 ]; then
     if [ $force -eq 1 ] || [ $need_base -eq 1 ] || ! stamp_has "tests=$TESTS_KEY" \
-       || [ -z "$(installed_version pytest-qt)" ] || [ -z "$(installed_version dflash)" ]; then
+       || [ -z "$(installed_version pytest-qt)" ] || [ -z "$(installed_version pytest-xdist)" ] \
+       || [ -z "$(installed_version dflash)" ]; then
         need_tests=1
     fi
 fi

@@ -227,18 +227,19 @@ def test_the_best_draft_length_of_a_run():
 def test_the_kept_bench_sets_the_engine_default(spec_pair, tmp_path, monkeypatch, capsys):
     """A load takes the fastest mode of the newest kept bench of that pair on this card as the draft
     length of a control that names none; before any bench it drafts the longest."""
+    from flashdesk.engine.bench.results import benched_default
     from flashdesk.engine.decode.generation import Engine, GenerationRequest
     from flashdesk.engine.decode.speculative import SpecControl
     from tiny_drafter import PROMPTS
 
     monkeypatch.setenv("FLASHDESK_DATA_DIR", str(tmp_path))
     target, draft = (str(p) for p in spec_pair[1])
-    engine = Engine.load(target, device="cpu", draft_dir=draft)
+    engine = Engine.load(target, device="cpu", draft_dir=draft, draft_default=benched_default)
     assert engine.default_draft_length is None and engine.default_note == ""
     assert main(["bench", "--model", target, "--draft", draft, "--tasks", "code", "--prompts-per-task", "1",
                  "--max-new-tokens", "8", "--draft-lengths", "3,auto", "--json", "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out)
-    engine = Engine.load(target, device="cpu", draft_dir=draft)
+    engine = Engine.load(target, device="cpu", draft_dir=draft, draft_default=benched_default)
     assert engine.default_draft_length == report["best_draft_length"] in (3, "auto")
     assert "fastest in the bench of" in engine.default_note
 
@@ -246,7 +247,7 @@ def test_the_kept_bench_sets_the_engine_default(spec_pair, tmp_path, monkeypatch
     data = json.loads(results.read_text())
     data["runs"].append(_run({0: 100.0, 3: 300.0, "auto": 250.0}) | {"date": "2099-01-01T00:00:00"})
     results.write_text(json.dumps(data))
-    engine = Engine.load(target, device="cpu", draft_dir=draft)
+    engine = Engine.load(target, device="cpu", draft_dir=draft, draft_default=benched_default)
     assert engine.default_draft_length == 3 and engine.default_note.startswith("K=3: fastest")
     events = list(engine.generate(GenerationRequest(PROMPTS[0], 24, ignore_eos=True), SpecControl(True, None)))
     drafted = [len(e.draft) for e in events[1:-1] if e.draft]

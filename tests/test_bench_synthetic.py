@@ -6,7 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flashdesk.engine.bench import step_bytes as sb, synthetic_model as sm
+from flashdesk.engine.bench import step_bytes as sb
+from flashdesk.engine.bench.synthetic_model import synthetic_pair
+from flashdesk.engine.model import known_models as sm
 from flashdesk.engine.model.config import parse_config, parse_draft_config
 from flashdesk.engine.tools.cli import main
 from flashdesk.kernels.int4 import Int4Weight
@@ -117,7 +119,7 @@ def test_full_size_bytes_match_the_performance_model():
     """The real 30-layer model on the meta device (nothing allocated): docs/performance-model.md, scenario
     B32 (int4 g32 linears, bf16 head): attention 0.624 + dense MLP 0.301 + experts 0.803 + router 0.022
     + head 1.476 GB per AR token; 2.3 fp8 KV at 4K about 0.14 GB; 3.3 drafter step about 2.3 GB."""
-    model, drafter = sm.synthetic_pair(30, "meta", torch.bfloat16)
+    model, drafter = synthetic_pair(30, "meta", torch.bfloat16)
     assert [i for i, spec in enumerate(model.cfg.layers) if not spec.sliding] == [5, 11, 17, 23, 29]
     assert drafter.cfg.target_layer_ids == (1, 6, 11, 17, 22, 27)
     ar = sb.target_step_bytes(model, "fp8", 4096, 1, 1, {i: 8 for i in range(30)})

@@ -19,9 +19,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from flashdesk.engine.loading.build import load_target
 from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest
 from flashdesk.engine.errors import CheckpointError
-from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.kernels.backend import kernels
 from flashdesk.kernels.int4 import Int4Weight
 from tiny_drafter import PROMPTS
@@ -130,7 +130,7 @@ def _expect_format(weight, scheme, what):
 
 def test_each_variant_loads_as_its_config_says_and_matches_transformers(variant):
     folder, reference, recipe, layout = variant
-    model = Gemma4.from_pretrained(folder)
+    model = load_target(folder)
     p = PREFIX[layout]
     for i, layer in enumerate(model.layers):
         _expect_format(layer.qkv, recipe.scheme(f"{p}layers.{i}.self_attn.q_proj.weight"), f"layer {i} qkv")
@@ -182,7 +182,7 @@ def _add_tensor(folder, name, tensor):
 def test_an_unknown_tensor_is_refused_by_name_with_what_to_do(copy, name, hint):
     _add_tensor(copy, name, torch.zeros(4, dtype=torch.int32))
     with pytest.raises(CheckpointError) as caught:
-        Gemma4.from_pretrained(copy)
+        load_target(copy)
     message = str(caught.value)
     assert name in message and hint in message and "\n" not in message
 
@@ -207,4 +207,4 @@ def test_one_weight_quantized_two_ways_is_refused_naming_both(copy):
     (copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=r"experts\.0\.gate_proj and .*experts\.3\.gate_proj .*quantized "
                                               r"differently"):
-        Gemma4.from_pretrained(copy)
+        load_target(copy)

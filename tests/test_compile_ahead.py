@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from flashdesk.engine.loading.build import load_target
 from flashdesk.engine.decode.kernel_warmup import compile_generation_kernels
-from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.kernels.backend import kernels
 from flashdesk.kernels.compile_ahead import compile_ahead, where_compiled
 from tiny_checkpoints import write_checkpoint
@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 def model(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ahead")
     write_checkpoint(folder, "causal", seed=3, tokenizer=False)
-    return Gemma4.from_pretrained(folder)
+    return load_target(folder)
 
 
 def test_under_the_interpreter_nothing_compiles_ahead_and_the_cache_is_untouched(model):

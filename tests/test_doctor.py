@@ -12,13 +12,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from flashdesk.engine.loading.build import load_target
 from flashdesk.engine.loading.checkpoint import describe_checkpoint, inspect_checkpoint
 from flashdesk.engine.loading.memory_plan import (MIN_USEFUL_CONTEXT, WORKSPACE_FIXED_BYTES, format_bytes,
                                                   int4_weight_bytes, kv_cache_bytes, loaded_weight_bytes,
                                                   longest_context, plan_memory, workspace_bytes)
 from flashdesk.engine.decode.speculative import PREFILL_CHUNK
 from flashdesk.engine.tools import doctor as doctor_tool
-from flashdesk.engine.bench.synthetic_model import draft_raw
+from flashdesk.engine.model import known_models
+from flashdesk.engine.model.known_models import draft_raw
 from flashdesk.engine.tools.cli import main
 from flashdesk.engine.model.config import parse_config, parse_draft_config
 from flashdesk.engine.model.gemma4 import Gemma4
@@ -37,7 +39,7 @@ TINY_LIMIT = TINY_TEXT_CONFIG["max_position_embeddings"]
 def tiny_model(tmp_path_factory):
     folder = tmp_path_factory.mktemp("kv-bytes")
     write_checkpoint(folder, "causal", seed=3, tokenizer=False)
-    return Gemma4.from_pretrained(folder)
+    return load_target(folder)
 
 
 @pytest.mark.parametrize("kv_dtype", ["bfloat16", "float32", "fp8"])
@@ -54,45 +56,14 @@ def test_kv_cache_bytes_refuses_unknown_dtypes(tiny_model):
         kv_cache_bytes(tiny_model.cfg, 16, "int4")
 
 
-# -- the real Gemma 4 26B-A4B text config (docs/model.md) -----------------------------
+# -- the real Gemma 4 26B-A4B, as Gemma4ForConditionalGeneration's config.json nests it --------
 
 REAL_26B = {
     "architectures": ["Gemma4ForConditionalGeneration"],
     "model_type": "gemma4",
     "eos_token_id": [1, 106],
     "tie_word_embeddings": True,
-    "text_config": {
-        "model_type": "gemma4_text",
-        "hidden_size": 2816,
-        "num_hidden_layers": 30,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "head_dim": 256,
-        "global_head_dim": 512,
-        "num_global_key_value_heads": 2,
-        "attention_k_eq_v": True,
-        "attention_bias": False,
-        "sliding_window": 1024,
-        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5,
-        "rope_parameters": {
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                               "rope_theta": 1000000.0},
-        },
-        "vocab_size": 262144,
-        "enable_moe_block": True,
-        "num_experts": 128,
-        "top_k_experts": 8,
-        "moe_intermediate_size": 704,
-        "intermediate_size": 2112,
-        "hidden_size_per_layer_input": 0,
-        "num_kv_shared_layers": 0,
-        "hidden_activation": "gelu_pytorch_tanh",
-        "rms_norm_eps": 1e-6,
-        "final_logit_softcapping": 30.0,
-        "max_position_embeddings": 262144,
-        "tie_word_embeddings": True,
-    },
+    "text_config": {key: value for key, value in known_models.REAL_TARGET.items() if key != "architectures"},
 }
 
 
@@ -218,11 +189,11 @@ def test_doctor_reports_a_complete_checkpoint_with_its_numbers(ckpt, capsys):
     assert report.disk_bytes == sum(t.numel() * t.element_size() for t in text.values())
     assert report.tower_bytes == sum(t.numel() * t.element_size() for t in towers.values())
     # as loaded in bf16: exactly what our model holds
-    assert report.loaded_bytes == held_bytes(Gemma4.from_pretrained(ckpt, "cpu", torch.bfloat16))
+    assert report.loaded_bytes == held_bytes(load_target(ckpt, "cpu", torch.bfloat16))
 
     mem = report.memory
     assert mem.context == 1000 and mem.kv_dtype == "fp8"
-    assert mem.kv_bytes == Gemma4.from_pretrained(ckpt).new_cache(1000, "fp8").nbytes()
+    assert mem.kv_bytes == load_target(ckpt).new_cache(1000, "fp8").nbytes()
     assert mem.total == report.loaded_bytes + mem.kv_bytes + mem.workspace_bytes
     assert mem.workspace_bytes > WORKSPACE_FIXED_BYTES
 

@@ -5,10 +5,10 @@ must still get accepted; a draft step must read about a quarter of the bytes."""
 import pytest
 import torch
 
+from flashdesk.engine.loading.build import load_drafter, load_target
 from flashdesk.engine.decode.generation import Engine, GenerationRequest, StepEvent
 from flashdesk.engine.decode.speculative import SpecControl
 from flashdesk.engine.model.drafter import Drafter
-from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.tools.cli import main
 from flashdesk.kernels.int4 import Int4Weight
 from tiny_drafter import PROMPTS
@@ -20,7 +20,7 @@ pytest.importorskip("dflash.model", reason="z-lab's dflash trains the tiny draft
 def int4_engine(spec_pair):
     """The spec_pair target (fp32 on the CPU) with the same drafter loaded as int4."""
     engine, (_, draft_dir), _, _ = spec_pair
-    drafter = Drafter.from_pretrained(draft_dir, engine.model, quantize="int4")
+    drafter = load_drafter(draft_dir, engine.model, quantize="int4")
     return Engine(engine.model, engine.tokenizer, engine.eos, engine.kv_dtype, engine.context_limit, drafter)
 
 
@@ -67,9 +67,9 @@ def test_int4_drafts_are_still_accepted(spec_pair, int4_engine):
 
 def test_a_draft_step_reads_under_a_third_of_the_bf16_bytes(spec_pair):
     target_dir, draft_dir = spec_pair[1]
-    target = Gemma4.from_pretrained(target_dir, "cpu", torch.bfloat16)
-    dense = Drafter.from_pretrained(draft_dir, target)
-    int4 = Drafter.from_pretrained(draft_dir, target, quantize="int4")
+    target = load_target(target_dir, "cpu", torch.bfloat16)
+    dense = load_drafter(draft_dir, target)
+    int4 = load_drafter(draft_dir, target, quantize="int4")
     embed_bytes = target.embed.numel() * 2
     assert dense.nbytes() > embed_bytes  # the whole head is counted
     print(f"draft step weight bytes: bf16 {dense.nbytes()}, int4 {int4.nbytes()} "
@@ -80,7 +80,7 @@ def test_a_draft_step_reads_under_a_third_of_the_bf16_bytes(spec_pair):
 def test_unknown_quantization_is_refused_by_name(spec_pair, capsys):
     engine, (target_dir, draft_dir), _, _ = spec_pair
     with pytest.raises(ValueError, match="unknown drafter quantization 'int8': the choice is int4"):
-        Drafter.from_pretrained(draft_dir, engine.model, quantize="int8")
+        load_drafter(draft_dir, engine.model, quantize="int8")
     with pytest.raises(ValueError, match="unknown drafter quantization 'fp8'"):
         Drafter(engine.drafter.cfg, {}, engine.model, quantize="fp8")
     with pytest.raises(SystemExit):

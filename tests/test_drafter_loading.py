@@ -6,8 +6,8 @@ import shutil
 import pytest
 import torch
 
+from flashdesk.engine.loading.build import load_drafter
 from flashdesk.engine.model.config import load_draft_config
-from flashdesk.engine.model.drafter import Drafter
 from flashdesk.engine.errors import CheckpointError, ConfigError
 from tiny_drafter import write_drafter
 
@@ -45,7 +45,7 @@ def test_rope_nested_under_rope_parameters_gives_the_same_drafter(tmp_path, spec
     write_drafter(tmp_path / "top", seed=4)
     write_drafter(tmp_path / "nested", seed=4, nested_rope=True)
     assert "rope_theta" not in json.loads((tmp_path / "nested" / "config.json").read_text())
-    a, b = Drafter.from_pretrained(tmp_path / "top", target), Drafter.from_pretrained(tmp_path / "nested", target)
+    a, b = load_drafter(tmp_path / "top", target), load_drafter(tmp_path / "nested", target)
     assert a.cfg == b.cfg and torch.equal(a.rope_freqs, b.rope_freqs)
 
 
@@ -72,7 +72,7 @@ def test_unsupported_drafters_are_refused_by_name(copy, change, message):
 def test_a_drafter_for_another_target_is_refused(copy, spec_pair, change, message):
     edit(copy, change)
     with pytest.raises(ConfigError, match=f"does not match the target model: .*{message}"):
-        Drafter.from_pretrained(copy, spec_pair[0].model)
+        load_drafter(copy, spec_pair[0].model)
 
 
 def test_missing_drafter_weight_is_named(copy, spec_pair):
@@ -82,4 +82,4 @@ def test_missing_drafter_weight_is_named(copy, spec_pair):
     tensors.pop("layers.2.self_attn.k_norm.weight")
     save_file(tensors, str(copy / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"missing tensor layers\.2\.self_attn\.k_norm\.weight"):
-        Drafter.from_pretrained(copy, spec_pair[0].model)
+        load_drafter(copy, spec_pair[0].model)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flashdesk.engine.model.gemma4 import Gemma4
+from flashdesk.engine.loading.build import load_target
 from tiny_checkpoints import TINY_TEXT_CONFIG, write_checkpoint
 
 WINDOW = TINY_TEXT_CONFIG["sliding_window"]
@@ -16,7 +16,7 @@ def pair(request, tmp_path_factory):
     layout, shard = request.param
     folder = tmp_path_factory.mktemp(layout)
     reference = write_checkpoint(folder, layout, seed=7, shard=shard, tokenizer=False)
-    return Gemma4.from_pretrained(folder), reference
+    return load_target(folder), reference
 
 
 def reference_logits(reference, ids: torch.Tensor, **kwargs):

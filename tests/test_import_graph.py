@@ -86,6 +86,23 @@ def test_no_import_circles():
     assert circles(graph) == set(), [sorted(c) for c in circles(graph)]
 
 
+# engine/'s folders from the bottom up: a module imports only from its own layer or those below
+ENGINE_LAYERS = ("errors", "model", "loading", "decode", "hub", "bench", "serve", "tools", "worker")
+
+
+def engine_layer(module: str) -> int:
+    return ENGINE_LAYERS.index(module.split(".")[1])
+
+
+def test_no_arrow_points_up_inside_the_engine():
+    graph = import_graph()
+    engine = [m for m in graph if m.startswith("engine.")]
+    assert {m.split(".")[1] for m in engine} == set(ENGINE_LAYERS)  # every folder has its place
+    upward = sorted(f"{a} -> {b}" for a in engine for b in graph[a]
+                    if b.startswith("engine.") and engine_layer(b) > engine_layer(a))
+    assert upward == [], upward
+
+
 def test_the_app_and_the_engine_do_not_import_each_other():
     graph = import_graph()
     for name, targets in graph.items():
@@ -99,3 +116,16 @@ def test_a_circle_is_found_and_type_only_imports_are_not_arrows():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {frozenset("abc")}
     tree = ast.parse("import x\nif TYPE_CHECKING:\n    import y\nelse:\n    import z\ndef f():\n    import w\n")
     assert [node.names[0].name for node in run_time_imports(tree)] == ["x", "z", "w"]
+
+
+def test_the_engine_api_is_exported_and_loads_torch_only_when_used():
+    import subprocess
+    import sys
+
+    code = ("import sys, flashdesk.engine as e; assert 'torch' not in sys.modules; "
+            "from flashdesk.engine import Engine, FinishEvent, GenerationRequest, SamplingParams, SpecControl, "
+            "StepEvent; assert Engine.load and 'torch' in sys.modules; "
+            "assert sorted(e.__all__) == ['Engine', 'FinishEvent', 'GenerationRequest', 'SamplingParams', "
+            "'SpecControl', 'StepEvent']")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr

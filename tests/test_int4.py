@@ -7,8 +7,8 @@ import shutil
 import pytest
 import torch
 
+from flashdesk.engine.loading.build import load_target
 from flashdesk.engine.errors import CheckpointError, ConfigError
-from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest
 from flashdesk.engine.decode.speculative import SpecControl
 from flashdesk.kernels.int4 import Int4Weight, quantize_int4
@@ -45,7 +45,7 @@ def generate(engine, prompt, n, control=None):
 
 def test_weights_stay_packed(int4_pair):
     folder, _ = int4_pair
-    model = Gemma4.from_pretrained(folder)
+    model = load_target(folder)
     layer0, layer1 = model.layers[0], model.layers[1]
     assert isinstance(layer1.qkv, Int4Weight) and isinstance(layer1.experts_gate_up, Int4Weight)
     assert isinstance(layer0.gate_up, torch.Tensor)  # the MLP listed in `ignore`
@@ -128,8 +128,8 @@ def test_on_load_quantization_packs_every_linear_and_expert_weight(tmp_path):
     the embedding and the routers left alone; each weight within int4's error of the original."""
     write_checkpoint(tmp_path, "conditional", seed=9, tokenizer=False, moe_intermediate_size=32,
                      dtype=torch.bfloat16)
-    dense = Gemma4.from_pretrained(tmp_path, dtype=torch.bfloat16)
-    packed = Gemma4.from_pretrained(tmp_path, dtype=torch.bfloat16, quantize="int4")
+    dense = load_target(tmp_path, dtype=torch.bfloat16)
+    packed = load_target(tmp_path, dtype=torch.bfloat16, quantize="int4")
     for d, q in zip(dense.layers, packed.layers):
         assert isinstance(q.qkv, Int4Weight) and isinstance(q.gate_up, Int4Weight)
         assert isinstance(q.experts_gate_up, Int4Weight) and isinstance(q.experts_down, Int4Weight)
@@ -146,17 +146,17 @@ def test_on_load_quantization_quality_against_bf16(tmp_path, monkeypatch):
     margins, so any perturbation flips experts and swamps the measurement (as for the fp8 KV test).
     Random tiny models are far more sensitive than trained ones (attention at scale 1.0 over 16-dim
     heads is nearly one-hot), so the absolute bounds are loose; they catch a broken packing."""
-    import flashdesk.engine.model.gemma4 as gemma4
+    import flashdesk.engine.loading.build as build
     from flashdesk.engine.loading.quant import quantize_on_load
 
     write_checkpoint(tmp_path, "conditional", seed=9, tokenizer=False, enable_moe_block=False)
-    dense = Gemma4.from_pretrained(tmp_path)
+    dense = load_target(tmp_path)
     ids = torch.randint(5, 512, (48,), generator=torch.Generator().manual_seed(0))
     p = dense.forward(ids, dense.new_cache(48, "float32")).logits.log_softmax(-1)
 
     def measure(group):
-        monkeypatch.setattr(gemma4, "quantize_on_load", lambda: quantize_on_load(group))
-        packed = Gemma4.from_pretrained(tmp_path, quantize="int4")
+        monkeypatch.setattr(build, "quantize_on_load", lambda: quantize_on_load(group))
+        packed = load_target(tmp_path, quantize="int4")
         q = packed.forward(ids, packed.new_cache(48, "float32")).logits.log_softmax(-1)
         kl = torch.nn.functional.kl_div(q, p, log_target=True, reduction="batchmean").item()
         return kl, (p.argmax(-1) == q.argmax(-1)).float().mean().item()
@@ -204,13 +204,13 @@ def int4_copy(pristine_int4, tmp_path):
 def test_other_schemes_are_refused_by_name(int4_copy, fields, message):
     edit_quant(int4_copy, **fields)
     with pytest.raises(ConfigError, match=message):
-        Gemma4.from_pretrained(int4_copy)
+        load_target(int4_copy)
 
 
 def test_a_packed_module_listed_in_ignore_is_refused(int4_copy):
     edit_quant(int4_copy, ignore=[r"re:.*self_attn.*"])
     with pytest.raises(CheckpointError, match=r"self_attn.q_proj is listed in quantization_config.ignore"):
-        Gemma4.from_pretrained(int4_copy)
+        load_target(int4_copy)
 
 
 def test_packed_weights_without_a_quantization_config_are_refused(int4_copy):
@@ -218,7 +218,7 @@ def test_packed_weights_without_a_quantization_config_are_refused(int4_copy):
     del config["quantization_config"]
     (int4_copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="stored packed .* no quantization_config"):
-        Gemma4.from_pretrained(int4_copy)
+        load_target(int4_copy)
 
 
 def test_a_missing_scale_is_named(int4_copy):
@@ -228,9 +228,9 @@ def test_a_missing_scale_is_named(int4_copy):
     tensors.pop("model.layers.2.experts.down_proj_scale")
     save_file(tensors, str(int4_copy / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"missing tensor layers\.2\.experts\.down_proj_scale"):
-        Gemma4.from_pretrained(int4_copy)
+        load_target(int4_copy)
 
 
 def test_quantizing_an_already_quantized_checkpoint_is_refused(int4_copy):
     with pytest.raises(ValueError, match="already quantized"):
-        Gemma4.from_pretrained(int4_copy, quantize="int4")
+        load_target(int4_copy, quantize="int4")

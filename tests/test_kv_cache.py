@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flashdesk.engine.model.gemma4 import Gemma4
+from flashdesk.engine.loading.build import load_target
 from flashdesk.engine.model.kv_cache import FP8, FP8_MAX, dequantize, quantize
 from tiny_checkpoints import TINY_TEXT_CONFIG, write_checkpoint
 
@@ -14,7 +14,7 @@ WINDOW = TINY_TEXT_CONFIG["sliding_window"]
 def model(tmp_path_factory):
     folder = tmp_path_factory.mktemp("kv")
     write_checkpoint(folder, "causal", seed=11, tokenizer=False)
-    return Gemma4.from_pretrained(folder)
+    return load_target(folder)
 
 
 def test_fp8_quantization_error_is_within_e4m3_bounds():
@@ -41,7 +41,7 @@ def dense_model(tmp_path_factory):
     perturbation (bf16 KV included) flips experts and swamps what we want to measure here."""
     folder = tmp_path_factory.mktemp("kv-dense")
     write_checkpoint(folder, "causal", seed=11, tokenizer=False, enable_moe_block=False)
-    return Gemma4.from_pretrained(folder)
+    return load_target(folder)
 
 
 def test_fp8_kv_error_against_bf16_kv_is_bounded(dense_model):

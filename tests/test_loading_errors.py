@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from flashdesk.engine.loading.build import load_target
 from flashdesk.engine.model.config import load_config, parse_config
 from flashdesk.engine.errors import CheckpointError, ConfigError
-from flashdesk.engine.model.gemma4 import Gemma4
 from tiny_checkpoints import write_checkpoint
 
 
@@ -43,7 +43,7 @@ def edit_config(folder, **fields):
 
 
 def test_pristine_loads(ckpt):
-    assert Gemma4.from_pretrained(ckpt).cfg.num_layers == 6
+    assert load_target(ckpt).cfg.num_layers == 6
 
 
 @pytest.mark.parametrize("fields, feature", [
@@ -84,27 +84,27 @@ def test_missing_required_field():
 def test_missing_tensor_is_named(ckpt):
     rewrite(ckpt, lambda t: t.pop("model.layers.3.router.per_expert_scale"))
     with pytest.raises(CheckpointError, match=r"missing tensor layers\.3\.router\.per_expert_scale"):
-        Gemma4.from_pretrained(ckpt)
+        load_target(ckpt)
 
 
 def test_extra_tensor_is_named(ckpt):
     rewrite(ckpt, lambda t: t.update({"model.layers.0.self_attn.bias_that_should_not_be": torch.zeros(3)}))
     with pytest.raises(CheckpointError, match="unexpected tensor model.layers.0.self_attn.bias_that_should_not_be "
                                               "in model.safetensors"):
-        Gemma4.from_pretrained(ckpt)
+        load_target(ckpt)
 
 
 def test_misshapen_tensor_is_named(ckpt):
     rewrite(ckpt, lambda t: t.update({"model.layers.2.self_attn.k_proj.weight": torch.zeros(16, 64)}))
     with pytest.raises(CheckpointError, match=r"model.layers.2.self_attn.k_proj.weight in model.safetensors "
                                               r"has shape \[16, 64\], expected \[32, 64\]"):
-        Gemma4.from_pretrained(ckpt)
+        load_target(ckpt)
 
 
 def test_wrong_dtype_is_named(ckpt):
     rewrite(ckpt, lambda t: t.update({"model.norm.weight": torch.zeros(64, dtype=torch.int32)}))
     with pytest.raises(CheckpointError, match="model.norm.weight in model.safetensors has dtype I32"):
-        Gemma4.from_pretrained(ckpt)
+        load_target(ckpt)
 
 
 def test_truncated_file_is_detected(ckpt):
@@ -112,7 +112,7 @@ def test_truncated_file_is_detected(ckpt):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="model.safetensors: truncated: tensor .* ends at byte"):
-        Gemma4.from_pretrained(ckpt)
+        load_target(ckpt)
 
 
 def test_corrupt_header_is_detected(ckpt):
@@ -122,13 +122,13 @@ def test_corrupt_header_is_detected(ckpt):
     data[8:8 + 10] = b"\xff" * 10
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="corrupt safetensors header"):
-        Gemma4.from_pretrained(ckpt)
+        load_target(ckpt)
 
 
 def test_no_weights_at_all(ckpt):
     (ckpt / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="no model.safetensors.index.json and no model.safetensors"):
-        Gemma4.from_pretrained(ckpt)
+        load_target(ckpt)
 
 
 def test_missing_shard_is_named(tmp_path):
@@ -136,7 +136,7 @@ def test_missing_shard_is_named(tmp_path):
     shard = sorted(tmp_path.glob("model-*.safetensors"))[1]
     shard.unlink()
     with pytest.raises(CheckpointError, match=f"missing: {shard.name}"):
-        Gemma4.from_pretrained(tmp_path)
+        load_target(tmp_path)
 
 
 def test_vision_tower_is_never_loaded(tmp_path):
@@ -144,5 +144,5 @@ def test_vision_tower_is_never_loaded(tmp_path):
     write_checkpoint(tmp_path, "conditional", seed=2, tokenizer=False)
     names = load_file(str(tmp_path / "model.safetensors")).keys()
     assert any(name.startswith("model.vision_tower.") for name in names)
-    model = Gemma4.from_pretrained(tmp_path)
+    model = load_target(tmp_path)
     assert model.cfg.architecture == "Gemma4ForConditionalGeneration"

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
+from flashdesk.engine.loading.build import load_target
 from flashdesk.engine.tools.cli import main
 from flashdesk.engine.model.config import parse_draft_config
-from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.loading.memory_plan import (MIN_USEFUL_CONTEXT, OutOfMemoryPlan, check_fits, drafter_context_bytes,
                                           drafter_weight_bytes, int4_weight_bytes, longest_context, plan_memory,
                                           target_weight_bytes, workspace_bytes)
@@ -60,7 +60,7 @@ def test_planned_bytes_equal_what_the_loaded_int4_model_holds(tmp_path):
                                                       ("causal", "per_expert", False)]):
         folder = tmp_path / str(i)
         write_int4_checkpoint(folder, layout, experts, symmetric, seed=1)
-        model = Gemma4.from_pretrained(folder, dtype=torch.bfloat16)
+        model = load_target(folder, dtype=torch.bfloat16)
         held = sum(t.nbytes() if isinstance(t, Int4Weight) else t.numel() * t.element_size()
                    for t in _tensors(model))
         cfg = model.cfg

@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from flashdesk import protocol as p
-from flashdesk.engine.bench import synthetic_model
+from flashdesk.engine.model import known_models
 from flashdesk.engine.hub import models
 from flashdesk.engine.hub.verify import check_snapshot, verify
 from flashdesk.engine.loading.memory_plan import int4_weight_bytes
@@ -90,7 +90,7 @@ def write_headers_only(folder, tensors: dict[str, tuple[str, tuple]], config: di
 def real_target_tensors(experts: str, bf16_mlp_layers: range) -> tuple[dict, dict]:
     """The real target as a compressed-tensors export: int4 group 32 symmetric linears and experts
     (fused or per expert), the dense MLP of `bf16_mlp_layers` left in bf16."""
-    raw = synthetic_model.target_raw()
+    raw = known_models.target_raw()
     cfg = parse_config(raw)
     tensors = {}
     for name, shape in expected_shapes(cfg).items():
@@ -153,7 +153,7 @@ def test_the_real_configs_verify_from_headers_alone(tmp_path, no_weights_read, e
 
 
 def test_the_real_drafter_config_verifies_from_headers_alone(tmp_path, no_weights_read):
-    raw = synthetic_model.draft_raw()
+    raw = known_models.draft_raw()
     dcfg = parse_draft_config(raw)
     tensors = {name: ("BF16", shape) for name, shape in draft_expected_shapes(dcfg).items()}
     write_headers_only(tmp_path, tensors, raw)

@@ -235,23 +235,31 @@ def test_main_window_opens_on_the_setup_page(qtbot) -> None:
     assert window.pages.currentIndex() == 0  # first run: the model setup page
 
 
-def test_run_app_event_loop(qtbot) -> None:
-    from PySide6.QtCore import QTimer
-    from PySide6.QtWidgets import QApplication
-
-    from flashdesk.app.main import run_app
-
-    seen: list[str] = []
-
-    def check_and_quit() -> None:
-        seen.extend(w.windowTitle() for w in QApplication.topLevelWidgets() if w.isVisible())
-        for w in QApplication.topLevelWidgets():
-            w.close()
-        QApplication.quit()
-
-    QTimer.singleShot(200, check_and_quit)
-    assert run_app() == 0
-    assert "FlashDesk" in seen
+def test_run_app_event_loop(tmp_path: Path) -> None:
+    """run_app shows the window and returns 0 when the loop quits. In a process of its own: once
+    a QApplication's exec() has returned, Qt ends every later event loop at once, which would
+    break the Qt tests that run after it in this one."""
+    code = (
+        "import sys\n"
+        "from PySide6.QtCore import QTimer\n"
+        "from PySide6.QtWidgets import QApplication\n"
+        "from flashdesk.app.main import application, run_app\n"
+        "application()  # the timer below needs the application's event dispatcher\n"
+        "seen = []\n"
+        "def check_and_quit():\n"
+        "    seen.extend(w.windowTitle() for w in QApplication.topLevelWidgets() if w.isVisible())\n"
+        "    for w in QApplication.topLevelWidgets():\n"
+        "        w.close()\n"
+        "    QApplication.quit()\n"
+        "QTimer.singleShot(200, check_and_quit)\n"
+        "code = run_app()\n"
+        "print('seen', seen)\n"
+        "sys.exit(code)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env=_clean_env(QT_QPA_PLATFORM="offscreen", FLASHDESK_DATA_DIR=str(tmp_path / "data")))
+    assert run.returncode == 0, run.stderr
+    assert "'FlashDesk'" in run.stdout
 
 
 def _launcher() -> list[str]:

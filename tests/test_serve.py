@@ -31,7 +31,7 @@ def served(demo):
     from flashdesk.engine.serve.app import create_app
     from flashdesk.engine.serve.runner import Runner
     from flashdesk.engine.serve.server import Server, ServerThread, bind, config, served_name, url
-    from flashdesk.engine.hub.model_card import sampling_defaults
+    from flashdesk.engine.loading.model_card import sampling_defaults
 
     target, drafter = demo
     engine = Engine.load(target, device="cpu", draft_dir=drafter)

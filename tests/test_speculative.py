@@ -199,7 +199,7 @@ def test_suppressed_tokens_are_never_emitted_as_transformers_suppresses_them(spe
 
 
 def test_suppress_tokens_are_read_from_the_generation_config(tmp_path):
-    from flashdesk.engine.hub.model_card import suppress_tokens
+    from flashdesk.engine.loading.model_card import suppress_tokens
 
     (tmp_path / "generation_config.json").write_text(json.dumps({"suppress_tokens": [7, 3, 7]}))
     assert suppress_tokens(tmp_path, 512) == (3, 7)

@@ -127,3 +127,17 @@ def kept_best(folder: Path, key: str) -> tuple[int | str | None, str]:
     gain = f", {speed[best] / ar:.2f}x AR" if ar else ""
     name = "auto" if best == AUTO else f"K={best}"
     return best, f"{name}: fastest in the bench of {str(run.get('date', '?'))[:10]}{gain}"
+
+
+def benched_default(device, model_dir, draft_dir) -> tuple[int | str | None, str]:
+    """kept_best for this pair on this card: what `Engine.load(draft_default=...)` and
+    `Engine.use_draft_default` take (the default draft length the newest kept bench found fastest)."""
+    from flashdesk import paths
+    from flashdesk.engine.bench.device import DeviceProbe
+
+    probe = DeviceProbe(device)
+    try:
+        key = results_key(probe.name, probe.driver, model_label(model_dir), model_label(draft_dir))
+    finally:
+        probe.close()
+    return kept_best(paths.bench_dir(), key)

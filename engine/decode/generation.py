@@ -16,8 +16,9 @@ from typing import Iterator
 
 import torch
 
+from flashdesk.engine.loading.build import load_drafter, load_target
 from flashdesk.engine.decode.chat import ANSWER, ChannelSplitter, StopStrings, eos_ids, load_tokenizer
-from flashdesk.engine.hub.model_card import suppress_tokens
+from flashdesk.engine.loading.model_card import suppress_tokens
 from flashdesk.engine.model.config import load_config, load_draft_config
 from flashdesk.engine.errors import ContextOverflowError
 from flashdesk.engine.model.cuda_graphs import StepGraphs, graphs_wanted
@@ -182,10 +183,12 @@ class Engine:
     def load(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto", kv_dtype: str = "auto",
              context_limit: int | None = None, draft_dir: str | Path | None = None,
              quantize: str | None = None, progress=None, draft_quantize: str | None = "auto",
-             stage=None) -> "Engine":
+             stage=None, draft_default=None) -> "Engine":
         """Load the target (and drafter) on the device. `progress(fraction)` follows the weights read:
         the target takes 0..0.95 of the way, the drafter the rest. On a GPU the kernels are then
-        compiled (compile_kernels), announced through `stage(text)`."""
+        compiled (compile_kernels), announced through `stage(text)`. `draft_default(device,
+        model_dir, draft_dir)` -> (length, note), when given, sets the default draft length
+        (use_draft_default; the app and the CLI pass bench/results.benched_default)."""
         dev = resolve_device(device)
         draft_quantize = resolve_draft_quantize(draft_quantize, dev)
         torch_dtype = resolve_dtype(dtype, dev)
@@ -201,9 +204,8 @@ class Engine:
             free, _ = torch.cuda.mem_get_info(dev)
             context_limit = context_that_fits(model_dir, cfg, draft_cfg, kv, context_limit, quantize, free,
                                               torch_dtype.itemsize)
-        model = Gemma4.from_pretrained(model_dir, dev, torch_dtype, quantize,
-                                       _share(progress, 0.0, 0.95 if draft_dir else 1.0))
-        drafter = (Drafter.from_pretrained(draft_dir, model, _share(progress, 0.95, 0.05), draft_quantize)
+        model = load_target(model_dir, dev, torch_dtype, quantize, _share(progress, 0.0, 0.95 if draft_dir else 1.0))
+        drafter = (load_drafter(draft_dir, model, _share(progress, 0.95, 0.05), draft_quantize)
                    if draft_dir else None)
         tokenizer = load_tokenizer(model_dir) if _has_tokenizer(Path(model_dir)) else None
         eos = eos_ids(model_dir) or set(model.cfg.eos_token_ids)
@@ -213,7 +215,8 @@ class Engine:
         engine.suppress_tokens = suppress_tokens(Path(model_dir), model.cfg.vocab_size)
         if drafter is not None:
             engine.costs_path = _costs_path(dev, model_dir, draft_dir, torch_dtype, kv, draft_quantize)
-            engine.use_benched_default(dev, model_dir, draft_dir)
+            if draft_default is not None:
+                engine.use_draft_default(*draft_default(dev, model_dir, draft_dir))
         if dev.type == "cuda":
             if stage is not None:
                 stage("compiling the GPU kernels (the first load on this machine takes longest)")
@@ -224,19 +227,12 @@ class Engine:
                       "they compile at first use", file=sys.stderr, flush=True)
         return engine
 
-    def use_benched_default(self, device: torch.device, model_dir, draft_dir) -> None:
-        """Take the draft length that the newest kept bench of this pair on this card found fastest
-        as the default (`flashdesk bench` and the app's Benchmark page keep them in the data folder)."""
-        from flashdesk import paths
-        from flashdesk.engine.bench.device import DeviceProbe
-        from flashdesk.engine.bench.results import kept_best, model_label, results_key
-
-        probe = DeviceProbe(device)
-        try:
-            key = results_key(probe.name, probe.driver, model_label(model_dir), model_label(draft_dir))
-        finally:
-            probe.close()
-        best, note = kept_best(paths.bench_dir(), key)
+    def use_draft_default(self, best: int | str | None, note: str) -> None:
+        """Draft `best` tokens (or auto) when a control names no length, `note` saying why in words
+        (bench/results.benched_default: the fastest mode of the newest kept bench of this pair on
+        this card); a value this drafter cannot draft is ignored."""
+        if self.drafter is None:
+            return
         if best == AUTO or (isinstance(best, int) and 1 <= best <= self.drafter.max_draft_length):
             self.default_draft_length, self.default_note = best, note
 

@@ -60,7 +60,7 @@ def real_pair():
     (docs/model.md), so its memory plan needs no download."""
     from flashdesk.engine.loading.memory_plan import int4_weight_bytes
     from flashdesk.engine.model.config import parse_config, parse_draft_config
-    from flashdesk.engine.bench.synthetic_model import draft_raw, target_raw
+    from flashdesk.engine.model.known_models import draft_raw, target_raw
 
     cfg = parse_config(target_raw())
     return cfg, int4_weight_bytes(cfg), parse_draft_config(draft_raw())

@@ -17,16 +17,13 @@ change: the target keeps its bf16 head and verifies every token, so greedy outpu
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from flashdesk.engine.model.config import SLIDING, DraftConfig, check_pair, load_draft_config
+from flashdesk.engine.model.config import SLIDING, DraftConfig
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import ring_keeps
-from flashdesk.engine.loading.quant import quantize_on_load
-from flashdesk.engine.loading.weights import load_tensors, scan_checkpoint, validate
 from flashdesk.kernels.attention import attention
 from flashdesk.kernels.backend import STEP_FAMILIES, use_triton
 from flashdesk.kernels.int4 import Int4Weight, quantize_int4, weight_nbytes
@@ -170,13 +167,13 @@ class Drafter:
     """The DFlash draft model bound to its target (whose embedding is its input and its head)."""
 
     def __init__(self, cfg: DraftConfig, weights: dict, target: Gemma4, quantize: str | None = None):
-        """`weights` may hold dense tensors or Int4Weights (from_pretrained quantizes while loading);
+        """`weights` may hold dense tensors or Int4Weights (loading.build quantizes while loading);
         with quantize="int4" the dense linears left are quantized here and the head becomes int4."""
         check_draft_quantize(quantize)
         self.cfg, self.target, self.quantize = cfg, target, quantize
         self.device, self.dtype = target.device, target.dtype
         w = weights  # taken over and emptied, as Gemma4 does
-        if quantize:  # what from_pretrained's on-load transform did not pack yet (the target's rule)
+        if quantize:  # what loading.build's on-load transform did not pack yet (the target's rule)
             for name, tensor in w.items():
                 if isinstance(tensor, torch.Tensor) and tensor.dim() == 2 and tensor.shape[-1] % GROUP_SIZE == 0:
                     w[name] = quantize_int4(tensor, GROUP_SIZE)
@@ -202,20 +199,6 @@ class Drafter:
         self.rope_freqs = (1.0 / cfg.rope_theta ** exponents).repeat(2).to(self.device)  # rotate-half pairs
         # Gemma targets embed with sqrt(hidden); the drafter was trained on those embeddings
         self.embed_scale = math.sqrt(target.cfg.hidden_size) * cfg.input_embedding_scale
-
-    @classmethod
-    def from_pretrained(cls, draft_dir: str | Path, target: Gemma4, progress=None,
-                        quantize: str | None = None) -> "Drafter":
-        """Load the drafter in the target's dtype, or with quantize="int4" packing each linear as it
-        arrives (the bf16 drafter is never whole on the device)."""
-        check_draft_quantize(quantize)
-        cfg = load_draft_config(draft_dir)
-        check_pair(target.cfg, cfg, f"drafter {draft_dir}")
-        entries = scan_checkpoint(draft_dir)
-        validate(entries, draft_expected_shapes(cfg), "DFlash drafter")
-        transform = quantize_on_load(GROUP_SIZE) if quantize else None
-        weights = load_tensors(entries, target.device, target.dtype, transform, progress)
-        return cls(cfg, weights, target, quantize)
 
     def nbytes(self) -> int:
         """Weight bytes one draft step reads: fc and hidden_norm (context), every layer, the final

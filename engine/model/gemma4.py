@@ -10,15 +10,12 @@ It also returns the hidden states after chosen layers, which the DFlash drafter 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from flashdesk.engine.model.config import Gemma4Config, load_config, read_json
+from flashdesk.engine.model.config import Gemma4Config
 from flashdesk.engine.model.kv_cache import CacheLayout, KVCache
-from flashdesk.engine.loading.quant import assemble, parse_quant_config, plan, quantize_on_load
-from flashdesk.engine.loading.weights import expected_shapes, load_tensors, scan_checkpoint, validate
 from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput, attention_out_norms, mlp_out_norms
 from flashdesk.kernels.linear import concat_rows, glu_linear, linear
 from flashdesk.kernels.moe import routed_moe
@@ -80,23 +77,6 @@ class Gemma4:
         self.rope_freqs = torch.cat(list(freqs.values())).to(self.device)
         ends = torch.tensor([f.numel() for f in freqs.values()]).cumsum(0).tolist()
         self.rope_spans = {kind: (end - f.numel(), end) for (kind, f), end in zip(freqs.items(), ends)}
-
-    @classmethod
-    def from_pretrained(cls, model_dir: str | Path, device="cpu", dtype=torch.float32,
-                        quantize: str | None = None, progress=None) -> "Gemma4":
-        """Load bf16 or int4 (compressed-tensors) weights; `quantize="int4"` packs bf16 ones while loading."""
-        cfg = load_config(model_dir)
-        quant = parse_quant_config(read_json(Path(model_dir) / "config.json", "model config"))
-        if quantize not in (None, "int4"):
-            raise ValueError(f"unknown quantization {quantize!r}: the choice is int4")
-        if quantize and quant is not None:
-            raise ValueError(f"{model_dir} is already quantized; --quantize applies to bf16 checkpoints")
-        entries = scan_checkpoint(model_dir)
-        specs, packed = plan(expected_shapes(cfg), entries, quant)
-        validate(entries, specs)
-        transform = quantize_on_load() if quantize else None
-        weights = assemble(load_tensors(entries, torch.device(device), dtype, transform, progress), packed)
-        return cls(cfg, weights, device, dtype)
 
     def new_cache(self, max_context: int, kv_dtype: str, slack: int = 16) -> KVCache:
         layouts = [CacheLayout(s.num_kv_heads, s.head_dim, self.cfg.sliding_window if s.sliding else None)

@@ -52,7 +52,7 @@ def served_name(target: Path) -> str:
     """The model's name in the API: flashdesk-demo for the demo pair, else its folder's (org/name for
     a Hugging Face cache snapshot)."""
     from flashdesk.engine.hub.demo import is_complete
-    from flashdesk.engine.hub.model_card import model_name
+    from flashdesk.engine.loading.model_card import model_name
 
     return "flashdesk-demo" if is_complete(Path(target).parent) else model_name(Path(target))
 

@@ -35,7 +35,8 @@ import torch
 
 from flashdesk.engine.bench.kernel_profile import describe as describe_profile, profile_step
 from flashdesk.engine.bench.step_bytes import Bytes, RouterRecorder, draft_step_bytes, target_step_bytes
-from flashdesk.engine.bench.synthetic_model import REAL_LAYERS, synthetic_drafter, synthetic_pair
+from flashdesk.engine.bench.synthetic_model import synthetic_drafter, synthetic_pair
+from flashdesk.engine.model.known_models import REAL_LAYERS
 from flashdesk.engine.model.cuda_graphs import StepGraphs, draft_logits, graphs_wanted
 
 DRAFT_K = 15

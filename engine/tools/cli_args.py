@@ -47,6 +47,7 @@ def add_draft_quantize(parser) -> None:
 
 def load_engine(args):
     """Check the speculation flags, load the engine; return it with its SpecControl (None without --draft)."""
+    from flashdesk.engine.bench.results import benched_default
     from flashdesk.engine.decode.generation import Engine
     from flashdesk.engine.decode.speculative import SpecControl
 
@@ -55,7 +56,7 @@ def load_engine(args):
     if args.draft_quantize not in (None, "auto") and not args.draft:
         raise ValueError("--draft-quantize needs --draft")
     engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, args.context, args.draft,
-                         args.quantize, draft_quantize=args.draft_quantize)
+                         args.quantize, draft_quantize=args.draft_quantize, draft_default=benched_default)
     if engine.fallback_note():
         print(f"flashdesk: {engine.fallback_note()}", file=sys.stderr, flush=True)
     control = None

@@ -83,7 +83,7 @@ def _serve(args, key: str | None) -> int:
     from flashdesk.engine.serve.runner import Runner
     from flashdesk.engine.serve.server import Server, bind, config, served_name, url
     from flashdesk.engine.tools.cli_args import load_engine
-    from flashdesk.engine.hub.model_card import sampling_defaults
+    from flashdesk.engine.loading.model_card import sampling_defaults
 
     sock = bind(args.host, args.port)  # a busy port fails now, not after the load
     try:
