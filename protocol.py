@@ -52,8 +52,15 @@ def encode(msg: Any) -> str:
     return json.dumps({"type": msg.TYPE, **asdict(msg)}, ensure_ascii=False, separators=(",", ":"))
 
 
-_JSON_TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool, "list": list, "dict": dict,
-               "None": type(None)}
+_JSON_TYPES = {
+    "str": str,
+    "int": int,
+    "float": (int, float),
+    "bool": bool,
+    "list": list,
+    "dict": dict,
+    "None": type(None),
+}
 
 
 def _type_problem(value: Any, annotation: str) -> str | None:
@@ -67,7 +74,7 @@ def _type_problem(value: Any, annotation: str) -> str | None:
         if isinstance(value, bool) and name in ("int", "float"):
             continue  # JSON's true is not a number
         if isinstance(value, _JSON_TYPES[name]):
-            inner = option[len(name) + 1:-1] if option.endswith("]") else ""
+            inner = option[len(name) + 1 : -1] if option.endswith("]") else ""
             if name == "list" and inner in _JSON_TYPES and not all(isinstance(v, _JSON_TYPES[inner]) for v in value):
                 return f"must be a list of {inner}"
             return None
@@ -88,8 +95,9 @@ def decode(line: str | bytes) -> Any:
     cls = _REGISTRY[data["type"]]
     known = {f.name for f in fields(cls)}
     kwargs = {k: v for k, v in data.items() if k in known}
-    missing = [f.name for f in fields(cls) if f.name not in kwargs
-               and f.default is MISSING and f.default_factory is MISSING]
+    missing = [
+        f.name for f in fields(cls) if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING
+    ]
     if missing:
         raise ProtocolError(f"{data['type']} message lacks {', '.join(missing)}")
     for f in fields(cls):
@@ -100,6 +108,7 @@ def decode(line: str | bytes) -> Any:
 
 
 # --- requests: app -> worker -------------------------------------------------------------------
+
 
 @message("inspect")
 @dataclass
@@ -259,6 +268,7 @@ class Shutdown:
 
 
 # --- events: worker -> app ---------------------------------------------------------------------
+
 
 @message("ready")
 @dataclass

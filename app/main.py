@@ -15,7 +15,8 @@ from PySide6.QtGui import QGuiApplication, QIcon
 from PySide6.QtWidgets import QApplication, QMessageBox
 
 from flashdesk import __version__
-from flashdesk.app import paths, theme
+from flashdesk import paths
+from flashdesk.app import theme
 from flashdesk.app.main_window import APP_NAME, MainWindow
 from flashdesk.app.history.store import DatabaseUnavailable, Store
 
@@ -25,11 +26,7 @@ def _no_display() -> bool:
     explicit platform such as offscreen)."""
     if not sys.platform.startswith(("linux", "freebsd", "openbsd", "netbsd")):
         return False
-    return not (
-        os.environ.get("DISPLAY")
-        or os.environ.get("WAYLAND_DISPLAY")
-        or os.environ.get("QT_QPA_PLATFORM")
-    )
+    return not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or os.environ.get("QT_QPA_PLATFORM"))
 
 
 _QUIET = ("This plugin does not support propagateSizeHints()",)  # offscreen/Xvfb noise on every resize

@@ -17,11 +17,23 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QMessageBox, QProgressBar,
-                               QPushButton, QScrollArea, QSplitter, QStackedWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QSplitter,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from flashdesk import protocol as p
-from flashdesk.app import paths
+from flashdesk import paths
 from flashdesk.app.history import export
 from flashdesk.app.chat.banner import Banner
 from flashdesk.app.diagnostics import DiagnosticsCopier
@@ -45,8 +57,10 @@ from flashdesk.app.panels.telemetry import TelemetrySampler
 from flashdesk.app.panels.telemetry_panel import TelemetryPanel
 
 APP_NAME = "FlashDesk"
-DEMO_NOTE = ("Demo model: a toy Gemma 4 (2.4 M parameters) and its drafter on the CPU. Its text only looks "
-             "like code or English; the speed, speculation and memory readouts are real.")
+DEMO_NOTE = (
+    "Demo model: a toy Gemma 4 (2.4 M parameters) and its drafter on the CPU. Its text only looks "
+    "like code or English; the speed, speculation and memory readouts are real."
+)
 ERROR_TITLES = {p.OUT_OF_MEMORY: "Out of memory", p.BAD_INPUT: "Not possible", p.CRASH: "Engine error"}
 SEND_ANYWAY, CANCEL = "Send anyway", "Cancel"
 DROP_AND_SEND, DROP_AND_CONTINUE = "Drop oldest turns and send", "Drop oldest turns and continue"
@@ -54,8 +68,13 @@ NEW_LIKE = "New conversation with the same system prompt"
 
 
 class MainWindow(ModelSetupFlow, QMainWindow):
-    def __init__(self, store: Store, session: EngineSession | None = None,
-                 sampler: TelemetrySampler | None = None, remote: RemoteSession | None = None):
+    def __init__(
+        self,
+        store: Store,
+        session: EngineSession | None = None,
+        sampler: TelemetrySampler | None = None,
+        remote: RemoteSession | None = None,
+    ):
         super().__init__()
         self.setObjectName("flashdeskMainWindow")
         self.store = store
@@ -88,8 +107,13 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.notice_box: QMessageBox | None = None
         if store.notice:  # shown on both pages: a banner over the chat, and a box that must be read
             self.notice_banner.show_text(store.notice, kind="error")
-            self.notice_box = QMessageBox(QMessageBox.Icon.Warning, "FlashDesk: database moved aside", store.notice,
-                                          QMessageBox.StandardButton.Ok, self)
+            self.notice_box = QMessageBox(
+                QMessageBox.Icon.Warning,
+                "FlashDesk: database moved aside",
+                store.notice,
+                QMessageBox.StandardButton.Ok,
+                self,
+            )
             self.notice_box.setModal(False)
             QTimer.singleShot(0, self.notice_box.show)
         model = store.setting("model")
@@ -222,7 +246,8 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         c.busy_changed.connect(self._busy)
         c.turn_refused.connect(self._turn_refused)
         self.session.server_traffic.connect(
-            lambda t: self.telemetry.show_api_request(t.tokens_per_second, t.tau, self.server_panel.requests))
+            lambda t: self.telemetry.show_api_request(t.tokens_per_second, t.tau, self.server_panel.requests)
+        )
         c.notice.connect(lambda text: self.notice_banner.show_text(text, kind="error"))  # a reply not saved
 
         self.conversations.selected.connect(c.open)
@@ -288,7 +313,9 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         action(file, "&Quit", self.close, QKeySequence.StandardKey.Quit)
         chat = bar.addMenu("&Chat")
         action(chat, "Focus the &message box", lambda: self.composer.edit.setFocus(), "Ctrl+L")
-        action(chat, "&Search conversations", lambda: self.conversations.search.setFocus(), QKeySequence.StandardKey.Find)
+        action(
+            chat, "&Search conversations", lambda: self.conversations.search.setFocus(), QKeySequence.StandardKey.Find
+        )
         action(chat, "&Rename conversation", self.conversations.rename_current, "F2")
         action(chat, "Re&generate last reply", self.regenerate_last, "Ctrl+R")
         action(chat, "&Stop\tEsc", self.controller.stop)  # Esc is the window's own shortcut: shown, not bound
@@ -365,8 +392,9 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.chat.set_busy(self.controller.busy)
         last = next((m for m in reversed(messages) if m.role == "assistant" and m.stats), None)
         if not self.controller.busy:
-            self.spec.show_stats(last.stats if last else None,
-                                 "Last reply of this conversation." if last else "No reply yet.")
+            self.spec.show_stats(
+                last.stats if last else None, "Last reply of this conversation." if last else "No reply yet."
+            )
             self.telemetry.show_reply(last.stats if last else None)
 
     def _show_messages_again(self) -> None:
@@ -396,8 +424,10 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         name = "Demo model" if demo else info.name
         where = info.device_name if info.device.startswith("cuda") else "CPU"
         self.model_label.setText(f"{name}{' + DFlash' if info.block_size else ''} · {where}")
-        self.model_label.setToolTip(f"{info.target}\n{info.draft or 'no drafter'}\n{info.dtype}, KV {info.kv_dtype}, "
-                                    f"context {info.context_limit} tokens, loaded in {info.seconds:.1f} s")
+        self.model_label.setToolTip(
+            f"{info.target}\n{info.draft or 'no drafter'}\n{info.dtype}, KV {info.kv_dtype}, "
+            f"context {info.context_limit} tokens, loaded in {info.seconds:.1f} s"
+        )
         self.engine_label.setText(f"{name} ready on {where} · context {info.context_limit} tokens")
         if demo:
             self.demo_banner.show_text(DEMO_NOTE)
@@ -416,15 +446,26 @@ class MainWindow(ModelSetupFlow, QMainWindow):
     def _engine_state(self, state: str) -> None:
         if self.engine.is_remote:
             return  # the local worker's states are not the chat's engine's
-        idle = ("No model loaded: Engine → Restart engine loads it again, File → Model setup picks another."
-                if self.session.load_settings else "No model loaded yet: pick one on the setup page, or try the demo.")
-        texts = {STARTING: "Starting the engine…", LOADING: "Loading the model…", DEAD: "The engine stopped.",
-                 IDLE: idle, STOPPED: idle}
+        idle = (
+            "No model loaded: Engine → Restart engine loads it again, File → Model setup picks another."
+            if self.session.load_settings
+            else "No model loaded yet: pick one on the setup page, or try the demo."
+        )
+        texts = {
+            STARTING: "Starting the engine…",
+            LOADING: "Loading the model…",
+            DEAD: "The engine stopped.",
+            IDLE: idle,
+            STOPPED: idle,
+        }
         if state in texts:
             self.engine_label.setText(texts[state])
         if state != READY:
-            reason = {STARTING: "Starting the engine…", LOADING: "Loading the model…",
-                      DEAD: "The engine stopped: restart it above."}.get(state, "No model loaded (File → Model setup)")
+            reason = {
+                STARTING: "Starting the engine…",
+                LOADING: "Loading the model…",
+                DEAD: "The engine stopped: restart it above.",
+            }.get(state, "No model loaded (File → Model setup)")
             self.composer.set_can_send(False, reason)
 
     def _engine_error(self, err: p.Error) -> None:
@@ -466,12 +507,16 @@ class MainWindow(ModelSetupFlow, QMainWindow):
             self.downloading = None
             self._downloads.clear()
             self._load_after_download = False
-            self.setup.show_error(f"The engine stopped during the download: {reason} Download again to continue "
-                                  "where it stopped.")
+            self.setup.show_error(
+                f"The engine stopped during the download: {reason} Download again to continue where it stopped."
+            )
         if self.engine.is_remote:
             return
-        self.crash_banner.show_text(f"<b>The engine stopped.</b> {reason} Your conversation is kept, up to the last "
-                                    "token received.", "Restart engine", "error")
+        self.crash_banner.show_text(
+            f"<b>The engine stopped.</b> {reason} Your conversation is kept, up to the last token received.",
+            "Restart engine",
+            "error",
+        )
         self.crash_banner.close_button.setVisible(False)
 
     def _send_blocked(self, why: str) -> None:
@@ -479,17 +524,23 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         engine stopped or has no model (the message stays in the box)."""
         if self.engine.is_remote:
             if self.remote.state == STOPPED:
-                self.crash_banner.show_text(f"<b>{why}</b> Your message is kept in the box: connect again, then "
-                                            "press Enter again.", "Connect again", "error")
+                self.crash_banner.show_text(
+                    f"<b>{why}</b> Your message is kept in the box: connect again, then press Enter again.",
+                    "Connect again",
+                    "error",
+                )
                 self.crash_banner.close_button.setVisible(True)
             else:
                 self.engine_label.setText(f"{why} Your message is kept: press Enter again once connected.")
             return
         state = self.session.state
         if state in (DEAD, IDLE) and (self.session.load_settings or state == DEAD):
-            self.crash_banner.show_text(f"<b>{why or 'The engine is not running.'}</b> Your message is kept in "
-                                        "the box: restart the engine, then press Enter again.", "Restart engine",
-                                        "error")
+            self.crash_banner.show_text(
+                f"<b>{why or 'The engine is not running.'}</b> Your message is kept in "
+                "the box: restart the engine, then press Enter again.",
+                "Restart engine",
+                "error",
+            )
             self.crash_banner.close_button.setVisible(True)
         elif state in (STARTING, LOADING):
             self.engine_label.setText(f"{why} Your message is kept: press Enter again once the model is ready.")
@@ -523,11 +574,16 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.composer.edit.setPlainText(text)
         policy = self.controller.sampling().get("context_policy")
         if policy == STOP:
-            self.context_banner.show_choice(count.warning(STOP), (DROP_AND_SEND, self._send_dropping),
-                                            (NEW_LIKE, self._new_like), "error")
+            self.context_banner.show_choice(
+                count.warning(STOP), (DROP_AND_SEND, self._send_dropping), (NEW_LIKE, self._new_like), "error"
+            )
         else:
-            self.context_banner.show_choice(count.warning(DROP_OLDEST), (SEND_ANYWAY, self._send_anyway),
-                                            (CANCEL, self.context_banner.hide), "error")
+            self.context_banner.show_choice(
+                count.warning(DROP_OLDEST),
+                (SEND_ANYWAY, self._send_anyway),
+                (CANCEL, self.context_banner.hide),
+                "error",
+            )
 
     def _send_now(self, text: str, policy: str | None = None) -> None:
         if not self.controller.send(text, policy):
@@ -599,8 +655,12 @@ class MainWindow(ModelSetupFlow, QMainWindow):
             widget.set_context(stats)
         self.telemetry.set_live(reply.live_tokens_per_second())
         self.telemetry.show_reply(stats)
-        self.spec.show_stats(reply.spec, "This reply, live." if not self.engine.is_remote else
-                             "This reply, live (the server's figures since it began).")
+        self.spec.show_stats(
+            reply.spec,
+            "This reply, live."
+            if not self.engine.is_remote
+            else "This reply, live (the server's figures since it began).",
+        )
 
     def _reply_ended(self, message) -> None:
         widget = self.chat.widget(message.id)
@@ -612,16 +672,22 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         conv = self.controller.conversation
         if context_filled(message.stats) and conv is not None and message.conversation_id == conv.id:
             limit = self.engine.info.context_limit if self.engine.info else None
-            self.context_banner.show_choice(context_full_text(limit), (DROP_AND_CONTINUE, self._continue),
-                                            (NEW_LIKE, self._new_like))
+            self.context_banner.show_choice(
+                context_full_text(limit), (DROP_AND_CONTINUE, self._continue), (NEW_LIKE, self._new_like)
+            )
 
     def edit_settings(self) -> None:
         if self.controller.conversation is None:
             self.controller.new_conversation()
         conv = self.controller.conversation
         info = self.engine.info
-        dialog = ConversationSettings(conv.title, conv.system_prompt, self.controller.sampling(), self,
-                                      info.context_limit or None if info else None)
+        dialog = ConversationSettings(
+            conv.title,
+            conv.system_prompt,
+            self.controller.sampling(),
+            self,
+            info.context_limit or None if info else None,
+        )
         dialog.accepted.connect(lambda: self.controller.update_settings(*dialog.result_values()))
         dialog.open()
         self.settings_dialog = dialog
@@ -656,9 +722,12 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         conv = self.controller.conversation
         if conv is None:
             return
-        path, _ = QFileDialog.getSaveFileName(self, "Export conversation",
-                                              str(Path.home() / export.file_name(conv.title, kind)),
-                                              "Markdown (*.md *.markdown)" if kind == "md" else "JSON (*.json)")
+        path, _ = QFileDialog.getSaveFileName(
+            self,
+            "Export conversation",
+            str(Path.home() / export.file_name(conv.title, kind)),
+            "Markdown (*.md *.markdown)" if kind == "md" else "JSON (*.json)",
+        )
         if not path:
             return
         chosen = export.with_extension(Path(path), kind)
@@ -678,7 +747,7 @@ class MainWindow(ModelSetupFlow, QMainWindow):
 
     # -- theme and closing -----------------------------------------------------------------------------------
 
-    def changeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+    def changeEvent(self, event) -> None:
         super().changeEvent(event)
         if event.type() == event.Type.PaletteChange and hasattr(self, "chat"):
             self.chat.refresh_style()
@@ -697,6 +766,6 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.remote.shutdown()
         self.session.shutdown()
 
-    def closeEvent(self, event) -> None:  # noqa: N802
+    def closeEvent(self, event) -> None:
         self.shutdown()
         super().closeEvent(event)

@@ -10,7 +10,7 @@ MainWindow takes it as a base class; every method here works on the window's own
 from __future__ import annotations
 
 from flashdesk import protocol as p
-from flashdesk.app import paths
+from flashdesk import paths
 from flashdesk.app.engines.engine_session import LOADING, READY, STOPPED
 from flashdesk.app.engines.openai_client import server_address
 from flashdesk.app.engines.remote_session import ServerReading
@@ -141,8 +141,7 @@ class ModelSetupFlow:
                 self.crash_banner.close_button.setVisible(True)
             return
         if self.engine.is_remote:
-            self.crash_banner.show_text(f"<b>Server error.</b> {err.message} Your conversation is kept.", None,
-                                        "error")
+            self.crash_banner.show_text(f"<b>Server error.</b> {err.message} Your conversation is kept.", None, "error")
             self.crash_banner.close_button.setVisible(True)
 
     def _server_reading(self, reading: ServerReading) -> None:
@@ -209,10 +208,10 @@ class ModelSetupFlow:
         self._downloads.clear()
         self._load_after_download = False
         self.setup.set_downloading(False)
-        kept = (f" ({msg.done_bytes / 1e6:.1f} of {msg.total_bytes / 1e6:.1f} MB kept)"
-                if msg.total_bytes else "")
-        self.setup.status.setText(f"Download of {msg.repo_id} cancelled{kept}. Download again to continue "
-                                  "where it stopped.")
+        kept = f" ({msg.done_bytes / 1e6:.1f} of {msg.total_bytes / 1e6:.1f} MB kept)" if msg.total_bytes else ""
+        self.setup.status.setText(
+            f"Download of {msg.repo_id} cancelled{kept}. Download again to continue where it stopped."
+        )
 
     def start_demo(self) -> None:
         self.setup.set_busy("Creating the demo model…")
@@ -220,7 +219,14 @@ class ModelSetupFlow:
 
     def _demo_created(self, msg: p.DemoCreated) -> None:
         self.setup.set_busy(None)
-        sel = {"target": msg.target, "draft": msg.draft, "device": "cpu", "context": 4096,
-               "kv_dtype": "auto", "dtype": "auto", "demo": True}
+        sel = {
+            "target": msg.target,
+            "draft": msg.draft,
+            "device": "cpu",
+            "context": 4096,
+            "kv_dtype": "auto",
+            "dtype": "auto",
+            "demo": True,
+        }
         self.setup.set_selection(sel)
         self.load_model(sel)

@@ -16,7 +16,7 @@ from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPalette, QP
 from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import QApplication
 
-from flashdesk.app.paths import assets_dir
+from flashdesk.paths import assets_dir
 
 THEME_ENV = "FLASHDESK_THEME"
 ICON_PIXELS = 48  # drawn at twice the usual 24 px: sharp on HiDPI screens, smooth when scaled down
@@ -34,16 +34,25 @@ def dark_palette() -> QPalette:
     pal = QPalette()
     base, window, text = QColor(30, 31, 34), QColor(43, 45, 48), QColor(223, 225, 229)
     roles = {
-        QPalette.ColorRole.Window: window, QPalette.ColorRole.WindowText: text,
-        QPalette.ColorRole.Base: base, QPalette.ColorRole.AlternateBase: QColor(50, 52, 56),
-        QPalette.ColorRole.ToolTipBase: window, QPalette.ColorRole.ToolTipText: text,
+        QPalette.ColorRole.Window: window,
+        QPalette.ColorRole.WindowText: text,
+        QPalette.ColorRole.Base: base,
+        QPalette.ColorRole.AlternateBase: QColor(50, 52, 56),
+        QPalette.ColorRole.ToolTipBase: window,
+        QPalette.ColorRole.ToolTipText: text,
         QPalette.ColorRole.PlaceholderText: QColor(140, 143, 150),
-        QPalette.ColorRole.Text: text, QPalette.ColorRole.Button: QColor(55, 57, 61),
-        QPalette.ColorRole.ButtonText: text, QPalette.ColorRole.BrightText: QColor(255, 120, 120),
-        QPalette.ColorRole.Highlight: QColor(53, 116, 240), QPalette.ColorRole.HighlightedText: QColor(255, 255, 255),
-        QPalette.ColorRole.Link: QColor(110, 160, 255), QPalette.ColorRole.LinkVisited: QColor(170, 140, 255),
-        QPalette.ColorRole.Mid: QColor(70, 72, 76), QPalette.ColorRole.Dark: QColor(25, 26, 28),
-        QPalette.ColorRole.Light: QColor(75, 77, 82), QPalette.ColorRole.Midlight: QColor(62, 64, 68),
+        QPalette.ColorRole.Text: text,
+        QPalette.ColorRole.Button: QColor(55, 57, 61),
+        QPalette.ColorRole.ButtonText: text,
+        QPalette.ColorRole.BrightText: QColor(255, 120, 120),
+        QPalette.ColorRole.Highlight: QColor(53, 116, 240),
+        QPalette.ColorRole.HighlightedText: QColor(255, 255, 255),
+        QPalette.ColorRole.Link: QColor(110, 160, 255),
+        QPalette.ColorRole.LinkVisited: QColor(170, 140, 255),
+        QPalette.ColorRole.Mid: QColor(70, 72, 76),
+        QPalette.ColorRole.Dark: QColor(25, 26, 28),
+        QPalette.ColorRole.Light: QColor(75, 77, 82),
+        QPalette.ColorRole.Midlight: QColor(62, 64, 68),
         QPalette.ColorRole.Shadow: QColor(10, 10, 10),
     }
     for role, color in roles.items():
@@ -65,14 +74,36 @@ def apply(app: QApplication) -> None:
 def colors() -> dict[str, str]:
     """Our own colours for the current scheme (CSS names for rich text and plots)."""
     if is_dark():
-        return {"draft_bg": "#1f5130", "draft_fg": "#c8f5d2", "code_bg": "#25272b", "muted": "#9a9ea6",
-                "error": "#ff8a80", "user_bg": "#2f3a4d", "accent": "#6ea0ff", "plot_fg": "#c9ccd2",
-                "plot_bg": "#1e1f22", "bar": "#5aa469", "bar2": "#6ea0ff", "warn_bg": "#4a3b1d",
-                "warn": "#f0b45a"}
-    return {"draft_bg": "#c9f0d3", "draft_fg": "#0b3d1a", "code_bg": "#f3f4f6", "muted": "#5f6368",
-            "error": "#b3261e", "user_bg": "#e8effc", "accent": "#1a5fd0", "plot_fg": "#3c4043",
-            "plot_bg": "#ffffff", "bar": "#2e8b57", "bar2": "#1a5fd0", "warn_bg": "#fff4d6",
-            "warn": "#9a5b00"}
+        return {
+            "draft_bg": "#1f5130",
+            "draft_fg": "#c8f5d2",
+            "code_bg": "#25272b",
+            "muted": "#9a9ea6",
+            "error": "#ff8a80",
+            "user_bg": "#2f3a4d",
+            "accent": "#6ea0ff",
+            "plot_fg": "#c9ccd2",
+            "plot_bg": "#1e1f22",
+            "bar": "#5aa469",
+            "bar2": "#6ea0ff",
+            "warn_bg": "#4a3b1d",
+            "warn": "#f0b45a",
+        }
+    return {
+        "draft_bg": "#c9f0d3",
+        "draft_fg": "#0b3d1a",
+        "code_bg": "#f3f4f6",
+        "muted": "#5f6368",
+        "error": "#b3261e",
+        "user_bg": "#e8effc",
+        "accent": "#1a5fd0",
+        "plot_fg": "#3c4043",
+        "plot_bg": "#ffffff",
+        "bar": "#2e8b57",
+        "bar2": "#1a5fd0",
+        "warn_bg": "#fff4d6",
+        "warn": "#9a5b00",
+    }
 
 
 def icon(name: str) -> QIcon:

@@ -20,9 +20,14 @@ from __future__ import annotations
 
 import importlib
 
-_API = {"Engine": "flashdesk.engine.decode.generation", "GenerationRequest": "flashdesk.engine.decode.generation",
-        "StepEvent": "flashdesk.engine.decode.generation", "FinishEvent": "flashdesk.engine.decode.generation",
-        "SamplingParams": "flashdesk.engine.decode.sampling", "SpecControl": "flashdesk.engine.decode.speculative"}
+_API = {
+    "Engine": "flashdesk.engine.decode.generation",
+    "GenerationRequest": "flashdesk.engine.decode.generation",
+    "StepEvent": "flashdesk.engine.decode.generation",
+    "FinishEvent": "flashdesk.engine.decode.generation",
+    "SamplingParams": "flashdesk.engine.decode.sampling",
+    "SpecControl": "flashdesk.engine.decode.speculative",
+}
 __all__ = sorted(_API)
 
 

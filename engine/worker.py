@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import logging
 import os
 import queue
 import sys
@@ -51,12 +52,13 @@ from flashdesk import protocol as p
 from flashdesk.engine.loading.model_card import model_name, sampling_defaults
 from flashdesk.engine.tools.report import log_error, record_load
 
+log = logging.getLogger(__name__)
+
 PULL_HZ = 10  # PullProgress events a second at most
 
 
 class PullCancelledError(Exception):
     """Raised from the download's progress callback when the app cancelled the pull."""
-
 
 
 def error_kind(exc: BaseException) -> str:
@@ -196,7 +198,7 @@ class Worker:
                 self._counter = (weakref.ref(engine), copy.deepcopy(engine.tokenizer))
             tokens = len(build_prompt_ids(self._counter[1], msg.messages, enable_thinking=msg.thinking))
         except Exception as exc:  # noqa: BLE001 - the gauge is informative: say "unknown", log why
-            print(f"count_tokens failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            log.warning("count_tokens failed: %s: %s", type(exc).__name__, exc)
             tokens = -1
         self.send(p.TokenCount(msg.request_id, tokens, engine.context_limit))
 
@@ -222,11 +224,20 @@ class Worker:
         from flashdesk.engine.serve.runner import Job
 
         self.send(p.Ready(pid=os.getpid(), torch=torch.__version__, cuda=bool(torch.cuda.is_available())))
-        handlers = {p.Load: self.load, p.Generate: self.generate, p.Inspect: self.inspect,
-                    p.CreateDemo: self.create_demo, p.Unload: self.unload, p.Pull: self.pull,
-                    p.Bench: self.bench, p.BenchHistory: self.bench_history, p.Survey: self.survey,
-                    p.StartServer: self.start_server, p.StopServer: lambda msg: self.stop_server(),
-                    Job: self.http_job}
+        handlers = {
+            p.Load: self.load,
+            p.Generate: self.generate,
+            p.Inspect: self.inspect,
+            p.CreateDemo: self.create_demo,
+            p.Unload: self.unload,
+            p.Pull: self.pull,
+            p.Bench: self.bench,
+            p.BenchHistory: self.bench_history,
+            p.Survey: self.survey,
+            p.StartServer: self.start_server,
+            p.StopServer: lambda msg: self.stop_server(),
+            Job: self.http_job,
+        }
         while True:
             msg = self.requests.get()
             if isinstance(msg, p.Shutdown):
@@ -238,16 +249,23 @@ class Worker:
                 continue
             try:
                 handler(msg)
-            except BaseException as exc:  # noqa: BLE001 - every failure becomes an event
+            except BaseException as exc:
                 if isinstance(exc, KeyboardInterrupt):
                     raise
                 self.report(exc, msg)
 
     def report(self, exc: BaseException, msg) -> None:
         kind = error_kind(exc)
-        during = {p.Load: "load", p.Generate: "generate", p.Inspect: "inspect",
-                  p.CreateDemo: "demo", p.Pull: "pull", p.Bench: "bench",
-                  p.BenchHistory: "bench", p.Survey: "survey"}.get(type(msg), "request")
+        during = {
+            p.Load: "load",
+            p.Generate: "generate",
+            p.Inspect: "inspect",
+            p.CreateDemo: "demo",
+            p.Pull: "pull",
+            p.Bench: "bench",
+            p.BenchHistory: "bench",
+            p.Survey: "survey",
+        }.get(type(msg), "request")
         details = "" if kind == p.BAD_INPUT else traceback.format_exc()
         text = str(exc) or type(exc).__name__
         if kind == p.CRASH:
@@ -291,8 +309,9 @@ class Worker:
 
         target = self._resolve(msg.target)
         device = resolve_device(msg.device).type
-        report = inspect_checkpoint(target, msg.context, self._resolve(msg.draft) if msg.draft else None,
-                                    device=device, flags=False)
+        report = inspect_checkpoint(
+            target, msg.context, self._resolve(msg.draft) if msg.draft else None, device=device, flags=False
+        )
         total = report.memory.total if report.memory else None
         context = report.memory.context if report.memory else msg.context
         self.send(p.Inspected(str(target), msg.draft, list(report.lines), list(report.problems), total, context))
@@ -351,8 +370,13 @@ class Worker:
                 self.send(p.PullCancelled(repo_id))
                 return
             self.send(p.PullProgress(repo_id, "", 0, 0))
-            entry = pull(repo_id, show_progress=False, log=lambda s: print(s, file=sys.stderr, flush=True),
-                         progress=progress, checked=self._send_check)
+            entry = pull(
+                repo_id,
+                show_progress=False,
+                log=lambda s: print(s, file=sys.stderr, flush=True),
+                progress=progress,
+                checked=self._send_check,
+            )
         except PullCancelledError:
             self.send(p.PullCancelled(repo_id, *totals()))
             return
@@ -363,9 +387,11 @@ class Worker:
                     del self.pulls[repo_id]
                     self.pull_cancels.discard(repo_id)
         if entry.problems:
-            raise FlashDeskError(f"{repo_id} was downloaded but is not complete: "
-                                 + "; ".join(str(problem) for problem in entry.problems[:5])
-                                 + ". Download it again to fetch the missing or damaged files")
+            raise FlashDeskError(
+                f"{repo_id} was downloaded but is not complete: "
+                + "; ".join(str(problem) for problem in entry.problems[:5])
+                + ". Download it again to fetch the missing or damaged files"
+            )
         done, total = totals()
         self.send(p.PullProgress(repo_id, "", max(done, total), max(done, total)))
         self.send(p.Pulled(repo_id, str(entry.path), entry.size))
@@ -407,12 +433,22 @@ class Worker:
                 last[0] = now
                 self.send(p.LoadProgress("weights", 0.05 + 0.9 * fraction, text))
 
-        engine = Engine.load(target, msg.device, msg.dtype, msg.kv_dtype, msg.context, draft, progress=progress,
-                             stage=lambda text: self.send(p.LoadProgress("kernels", -1, text)),
-                             draft_default=benched_default)
+        engine = Engine.load(
+            target,
+            msg.device,
+            msg.dtype,
+            msg.kv_dtype,
+            msg.context,
+            draft,
+            progress=progress,
+            stage=lambda text: self.send(p.LoadProgress("kernels", -1, text)),
+            draft_default=benched_default,
+        )
         if engine.tokenizer is None:
-            raise FlashDeskError(f"{target} has no tokenizer (tokenizer.json and a chat template): "
-                                 "the app needs one to turn messages into tokens")
+            raise FlashDeskError(
+                f"{target} has no tokenizer (tokenizer.json and a chat template): "
+                "the app needs one to turn messages into tokens"
+            )
         self.send(p.LoadProgress("ready", 1.0, "loaded"))
         self._set_engine(engine)
         self.folders = (target, draft)
@@ -426,14 +462,28 @@ class Worker:
             memory = int(torch.cuda.memory_allocated(device))
         block = engine.drafter.cfg.block_size if engine.drafter is not None else None
         record_load(_load_facts(engine, target, draft, memory))  # for `flashdesk doctor --report`
-        self.send(p.Loaded(
-            target=str(target), draft=str(draft) if draft else None, name=model_name(target),
-            device=str(device), device_name=device_name, device_uuid=uuid,
-            dtype=str(model.dtype).removeprefix("torch."), kv_dtype=engine.kv_dtype,
-            context_limit=engine.context_limit, block_size=block, memory_bytes=memory,
-            seconds=time.perf_counter() - started, layers=model.cfg.num_layers, vocab=model.cfg.vocab_size,
-            sampling_defaults=sampling_defaults(target), default_draft_length=engine.default_draft_length,
-            default_note=engine.default_note, kernel_note=engine.fallback_note()))
+        self.send(
+            p.Loaded(
+                target=str(target),
+                draft=str(draft) if draft else None,
+                name=model_name(target),
+                device=str(device),
+                device_name=device_name,
+                device_uuid=uuid,
+                dtype=str(model.dtype).removeprefix("torch."),
+                kv_dtype=engine.kv_dtype,
+                context_limit=engine.context_limit,
+                block_size=block,
+                memory_bytes=memory,
+                seconds=time.perf_counter() - started,
+                layers=model.cfg.num_layers,
+                vocab=model.cfg.vocab_size,
+                sampling_defaults=sampling_defaults(target),
+                default_draft_length=engine.default_draft_length,
+                default_note=engine.default_note,
+                kernel_note=engine.fallback_note(),
+            )
+        )
 
     def bench(self, msg: p.Bench) -> None:
         """`flashdesk bench` on the loaded pair: BenchProgress at most PULL_HZ times a second, the run
@@ -506,16 +556,33 @@ class Worker:
             check_exposure(msg.host, key)
             self.stop_server()  # a running one makes way for the new settings
             target = self.folders[0]
-            serving = Serving(self.engine, self.control, host=msg.host, port=msg.port, api_key=key,
-                              model=served_name(target), sampling_defaults=sampling_defaults(target),
-                              schedule=self.requests.put, on_record=self.send_traffic, step_delay=self.step_delay)
+            serving = Serving(
+                self.engine,
+                self.control,
+                host=msg.host,
+                port=msg.port,
+                api_key=key,
+                model=served_name(target),
+                sampling_defaults=sampling_defaults(target),
+                schedule=self.requests.put,
+                on_record=self.send_traffic,
+                step_delay=self.step_delay,
+            )
         except FlashDeskError as exc:
             self.send(p.ServerState(False, error=str(exc), host=msg.host, port=msg.port, api_key_required=bool(key)))
             return
         with self.state_lock:
             self.serving = serving
-        self.send(p.ServerState(True, serving.url, model=serving.model, host=msg.host, port=serving.thread.port,
-                                api_key_required=bool(key)))
+        self.send(
+            p.ServerState(
+                True,
+                serving.url,
+                model=serving.model,
+                host=msg.host,
+                port=serving.thread.port,
+                api_key_required=bool(key),
+            )
+        )
 
     def stop_server(self, announce: bool = False) -> None:
         """Stop the server if one runs (any thread); ServerState(running=False) says so, or always with
@@ -536,9 +603,23 @@ class Worker:
 
     def send_traffic(self, record) -> None:
         usage = record.usage
-        self.send(p.ServerTraffic(record.id, record.status, record.reason, usage.prompt_tokens, usage.cached_tokens,
-                                  usage.completion_tokens, usage.drafted, usage.accepted, usage.tau, record.seconds,
-                                  usage.decode_tokens_per_second, record.stream, record.message))
+        self.send(
+            p.ServerTraffic(
+                record.id,
+                record.status,
+                record.reason,
+                usage.prompt_tokens,
+                usage.cached_tokens,
+                usage.completion_tokens,
+                usage.drafted,
+                usage.accepted,
+                usage.tau,
+                record.seconds,
+                usage.decode_tokens_per_second,
+                record.stream,
+                record.message,
+            )
+        )
 
     def generate(self, msg: p.Generate) -> None:
         from flashdesk.engine.decode.sampling import SamplingParams
@@ -549,9 +630,16 @@ class Worker:
         if engine is None:
             raise FlashDeskError("no model is loaded")
         rid = msg.request_id
-        turn = ChatTurn(engine, msg.messages, SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed),
-                        msg.max_tokens, thinking=msg.thinking, ignore_eos=msg.ignore_eos, policy=msg.context_policy,
-                        reuse=msg.reuse)
+        turn = ChatTurn(
+            engine,
+            msg.messages,
+            SamplingParams(msg.temperature, msg.top_p, msg.top_k, msg.seed),
+            msg.max_tokens,
+            thinking=msg.thinking,
+            ignore_eos=msg.ignore_eos,
+            policy=msg.context_policy,
+            reuse=msg.reuse,
+        )
         prompt_tokens = len(turn.prompt)
         tracker = OriginTracker(engine.tokenizer, set() if msg.ignore_eos else engine.eos)
 
@@ -572,14 +660,40 @@ class Worker:
             for item in steps:
                 if isinstance(item, TurnEnd):
                     cancel_step = self.cancels.get(rid) if item.reason == "cancelled" else None
-                    self.send(p.Finished(rid, item.reason, item.text, item.thought, item.token_ids, prompt_tokens,
-                                         turn.prefill, item.elapsed, item.stats, item.last_step, cancel_step))
+                    self.send(
+                        p.Finished(
+                            rid,
+                            item.reason,
+                            item.text,
+                            item.thought,
+                            item.token_ids,
+                            prompt_tokens,
+                            turn.prefill,
+                            item.elapsed,
+                            item.stats,
+                            item.last_step,
+                            cancel_step,
+                        )
+                    )
                     return
                 event = item.event
-                self.send(p.Step(rid, event.index, list(event.emitted), list(event.draft), event.accepted,
-                                 event.answer, event.thought,
-                                 tracker.spans(event.emitted, event.accepted, event.answer), event.seconds,
-                                 event.draft_seconds, event.verify_seconds, item.elapsed, item.stats))
+                self.send(
+                    p.Step(
+                        rid,
+                        event.index,
+                        list(event.emitted),
+                        list(event.draft),
+                        event.accepted,
+                        event.answer,
+                        event.thought,
+                        tracker.spans(event.emitted, event.accepted, event.answer),
+                        event.seconds,
+                        event.draft_seconds,
+                        event.verify_seconds,
+                        item.elapsed,
+                        item.stats,
+                    )
+                )
                 with self.state_lock:
                     self.step = event.index + 1
                 if self.step_delay:
@@ -597,19 +711,32 @@ def _load_facts(engine, target: Path, draft: Path | None, memory: int) -> dict:
     import torch
 
     model = engine.model
-    facts = {"model": model_name(target), "drafter": model_name(draft) if draft else None,
-             "device": str(model.device), "dtype": str(model.dtype).removeprefix("torch."),
-             "kv_dtype": engine.kv_dtype, "context_limit": engine.context_limit, "allocated_bytes": memory,
-             "self_tested": bool(engine.kernel_checks),
-             "fallback_note": engine.fallback_note(), "cuda_graphs": engine.cuda_graphs()}
+    facts = {
+        "model": model_name(target),
+        "drafter": model_name(draft) if draft else None,
+        "device": str(model.device),
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "kv_dtype": engine.kv_dtype,
+        "context_limit": engine.context_limit,
+        "allocated_bytes": memory,
+        "self_tested": bool(engine.kernel_checks),
+        "fallback_note": engine.fallback_note(),
+        "cuda_graphs": engine.cuda_graphs(),
+    }
     if model.device.type == "cuda":
         facts["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(model.device))
         try:
             from flashdesk.engine.loading.memory_plan import plan_memory, target_weight_bytes
 
             weights, _ = target_weight_bytes(target, model.cfg, None, model.dtype.itemsize)
-            plan = plan_memory(model.cfg, weights, engine.context_limit, engine.kv_dtype,
-                               engine.drafter.cfg if engine.drafter else None, model.dtype.itemsize)
+            plan = plan_memory(
+                model.cfg,
+                weights,
+                engine.context_limit,
+                engine.kv_dtype,
+                engine.drafter.cfg if engine.drafter else None,
+                model.dtype.itemsize,
+            )
             facts.update(planned_bytes=plan.total, plan=plan.lines())
         except Exception as exc:  # noqa: BLE001 - the record is informative only
             facts["plan_error"] = f"{type(exc).__name__}: {exc}"
@@ -640,8 +767,17 @@ def main() -> int:
     try:
         worker = Worker(out)
     except BaseException as exc:  # noqa: BLE001 - a broken torch install is reported, not a traceback
-        out.write(p.encode(p.Error(p.CRASH, f"the engine cannot start: {type(exc).__name__}: {exc}",
-                                   during="startup", details=traceback.format_exc())) + "\n")
+        out.write(
+            p.encode(
+                p.Error(
+                    p.CRASH,
+                    f"the engine cannot start: {type(exc).__name__}: {exc}",
+                    during="startup",
+                    details=traceback.format_exc(),
+                )
+            )
+            + "\n"
+        )
         out.flush()
         return 1
     reader = threading.Thread(target=worker.read, args=(_lines(sys.stdin.buffer),), daemon=True)

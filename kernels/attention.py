@@ -24,8 +24,16 @@ def query_rows_per_pass(num_heads: int, keys: int) -> int:
     return max(1, SCORE_BUDGET_BYTES // per_row)
 
 
-def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
-                        k_pos: torch.Tensor, window: int | None, scale: float, causal: bool = True) -> torch.Tensor:
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    window: int | None,
+    scale: float,
+    causal: bool = True,
+) -> torch.Tensor:
     """q [T, Hq, D], k/v [S, Hkv, D], positions [T] and [S] -> [T, Hq, D].
 
     Causal: a query at p sees keys at kp <= p and, with a window W, kp > p - W (W keys including
@@ -35,8 +43,12 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos
     t, hq, d = q.shape
     rows = query_rows_per_pass(hq, k.shape[0])
     if t > rows:  # a long prefill chunk: bound the score memory, same result
-        return torch.cat([attention_reference(q[i:i + rows], k, v, q_pos[i:i + rows], k_pos, window, scale, causal)
-                          for i in range(0, t, rows)])
+        return torch.cat(
+            [
+                attention_reference(q[i : i + rows], k, v, q_pos[i : i + rows], k_pos, window, scale, causal)
+                for i in range(0, t, rows)
+            ]
+        )
     hkv = k.shape[1]
     group = hq // hkv
     qg = q.view(t, hkv, group, d).permute(1, 2, 0, 3)  # [Hkv, G, T, D]
@@ -71,8 +83,9 @@ def attention(q, k, v, q_pos, k_pos, window, scale, causal=True, k_scale=None, v
     if use_triton(q, "prefill_attention"):
         from flashdesk.kernels.attention_triton import prefill_attention
 
-        return faulty("prefill_attention", prefill_attention(q, k, v, q_pos, k_pos, window, scale, causal, k_scale,
-                                                             v_scale))
+        return faulty(
+            "prefill_attention", prefill_attention(q, k, v, q_pos, k_pos, window, scale, causal, k_scale, v_scale)
+        )
     if k_scale is not None:
         k = (k.float() * k_scale.unsqueeze(-1)).to(q.dtype)
         v = (v.float() * v_scale.unsqueeze(-1)).to(q.dtype)

@@ -47,8 +47,17 @@ import torch
 import triton
 import triton.language as tl
 
-from flashdesk.kernels.backend import (ARRIVAL_COUNTERS, LAUNCH_STAGES, MAX_REGISTERS, CompileSpec, arrival_counters,
-                                       device_start, faulty, interpreted, pdl_options)
+from flashdesk.kernels.backend import (
+    ARRIVAL_COUNTERS,
+    LAUNCH_STAGES,
+    MAX_REGISTERS,
+    CompileSpec,
+    arrival_counters,
+    device_start,
+    faulty,
+    interpreted,
+    pdl_options,
+)
 from flashdesk.kernels.grid_dependency import enter
 
 BLOCK_T = 16  # query rows of a decode tile: one tile takes a whole verify block (attention.DECODE_QUERIES)
@@ -125,6 +134,7 @@ def decode_num_splits(window: int | None, max_context: int, split: int) -> int:
 
 # ----------------------------------------------------------------------------- fp8 e4m3 codec
 
+
 @triton.jit
 def _e4m3_encode(y):
     """fp32 -> e4m3fn byte, rounding to nearest even, saturating to NaN past 464 (torch's rule)."""
@@ -168,11 +178,13 @@ def _e4m3_to_f16(x, INTERPRETED: tl.constexpr):
     if INTERPRETED:
         x = x.to(tl.uint16)
         return (((x & 0x7F) << 7) | ((x & 0x80) << 8)).to(tl.float16, bitcast=True)
-    return tl.inline_asm_elementwise(asm=E4M3_TO_F16_PTX, constraints="=r,=r,r", args=[x], dtype=tl.float16,
-                                     is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(
+        asm=E4M3_TO_F16_PTX, constraints="=r,=r,r", args=[x], dtype=tl.float16, is_pure=True, pack=4
+    )
 
 
 # ----------------------------------------------------------------------------- cache write
+
 
 @triton.jit
 def store_quantized(x, c_ptr, s_ptr, ok, FP8: tl.constexpr):
@@ -189,10 +201,26 @@ def store_quantized(x, c_ptr, s_ptr, ok, FP8: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["T", "capacity"])
-def _kv_write_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, ks_ptr, vs_ptr, start_ptr, T, capacity,
-                     stride_kt, stride_kh, stride_vt, stride_vh,
-                     HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, ROWS: tl.constexpr,
-                     PDL: tl.constexpr = False):
+def _kv_write_kernel(
+    k_ptr,
+    v_ptr,
+    ck_ptr,
+    cv_ptr,
+    ks_ptr,
+    vs_ptr,
+    start_ptr,
+    T,
+    capacity,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    HKV: tl.constexpr,
+    D: tl.constexpr,
+    FP8: tl.constexpr,
+    ROWS: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """Program i: (token, head) rows i * ROWS.. of the block; quantize their K and V and store them
     at the token's slot."""
     enter(PDL)
@@ -219,10 +247,28 @@ def kv_write_triton(k, v, cache_k, cache_v, k_scale, v_scale, start: torch.Tenso
     ck, cv = (cache_k.view(torch.uint8), cache_v.view(torch.uint8)) if fp8 else (cache_k, cache_v)
     ks, vs = (k_scale, v_scale) if fp8 else (k, v)  # unused pointers without scales
     rows = kv_write_rows(d)
-    _kv_write_kernel[(triton.cdiv(t * hkv, rows),)](k, v, ck, cv, ks, vs, start, t, capacity,
-                                                    k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                                                    HKV=hkv, D=d, FP8=fp8, ROWS=rows, num_warps=KV_WRITE_WARPS,
-                                                    num_stages=LAUNCH_STAGES, **pdl_options(k.device))
+    _kv_write_kernel[(triton.cdiv(t * hkv, rows),)](
+        k,
+        v,
+        ck,
+        cv,
+        ks,
+        vs,
+        start,
+        t,
+        capacity,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        HKV=hkv,
+        D=d,
+        FP8=fp8,
+        ROWS=rows,
+        num_warps=KV_WRITE_WARPS,
+        num_stages=LAUNCH_STAGES,
+        **pdl_options(k.device),
+    )
 
 
 def kv_write_rows(head_dim: int) -> int:
@@ -232,13 +278,38 @@ def kv_write_rows(head_dim: int) -> int:
 
 # ----------------------------------------------------------------------------- decode / verify
 
+
 @triton.jit(do_not_specialize=["T", "capacity", "P"])
-def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, l_ptr, acc_ptr, o_ptr, count_ptr,
-                         T, capacity, window, split, P, qk_scale,
-                         HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
-                         BLOCK_N: tl.constexpr, FP8: tl.constexpr, DOT_FP32: tl.constexpr,
-                         ONE_SPLIT: tl.constexpr, COMBINE: tl.constexpr, CAUSAL: tl.constexpr,
-                         PDL: tl.constexpr = False):
+def _decode_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    start_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    o_ptr,
+    count_ptr,
+    T,
+    capacity,
+    window,
+    split,
+    P,
+    qk_scale,
+    HQ: tl.constexpr,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FP8: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    ONE_SPLIT: tl.constexpr,
+    COMBINE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """Program (kv head x row block, j) of P split columns: 16 (query head, query) rows sharing one
     KV head, over the block's splits s with s % P == j, into partials (ONE_SPLIT: the only split,
     normalized into o). With COMBINE the last program of a row block to finish (count_ptr: one
@@ -303,8 +374,9 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, 
                 m = m_new
         if ONE_SPLIT:  # what the combine computes for one split (num = acc, den = l), without it
             out = acc / tl.where(row_ok, l, 1.0)[:, None]  # padding rows: nothing to normalize
-            tl.store(o_ptr + (t * HQ + head)[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty),
-                     mask=row_ok[:, None])
+            tl.store(
+                o_ptr + (t * HQ + head)[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None]
+            )
         else:
             part = (j * T + t) * HQ + head
             tl.store(m_ptr + part, m, mask=row_ok)
@@ -315,14 +387,16 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, start_ptr, m_ptr, 
                 ran = tl.minimum(hi // split - first_split + 1, P)
                 if tl.atomic_add(count_ptr + pid, 1, sem="acq_rel") == ran - 1:  # the others' are visible
                     out = _combine(m_ptr, l_ptr, acc_ptr, t, head, row_ok, d, first_split, ran, P, T, HQ, D)
-                    tl.store(o_ptr + (t * HQ + head)[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty),
-                             mask=row_ok[:, None])
+                    tl.store(
+                        o_ptr + (t * HQ + head)[:, None] * D + d[None, :],
+                        out.to(o_ptr.dtype.element_ty),
+                        mask=row_ok[:, None],
+                    )
                     tl.atomic_xchg(count_ptr + pid, 0, sem="relaxed")  # the next launch starts from zero
 
 
 @triton.jit
-def _combine(m_ptr, l_ptr, acc_ptr, t, head, row_ok, cols, first_split, ran, P, T, HQ: tl.constexpr,
-             D: tl.constexpr):
+def _combine(m_ptr, l_ptr, acc_ptr, t, head, row_ok, cols, first_split, ran, P, T, HQ: tl.constexpr, D: tl.constexpr):
     """Rows (query t, head) [BLOCK_T] over columns `cols`: each row sums its non-empty partials,
     those of the `ran` split programs that ran, in position order of their first split. The
     partials are read past L1 (a fused combine reads what other programs just wrote)."""
@@ -344,9 +418,22 @@ def _combine(m_ptr, l_ptr, acc_ptr, t, head, row_ok, cols, first_split, ran, P, 
 
 
 @triton.jit(do_not_specialize=["T", "P"])
-def _decode_combine_kernel(m_ptr, l_ptr, acc_ptr, start_ptr, o_ptr, T, window, split, P,
-                           HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
-                           PDL: tl.constexpr = False):
+def _decode_combine_kernel(
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    start_ptr,
+    o_ptr,
+    T,
+    window,
+    split,
+    P,
+    HQ: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """Program (head, column block): `_combine` of the head's T rows."""
     enter(PDL)
     head, col = tl.program_id(0), tl.program_id(1)
@@ -357,8 +444,7 @@ def _decode_combine_kernel(m_ptr, l_ptr, acc_ptr, start_ptr, o_ptr, T, window, s
     row_ok = rows < T
     d = col * BLOCK_D + tl.arange(0, BLOCK_D)
     out = _combine(m_ptr, l_ptr, acc_ptr, rows, head, row_ok, d, first_split, ran, P, T, HQ, D)
-    tl.store(o_ptr + (rows * HQ + head)[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=row_ok[:, None])
+    tl.store(o_ptr + (rows * HQ + head)[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 def _check_rows(*tensors):
@@ -372,15 +458,27 @@ def _check_contiguous(*tensors):
         raise ValueError("KV caches and their scales must be contiguous [capacity, Hkv, D] / [capacity, Hkv]")
 
 
-def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, k_scale, v_scale, start,
-                     window: int | None, capacity: int, scale: float, max_context: int,
-                     split: int | None = None, causal: bool = True) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    k_scale,
+    v_scale,
+    start,
+    window: int | None,
+    capacity: int,
+    scale: float,
+    max_context: int,
+    split: int | None = None,
+    causal: bool = True,
+) -> torch.Tensor:
     """q [T <= 16, Hq, D] at positions start..start+T-1 over the cache, whose K/V already hold them.
 
     cache_k/v contiguous [capacity, Hkv, D] (bf16/fp32, or fp8 with fp32 scales [capacity, Hkv]);
     a query at p sees positions max(0, p - window + 1)..p (all up to p without a window), read at
-    slot position % capacity; with causal=False (no window) every query sees 0..start+T-1. `split` overrides the positions per split (a multiple of the chunk
-    size; tests). No host sync when `start` is a device tensor. Returns [T, Hq, D] in q's dtype.
+    slot position % capacity; with causal=False (no window) every query sees 0..start+T-1. `split`
+    overrides the positions per split (a multiple of the chunk size; tests). No host sync when
+    `start` is a device tensor. Returns [T, Hq, D] in q's dtype.
     """
     t, hq, d = q.shape
     hkv = cache_k.shape[1]
@@ -410,21 +508,65 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
     ck, cv = (cache_k.view(torch.uint8), cache_v.view(torch.uint8)) if fp8 else (cache_k, cache_v)
     ks, vs = (k_scale, v_scale) if fp8 else (m, m)  # unused pointers without scales
     _decode_split_kernel[(row_blocks, splits)](
-        q, ck, cv, ks, vs, start, m, l, acc, out, arrival_counters(q.device), t, capacity, w, split, splits,
-        scale * LOG2E, HQ=hq, GROUP=hq // hkv, D=d, BLOCK_T=BLOCK_T, BLOCK_N=cfg.block_n, FP8=fp8,
-        DOT_FP32=interpreted(), ONE_SPLIT=one_split, COMBINE=combine, CAUSAL=causal, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, maxnreg=MAX_REGISTERS, **pdl_options(q.device))
+        q,
+        ck,
+        cv,
+        ks,
+        vs,
+        start,
+        m,
+        l,
+        acc,
+        out,
+        arrival_counters(q.device),
+        t,
+        capacity,
+        w,
+        split,
+        splits,
+        scale * LOG2E,
+        HQ=hq,
+        GROUP=hq // hkv,
+        D=d,
+        BLOCK_T=BLOCK_T,
+        BLOCK_N=cfg.block_n,
+        FP8=fp8,
+        DOT_FP32=interpreted(),
+        ONE_SPLIT=one_split,
+        COMBINE=combine,
+        CAUSAL=causal,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        maxnreg=MAX_REGISTERS,
+        **pdl_options(q.device),
+    )
     if one_split or combine:
         return faulty("decode_attention", out)
     block_d = min(d, COMBINE_BLOCK_D)
-    _decode_combine_kernel[(hq, d // block_d)](m, l, acc, start, out, t, w, split, splits,
-                                               HQ=hq, D=d, BLOCK_D=block_d, BLOCK_T=BLOCK_T, num_warps=COMBINE_WARPS,
-                                               num_stages=LAUNCH_STAGES, maxnreg=MAX_REGISTERS,
-                                               **pdl_options(out.device))
+    _decode_combine_kernel[(hq, d // block_d)](
+        m,
+        l,
+        acc,
+        start,
+        out,
+        t,
+        w,
+        split,
+        splits,
+        HQ=hq,
+        D=d,
+        BLOCK_D=block_d,
+        BLOCK_T=BLOCK_T,
+        num_warps=COMBINE_WARPS,
+        num_stages=LAUNCH_STAGES,
+        maxnreg=MAX_REGISTERS,
+        **pdl_options(out.device),
+    )
     return faulty("decode_attention", out)
 
 
 # ----------------------------------------------------------------------------- prefill
+
 
 @triton.jit
 def _lower_bound(pos_ptr, n, target):
@@ -441,10 +583,30 @@ def _lower_bound(pos_ptr, n, target):
 
 
 @triton.jit(do_not_specialize=["T", "S"])
-def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, q_pos_ptr, k_pos_ptr, T, S, window, qk_scale,
-                    HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, FP8: tl.constexpr,
-                    DOT_FP32: tl.constexpr, PDL: tl.constexpr = False):
+def _prefill_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    o_ptr,
+    q_pos_ptr,
+    k_pos_ptr,
+    T,
+    S,
+    window,
+    qk_scale,
+    HQ: tl.constexpr,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    FP8: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """Program (query tile, head): online softmax over the keys any of its queries may see. FP8: K
     and V are e4m3 bytes with one fp32 scale per (key, KV head) at ks/vs (a full layer's cache, read
     where it is stored), converted as the decode loop converts them."""
@@ -505,13 +667,21 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, q_pos_ptr, k_pos
         acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, None], input_precision="ieee")
         m = m_new
     out = acc / tl.where(l > 0, l, 1.0)[:, None]  # a query with no key at all (or a padding row) gives 0
-    tl.store(o_ptr + (rows * HQ + head)[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=row_ok[:, None])
+    tl.store(o_ptr + (rows * HQ + head)[:, None] * D + d[None, :], out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
-                      window: int | None, scale: float, causal: bool = True, k_scale: torch.Tensor | None = None,
-                      v_scale: torch.Tensor | None = None) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    window: int | None,
+    scale: float,
+    causal: bool = True,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """attention_reference's function without its [T, S] scores: q [T, Hq, D], k/v [S, Hkv, D],
     key positions increasing. A query that sees no key gets 0 (the reference gives NaN). With
     k_scale/v_scale [S, Hkv] fp32, k and v are fp8 e4m3 as a cache stores them, read in place."""
@@ -530,10 +700,32 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: 
     cfg = prefill_config(d)
     ks, vs = (k_scale, v_scale) if fp8 else (q, q)  # unused pointers without scales
     _prefill_kernel[(triton.cdiv(t, cfg.block_m), hq)](
-        q, k, v, ks, vs, out, q_pos.to(torch.int64), k_pos.to(torch.int64), t, s, window or 0, scale * LOG2E,
-        HQ=hq, GROUP=hq // hkv, D=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
-        WINDOWED=window is not None, FP8=fp8, DOT_FP32=interpreted(), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **({"maxnreg": MAX_REGISTERS} if fp8 else {}), **pdl_options(q.device))
+        q,
+        k,
+        v,
+        ks,
+        vs,
+        out,
+        q_pos.to(torch.int64),
+        k_pos.to(torch.int64),
+        t,
+        s,
+        window or 0,
+        scale * LOG2E,
+        HQ=hq,
+        GROUP=hq // hkv,
+        D=d,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        CAUSAL=causal,
+        WINDOWED=window is not None,
+        FP8=fp8,
+        DOT_FP32=interpreted(),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **({"maxnreg": MAX_REGISTERS} if fp8 else {}),
+        **pdl_options(q.device),
+    )
     return out
 
 
@@ -545,20 +737,34 @@ DRAFTER = (128, 32, 8)  # head dim, query heads, KV heads
 DRAFTER_WINDOW = 2048  # its sliding layers' window (context rings of window + block size)
 
 
-def _spec(name: str, fn, types: dict[str, str], consts: dict, num_warps: int, num_stages: int = LAUNCH_STAGES,
-          maxnreg: int | None = None) -> CompileSpec:
+def _spec(
+    name: str,
+    fn,
+    types: dict[str, str],
+    consts: dict,
+    num_warps: int,
+    num_stages: int = LAUNCH_STAGES,
+    maxnreg: int | None = None,
+) -> CompileSpec:
     """A spec whose signature lists every argument in the kernel's order, constexprs included
     (but PDL, which kernels.check sets by arch)."""
     types = {**types, **dict.fromkeys(consts, "constexpr")}
     args = [arg for arg in fn.arg_names if arg != "PDL"]
     if set(types) != set(args):
         raise ValueError(f"{name}: signature misnames {sorted(set(types) ^ set(args))}")
-    return CompileSpec(name, fn, {arg: types[arg] for arg in args}, consts, num_warps=num_warps,
-                       num_stages=num_stages, maxnreg=maxnreg)
+    return CompileSpec(
+        name, fn, {arg: types[arg] for arg in args}, consts, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg
+    )
 
 
-def _decode_specs(d: int, hkv: int, window: int | None, hq: int = HQ_TARGET, causal: bool = True,
-                  storage: tuple[bool, ...] = (True, False)) -> list[CompileSpec]:
+def _decode_specs(
+    d: int,
+    hkv: int,
+    window: int | None,
+    hq: int = HQ_TARGET,
+    causal: bool = True,
+    storage: tuple[bool, ...] = (True, False),
+) -> list[CompileSpec]:
     kind = ("sliding" if window else "full") + ("" if causal else ",bidirectional")
     specs = []
     for fp8 in storage:
@@ -568,36 +774,93 @@ def _decode_specs(d: int, hkv: int, window: int | None, hq: int = HQ_TARGET, cau
         always = window is not None and decode_num_splits(window, 1 << 30, decode_split(d, fp8)) <= COMBINE_IN_SPLIT
         for one_split, combine in [(True, False)] + [(False, c) for c in ((True,) if always else (False, True))]:
             cache = "*u8" if fp8 else "*bf16"
-            types = {"q_ptr": "*bf16", "k_ptr": cache, "v_ptr": cache, "ks_ptr": "*fp32", "vs_ptr": "*fp32",
-                     "start_ptr": "*i32", "m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "o_ptr": "*bf16",
-                     "count_ptr": "*i32", "qk_scale": "fp32",
-                     **dict.fromkeys(("T", "capacity", "window", "split", "P"), "i32")}
-            consts = {"HQ": hq, "GROUP": hq // hkv, "D": d, "BLOCK_T": BLOCK_T,
-                      "BLOCK_N": cfg.block_n, "FP8": fp8, "DOT_FP32": False, "ONE_SPLIT": one_split,
-                      "COMBINE": combine, "CAUSAL": causal}
+            types = {
+                "q_ptr": "*bf16",
+                "k_ptr": cache,
+                "v_ptr": cache,
+                "ks_ptr": "*fp32",
+                "vs_ptr": "*fp32",
+                "start_ptr": "*i32",
+                "m_ptr": "*fp32",
+                "l_ptr": "*fp32",
+                "acc_ptr": "*fp32",
+                "o_ptr": "*bf16",
+                "count_ptr": "*i32",
+                "qk_scale": "fp32",
+                **dict.fromkeys(("T", "capacity", "window", "split", "P"), "i32"),
+            }
+            consts = {
+                "HQ": hq,
+                "GROUP": hq // hkv,
+                "D": d,
+                "BLOCK_T": BLOCK_T,
+                "BLOCK_N": cfg.block_n,
+                "FP8": fp8,
+                "DOT_FP32": False,
+                "ONE_SPLIT": one_split,
+                "COMBINE": combine,
+                "CAUSAL": causal,
+            }
             variant = ",one split" if one_split else ",combined" if combine else ""
             name = f"decode_split[D={d},{kind},{'fp8' if fp8 else 'bf16'}{variant}]"
-            specs.append(_spec(name, _decode_split_kernel, types, consts, cfg.num_warps, cfg.num_stages,
-                               maxnreg=MAX_REGISTERS))
-    types = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32", "start_ptr": "*i32", "o_ptr": "*bf16",
-             **dict.fromkeys(("T", "window", "split", "P"), "i32")}
+            specs.append(
+                _spec(name, _decode_split_kernel, types, consts, cfg.num_warps, cfg.num_stages, maxnreg=MAX_REGISTERS)
+            )
+    types = {
+        "m_ptr": "*fp32",
+        "l_ptr": "*fp32",
+        "acc_ptr": "*fp32",
+        "start_ptr": "*i32",
+        "o_ptr": "*bf16",
+        **dict.fromkeys(("T", "window", "split", "P"), "i32"),
+    }
     consts = {"HQ": hq, "D": d, "BLOCK_D": COMBINE_BLOCK_D, "BLOCK_T": BLOCK_T}
-    specs.append(_spec(f"decode_combine[D={d},HQ={hq}]", _decode_combine_kernel, types, consts, COMBINE_WARPS,
-                       maxnreg=MAX_REGISTERS))
+    specs.append(
+        _spec(
+            f"decode_combine[D={d},HQ={hq}]",
+            _decode_combine_kernel,
+            types,
+            consts,
+            COMBINE_WARPS,
+            maxnreg=MAX_REGISTERS,
+        )
+    )
     return specs
 
 
 def _prefill_spec(d: int, hq: int, hkv: int, causal: bool, windowed: bool, fp8: bool = False) -> CompileSpec:
     cfg = prefill_config(d)
     kv, scales = ("*u8", "*fp32") if fp8 else ("*bf16", "*bf16")
-    types = {"q_ptr": "*bf16", "k_ptr": kv, "v_ptr": kv, "ks_ptr": scales, "vs_ptr": scales, "o_ptr": "*bf16",
-             "q_pos_ptr": "*i64", "k_pos_ptr": "*i64", "qk_scale": "fp32", **dict.fromkeys(("T", "S", "window"), "i32")}
-    consts = {"HQ": hq, "GROUP": hq // hkv, "D": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-              "CAUSAL": causal, "WINDOWED": windowed, "FP8": fp8, "DOT_FP32": False}
-    name = f"prefill[D={d},{'causal' if causal else 'bidirectional'},{'window' if windowed else 'full'}" \
-           f"{',fp8 cache' if fp8 else ''}]"
-    return _spec(name, _prefill_kernel, types, consts, cfg.num_warps, cfg.num_stages,
-                 maxnreg=MAX_REGISTERS if fp8 else None)
+    types = {
+        "q_ptr": "*bf16",
+        "k_ptr": kv,
+        "v_ptr": kv,
+        "ks_ptr": scales,
+        "vs_ptr": scales,
+        "o_ptr": "*bf16",
+        "q_pos_ptr": "*i64",
+        "k_pos_ptr": "*i64",
+        "qk_scale": "fp32",
+        **dict.fromkeys(("T", "S", "window"), "i32"),
+    }
+    consts = {
+        "HQ": hq,
+        "GROUP": hq // hkv,
+        "D": d,
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "CAUSAL": causal,
+        "WINDOWED": windowed,
+        "FP8": fp8,
+        "DOT_FP32": False,
+    }
+    name = (
+        f"prefill[D={d},{'causal' if causal else 'bidirectional'},{'window' if windowed else 'full'}"
+        f"{',fp8 cache' if fp8 else ''}]"
+    )
+    return _spec(
+        name, _prefill_kernel, types, consts, cfg.num_warps, cfg.num_stages, maxnreg=MAX_REGISTERS if fp8 else None
+    )
 
 
 def compile_specs() -> list[CompileSpec]:
@@ -612,10 +875,15 @@ def compile_specs() -> list[CompileSpec]:
             specs.append(_prefill_spec(d, HQ_TARGET, hkv, causal=True, windowed=False, fp8=True))
     d, hq, hkv = DRAFTER  # its block over its context: bf16, causal sliding and bidirectional full layers
     specs += _decode_specs(d, hkv, DRAFTER_WINDOW, hq, causal=True, storage=(False,))
-    specs += [spec for spec in _decode_specs(d, hkv, None, hq, causal=False, storage=(False,))
-              if not spec.name.startswith("decode_combine")]  # the same combine as the sliding layers'
-    specs += [_prefill_spec(d, hq, hkv, causal=False, windowed=False),
-              _prefill_spec(d, hq, hkv, causal=True, windowed=True)]
+    specs += [
+        spec
+        for spec in _decode_specs(d, hkv, None, hq, causal=False, storage=(False,))
+        if not spec.name.startswith("decode_combine")
+    ]  # the same combine as the sliding layers'
+    specs += [
+        _prefill_spec(d, hq, hkv, causal=False, windowed=False),
+        _prefill_spec(d, hq, hkv, causal=True, windowed=True),
+    ]
     return specs
 
 
@@ -627,9 +895,23 @@ def kv_write_specs() -> list[CompileSpec]:
     for d, hkv, storage in layers:
         for fp8 in storage:
             cache, scales = ("*u8", "*fp32") if fp8 else ("*bf16", "*bf16")
-            types = {"k_ptr": "*bf16", "v_ptr": "*bf16", "ck_ptr": cache, "cv_ptr": cache, "ks_ptr": scales,
-                     "vs_ptr": scales, "start_ptr": "*i32",
-                     **dict.fromkeys(("T", "capacity", "stride_kt", "stride_kh", "stride_vt", "stride_vh"), "i32")}
-            specs.append(_spec(f"kv_write[D={d},{'fp8' if fp8 else 'bf16'}]", _kv_write_kernel, types,
-                               {"HKV": hkv, "D": d, "FP8": fp8, "ROWS": kv_write_rows(d)}, KV_WRITE_WARPS))
+            types = {
+                "k_ptr": "*bf16",
+                "v_ptr": "*bf16",
+                "ck_ptr": cache,
+                "cv_ptr": cache,
+                "ks_ptr": scales,
+                "vs_ptr": scales,
+                "start_ptr": "*i32",
+                **dict.fromkeys(("T", "capacity", "stride_kt", "stride_kh", "stride_vt", "stride_vh"), "i32"),
+            }
+            specs.append(
+                _spec(
+                    f"kv_write[D={d},{'fp8' if fp8 else 'bf16'}]",
+                    _kv_write_kernel,
+                    types,
+                    {"HKV": hkv, "D": d, "FP8": fp8, "ROWS": kv_write_rows(d)},
+                    KV_WRITE_WARPS,
+                )
+            )
     return specs

@@ -115,8 +115,9 @@ def use_triton(x: torch.Tensor | torch.device, kernel: str | None = None) -> boo
         return False
     if choice == "triton":
         if device.type != "cuda" and not (interpreted() or _recording_compiles):
-            raise RuntimeError("FLASHDESK_KERNELS=triton on CPU tensors needs TRITON_INTERPRET=1 "
-                               "(set before triton is imported)")
+            raise RuntimeError(
+                "FLASHDESK_KERNELS=triton on CPU tensors needs TRITON_INTERPRET=1 (set before triton is imported)"
+            )
         on = True
     else:
         on = device.type == "cuda" and triton_available()
@@ -197,8 +198,10 @@ def _fault_spec() -> tuple[frozenset, frozenset]:
         elif item in KERNELS:
             names.add(item)
         else:
-            raise ValueError(f"{FAULT_VARIABLE}: unknown {item!r}; use all, kernel names ({', '.join(KERNELS)}) "
-                             "or capture:STEP (decode, verify, draft, context)")
+            raise ValueError(
+                f"{FAULT_VARIABLE}: unknown {item!r}; use all, kernel names ({', '.join(KERNELS)}) "
+                "or capture:STEP (decode, verify, draft, context)"
+            )
     return frozenset(names), frozenset(captures)
 
 
@@ -218,7 +221,7 @@ def faulty(name: str, value):
     1 - 2 x value in place (every element off by at least its own magnitude)."""
     if name not in injected_faults():
         return value
-    for t in ([value] if isinstance(value, torch.Tensor) else value if isinstance(value, (tuple, list)) else []):
+    for t in [value] if isinstance(value, torch.Tensor) else value if isinstance(value, (tuple, list)) else []:
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.element_size() > 1:
             t.mul_(-2).add_(1)
             break
@@ -243,6 +246,7 @@ def kernels(choice: str):
 # prompt's length would decide when a user waits for a compile (test_compile_ahead checks it). So
 # is a cache's capacity (a full layer's is the context the user chose): the binary a card runs
 # does not depend on that choice, and kernels.check compiles it whatever the choice.
+
 
 # Pipelining depth of the kernels that choose no other: Triton's CUDA default, but passed at every
 # launch, so a launch and the CompileSpec that kernels.check compiles for it cannot drift apart.
@@ -383,9 +387,19 @@ def spec_key(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: 
     PDL is left out: the arch decides it (kernels.check compiles it on where the card has it), and
     it adds two instructions at a kernel's entry, nothing to its loop."""
     fn = getattr(fn, "fn", fn)  # the Python function under a JITFunction or InterpretedFunction
-    values = {name: param.default for name, param in inspect.signature(fn).parameters.items()
-              if param.default is not inspect.Parameter.empty} | constexprs
+    values = {
+        name: param.default
+        for name, param in inspect.signature(fn).parameters.items()
+        if param.default is not inspect.Parameter.empty
+    } | constexprs
     values.pop("PDL", None)
     types = {name: kind for name, kind in signature.items() if kind != "constexpr"}
-    return (fn.__module__, fn.__name__, tuple(sorted(types.items())),
-            tuple(sorted((name, repr(value)) for name, value in values.items())), num_warps, num_stages, maxnreg)
+    return (
+        fn.__module__,
+        fn.__name__,
+        tuple(sorted(types.items())),
+        tuple(sorted((name, repr(value)) for name, value in values.items())),
+        num_warps,
+        num_stages,
+        maxnreg,
+    )

@@ -52,8 +52,7 @@ SPEC_MODULES = (
 )
 ARCHS = ("sm_86", "sm_89", "sm_90", "sm_120")
 # Opt-in shared memory per block (CUDA programming guide, "Technical Specifications").
-SHARED_LIMIT = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448,
-                120: 101376}
+SHARED_LIMIT = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
 
 
 def capability(arch: str | int) -> int:
@@ -64,8 +63,9 @@ def capability(arch: str | int) -> int:
     return int(text)
 
 
-def check(archs=ARCHS, kernel_filter: str | None = None, modules=SPEC_MODULES,
-          workers: int | None = None, perf: bool = False) -> list[dict]:
+def check(
+    archs=ARCHS, kernel_filter: str | None = None, modules=SPEC_MODULES, workers: int | None = None, perf: bool = False
+) -> list[dict]:
     """Compile each spec of `modules` whose name contains `kernel_filter` for every arch.
 
     A module is "pkg.mod" (its compile_specs) or "pkg.mod:function". Returns one row per
@@ -82,9 +82,11 @@ def check(archs=ARCHS, kernel_filter: str | None = None, modules=SPEC_MODULES,
     """
     caps = [capability(a) for a in archs]
     workers = workers or os.cpu_count() or 1
-    with tempfile.TemporaryDirectory(prefix="flashdesk-check-") as tmp, _worker_env(tmp), \
-            ProcessPoolExecutor(workers, mp_context=get_context("spawn"),
-                                initializer=_init_worker) as pool:
+    with (
+        tempfile.TemporaryDirectory(prefix="flashdesk-check-") as tmp,
+        _worker_env(tmp),
+        ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool,
+    ):
         listings = [(module, _submit(pool, _list_specs, module)) for module in modules]
         entries = []  # rows of failed modules and (module, name, cap, future) in report order
         for module, future in listings:
@@ -99,8 +101,11 @@ def check(archs=ARCHS, kernel_filter: str | None = None, modules=SPEC_MODULES,
                 for cap in caps:
                     key = result_cache.key(module, index, name, cap, perf)
                     cached = result_cache.get(key)
-                    entries.append(cached if cached is not None else
-                                   (module, name, cap, key, _submit(pool, _compile, module, index, name, cap, perf)))
+                    entries.append(
+                        cached
+                        if cached is not None
+                        else (module, name, cap, key, _submit(pool, _compile, module, index, name, cap, perf))
+                    )
         return [entry if isinstance(entry, dict) else _compiled(*entry) for entry in entries]
 
 
@@ -132,9 +137,19 @@ def _outcome(future: Future) -> tuple:
 
 
 def _row(kernel, module, arch, error=None, **usage) -> dict:
-    row = {"kernel": kernel, "module": module, "arch": arch, "ok": error is None, "error": error,
-           "registers": None, "shared_bytes": None, "local_bytes": None, "stack_bytes": None,
-           "spill_stores": None, "seconds": None}
+    row = {
+        "kernel": kernel,
+        "module": module,
+        "arch": arch,
+        "ok": error is None,
+        "error": error,
+        "registers": None,
+        "shared_bytes": None,
+        "local_bytes": None,
+        "stack_bytes": None,
+        "spill_stores": None,
+        "seconds": None,
+    }
     row.update(usage)
     return row
 
@@ -149,10 +164,14 @@ def _worker_env(tmp: str):
     """Environment the spawned workers start with (they copy it at spawn): no interpreter, and
     Triton's cache, home and temp files under `tmp`."""
     os.makedirs(os.path.join(tmp, "tmp"))
-    values = {"TRITON_INTERPRET": "0", "TRITON_DUMP_PTXAS_LOG": "1",
-              "TRITON_CACHE_DIR": os.path.join(tmp, "cache"), "TRITON_HOME": tmp,
-              "TMPDIR": os.path.join(tmp, "tmp"),
-              "TRITON_DEFAULT_FP_FUSION": os.environ.get("TRITON_DEFAULT_FP_FUSION", "1")}
+    values = {
+        "TRITON_INTERPRET": "0",
+        "TRITON_DUMP_PTXAS_LOG": "1",
+        "TRITON_CACHE_DIR": os.path.join(tmp, "cache"),
+        "TRITON_HOME": tmp,
+        "TMPDIR": os.path.join(tmp, "tmp"),
+        "TRITON_DEFAULT_FP_FUSION": os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"),
+    }
     saved = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
     try:
@@ -169,7 +188,7 @@ def _init_worker() -> None:
     """Keep the parent's stdout clean (--json): Triton prints failing PTX there, ptxas may too."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
-    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the worker
+    sys.stdout = open(os.devnull, "w")
 
 
 @functools.lru_cache(maxsize=None)
@@ -211,9 +230,19 @@ def _compile(module: str, index: int, name: str, cap: int, perf: bool = False) -
         error = f"local memory: {local} bytes per thread ({spill_stores} bytes of spill stores)"
     elif shared > SHARED_LIMIT.get(cap, shared):
         error = f"shared memory {shared} bytes is over {arch}'s {SHARED_LIMIT[cap]} bytes per block"
-    row = _row(name, module, arch, error=error, registers=usage["REG"], shared_bytes=shared,
-               local_bytes=local, stack_bytes=usage["STACK"], spill_stores=spill_stores, seconds=seconds,
-               pdl=pdl_in_ptx(compiled.asm["ptx"]))
+    row = _row(
+        name,
+        module,
+        arch,
+        error=error,
+        registers=usage["REG"],
+        shared_bytes=shared,
+        local_bytes=local,
+        stack_bytes=usage["STACK"],
+        spill_stores=spill_stores,
+        seconds=seconds,
+        pdl=pdl_in_ptx(compiled.asm["ptx"]),
+    )
     if perf:
         row["spill_bytes"] = local
         try:
@@ -240,11 +269,13 @@ def _perf_fields(spec, compiled, cap: int, registers: int, shared: int) -> dict:
     from flashdesk.kernels.backend import spec_key
 
     loop = sass.main_loop(sass.disassemble(compiled.asm["cubin"], _cuobjdump()))
-    fields = perf_model.row_perf(f"sm_{cap}", spec.fn.fn.__name__, spec.constexprs, spec.num_warps,
-                                 spec.num_stages, registers, shared, loop)
+    fields = perf_model.row_perf(
+        f"sm_{cap}", spec.fn.fn.__name__, spec.constexprs, spec.num_warps, spec.num_stages, registers, shared, loop
+    )
     fields["in_flight_ok"] = perf_model.in_flight_floor_ok(fields, cap)
-    fields["key"] = repr(spec_key(spec.fn, spec.signature, spec.constexprs, spec.num_warps, spec.num_stages,
-                              spec.maxnreg))
+    fields["key"] = repr(
+        spec_key(spec.fn, spec.signature, spec.constexprs, spec.num_warps, spec.num_stages, spec.maxnreg)
+    )
     return fields
 
 
@@ -258,8 +289,9 @@ def _triton_compile(spec, cap: int):
     signature, constexprs = _full_signature(spec)
     if "PDL" in spec.fn.arg_names:  # the arch decides it, as backend.pdl_options does on a card
         constexprs["PDL"] = cap >= PDL_CAPABILITY
-    attrs = spec.attrs or {name: [["tt.divisibility", 16]] for name, kind in signature.items()
-                           if kind.startswith("*")}  # as the JIT marks every aligned pointer
+    attrs = spec.attrs or {
+        name: [["tt.divisibility", 16]] for name, kind in signature.items() if kind.startswith("*")
+    }  # as the JIT marks every aligned pointer
     attrs = {(spec.fn.arg_names.index(name),): value for name, value in attrs.items()}
     source = ASTSource(fn=spec.fn, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
@@ -275,12 +307,13 @@ def _full_signature(spec) -> tuple[dict, dict]:
 
     fn = spec.fn
     if not isinstance(fn, JITFunction):
-        raise TypeError(f"{spec.name}: fn is {type(fn).__name__}, not a triton.jit function "
-                        "(was TRITON_INTERPRET set when its module was imported?)")
+        raise TypeError(
+            f"{spec.name}: fn is {type(fn).__name__}, not a triton.jit function "
+            "(was TRITON_INTERPRET set when its module was imported?)"
+        )
     unknown = (set(spec.signature) | set(spec.constexprs) | set(spec.attrs)) - set(fn.arg_names)
     if unknown:
-        raise ValueError(f"{spec.name}: no argument(s) {sorted(unknown)} "
-                         f"in {fn.__name__}{_args(fn)}")
+        raise ValueError(f"{spec.name}: no argument(s) {sorted(unknown)} in {fn.__name__}{_args(fn)}")
     signature, constexprs, missing = {}, dict(spec.constexprs), []
     for param in fn.params:
         kind = spec.signature.get(param.name)
@@ -292,8 +325,7 @@ def _full_signature(spec) -> tuple[dict, dict]:
             missing.append(param.name)
         signature[param.name] = kind
     if missing:
-        raise ValueError(f"{spec.name}: no type or constexpr value for {missing} "
-                         f"in {fn.__name__}{_args(fn)}")
+        raise ValueError(f"{spec.name}: no type or constexpr value for {missing} in {fn.__name__}{_args(fn)}")
     return signature, constexprs
 
 
@@ -312,8 +344,9 @@ def _resource_usage(cubin: bytes) -> dict[str, int]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
         file.write(cubin)
         file.flush()
-        text = subprocess.run([_cuobjdump(), "--dump-resource-usage", file.name], check=True,
-                              capture_output=True, text=True).stdout
+        text = subprocess.run(
+            [_cuobjdump(), "--dump-resource-usage", file.name], check=True, capture_output=True, text=True
+        ).stdout
     return parse_resource_usage(text)
 
 
@@ -335,13 +368,13 @@ def parse_resource_usage(text: str) -> dict[str, int]:
 def format_table(rows: list[dict], wall: float | None = None) -> str:
     """Kernel x arch table plus a one-line summary."""
     width = max([len("kernel")] + [len(r["kernel"]) for r in rows])
-    lines = [f"{'kernel':<{width}}  {'arch':<7} {'regs':>5} {'shared':>8} {'local':>6} "
-             f"{'secs':>6}  status"]
+    lines = [f"{'kernel':<{width}}  {'arch':<7} {'regs':>5} {'shared':>8} {'local':>6} {'secs':>6}  status"]
     for r in rows:
         cells = [_cell(r[k]) for k in ("registers", "shared_bytes", "local_bytes", "seconds")]
         status = "ok" if r["ok"] else "FAIL " + _headline(r["error"])
-        lines.append(f"{r['kernel']:<{width}}  {r['arch']:<7} {cells[0]:>5} {cells[1]:>8} "
-                     f"{cells[2]:>6} {cells[3]:>6}  {status}")
+        lines.append(
+            f"{r['kernel']:<{width}}  {r['arch']:<7} {cells[0]:>5} {cells[1]:>8} {cells[2]:>6} {cells[3]:>6}  {status}"
+        )
     lines.append(_summary(rows, wall))
     return "\n".join(lines)
 
@@ -361,25 +394,31 @@ def _summary(rows: list[dict], wall: float | None) -> str:
     spills = sum(1 for r in rows if (r["local_bytes"] or 0) > 0)
     failed = sum(1 for r in rows if not r["ok"])
     compile_s = sum(r["seconds"] or 0 for r in rows)
-    text = (f"{len(rows)} rows: {len(rows) - failed} ok, {failed} failed "
-            f"({spills} spilling); {compile_s:.1f} s of compiles")
+    text = (
+        f"{len(rows)} rows: {len(rows) - failed} ok, {failed} failed ({spills} spilling); {compile_s:.1f} s of compiles"
+    )
     return text + (f", {wall:.1f} s wall" if wall is not None else "")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashdesk.kernels.check",
-                                     description="Compile the Triton kernels for each card and "
-                                     "fail on compile errors, spills or too much shared memory.")
-    parser.add_argument("--arch", default=",".join(ARCHS),
-                        help="comma-separated archs (default: %(default)s)")
+    parser = argparse.ArgumentParser(
+        prog="python -m flashdesk.kernels.check",
+        description="Compile the Triton kernels for each card and "
+        "fail on compile errors, spills or too much shared memory.",
+    )
+    parser.add_argument("--arch", default=",".join(ARCHS), help="comma-separated archs (default: %(default)s)")
     parser.add_argument("--kernel", help="only kernels whose name contains this")
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
-    parser.add_argument("--module", action="append",
-                        help="spec module (pkg.mod or pkg.mod:function) instead of the engine's")
+    parser.add_argument(
+        "--module", action="append", help="spec module (pkg.mod or pkg.mod:function) instead of the engine's"
+    )
     parser.add_argument("--workers", type=int, help="parallel compiles (default: all cores)")
-    parser.add_argument("--perf", action="store_true",
-                        help="also model each kernel (occupancy, bytes in flight, instructions per key) "
-                        "and each decode step on the cards of the compiled archs (kernels/perf_model.py)")
+    parser.add_argument(
+        "--perf",
+        action="store_true",
+        help="also model each kernel (occupancy, bytes in flight, instructions per key) "
+        "and each decode step on the cards of the compiled archs (kernels/perf_model.py)",
+    )
     args = parser.parse_args(argv)
     archs = [a for a in args.arch.split(",") if a.strip()]
     start = time.perf_counter()
@@ -412,24 +451,31 @@ def perf_report(rows: list[dict], archs) -> dict:
 
 def format_perf(report: dict) -> str:
     """The model's tables: streaming rows (occupancy, bytes in flight) and modeled steps."""
-    lines = [f"\nPerformance model: {report['label']}",
-             f"{'kernel':<58} {'arch':<7} {'role':<7} {'blk/SM':>6} {'KiB in flight/SM':>16} "
-             f"{'instr/key':>9}  floor"]
+    lines = [
+        f"\nPerformance model: {report['label']}",
+        f"{'kernel':<58} {'arch':<7} {'role':<7} {'blk/SM':>6} {'KiB in flight/SM':>16} {'instr/key':>9}  floor",
+    ]
     for r in report["rows"]:
         if r.get("role") not in ("weights", "kv"):
             continue
         in_flight = r["bytes_in_flight_per_sm"]
-        lines.append(f"{r['kernel'][:58]:<58} {r['arch']:<7} {r['role']:<7} {_cell(r['blocks_per_sm']):>6} "
-                     f"{'-' if in_flight is None else f'{in_flight / 1024:.1f}':>16} "
-                     f"{_cell(r.get('instructions_per_key')):>9}  {'ok' if r['in_flight_ok'] else 'BELOW'}")
+        lines.append(
+            f"{r['kernel'][:58]:<58} {r['arch']:<7} {r['role']:<7} {_cell(r['blocks_per_sm']):>6} "
+            f"{'-' if in_flight is None else f'{in_flight / 1024:.1f}':>16} "
+            f"{_cell(r.get('instructions_per_key')):>9}  {'ok' if r['in_flight_ok'] else 'BELOW'}"
+        )
     if report.get("steps_error"):
         lines.append(f"steps not modeled: {_headline(report['steps_error'])}")
-    lines.append(f"\n{'card':<8} {'step':<10} {'capacity':>8} {'length':>6} {'launches':>8} {'GB':>6} "
-                 f"{'floor ms':>8} {'model ms':>8} {'of floor':>8}")
+    lines.append(
+        f"\n{'card':<8} {'step':<10} {'capacity':>8} {'length':>6} {'launches':>8} {'GB':>6} "
+        f"{'floor ms':>8} {'model ms':>8} {'of floor':>8}"
+    )
     for s in report["steps"]:
-        lines.append(f"{s['card']:<8} {s['step']:<10} {s['capacity']:>8} {s['length']:>6} {s['launches']:>8} "
-                     f"{s['bytes'] / 1e9:>6.2f} {1000 * s['floor_seconds']:>8.3f} {1000 * s['modeled_seconds']:>8.3f} "
-                     f"{s['floor_fraction']:>8.0%}")
+        lines.append(
+            f"{s['card']:<8} {s['step']:<10} {s['capacity']:>8} {s['length']:>6} {s['launches']:>8} "
+            f"{s['bytes'] / 1e9:>6.2f} {1000 * s['floor_seconds']:>8.3f} {1000 * s['modeled_seconds']:>8.3f} "
+            f"{s['floor_fraction']:>8.0%}"
+        )
     return "\n".join(lines)
 
 

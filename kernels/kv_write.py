@@ -50,8 +50,16 @@ def kv_write_reference(k, v, cache_k, cache_v, k_scale, v_scale, start: torch.Te
             scales[slots] = scale
 
 
-def kv_write(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
-             k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, start, capacity: int) -> None:
+def kv_write(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    start,
+    capacity: int,
+) -> None:
     """Store K/V [T, Hkv, D] of positions start..start+T-1 into caches [capacity, Hkv, D].
 
     Scales [capacity, Hkv] fp32 when the caches are fp8, else None. `start` is a 1-element

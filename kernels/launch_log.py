@@ -33,9 +33,19 @@ from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec, interpreted, s
 
 LOG_VARIABLE = "FLASHDESK_LAUNCH_LOG"
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl")
-POINTER_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8e4nv",
-                 "float8_e5m2": "fp8e5", "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8",
-                 "uint8": "u8", "bool": "i1"}
+POINTER_TYPES = {
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float8_e4m3fn": "fp8e4nv",
+    "float8_e5m2": "fp8e5",
+    "int64": "i64",
+    "int32": "i32",
+    "int16": "i16",
+    "int8": "i8",
+    "uint8": "u8",
+    "bool": "i1",
+}
 
 
 def describe_launch(fn, args: tuple, kwargs: dict) -> dict:
@@ -55,9 +65,14 @@ def describe_launch(fn, args: tuple, kwargs: dict) -> dict:
             constexprs[name] = value
         else:
             signature[name] = _triton_type(name, value)
-    launch = {"module": fn.__module__, "function": fn.__name__, "signature": signature,
-              "constexprs": constexprs, "num_warps": options.get("num_warps", 4),
-              "num_stages": options.get("num_stages", LAUNCH_STAGES)}  # Triton's default
+    launch = {
+        "module": fn.__module__,
+        "function": fn.__name__,
+        "signature": signature,
+        "constexprs": constexprs,
+        "num_warps": options.get("num_warps", 4),
+        "num_stages": options.get("num_stages", LAUNCH_STAGES),
+    }  # Triton's default
     if options.get("maxnreg") is not None:
         launch["maxnreg"] = options["maxnreg"]
     if options.get("launch_pdl"):
@@ -74,7 +89,7 @@ def _triton_type(name: str, value) -> str:
     if isinstance(value, bool):
         return "i1"
     if isinstance(value, int):
-        return "i32" if -2**31 <= value < 2**31 else "i64"
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
     if isinstance(value, float):
         return "fp32"
     raise TypeError(f"argument {name}: cannot type a {type(value).__name__} for a Triton launch")
@@ -89,8 +104,9 @@ def _launches_through(run):
     original = InterpretedFunction.run
 
     def patched(self, *args, grid, warmup, **kwargs):
-        return run(lambda: original(self, *args, grid=grid, warmup=warmup, **kwargs), self, args,
-                   dict(kwargs, grid=grid))
+        return run(
+            lambda: original(self, *args, grid=grid, warmup=warmup, **kwargs), self, args, dict(kwargs, grid=grid)
+        )
 
     InterpretedFunction.run = patched
     try:
@@ -132,8 +148,7 @@ def stand_in_driver(cap: int = 90):
     from flashdesk.kernels import backend
 
     if interpreted():
-        raise RuntimeError("the stand-in driver serves Triton's JIT: unset TRITON_INTERPRET before "
-                           "triton is imported")
+        raise RuntimeError("the stand-in driver serves Triton's JIT: unset TRITON_INTERPRET before triton is imported")
 
     class StandIn:
         def get_current_target(self):
@@ -169,11 +184,15 @@ def record_compiles(cap: int = 90):
 
     def record(self, key, signature, device, constexprs, options, attrs, warmup):
         names = self.arg_names
-        launch = {"module": self.fn.__module__, "function": self.fn.__name__,
-                  "signature": {name: kind for name, kind in signature.items() if kind != "constexpr"},
-                  "constexprs": {names[index]: value for (index, *_), value in constexprs.items()},
-                  "attrs": {names[index]: value for (index, *_), value in attrs.items() if value},
-                  "num_warps": options.num_warps, "num_stages": options.num_stages}
+        launch = {
+            "module": self.fn.__module__,
+            "function": self.fn.__name__,
+            "signature": {name: kind for name, kind in signature.items() if kind != "constexpr"},
+            "constexprs": {names[index]: value for (index, *_), value in constexprs.items()},
+            "attrs": {names[index]: value for (index, *_), value in attrs.items() if value},
+            "num_warps": options.num_warps,
+            "num_stages": options.num_stages,
+        }
         if options.maxnreg is not None:
             launch["maxnreg"] = options.maxnreg
         if launch not in launches:
@@ -194,17 +213,53 @@ def unlisted(launches: list[dict], modules=None) -> list[dict]:
     defaults filled in) and launch options."""
     from flashdesk.kernels.check import SPEC_MODULES, _specs
 
-    listed = {spec_key(getattr(spec.fn, "fn", spec.fn), spec.signature, spec.constexprs, spec.num_warps,
-                   spec.num_stages, spec.maxnreg) for module in (modules or SPEC_MODULES) for spec in _specs(module)}
-    return [launch for launch in launches
-            if spec_key(getattr(importlib.import_module(launch["module"]), launch["function"]), launch["signature"],
-                    as_on_gpu(launch), launch["num_warps"], launch["num_stages"], launch.get("maxnreg"))
-            not in listed]
+    listed = {
+        spec_key(
+            getattr(spec.fn, "fn", spec.fn),
+            spec.signature,
+            spec.constexprs,
+            spec.num_warps,
+            spec.num_stages,
+            spec.maxnreg,
+        )
+        for module in (modules or SPEC_MODULES)
+        for spec in _specs(module)
+    }
+    return [
+        launch
+        for launch in launches
+        if spec_key(
+            getattr(importlib.import_module(launch["module"]), launch["function"]),
+            launch["signature"],
+            as_on_gpu(launch),
+            launch["num_warps"],
+            launch["num_stages"],
+            launch.get("maxnreg"),
+        )
+        not in listed
+    ]
 
 
 # torch ops that make a view or an uninitialized tensor: no kernel runs for them on a GPU
-VIEW_OPS = ("empty", "view", "reshape", "slice", "select", "detach", "unsqueeze", "squeeze", "chunk", "split",
-            "expand", "alias", "as_strided", "_unsafe_view", "aten.t.", "transpose", "permute")
+VIEW_OPS = (
+    "empty",
+    "view",
+    "reshape",
+    "slice",
+    "select",
+    "detach",
+    "unsqueeze",
+    "squeeze",
+    "chunk",
+    "split",
+    "expand",
+    "alias",
+    "as_strided",
+    "_unsafe_view",
+    "aten.t.",
+    "transpose",
+    "permute",
+)
 
 
 @contextmanager
@@ -236,9 +291,9 @@ def count_kernels():
 def launch_list():
     """Yield a list that gets every kernel the block runs, in order: each Triton launch (counted,
     not executed: the results are garbage) as describe_launch's fields plus "grid", "programs",
-    "tensors" (argument name -> tensor) and "scalars" (argument name -> number), each computing torch op as {"function": "aten...",
-    "tensors": its tensor arguments and result}. The tensors let a caller say which bytes each
-    launch moves: weights, KV, activations."""
+    "tensors" (argument name -> tensor) and "scalars" (argument name -> number), each computing
+    torch op as {"function": "aten...", "tensors": its tensor arguments and result}. The tensors let
+    a caller say which bytes each launch moves: weights, KV, activations."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     kernels: list[dict] = []
@@ -262,8 +317,11 @@ def launch_list():
         launch["grid"] = tuple(grid(bound) if callable(grid) else grid)
         launch["programs"] = math.prod(int(n) for n in launch["grid"])
         launch["tensors"] = {name: value for name, value in bound.items() if isinstance(value, torch.Tensor)}
-        launch["scalars"] = {name: value for name, value in bound.items()
-                             if isinstance(value, (int, float)) and not isinstance(value, bool)}
+        launch["scalars"] = {
+            name: value
+            for name, value in bound.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+        }
         kernels.append(launch)
 
     with _launches_through(run), _Ops():
@@ -285,9 +343,18 @@ def compile_specs() -> list[CompileSpec]:
         constexprs = launch["constexprs"] if "attrs" in launch else as_on_gpu(launch)  # the JIT's: as on a GPU
         types = ",".join(t.lstrip("*") for t in dict.fromkeys(launch["signature"].values()))
         consts = ",".join(f"{k}={v}" for k, v in constexprs.items())
-        specs.append(CompileSpec(f"{launch['function']}#{i}[{types}|{consts}]", fn, launch["signature"],
-                                 constexprs, launch["num_warps"], launch["num_stages"], launch.get("attrs", {}),
-                                 launch.get("maxnreg")))
+        specs.append(
+            CompileSpec(
+                f"{launch['function']}#{i}[{types}|{consts}]",
+                fn,
+                launch["signature"],
+                constexprs,
+                launch["num_warps"],
+                launch["num_stages"],
+                launch.get("attrs", {}),
+                launch.get("maxnreg"),
+            )
+        )
     return specs
 
 

@@ -37,16 +37,23 @@ def attention_out_reference(a, residual, eps, post_attention, pre_feedforward, m
     return tuple(outputs)
 
 
-def attention_out_norms(a: torch.Tensor, residual: torch.Tensor, eps: float, post_attention: torch.Tensor,
-                        pre_feedforward: torch.Tensor, moe: RouterInput | None = None) -> tuple:
+def attention_out_norms(
+    a: torch.Tensor,
+    residual: torch.Tensor,
+    eps: float,
+    post_attention: torch.Tensor,
+    pre_feedforward: torch.Tensor,
+    moe: RouterInput | None = None,
+) -> tuple:
     """h = residual + norm(a) * post_attention, then the MLP input norm(h) * pre_feedforward and,
     with `moe`, the experts' input and the router's input: (h, x) or (h, x, experts_x, router_x).
     Rows [T, D]; norm weights fp32."""
     if use_triton(a, "attention_out_norms"):
         from flashdesk.kernels.layer_norms_triton import attention_out_triton
 
-        return faulty("attention_out_norms", attention_out_triton(a, residual, eps, post_attention, pre_feedforward,
-                                                                  moe))
+        return faulty(
+            "attention_out_norms", attention_out_triton(a, residual, eps, post_attention, pre_feedforward, moe)
+        )
     return attention_out_reference(a, residual, eps, post_attention, pre_feedforward, moe)
 
 
@@ -72,8 +79,9 @@ def mlp_out_reference(dense, experts, residual, eps, w: MlpOutWeights):
     return h, norm(h, w.next_norm, eps)
 
 
-def mlp_out_norms(dense: torch.Tensor, experts: torch.Tensor | None, residual: torch.Tensor, eps: float,
-                  w: MlpOutWeights) -> tuple[torch.Tensor, torch.Tensor]:
+def mlp_out_norms(
+    dense: torch.Tensor, experts: torch.Tensor | None, residual: torch.Tensor, eps: float, w: MlpOutWeights
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The layer's output h = (residual + norm(m) * output) * layer_scalar, where m is the dense
     MLP's output or, with the experts' output, norm(dense) * w.dense + norm(experts) * w.experts;
     and norm(h) * next_norm, the next layer's input. Rows [T, D]. `experts` may also be each

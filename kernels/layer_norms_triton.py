@@ -41,15 +41,34 @@ def _round(y, ty: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["R"])
-def _attention_out_kernel(a_ptr, res_ptr, w_post_ptr, w_pre_ptr, w_experts_ptr, router_scale_ptr, router_scalar,
-                          h_ptr, x_ptr, experts_x_ptr, router_x_ptr, R, D, eps, MOE: tl.constexpr,
-                          ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _attention_out_kernel(
+    a_ptr,
+    res_ptr,
+    w_post_ptr,
+    w_pre_ptr,
+    w_experts_ptr,
+    router_scale_ptr,
+    router_scalar,
+    h_ptr,
+    x_ptr,
+    experts_x_ptr,
+    router_x_ptr,
+    R,
+    D,
+    eps,
+    MOE: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     enter(PDL)
     _, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
     ty: tl.constexpr = h_ptr.dtype.element_ty
     a = tl.load(a_ptr + at, mask=ok, other=0.0).to(tl.float32)
-    h = _round(_round(_norm(a, w_post_ptr, cols, D, eps, True), ty)
-               + tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32), ty)
+    h = _round(
+        _round(_norm(a, w_post_ptr, cols, D, eps, True), ty) + tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32),
+        ty,
+    )
     tl.store(h_ptr + at, h.to(ty), mask=ok)
     n = _norm(h, w_post_ptr, cols, D, eps, False)
     tl.store(x_ptr + at, (n * _weight(w_pre_ptr, cols, D)).to(ty), mask=ok)
@@ -60,9 +79,26 @@ def _attention_out_kernel(a_ptr, res_ptr, w_post_ptr, w_pre_ptr, w_experts_ptr, 
 
 
 @triton.jit(do_not_specialize=["R"])
-def _mlp_out_kernel(dense_ptr, experts_ptr, res_ptr, w_dense_ptr, w_experts_ptr, w_out_ptr, scalar_ptr,
-                    w_next_ptr, h_ptr, x_ptr, R, D, eps, MOE: tl.constexpr, TOP_K: tl.constexpr,
-                    ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _mlp_out_kernel(
+    dense_ptr,
+    experts_ptr,
+    res_ptr,
+    w_dense_ptr,
+    w_experts_ptr,
+    w_out_ptr,
+    scalar_ptr,
+    w_next_ptr,
+    h_ptr,
+    x_ptr,
+    R,
+    D,
+    eps,
+    MOE: tl.constexpr,
+    TOP_K: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """TOP_K 0: the experts' output is rows [R, D]; else each row's TOP_K weighted expert outputs
     [R, TOP_K, D] fp32, summed in order and rounded (as moe's sum kernel would)."""
     enter(PDL)
@@ -78,10 +114,15 @@ def _mlp_out_kernel(dense_ptr, experts_ptr, res_ptr, w_dense_ptr, w_experts_ptr,
             e = _round(e, ty)
         else:
             e = tl.load(experts_ptr + at, mask=ok, other=0.0).to(tl.float32)
-        m = _round(_round(_norm(e, w_experts_ptr, cols, D, eps, True), ty)
-                   + _round(_norm(m, w_dense_ptr, cols, D, eps, True), ty), ty)
-    h = _round(_round(_norm(m, w_out_ptr, cols, D, eps, True), ty)
-               + tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32), ty)
+        m = _round(
+            _round(_norm(e, w_experts_ptr, cols, D, eps, True), ty)
+            + _round(_norm(m, w_dense_ptr, cols, D, eps, True), ty),
+            ty,
+        )
+    h = _round(
+        _round(_norm(m, w_out_ptr, cols, D, eps, True), ty) + tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32),
+        ty,
+    )
     h = _round(h * tl.load(scalar_ptr).to(tl.float32), ty)
     tl.store(h_ptr + at, h.to(ty), mask=ok)
     tl.store(x_ptr + at, _norm(h, w_next_ptr, cols, D, eps, True).to(ty), mask=ok)
@@ -93,8 +134,14 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous()
 
 
-def attention_out_triton(a: torch.Tensor, residual: torch.Tensor, eps: float, post_attention: torch.Tensor,
-                         pre_feedforward: torch.Tensor, moe: RouterInput | None) -> tuple:
+def attention_out_triton(
+    a: torch.Tensor,
+    residual: torch.Tensor,
+    eps: float,
+    post_attention: torch.Tensor,
+    pre_feedforward: torch.Tensor,
+    moe: RouterInput | None,
+) -> tuple:
     a, residual = _rows(a), _rows(residual)
     t, d = a.shape
     h, x = torch.empty_like(a), torch.empty_like(a)
@@ -102,15 +149,33 @@ def attention_out_triton(a: torch.Tensor, residual: torch.Tensor, eps: float, po
     if t:
         rows, block, warps = row_shape(d)
         _attention_out_kernel[(triton.cdiv(t, rows),)](
-            a, residual, post_attention, pre_feedforward, moe.experts_weight if moe else pre_feedforward,
-            moe.router_scale if moe else a, moe.router_scalar if moe else 1.0, h, x, experts_x, router_x, t, d, eps,
-            MOE=moe is not None, ROWS=rows, BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES,
-            **pdl_options(a.device))
+            a,
+            residual,
+            post_attention,
+            pre_feedforward,
+            moe.experts_weight if moe else pre_feedforward,
+            moe.router_scale if moe else a,
+            moe.router_scalar if moe else 1.0,
+            h,
+            x,
+            experts_x,
+            router_x,
+            t,
+            d,
+            eps,
+            MOE=moe is not None,
+            ROWS=rows,
+            BLOCK=block,
+            num_warps=warps,
+            num_stages=LAUNCH_STAGES,
+            **pdl_options(a.device),
+        )
     return (h, x, experts_x, router_x) if moe else (h, x)
 
 
-def mlp_out_triton(dense: torch.Tensor, experts: torch.Tensor | None, residual: torch.Tensor, eps: float,
-                   w: MlpOutWeights) -> tuple[torch.Tensor, torch.Tensor]:
+def mlp_out_triton(
+    dense: torch.Tensor, experts: torch.Tensor | None, residual: torch.Tensor, eps: float, w: MlpOutWeights
+) -> tuple[torch.Tensor, torch.Tensor]:
     dense, residual = _rows(dense), _rows(residual)
     t, d = dense.shape
     h, x = torch.empty_like(dense), torch.empty_like(dense)
@@ -118,17 +183,36 @@ def mlp_out_triton(dense: torch.Tensor, experts: torch.Tensor | None, residual: 
     top_k = experts.shape[1] if moe and experts.dim() == 3 else 0
     if top_k:
         if experts.dtype != torch.float32 or experts.shape != (t, top_k, d):
-            raise ValueError(f"per-expert outputs must be fp32 [{t}, K, {d}], got {experts.dtype} "
-                             f"{tuple(experts.shape)}")
+            raise ValueError(
+                f"per-expert outputs must be fp32 [{t}, K, {d}], got {experts.dtype} {tuple(experts.shape)}"
+            )
         experts = experts.contiguous()
     elif moe:
         experts = _rows(experts)
     if t:
         rows, block, warps = row_shape(d)
         _mlp_out_kernel[(triton.cdiv(t, rows),)](
-            dense, experts if moe else dense, residual, w.dense if moe else w.output, w.experts if moe else w.output,
-            w.output, w.layer_scalar, w.next_norm, h, x, t, d, eps, MOE=moe, TOP_K=top_k, ROWS=rows, BLOCK=block,
-            num_warps=warps, num_stages=LAUNCH_STAGES, **pdl_options(dense.device))
+            dense,
+            experts if moe else dense,
+            residual,
+            w.dense if moe else w.output,
+            w.experts if moe else w.output,
+            w.output,
+            w.layer_scalar,
+            w.next_norm,
+            h,
+            x,
+            t,
+            d,
+            eps,
+            MOE=moe,
+            TOP_K=top_k,
+            ROWS=rows,
+            BLOCK=block,
+            num_warps=warps,
+            num_stages=LAUNCH_STAGES,
+            **pdl_options(dense.device),
+        )
     return h, x
 
 
@@ -138,12 +222,33 @@ def compile_specs() -> list[CompileSpec]:
     per_program, block, warps = row_shape(2816)
     rows = {"R": "i32", "D": "i32", "eps": "fp32", "MOE": "constexpr", "ROWS": "constexpr", "BLOCK": "constexpr"}
     flags = {"MOE": True, "ROWS": per_program, "BLOCK": block}
-    attention_out = {"a_ptr": "*bf16", "res_ptr": "*bf16", "w_post_ptr": "*fp32", "w_pre_ptr": "*fp32",
-                     "w_experts_ptr": "*fp32", "router_scale_ptr": "*bf16", "router_scalar": "fp32",
-                     "h_ptr": "*bf16", "x_ptr": "*bf16", "experts_x_ptr": "*bf16", "router_x_ptr": "*bf16"} | rows
-    mlp_out = {"dense_ptr": "*bf16", "experts_ptr": "*fp32", "res_ptr": "*bf16", "w_dense_ptr": "*fp32",
-               "w_experts_ptr": "*fp32", "w_out_ptr": "*fp32", "scalar_ptr": "*bf16", "w_next_ptr": "*fp32",
-               "h_ptr": "*bf16", "x_ptr": "*bf16"} | rows
+    attention_out = {
+        "a_ptr": "*bf16",
+        "res_ptr": "*bf16",
+        "w_post_ptr": "*fp32",
+        "w_pre_ptr": "*fp32",
+        "w_experts_ptr": "*fp32",
+        "router_scale_ptr": "*bf16",
+        "router_scalar": "fp32",
+        "h_ptr": "*bf16",
+        "x_ptr": "*bf16",
+        "experts_x_ptr": "*bf16",
+        "router_x_ptr": "*bf16",
+    } | rows
+    mlp_out = {
+        "dense_ptr": "*bf16",
+        "experts_ptr": "*fp32",
+        "res_ptr": "*bf16",
+        "w_dense_ptr": "*fp32",
+        "w_experts_ptr": "*fp32",
+        "w_out_ptr": "*fp32",
+        "scalar_ptr": "*bf16",
+        "w_next_ptr": "*fp32",
+        "h_ptr": "*bf16",
+        "x_ptr": "*bf16",
+    } | rows
     mlp_out = {name: mlp_out.get(name, "constexpr") for name in _mlp_out_kernel.arg_names}
-    return [CompileSpec("attention_out_norms[D=2816]", _attention_out_kernel, attention_out, flags, warps),
-            CompileSpec("mlp_out_norms[D=2816, top 8]", _mlp_out_kernel, mlp_out, flags | {"TOP_K": 8}, warps)]
+    return [
+        CompileSpec("attention_out_norms[D=2816]", _attention_out_kernel, attention_out, flags, warps),
+        CompileSpec("mlp_out_norms[D=2816, top 8]", _mlp_out_kernel, mlp_out, flags | {"TOP_K": 8}, warps),
+    ]

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from flashdesk.kernels.backend import faulty, use_triton
-from flashdesk.kernels.glu import gate  # noqa: F401 (also this module's API)
+from flashdesk.kernels.glu import gate
 from flashdesk.kernels.int4 import Int4Weight
 
 
@@ -67,6 +67,10 @@ def concat_rows(parts: list):
         return torch.cat(parts)
     if all(isinstance(p, Int4Weight) for p in parts) and len({(p.group_size, p.zero is None) for p in parts}) == 1:
         zero = None if parts[0].zero is None else torch.cat([p.zero for p in parts], dim=-2)
-        return Int4Weight(torch.cat([p.packed for p in parts], dim=-2), torch.cat([p.scale for p in parts], dim=-2),
-                          zero, parts[0].group_size)
+        return Int4Weight(
+            torch.cat([p.packed for p in parts], dim=-2),
+            torch.cat([p.scale for p in parts], dim=-2),
+            zero,
+            parts[0].group_size,
+        )
     return tuple(parts)

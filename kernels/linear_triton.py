@@ -43,8 +43,9 @@ MAX_SPLIT_TILES = ARRIVAL_COUNTERS  # output tiles of a split launch: fewer than
 
 
 @triton.jit
-def _groups(scale_rows, zero_rows, k0,
-            K: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, BLOCK_K: tl.constexpr):
+def _groups(
+    scale_rows, zero_rows, k0, K: tl.constexpr, GROUP: tl.constexpr, HAS_ZERO: tl.constexpr, BLOCK_K: tl.constexpr
+):
     """Scales and zeros (as stored) of the tile at column k0, from pointers to each row's first
     group: [BLOCK_N, 1] when the tile lies in one group, else [BLOCK_N, groups in the tile] or,
     for a group size that is not a power of two, [BLOCK_N, BLOCK_K // 8] (one per word; GROUP is
@@ -67,8 +68,9 @@ def _groups(scale_rows, zero_rows, k0,
 @triton.jit
 def _per_word(t, WORDS: tl.constexpr):
     """A [BLOCK_N, groups] tile of `_groups` with each group's value repeated over its words."""
-    return tl.reshape(tl.broadcast_to(t[:, :, None], (t.shape[0], t.shape[1], WORDS // t.shape[1])),
-                      (t.shape[0], WORDS))
+    return tl.reshape(
+        tl.broadcast_to(t[:, :, None], (t.shape[0], t.shape[1], WORDS // t.shape[1])), (t.shape[0], WORDS)
+    )
 
 
 @triton.jit
@@ -85,8 +87,10 @@ def _int4_tile(w_rows, k0, scale, zero, one, K: tl.constexpr, HAS_ZERO: tl.const
         words = tl.load(w_rows + offs_w[None, :])
     else:
         words = tl.load(w_rows + offs_w[None, :], mask=(offs_w < K // 8)[None, :], other=0)
-    bits = tl.join(tl.join(tl.join(words << 19, words << 3), tl.join(words << 11, words >> 5)),
-                   tl.join(tl.join(words << 15, words >> 1), tl.join(words << 7, words >> 9)))
+    bits = tl.join(
+        tl.join(tl.join(words << 19, words << 3), tl.join(words << 11, words >> 5)),
+        tl.join(tl.join(words << 15, words >> 1), tl.join(words << 7, words >> 9)),
+    )
     f = ((bits & 0x780000) | one).to(tl.float32, bitcast=True)
     if scale.shape[1] != 1 and scale.shape[1] != BLOCK_K // 8:  # whole groups: one value per word
         scale, zero = _per_word(scale, BLOCK_K // 8), _per_word(zero, BLOCK_K // 8)
@@ -142,11 +146,29 @@ def _glu(tile, ty: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count: M = 1 is not special
-def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, part_ptr, count_ptr, M, N,
-                   K: tl.constexpr, K_CHUNK: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr,
-                   INT4: tl.constexpr, HAS_ZERO: tl.constexpr, DOT_FP32: tl.constexpr,
-                   ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PDL: tl.constexpr = False):
+def _linear_kernel(
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    zero_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    M,
+    N,
+    K: tl.constexpr,
+    K_CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    GROUP: tl.constexpr,
+    INT4: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """out[m, n] = sum over k of x[m, k] * w[n, k]; grid (N tiles, SPLIT chunks of K, M tiles).
     With SPLIT > 1 each chunk writes part[s, m, weight row]; the last to finish sums them
     (count_ptr: one int32 per output tile, zero between launches).
@@ -208,8 +230,11 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, part_ptr, count_p
             tl.store(out_ptr + out_at, _glu(acc, ty, ACTIVATION, BLOCK_M, BLOCK_N), mask=out_mask)
     else:
         w_row, w_row_ok = _tile_rows(pid_n, c, N, ACTIVATION, BLOCK_N)
-        tl.store(part_ptr + pid_s * M * W_ROWS + offs_m[:, None] * W_ROWS + w_row[None, :], acc,
-                 mask=m_mask[:, None] & w_row_ok[None, :])
+        tl.store(
+            part_ptr + pid_s * M * W_ROWS + offs_m[:, None] * W_ROWS + w_row[None, :],
+            acc,
+            mask=m_mask[:, None] & w_row_ok[None, :],
+        )
         tl.debug_barrier()  # all of this program's partial is written before the release below
         counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
         if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT - 1:  # the others' partials are visible
@@ -219,8 +244,7 @@ def _linear_kernel(x_ptr, w_ptr, scale_ptr, zero_ptr, out_ptr, part_ptr, count_p
             flat_at, flat_mask = row * W_ROWS + col, (row < M) & col_ok
             total = tl.load(part_ptr + flat_at, mask=flat_mask, other=0.0, cache_modifier=".cg")
             for s in range(1, SPLIT):  # chunk order, the same bits whichever chunk came last
-                total += tl.load(part_ptr + s * M * W_ROWS + flat_at, mask=flat_mask, other=0.0,
-                                 cache_modifier=".cg")
+                total += tl.load(part_ptr + s * M * W_ROWS + flat_at, mask=flat_mask, other=0.0, cache_modifier=".cg")
             if ACTIVATION == "":
                 tl.store(out_ptr + flat_at, total.to(ty), mask=flat_mask)
             else:
@@ -281,8 +305,18 @@ def _check(x: torch.Tensor, n: int, k: int, activation: str) -> None:
         raise ValueError(f"x {tuple(x.shape)} does not match a weight with {k} inputs")
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, n: int, group: int,
-            int4: bool, has_zero: bool, tiles: Tiles, activation: str) -> torch.Tensor:
+def _launch(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    n: int,
+    group: int,
+    int4: bool,
+    has_zero: bool,
+    tiles: Tiles,
+    activation: str,
+) -> torch.Tensor:
     """One launch over an [n, k] weight; with an `activation` its output is act(gate) * up, n / 2 wide."""
     m, k = x.shape
     n_out, out_tile = (n // 2, tiles.block_n // 2) if activation else (n, tiles.block_n)
@@ -292,13 +326,34 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, zero: torch.T
     grid = (triton.cdiv(n_out, out_tile), tiles.split, triton.cdiv(m, tiles.block_m))
     part = out if tiles.split == 1 else torch.empty(tiles.split, m, n, device=x.device, dtype=torch.float32)
     if tiles.split > 1 and grid[0] * grid[2] > MAX_SPLIT_TILES:
-        raise ValueError(f"a split launch of {grid[0] * grid[2]} output tiles: more than the "
-                         f"{MAX_SPLIT_TILES} counters")
-    _linear_kernel[grid](x, w, scale, zero, out, part, arrival_counters(x.device), m, n_out, K=k,
-                         K_CHUNK=tiles.k_chunk, SPLIT=tiles.split, GROUP=group, INT4=int4, HAS_ZERO=has_zero,
-                         DOT_FP32=interpreted(), ACTIVATION=activation, BLOCK_M=tiles.block_m,
-                         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps,
-                         num_stages=tiles.num_stages, **pdl_options(x.device))
+        raise ValueError(
+            f"a split launch of {grid[0] * grid[2]} output tiles: more than the {MAX_SPLIT_TILES} counters"
+        )
+    _linear_kernel[grid](
+        x,
+        w,
+        scale,
+        zero,
+        out,
+        part,
+        arrival_counters(x.device),
+        m,
+        n_out,
+        K=k,
+        K_CHUNK=tiles.k_chunk,
+        SPLIT=tiles.split,
+        GROUP=group,
+        INT4=int4,
+        HAS_ZERO=has_zero,
+        DOT_FP32=interpreted(),
+        ACTIVATION=activation,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+        **pdl_options(x.device),
+    )
     return out
 
 
@@ -313,8 +368,18 @@ def w4a16_linear(x: torch.Tensor, w: Int4Weight, activation: str = "") -> torch.
     zero = packed.view(torch.int8) if w.zero is None else w.zero.contiguous()  # an unread int8 stand-in
     small = x.shape[0] <= SMALL_M
     tiles = small_tiles(n, k, w.group_size) if small else prefill_tiles(n, k, w.group_size)
-    out = _launch(x.contiguous(), packed, w.scale.contiguous(), zero, n, w.group_size, True, w.zero is not None,
-                  tiles, activation if small else "")
+    out = _launch(
+        x.contiguous(),
+        packed,
+        w.scale.contiguous(),
+        zero,
+        n,
+        w.group_size,
+        True,
+        w.zero is not None,
+        tiles,
+        activation if small else "",
+    )
     return out if small or not activation else gate(out, activation)
 
 
@@ -335,14 +400,20 @@ def dense_linear(x: torch.Tensor, w: torch.Tensor, activation: str = "") -> torc
 HIDDEN = 2816
 # (N, K) of the target's int4 linears: qkv sliding / full (k == v, and k != v), o_proj sliding /
 # full, dense MLP gate_up / down; any group size of 32, 128 or channel-wise (None), either symmetry.
-TARGET_INT4 = [(8192, HIDDEN), (8704, HIDDEN), (9216, HIDDEN), (HIDDEN, 4096), (HIDDEN, 8192),
-               (4224, HIDDEN), (HIDDEN, 2112)]
+TARGET_INT4 = [
+    (8192, HIDDEN),
+    (8704, HIDDEN),
+    (9216, HIDDEN),
+    (HIDDEN, 4096),
+    (HIDDEN, 8192),
+    (4224, HIDDEN),
+    (HIDDEN, 2112),
+]
 TARGET_GROUPS = (32, 128, None)
 # The drafter's linears (fc over the 6 tapped target layers, qkv; kv alone, for its context; o, gate_up, down): bf16, or
 # symmetric group-32 int4 when it is quantized on load, with an int4 head (whole, or in the
 # 32768-row chunks of its torch path).
-DRAFTER = [(HIDDEN, 6 * HIDDEN), (6144, HIDDEN), (2048, HIDDEN), (HIDDEN, 4096), (11264, HIDDEN),
-           (HIDDEN, 5632)]
+DRAFTER = [(HIDDEN, 6 * HIDDEN), (6144, HIDDEN), (2048, HIDDEN), (HIDDEN, 4096), (11264, HIDDEN), (HIDDEN, 5632)]
 DRAFTER_INT4 = DRAFTER + [(262144, HIDDEN), (32768, HIDDEN)]
 # Dense: the tied head, the router, the bf16 drafter, and target layers a checkpoint leaves unquantized.
 DENSE = [(262144, HIDDEN), (128, HIDDEN)] + DRAFTER + TARGET_INT4
@@ -353,14 +424,30 @@ ACTIVATION_OF = {(4224, HIDDEN): "gelu_tanh", (11264, HIDDEN): "silu"}
 
 
 def _kernel_spec(n: int, k: int, group: int, int4: bool, has_zero: bool, tiles: Tiles, kind: str) -> CompileSpec:
-    signature = {"x_ptr": "*bf16", "w_ptr": "*i32" if int4 else "*bf16", "scale_ptr": "*bf16",
-                 "zero_ptr": "*i8" if int4 else "*bf16", "out_ptr": "*bf16",
-                 "part_ptr": "*bf16" if tiles.split == 1 else "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32"}
-    constexprs = {"K": k, "K_CHUNK": tiles.k_chunk, "SPLIT": tiles.split, "GROUP": group, "INT4": int4,
-                  "HAS_ZERO": has_zero,
-                  "DOT_FP32": False, "ACTIVATION": ACTIVATION_OF.get((n, k), "") if kind == "small" else "",
-                  "BLOCK_M": tiles.block_m,
-                  "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k}
+    signature = {
+        "x_ptr": "*bf16",
+        "w_ptr": "*i32" if int4 else "*bf16",
+        "scale_ptr": "*bf16",
+        "zero_ptr": "*i8" if int4 else "*bf16",
+        "out_ptr": "*bf16",
+        "part_ptr": "*bf16" if tiles.split == 1 else "*fp32",
+        "count_ptr": "*i32",
+        "M": "i32",
+        "N": "i32",
+    }
+    constexprs = {
+        "K": k,
+        "K_CHUNK": tiles.k_chunk,
+        "SPLIT": tiles.split,
+        "GROUP": group,
+        "INT4": int4,
+        "HAS_ZERO": has_zero,
+        "DOT_FP32": False,
+        "ACTIVATION": ACTIVATION_OF.get((n, k), "") if kind == "small" else "",
+        "BLOCK_M": tiles.block_m,
+        "BLOCK_N": tiles.block_n,
+        "BLOCK_K": tiles.block_k,
+    }
     signature.update({name: "constexpr" for name in constexprs})
     gated = f"_{constexprs['ACTIVATION']}" if constexprs["ACTIVATION"] else ""
     name = f"linear_{kind}_{'w4' if int4 else 'bf16'}_n{n}_k{k}_g{group}{'_zero' if has_zero else ''}{gated}"
@@ -375,8 +462,13 @@ def compile_specs() -> list[CompileSpec]:
         key = (tuple(sorted(spec.signature.items())), tuple(sorted(spec.constexprs.items())), spec.fn)
         specs.setdefault(key, spec)
 
-    int4 = [(n, k, g or k, zero) for n, k in TARGET_INT4 for g in TARGET_GROUPS for zero in (False, True)
-            if k % (g or k) == 0] + [(n, k, 32, False) for n, k in DRAFTER_INT4]
+    int4 = [
+        (n, k, g or k, zero)
+        for n, k in TARGET_INT4
+        for g in TARGET_GROUPS
+        for zero in (False, True)
+        if k % (g or k) == 0
+    ] + [(n, k, 32, False) for n, k in DRAFTER_INT4]
     for n, k, group, has_zero in int4:
         add(_kernel_spec(n, k, group, True, has_zero, small_tiles(n, k, group), "small"))
         add(_kernel_spec(n, k, group, True, has_zero, prefill_tiles(n, k, group), "prefill"))

@@ -22,8 +22,9 @@ from flashdesk.kernels.linear import linear
 from flashdesk.kernels.router import ordered_sum, route
 
 
-def moe_reference(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_idx: torch.Tensor,
-                  top_w: torch.Tensor) -> torch.Tensor:
+def moe_reference(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_idx: torch.Tensor, top_w: torch.Tensor
+) -> torch.Tensor:
     """x [T, D], gate_up [E, 2I, D], down [E, D, I], top_idx/top_w [T, K] -> [T, D]."""
     out = torch.zeros_like(x)
     flat_idx = top_idx.reshape(-1)
@@ -35,10 +36,10 @@ def moe_reference(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, to
     for expert, count in enumerate(counts):
         if count == 0:
             continue
-        rows = token_of[begin:begin + count]
+        rows = token_of[begin : begin + count]
         gate, up = linear(x[rows], gate_up[expert]).chunk(2, dim=-1)
         y = linear(F.gelu(gate, approximate="tanh") * up, down[expert])
-        out.index_add_(0, rows, (y * weight_of[begin:begin + count, None]).to(out.dtype))
+        out.index_add_(0, rows, (y * weight_of[begin : begin + count, None]).to(out.dtype))
         begin += count
     return out
 
@@ -47,8 +48,9 @@ EVERY_EXPERT_LIMIT_BYTES = 4 << 20  # all experts' weights below which each toke
 GATHER_LIMIT_BYTES = 16 << 20  # gathered expert weights per call below which batching wins
 
 
-def moe_gathered(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_idx: torch.Tensor,
-                 top_w: torch.Tensor) -> torch.Tensor:
+def moe_gathered(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_idx: torch.Tensor, top_w: torch.Tensor
+) -> torch.Tensor:
     """Same function as moe_reference: each (token, expert) pair as one row of a batched matmul."""
     t, k = top_idx.shape
     flat = top_idx.reshape(-1)
@@ -58,8 +60,9 @@ def moe_gathered(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top
     return (y.view(t, k, -1) * top_w.unsqueeze(-1)).sum(dim=1).to(x.dtype)
 
 
-def moe_every_expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_idx: torch.Tensor,
-                     top_w: torch.Tensor) -> torch.Tensor:
+def moe_every_expert(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_idx: torch.Tensor, top_w: torch.Tensor
+) -> torch.Tensor:
     """Same function as moe_reference: every expert on every token, then each token's top-k picked
     and summed in top-k order. Which path runs depends on the weights only, never on the token count."""
     t = top_idx.shape[0]
@@ -89,8 +92,9 @@ def moe(x, gate_up, down, top_idx, top_w, summed: bool = True):
     return moe_reference(x, gate_up, down, top_idx, top_w)
 
 
-def routed_moe(x, gate_up, down, router_x: torch.Tensor, router, top_k: int, per_expert_scale: torch.Tensor,
-               summed: bool = True):
+def routed_moe(
+    x, gate_up, down, router_x: torch.Tensor, router, top_k: int, per_expert_scale: torch.Tensor, summed: bool = True
+):
     """The router's logits linear(router_x, router) [T, E], their top-k (router.route), then `moe`.
     On the fused path a decode or verify block's router projection, its routing and the grouping of
     its pairs by expert are one kernel."""

@@ -60,11 +60,28 @@ ROUTER_STAGES = 2  # a router program walks two K steps: the second loads while 
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, packed_ptr, scale_ptr, zero_ptr, pair_ptr, slot_begin_ptr, slot_end_ptr,
-                    slot_expert_ptr, h_ptr, D: tl.constexpr, I: tl.constexpr, GROUP: tl.constexpr,
-                    TOP_K: tl.constexpr, HAS_ZERO: tl.constexpr, USE_DOT: tl.constexpr,
-                    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+def _gate_up_kernel(
+    x_ptr,
+    packed_ptr,
+    scale_ptr,
+    zero_ptr,
+    pair_ptr,
+    slot_begin_ptr,
+    slot_end_ptr,
+    slot_expert_ptr,
+    h_ptr,
+    D: tl.constexpr,
+    I: tl.constexpr,
+    GROUP: tl.constexpr,
+    TOP_K: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """h[pair] = gelu_tanh(gate_e x) * up_e x for one slot's pairs and one block of I."""
     enter(PDL)
     slot = tl.program_id(0)
@@ -130,15 +147,36 @@ def _gate_up_kernel(x_ptr, packed_ptr, scale_ptr, zero_ptr, pair_ptr, slot_begin
             gate = tl.sum(gate3, axis=2)
             up = tl.sum(up3, axis=2)
         h = gelu_tanh(gate) * up
-        tl.store(h_ptr + rows[:, None].to(tl.int64) * I + n[None, :], h.to(h_ptr.dtype.element_ty),
-                 mask=m_ok[:, None] & (n < I)[None, :])
+        tl.store(
+            h_ptr + rows[:, None].to(tl.int64) * I + n[None, :],
+            h.to(h_ptr.dtype.element_ty),
+            mask=m_ok[:, None] & (n < I)[None, :],
+        )
 
 
 @triton.jit
-def _down_kernel(h_ptr, packed_ptr, scale_ptr, zero_ptr, pair_ptr, weight_ptr, slot_begin_ptr, slot_end_ptr,
-                 slot_expert_ptr, y_ptr, D: tl.constexpr, I: tl.constexpr, GROUP: tl.constexpr,
-                 HAS_ZERO: tl.constexpr, USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+def _down_kernel(
+    h_ptr,
+    packed_ptr,
+    scale_ptr,
+    zero_ptr,
+    pair_ptr,
+    weight_ptr,
+    slot_begin_ptr,
+    slot_end_ptr,
+    slot_expert_ptr,
+    y_ptr,
+    D: tl.constexpr,
+    I: tl.constexpr,
+    GROUP: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """y[pair] = weight[pair] * down_e h[pair] (fp32) for one slot's pairs and one block of D."""
     enter(PDL)
     slot = tl.program_id(0)
@@ -195,8 +233,9 @@ def _down_kernel(h_ptr, packed_ptr, scale_ptr, zero_ptr, pair_ptr, weight_ptr, s
 
 
 @triton.jit
-def _sum_top_k_kernel(y_ptr, out_ptr, D: tl.constexpr, TOP_K: tl.constexpr, BLOCK: tl.constexpr,
-                      PDL: tl.constexpr = False):
+def _sum_top_k_kernel(
+    y_ptr, out_ptr, D: tl.constexpr, TOP_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
     """out[t] = y[t, 0] + y[t, 1] + ... + y[t, K-1] in that order, cast to out's dtype."""
     enter(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -225,16 +264,44 @@ def _zero_arg(w: Int4Weight) -> torch.Tensor:
 
 
 @triton.jit(do_not_specialize=["P", "SLOTS"])
-def _group_pairs_kernel(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E: tl.constexpr,
-                        BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+def _group_pairs_kernel(
+    idx_ptr,
+    order_ptr,
+    begin_ptr,
+    end_ptr,
+    expert_ptr,
+    P,
+    SLOTS,
+    E: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    CHUNK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     enter(PDL)
     group_pairs(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E, BLOCK_E, BLOCK_P, CHUNK)
 
 
 @triton.jit
-def _route_and_group(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T, SLOTS,
-                     E: tl.constexpr, TOP_K: tl.constexpr, ROUTE_ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
-                     BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
+def _route_and_group(
+    logits_ptr,
+    scale_ptr,
+    w_ptr,
+    idx_ptr,
+    order_ptr,
+    begin_ptr,
+    end_ptr,
+    expert_ptr,
+    T,
+    SLOTS,
+    E: tl.constexpr,
+    TOP_K: tl.constexpr,
+    ROUTE_ROWS: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
     """Every token's top-k (router_triton.route_rows, ROUTE_ROWS tokens a step, each row reduced
     on its own whatever its place in the tile), then, once the whole program has stored them, the
     grouping by expert."""
@@ -245,22 +312,81 @@ def _route_and_group(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr
 
 
 @triton.jit(do_not_specialize=["T", "SLOTS"])  # one compiled kernel for every block size: T = 1 is not special
-def _route_group_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T, SLOTS,
-                        E: tl.constexpr, TOP_K: tl.constexpr, ROUTE_ROWS: tl.constexpr, BLOCK_E: tl.constexpr,
-                        BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+def _route_group_kernel(
+    logits_ptr,
+    scale_ptr,
+    w_ptr,
+    idx_ptr,
+    order_ptr,
+    begin_ptr,
+    end_ptr,
+    expert_ptr,
+    T,
+    SLOTS,
+    E: tl.constexpr,
+    TOP_K: tl.constexpr,
+    ROUTE_ROWS: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    CHUNK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """A decode or verify block's routing and pair grouping in one program (a router whose logits
     come from elsewhere: `_router_kernel` computes them too)."""
     enter(PDL)
-    _route_and_group(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T, SLOTS,
-                     E, TOP_K, ROUTE_ROWS, BLOCK_E, BLOCK_K, BLOCK_P, CHUNK)
+    _route_and_group(
+        logits_ptr,
+        scale_ptr,
+        w_ptr,
+        idx_ptr,
+        order_ptr,
+        begin_ptr,
+        end_ptr,
+        expert_ptr,
+        T,
+        SLOTS,
+        E,
+        TOP_K,
+        ROUTE_ROWS,
+        BLOCK_E,
+        BLOCK_K,
+        BLOCK_P,
+        CHUNK,
+    )
 
 
 @triton.jit(do_not_specialize=["T", "SLOTS"])
-def _router_kernel(x_ptr, router_ptr, part_ptr, count_ptr, logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr,
-                   begin_ptr, end_ptr, expert_ptr, T, SLOTS, D: tl.constexpr, E: tl.constexpr,
-                   K_CHUNK: tl.constexpr, SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, TOP_K: tl.constexpr,
-                   ROUTE_ROWS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+def _router_kernel(
+    x_ptr,
+    router_ptr,
+    part_ptr,
+    count_ptr,
+    logits_ptr,
+    scale_ptr,
+    w_ptr,
+    idx_ptr,
+    order_ptr,
+    begin_ptr,
+    end_ptr,
+    expert_ptr,
+    T,
+    SLOTS,
+    D: tl.constexpr,
+    E: tl.constexpr,
+    K_CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    TOP_K: tl.constexpr,
+    ROUTE_ROWS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    CHUNK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """A decode or verify block's router: program s projects the block's T <= BLOCK_T rows on
     columns s * K_CHUNK.. of the router weight [E, D] (a BLOCK_T-row tensor-core tile: rows never
     mix) into an fp32 partial; the last program to finish (count_ptr: zero between launches) adds
@@ -290,13 +416,41 @@ def _router_kernel(x_ptr, router_ptr, part_ptr, count_ptr, logits_ptr, scale_ptr
         tl.store(logits_ptr + at, total.to(logits_ptr.dtype.element_ty), mask=ok)
         tl.atomic_xchg(count_ptr, 0, sem="relaxed")  # the next launch starts from zero
         tl.debug_barrier()  # the logits each thread stored are read back by others
-        _route_and_group(logits_ptr, scale_ptr, w_ptr, idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, T,
-                         SLOTS, E, TOP_K, ROUTE_ROWS, BLOCK_E, BLOCK_K, BLOCK_P, CHUNK)
+        _route_and_group(
+            logits_ptr,
+            scale_ptr,
+            w_ptr,
+            idx_ptr,
+            order_ptr,
+            begin_ptr,
+            end_ptr,
+            expert_ptr,
+            T,
+            SLOTS,
+            E,
+            TOP_K,
+            ROUTE_ROWS,
+            BLOCK_E,
+            BLOCK_K,
+            BLOCK_P,
+            CHUNK,
+        )
 
 
 @triton.jit
-def group_pairs(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, SLOTS, E: tl.constexpr,
-                BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr, CHUNK: tl.constexpr):
+def group_pairs(
+    idx_ptr,
+    order_ptr,
+    begin_ptr,
+    end_ptr,
+    expert_ptr,
+    P,
+    SLOTS,
+    E: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
     """`_route` for up to BLOCK_P pairs in one program: a stable counting sort by expert, CHUNK
     pairs at a time (whole [pairs x experts] tiles would not fit the registers)."""
     e = tl.arange(0, BLOCK_E)
@@ -336,10 +490,22 @@ def _group_pairs(top_idx: torch.Tensor, n_experts: int):
         return _route(top_idx, n_experts)
     order = torch.empty(n_pairs, dtype=torch.int32, device=flat.device)
     begin, end, expert = (torch.empty(slots, dtype=torch.int32, device=flat.device) for _ in range(3))
-    _group_pairs_kernel[(1,)](flat, order, begin, end, expert, n_pairs, slots, E=n_experts,
-                              BLOCK_E=triton.next_power_of_2(n_experts), BLOCK_P=GROUP_PAIRS, CHUNK=GROUP_CHUNK,
-                              num_warps=GROUP_WARPS, num_stages=NUM_STAGES,
-                              **pdl_options(flat.device))
+    _group_pairs_kernel[(1,)](
+        flat,
+        order,
+        begin,
+        end,
+        expert,
+        n_pairs,
+        slots,
+        E=n_experts,
+        BLOCK_E=triton.next_power_of_2(n_experts),
+        BLOCK_P=GROUP_PAIRS,
+        CHUNK=GROUP_CHUNK,
+        num_warps=GROUP_WARPS,
+        num_stages=NUM_STAGES,
+        **pdl_options(flat.device),
+    )
     return order, begin, end, expert
 
 
@@ -362,8 +528,14 @@ def _route(top_idx: torch.Tensor, n_experts: int):
     return [t.to(torch.int32) for t in (order, begin, end, expert)]
 
 
-def fused_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, top_idx: torch.Tensor,
-              top_w: torch.Tensor, summed: bool = True) -> torch.Tensor:
+def fused_moe(
+    x: torch.Tensor,
+    gate_up: Int4Weight,
+    down: Int4Weight,
+    top_idx: torch.Tensor,
+    top_w: torch.Tensor,
+    summed: bool = True,
+) -> torch.Tensor:
     """x [T, D], gate_up [E, 2I, D], down [E, D, I] int4, top_idx/top_w [T, K] -> [T, D] in x's
     dtype; summed=False skips the third launch and returns the weighted pair outputs [T, K, D] fp32."""
     n_tokens, top_k = top_idx.shape
@@ -373,8 +545,15 @@ def fused_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, top_idx: t
     return _experts(x, gate_up, down, top_w.reshape(-1).to(torch.float32).contiguous(), top_k, grouping, summed)
 
 
-def fused_routed_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, logits: torch.Tensor, top_k: int,
-                     per_expert_scale: torch.Tensor, summed: bool = True) -> torch.Tensor:
+def fused_routed_moe(
+    x: torch.Tensor,
+    gate_up: Int4Weight,
+    down: Int4Weight,
+    logits: torch.Tensor,
+    top_k: int,
+    per_expert_scale: torch.Tensor,
+    summed: bool = True,
+) -> torch.Tensor:
     """router.route of the router's logits [T, E], then fused_moe. When one program groups the
     block's pairs (decode, verify) it routes them first: one launch instead of two."""
     n_tokens, n_experts = logits.shape
@@ -386,11 +565,29 @@ def fused_routed_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, log
     weight = torch.empty(n_pairs, dtype=torch.float32, device=device)
     ids, order = (torch.empty(n_pairs, dtype=torch.int32, device=device) for _ in range(2))
     begin, end, expert = (torch.empty(slots, dtype=torch.int32, device=device) for _ in range(3))
-    _route_group_kernel[(1,)](logits.contiguous(), per_expert_scale, weight, ids, order, begin, end, expert, n_tokens,
-                              slots, E=n_experts, TOP_K=top_k, ROUTE_ROWS=ROUTE_ROWS,
-                              BLOCK_E=triton.next_power_of_2(n_experts), BLOCK_K=triton.next_power_of_2(top_k),
-                              BLOCK_P=GROUP_PAIRS, CHUNK=GROUP_CHUNK, num_warps=GROUP_WARPS, num_stages=NUM_STAGES,
-                              maxnreg=MAX_REGISTERS, **pdl_options(logits.device))
+    _route_group_kernel[(1,)](
+        logits.contiguous(),
+        per_expert_scale,
+        weight,
+        ids,
+        order,
+        begin,
+        end,
+        expert,
+        n_tokens,
+        slots,
+        E=n_experts,
+        TOP_K=top_k,
+        ROUTE_ROWS=ROUTE_ROWS,
+        BLOCK_E=triton.next_power_of_2(n_experts),
+        BLOCK_K=triton.next_power_of_2(top_k),
+        BLOCK_P=GROUP_PAIRS,
+        CHUNK=GROUP_CHUNK,
+        num_warps=GROUP_WARPS,
+        num_stages=NUM_STAGES,
+        maxnreg=MAX_REGISTERS,
+        **pdl_options(logits.device),
+    )
     return _experts(x, gate_up, down, weight, top_k, (order, begin, end, expert), summed)
 
 
@@ -400,14 +597,26 @@ def _router_launch(router_x: torch.Tensor, router, top_k: int):
     if not isinstance(router, torch.Tensor):
         return None
     n_tokens, n_experts = router_x.shape[0], router.shape[0]
-    if not (0 < n_tokens <= SMALL_T and 0 < top_k <= n_experts and n_tokens * top_k <= GROUP_PAIRS
-            and n_experts <= GROUP_PAIRS):
+    if not (
+        0 < n_tokens <= SMALL_T
+        and 0 < top_k <= n_experts
+        and n_tokens * top_k <= GROUP_PAIRS
+        and n_experts <= GROUP_PAIRS
+    ):
         return None
     return small_tiles(n_experts, router.shape[1], None)
 
 
-def fused_router_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, router_x: torch.Tensor, router,
-                     top_k: int, per_expert_scale: torch.Tensor, summed: bool = True) -> torch.Tensor:
+def fused_router_moe(
+    x: torch.Tensor,
+    gate_up: Int4Weight,
+    down: Int4Weight,
+    router_x: torch.Tensor,
+    router,
+    top_k: int,
+    per_expert_scale: torch.Tensor,
+    summed: bool = True,
+) -> torch.Tensor:
     """The router's logits linear(router_x, router), their routing, then fused_moe. For a dense
     router on a decode or verify block the projection, the routing and the grouping of the pairs
     are one kernel (`_router_kernel`); otherwise `linear`, then fused_routed_moe."""
@@ -423,26 +632,61 @@ def fused_router_moe(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, rou
     weight = torch.empty(n_pairs, dtype=torch.float32, device=device)
     ids, order = (torch.empty(n_pairs, dtype=torch.int32, device=device) for _ in range(2))
     begin, end, expert = (torch.empty(slots, dtype=torch.int32, device=device) for _ in range(3))
-    _router_kernel[(tiles.split,)](router_x.contiguous(), router.contiguous(), part, arrival_counters(device), logits,
-                                   per_expert_scale, weight, ids, order, begin, end, expert, n_tokens, slots,
-                                   **_router_constexprs(n_experts, d, top_k, tiles), DOT_FP32=interpreted(),
-                                   num_warps=tiles.num_warps, num_stages=ROUTER_STAGES, maxnreg=MAX_REGISTERS,
-                                   **pdl_options(device))
+    _router_kernel[(tiles.split,)](
+        router_x.contiguous(),
+        router.contiguous(),
+        part,
+        arrival_counters(device),
+        logits,
+        per_expert_scale,
+        weight,
+        ids,
+        order,
+        begin,
+        end,
+        expert,
+        n_tokens,
+        slots,
+        **_router_constexprs(n_experts, d, top_k, tiles),
+        DOT_FP32=interpreted(),
+        num_warps=tiles.num_warps,
+        num_stages=ROUTER_STAGES,
+        maxnreg=MAX_REGISTERS,
+        **pdl_options(device),
+    )
     return _experts(x, gate_up, down, weight, top_k, (order, begin, end, expert), summed)
 
 
 def _router_constexprs(n_experts: int, d: int, top_k: int, tiles) -> dict:
-    return dict(D=d, E=n_experts, K_CHUNK=tiles.k_chunk, SPLIT=tiles.split, TOP_K=top_k, ROUTE_ROWS=ROUTE_ROWS,
-                BLOCK_T=tiles.block_m, BLOCK_E=max(16, triton.next_power_of_2(n_experts)), BLOCK_D=tiles.block_k,
-                BLOCK_K=triton.next_power_of_2(top_k), BLOCK_P=GROUP_PAIRS, CHUNK=GROUP_CHUNK)
+    return dict(
+        D=d,
+        E=n_experts,
+        K_CHUNK=tiles.k_chunk,
+        SPLIT=tiles.split,
+        TOP_K=top_k,
+        ROUTE_ROWS=ROUTE_ROWS,
+        BLOCK_T=tiles.block_m,
+        BLOCK_E=max(16, triton.next_power_of_2(n_experts)),
+        BLOCK_D=tiles.block_k,
+        BLOCK_K=triton.next_power_of_2(top_k),
+        BLOCK_P=GROUP_PAIRS,
+        CHUNK=GROUP_CHUNK,
+    )
 
 
 def _nothing(x: torch.Tensor, top_k: int, summed: bool) -> torch.Tensor:
     return torch.empty_like(x) if summed else torch.empty(0, top_k, x.shape[1], device=x.device, dtype=torch.float32)
 
 
-def _experts(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, weight: torch.Tensor, top_k: int,
-             grouping: tuple, summed: bool) -> torch.Tensor:
+def _experts(
+    x: torch.Tensor,
+    gate_up: Int4Weight,
+    down: Int4Weight,
+    weight: torch.Tensor,
+    top_k: int,
+    grouping: tuple,
+    summed: bool,
+) -> torch.Tensor:
     """The expert launches on pairs already grouped by expert (order, begin, end, expert), with
     their routing weights [T * K] fp32; T > 0."""
     n_tokens = x.shape[0]
@@ -455,20 +699,57 @@ def _experts(x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, weight: tor
     bm, bn, bk, warps = tiles(SMALL_GATE_UP if small else LARGE_GATE_UP, inter, d, small)
     h = torch.empty(n_tokens * top_k, inter, device=x.device, dtype=x.dtype)
     _gate_up_kernel[(begin.numel(), triton.cdiv(inter, bn))](
-        x, gate_up.packed, gate_up.scale, _zero_arg(gate_up), pairs, begin, end, expert, h,
-        D=d, I=inter, GROUP=gate_up.group_size, TOP_K=top_k, HAS_ZERO=gate_up.zero is not None,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=NUM_STAGES, **common)
+        x,
+        gate_up.packed,
+        gate_up.scale,
+        _zero_arg(gate_up),
+        pairs,
+        begin,
+        end,
+        expert,
+        h,
+        D=d,
+        I=inter,
+        GROUP=gate_up.group_size,
+        TOP_K=top_k,
+        HAS_ZERO=gate_up.zero is not None,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_warps=warps,
+        num_stages=NUM_STAGES,
+        **common,
+    )
     bm, bn, bk, warps = tiles(SMALL_DOWN if small else LARGE_DOWN, d, inter, small)
     y = torch.empty(n_tokens * top_k, d, device=x.device, dtype=torch.float32)
     _down_kernel[(begin.numel(), triton.cdiv(d, bn))](
-        h, down.packed, down.scale, _zero_arg(down), pairs, weight, begin, end, expert, y,
-        D=d, I=inter, GROUP=down.group_size, HAS_ZERO=down.zero is not None,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=NUM_STAGES, **common)
+        h,
+        down.packed,
+        down.scale,
+        _zero_arg(down),
+        pairs,
+        weight,
+        begin,
+        end,
+        expert,
+        y,
+        D=d,
+        I=inter,
+        GROUP=down.group_size,
+        HAS_ZERO=down.zero is not None,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_warps=warps,
+        num_stages=NUM_STAGES,
+        **common,
+    )
     if not summed:
         return y.view(n_tokens, top_k, d)
     out = torch.empty(n_tokens, d, device=x.device, dtype=x.dtype)
-    _sum_top_k_kernel[(n_tokens, triton.cdiv(d, SUM_BLOCK))](y, out, D=d, TOP_K=top_k, BLOCK=SUM_BLOCK, num_warps=4,
-                                                            num_stages=NUM_STAGES, **pdl_options(y.device))
+    _sum_top_k_kernel[(n_tokens, triton.cdiv(d, SUM_BLOCK))](
+        y, out, D=d, TOP_K=top_k, BLOCK=SUM_BLOCK, num_warps=4, num_stages=NUM_STAGES, **pdl_options(y.device)
+    )
     return out
 
 
@@ -479,8 +760,14 @@ REAL_D, REAL_I, REAL_TOP_K, REAL_GROUP, REAL_EXPERTS = 2816, 704, 8, 32, 128
 def compile_specs() -> list[CompileSpec]:
     """Every specialization fused_moe launches for the real model: both paths, sym and asym."""
     specs = []
-    pointers = {"packed_ptr": "*i32", "scale_ptr": "*bf16", "pair_ptr": "*i32", "slot_begin_ptr": "*i32",
-                "slot_end_ptr": "*i32", "slot_expert_ptr": "*i32"}
+    pointers = {
+        "packed_ptr": "*i32",
+        "scale_ptr": "*bf16",
+        "pair_ptr": "*i32",
+        "slot_begin_ptr": "*i32",
+        "slot_end_ptr": "*i32",
+        "slot_expert_ptr": "*i32",
+    }
     for has_zero in (False, True):
         zero = {"zero_ptr": "*i8" if has_zero else "*i32"}
         for small in (True, False):
@@ -489,36 +776,102 @@ def compile_specs() -> list[CompileSpec]:
             bm, bn, bk, warps = tiles(SMALL_GATE_UP if small else LARGE_GATE_UP, REAL_I, REAL_D, small)
             sig = {"x_ptr": "*bf16", **pointers, **zero, "h_ptr": "*bf16"}
             consts = dict(flags, TOP_K=REAL_TOP_K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
-            specs.append(_spec(f"moe_gate_up_{path}_{'asym' if has_zero else 'sym'}", _gate_up_kernel, sig, consts,
-                               warps))
+            specs.append(
+                _spec(f"moe_gate_up_{path}_{'asym' if has_zero else 'sym'}", _gate_up_kernel, sig, consts, warps)
+            )
             bm, bn, bk, warps = tiles(SMALL_DOWN if small else LARGE_DOWN, REAL_D, REAL_I, small)
             sig = {"h_ptr": "*bf16", **pointers, **zero, "weight_ptr": "*fp32", "y_ptr": "*fp32"}
             consts = dict(flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
             specs.append(_spec(f"moe_down_{path}_{'asym' if has_zero else 'sym'}", _down_kernel, sig, consts, warps))
-    specs.append(_spec("moe_sum_top_k", _sum_top_k_kernel, {"y_ptr": "*fp32", "out_ptr": "*bf16"},
-                       dict(D=REAL_D, TOP_K=REAL_TOP_K, BLOCK=SUM_BLOCK), 4))
-    specs.append(CompileSpec("moe_route_group_pairs[top 8]", _route_group_kernel,
-                             {"logits_ptr": "*bf16", "scale_ptr": "*bf16", "w_ptr": "*fp32", "idx_ptr": "*i32",
-                              "order_ptr": "*i32", "begin_ptr": "*i32", "end_ptr": "*i32", "expert_ptr": "*i32",
-                              "T": "i32", "SLOTS": "i32", **dict.fromkeys(("E", "TOP_K", "ROUTE_ROWS", "BLOCK_E",
-                                                                            "BLOCK_K", "BLOCK_P", "CHUNK"), "constexpr")},
-                             {"E": REAL_EXPERTS, "TOP_K": REAL_TOP_K, "ROUTE_ROWS": ROUTE_ROWS,
-                              "BLOCK_E": REAL_EXPERTS, "BLOCK_K": REAL_TOP_K, "BLOCK_P": GROUP_PAIRS, "CHUNK": GROUP_CHUNK},
-                             num_warps=GROUP_WARPS, num_stages=NUM_STAGES, maxnreg=MAX_REGISTERS))
+    specs.append(
+        _spec(
+            "moe_sum_top_k",
+            _sum_top_k_kernel,
+            {"y_ptr": "*fp32", "out_ptr": "*bf16"},
+            dict(D=REAL_D, TOP_K=REAL_TOP_K, BLOCK=SUM_BLOCK),
+            4,
+        )
+    )
+    specs.append(
+        CompileSpec(
+            "moe_route_group_pairs[top 8]",
+            _route_group_kernel,
+            {
+                "logits_ptr": "*bf16",
+                "scale_ptr": "*bf16",
+                "w_ptr": "*fp32",
+                "idx_ptr": "*i32",
+                "order_ptr": "*i32",
+                "begin_ptr": "*i32",
+                "end_ptr": "*i32",
+                "expert_ptr": "*i32",
+                "T": "i32",
+                "SLOTS": "i32",
+                **dict.fromkeys(("E", "TOP_K", "ROUTE_ROWS", "BLOCK_E", "BLOCK_K", "BLOCK_P", "CHUNK"), "constexpr"),
+            },
+            {
+                "E": REAL_EXPERTS,
+                "TOP_K": REAL_TOP_K,
+                "ROUTE_ROWS": ROUTE_ROWS,
+                "BLOCK_E": REAL_EXPERTS,
+                "BLOCK_K": REAL_TOP_K,
+                "BLOCK_P": GROUP_PAIRS,
+                "CHUNK": GROUP_CHUNK,
+            },
+            num_warps=GROUP_WARPS,
+            num_stages=NUM_STAGES,
+            maxnreg=MAX_REGISTERS,
+        )
+    )
     router_tiles = small_tiles(REAL_EXPERTS, REAL_D, None)
-    specs.append(_spec("moe_router[E=128,top 8]", _router_kernel,
-                       {"x_ptr": "*bf16", "router_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
-                        "logits_ptr": "*bf16", "scale_ptr": "*bf16", "w_ptr": "*fp32", "idx_ptr": "*i32",
-                        "order_ptr": "*i32", "begin_ptr": "*i32", "end_ptr": "*i32", "expert_ptr": "*i32", "T": "i32",
-                        "SLOTS": "i32"},
-                       dict(_router_constexprs(REAL_EXPERTS, REAL_D, REAL_TOP_K, router_tiles), DOT_FP32=False),
-                       router_tiles.num_warps, ROUTER_STAGES, MAX_REGISTERS))
-    specs.append(CompileSpec("moe_group_pairs", _group_pairs_kernel,
-                             {"idx_ptr": "*i64", "order_ptr": "*i32", "begin_ptr": "*i32", "end_ptr": "*i32",
-                              "expert_ptr": "*i32", "P": "i32", "SLOTS": "i32", "E": "constexpr",
-                              "BLOCK_E": "constexpr", "BLOCK_P": "constexpr", "CHUNK": "constexpr"},
-                             {"E": REAL_EXPERTS, "BLOCK_E": REAL_EXPERTS, "BLOCK_P": GROUP_PAIRS, "CHUNK": GROUP_CHUNK},
-                             num_warps=GROUP_WARPS, num_stages=NUM_STAGES))
+    specs.append(
+        _spec(
+            "moe_router[E=128,top 8]",
+            _router_kernel,
+            {
+                "x_ptr": "*bf16",
+                "router_ptr": "*bf16",
+                "part_ptr": "*fp32",
+                "count_ptr": "*i32",
+                "logits_ptr": "*bf16",
+                "scale_ptr": "*bf16",
+                "w_ptr": "*fp32",
+                "idx_ptr": "*i32",
+                "order_ptr": "*i32",
+                "begin_ptr": "*i32",
+                "end_ptr": "*i32",
+                "expert_ptr": "*i32",
+                "T": "i32",
+                "SLOTS": "i32",
+            },
+            dict(_router_constexprs(REAL_EXPERTS, REAL_D, REAL_TOP_K, router_tiles), DOT_FP32=False),
+            router_tiles.num_warps,
+            ROUTER_STAGES,
+            MAX_REGISTERS,
+        )
+    )
+    specs.append(
+        CompileSpec(
+            "moe_group_pairs",
+            _group_pairs_kernel,
+            {
+                "idx_ptr": "*i64",
+                "order_ptr": "*i32",
+                "begin_ptr": "*i32",
+                "end_ptr": "*i32",
+                "expert_ptr": "*i32",
+                "P": "i32",
+                "SLOTS": "i32",
+                "E": "constexpr",
+                "BLOCK_E": "constexpr",
+                "BLOCK_P": "constexpr",
+                "CHUNK": "constexpr",
+            },
+            {"E": REAL_EXPERTS, "BLOCK_E": REAL_EXPERTS, "BLOCK_P": GROUP_PAIRS, "CHUNK": GROUP_CHUNK},
+            num_warps=GROUP_WARPS,
+            num_stages=NUM_STAGES,
+        )
+    )
     return specs
 
 

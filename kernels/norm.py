@@ -13,8 +13,13 @@ from flashdesk.kernels.backend import faulty, use_triton
 from flashdesk.kernels.kv_write import KVSlots, kv_write
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None = None,
-                       scale: torch.Tensor | None = None) -> torch.Tensor:
+def rms_norm_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     xf = x.float()
     y = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
     if weight is not None:
@@ -25,8 +30,13 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
     return y * scale if scale is not None else y
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None = None,
-             scale: torch.Tensor | None = None) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """x [..., D] normalized over its last dimension; weight [D] fp32 or None. With `residual`
     (like x) the result is residual + norm, then times `scale` (a one-element tensor) if given:
     one kernel instead of three on the Triton path."""
@@ -48,33 +58,64 @@ def _heads(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, k_eq_v: 
     """Views of the q, k and v heads [T, heads, D] in a fused projection [T, (H + Hkv [+ Hkv]) * D]."""
     t, q_size, kv_size = qkv.shape[0], heads * head_dim, kv_heads * head_dim
     q = qkv[:, :q_size].view(t, heads, head_dim)
-    k = qkv[:, q_size:q_size + kv_size].view(t, kv_heads, head_dim)
-    return q, k, k if k_eq_v else qkv[:, q_size + kv_size:].view(t, kv_heads, head_dim)
+    k = qkv[:, q_size : q_size + kv_size].view(t, kv_heads, head_dim)
+    return q, k, k if k_eq_v else qkv[:, q_size + kv_size :].view(t, kv_heads, head_dim)
 
 
 def qkv_norms_reference(qkv, q_norm, k_norm, cos, sin, eps, heads, kv_heads, head_dim, k_eq_v):
     q, k, v = _heads(qkv, heads, kv_heads, head_dim, k_eq_v)
-    return (apply_rope(rms_norm(q, q_norm, eps), cos, sin), apply_rope(rms_norm(k, k_norm, eps), cos, sin),
-            rms_norm(v, None, eps))
+    return (
+        apply_rope(rms_norm(q, q_norm, eps), cos, sin),
+        apply_rope(rms_norm(k, k_norm, eps), cos, sin),
+        rms_norm(v, None, eps),
+    )
 
 
-def qkv_norms(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              eps: float, heads: int, kv_heads: int, head_dim: int, k_eq_v: bool, into: KVSlots | None = None) -> tuple:
+def qkv_norms(
+    qkv: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    k_eq_v: bool,
+    into: KVSlots | None = None,
+) -> tuple:
     """Gemma 4's attention inputs from its fused projection qkv [T, (H + Hkv [+ Hkv]) * D]:
     q = rope(norm(q) * q_norm), k = rope(norm(k) * k_norm), v = norm(v) without a weight (v is the
     k projection when k_eq_v); cos/sin [T, D]. Returns q [T, H, D], k and v [T, Hkv, D]; with
     `into` k and v are stored in that cache (as kv_write stores them) and returned as None. One
     kernel on the Triton path instead of three norms, two copies, ten elementwise ops and the cache
     write; heads of a size that is not a power of two take those ops."""
-    if (use_triton(qkv, "head_norms") and qkv.dim() == 2 and qkv.stride(1) == 1
-            and (into is None or qkv.shape[0] <= into.capacity and use_triton(qkv, "kv_write"))):
+    if (
+        use_triton(qkv, "head_norms")
+        and qkv.dim() == 2
+        and qkv.stride(1) == 1
+        and (into is None or qkv.shape[0] <= into.capacity and use_triton(qkv, "kv_write"))
+    ):
         from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
 
         q, kv = qkv.view(qkv.shape[0], -1, head_dim).split([heads, qkv.shape[1] // head_dim - heads], dim=1)
         if heads_fusable(q, head_dim) and heads_fusable(kv, head_dim):
-            q, kv = faulty("head_norms", head_norms_triton(q, kv, q_norm, k_norm, cos, sin, eps, kv_heads,
-                                                           "k" if k_eq_v else "norm", weight_after_cast=False,
-                                                           into=into))
+            q, kv = faulty(
+                "head_norms",
+                head_norms_triton(
+                    q,
+                    kv,
+                    q_norm,
+                    k_norm,
+                    cos,
+                    sin,
+                    eps,
+                    kv_heads,
+                    "k" if k_eq_v else "norm",
+                    weight_after_cast=False,
+                    into=into,
+                ),
+            )
             return (q, None, None) if into is not None else (q, kv[:, :kv_heads], kv[:, kv_heads:])
     q, k, v = qkv_norms_reference(qkv, q_norm, k_norm, cos, sin, eps, heads, kv_heads, head_dim, k_eq_v)
     if into is None:
@@ -101,22 +142,39 @@ def add_qwen_norm(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,
     return total, qwen_rms_norm(total, weight, eps)
 
 
-def drafter_qk_norms(q: torch.Tensor | None, k: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
-                     cos: torch.Tensor, sin: torch.Tensor, eps: float) -> tuple:
+def drafter_qk_norms(
+    q: torch.Tensor | None,
+    k: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+) -> tuple:
     """The drafter's rope(qwen_rms_norm(x)) of q [T, H, D] (or None: context keys only) and k
     [T, Hkv, D]; one kernel on the Triton path (views of a projection are read in place)."""
     if use_triton(k, "head_norms"):
         from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
 
         if heads_fusable(q, k.shape[-1]) and heads_fusable(k, k.shape[-1]):
-            return faulty("head_norms", head_norms_triton(q, k, q_norm, k_norm, cos, sin, eps, k.shape[1], "none",
-                                                          weight_after_cast=True))
+            return faulty(
+                "head_norms",
+                head_norms_triton(q, k, q_norm, k_norm, cos, sin, eps, k.shape[1], "none", weight_after_cast=True),
+            )
     q_out = None if q is None else apply_rope(qwen_rms_norm(q, q_norm, eps), cos, sin)
     return q_out, apply_rope(qwen_rms_norm(k, k_norm, eps), cos, sin)
 
 
-def drafter_store_kv(q: torch.Tensor | None, kv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
-                     cos: torch.Tensor, sin: torch.Tensor, eps: float, into: KVSlots) -> torch.Tensor | None:
+def drafter_store_kv(
+    q: torch.Tensor | None,
+    kv: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    into: KVSlots,
+) -> torch.Tensor | None:
     """drafter_qk_norms of q and of kv's k heads, with k and v (as projected) stored at `into`:
     kv [T, 2 Hkv, D], the k heads then the v heads. Returns q's, or None. One kernel on the Triton
     path for up to the cache's capacity of tokens (else the norms, then kv_write keeps the newest)."""
@@ -125,8 +183,12 @@ def drafter_store_kv(q: torch.Tensor | None, kv: torch.Tensor, q_norm: torch.Ten
         from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
 
         if heads_fusable(q, d) and heads_fusable(kv, d):
-            return faulty("head_norms", head_norms_triton(q, kv, q_norm, k_norm, cos, sin, eps, heads, "copy",
-                                                          weight_after_cast=True, into=into))[0]
+            return faulty(
+                "head_norms",
+                head_norms_triton(
+                    q, kv, q_norm, k_norm, cos, sin, eps, heads, "copy", weight_after_cast=True, into=into
+                ),
+            )[0]
     q_out, k = drafter_qk_norms(q, kv[:, :heads], q_norm, k_norm, cos, sin, eps)
     kv_write(k, kv[:, heads:], *into)
     return q_out

@@ -39,9 +39,22 @@ def row_tile(R, D, ROWS: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["R"])
-def _rms_norm_kernel(x_ptr, w_ptr, res_ptr, scale_ptr, out_ptr, R, D, eps, HAS_WEIGHT: tl.constexpr,
-                     HAS_RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                     PDL: tl.constexpr = False):
+def _rms_norm_kernel(
+    x_ptr,
+    w_ptr,
+    res_ptr,
+    scale_ptr,
+    out_ptr,
+    R,
+    D,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """out = norm(x) * w [+ residual] [* scale], rounded to the output type after each step."""
     enter(PDL)
     _, cols, at, mask = row_tile(R, D, ROWS, BLOCK)
@@ -59,10 +72,35 @@ def _rms_norm_kernel(x_ptr, w_ptr, res_ptr, scale_ptr, out_ptr, R, D, eps, HAS_W
 
 
 @triton.jit(do_not_specialize=["R", "capacity"])
-def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr, ck_ptr, cv_ptr,
-                       ks_ptr, vs_ptr, start_ptr, capacity, R, q_stride, kv_stride, eps, H: tl.constexpr,
-                       KVH: tl.constexpr, V_MODE: tl.constexpr, WEIGHT_AFTER_CAST: tl.constexpr, STORE: tl.constexpr,
-                       FP8: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr = False):
+def _head_norms_kernel(
+    q_src_ptr,
+    kv_src_ptr,
+    q_w_ptr,
+    k_w_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_ptr,
+    kv_ptr,
+    ck_ptr,
+    cv_ptr,
+    ks_ptr,
+    vs_ptr,
+    start_ptr,
+    capacity,
+    R,
+    q_stride,
+    kv_stride,
+    eps,
+    H: tl.constexpr,
+    KVH: tl.constexpr,
+    V_MODE: tl.constexpr,
+    WEIGHT_AFTER_CAST: tl.constexpr,
+    STORE: tl.constexpr,
+    FP8: tl.constexpr,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """Rows are (token, head) pairs: q heads j < H at q_src[t * q_stride + j * D], then the k heads
     and (V_MODE "norm" or "copy") the v heads at kv_src[t * kv_stride + (j - H) * D]. q heads:
     rope(norm(x) * q_w) into q [T, H, D]; k heads: rope(norm(x) * k_w) into kv; v: norm(x) of the v
@@ -91,8 +129,9 @@ def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr
     if WEIGHT_AFTER_CAST:
         n, n_partner = n.to(out_ty).to(tl.float32), n_partner.to(out_ty).to(tl.float32)
     w = tl.where(is_q, tl.load(q_w_ptr + cols).to(tl.float32)[None, :], tl.load(k_w_ptr + cols).to(tl.float32)[None, :])
-    wp = tl.where(is_q, tl.load(q_w_ptr + partner).to(tl.float32)[None, :],
-                  tl.load(k_w_ptr + partner).to(tl.float32)[None, :])
+    wp = tl.where(
+        is_q, tl.load(q_w_ptr + partner).to(tl.float32)[None, :], tl.load(k_w_ptr + partner).to(tl.float32)[None, :]
+    )
     y = (n * w).to(out_ty).to(tl.float32)
     yp = (n_partner * wp).to(out_ty).to(tl.float32)
     yp = tl.where((cols < half)[None, :], -yp, yp)  # rotate_half: [-y2, y1]
@@ -122,8 +161,20 @@ def _head_norms_kernel(q_src_ptr, kv_src_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr
 
 
 @triton.jit(do_not_specialize=["R"])
-def _add_norm_kernel(h_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, R, D, eps, HAS_Y: tl.constexpr, ROWS: tl.constexpr,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _add_norm_kernel(
+    h_ptr,
+    y_ptr,
+    w_ptr,
+    sum_ptr,
+    out_ptr,
+    R,
+    D,
+    eps,
+    HAS_Y: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """sum = h + y (rounded), out = w * norm(sum) with the norm rounded before the weight (Qwen3)."""
     enter(PDL)
     _, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
@@ -137,8 +188,13 @@ def _add_norm_kernel(h_ptr, y_ptr, w_ptr, sum_ptr, out_ptr, R, D, eps, HAS_Y: tl
     tl.store(out_ptr + at, (n * w).to(out_ty), mask=ok)
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None = None,
-                    scale: torch.Tensor | None = None) -> torch.Tensor:
+def rms_norm_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     d = x.shape[-1]
     xc = x.contiguous()
     out = torch.empty_like(xc)
@@ -147,9 +203,23 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, eps: float, re
         per_program, block, warps = row_shape(d)
         res = residual.contiguous() if residual is not None else xc  # unused pointers stand in for absent ones
         _rms_norm_kernel[(triton.cdiv(rows, per_program),)](
-            xc, weight if weight is not None else xc, res, scale if scale is not None else xc, out, rows, d, eps,
-            HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, HAS_SCALE=scale is not None,
-            ROWS=per_program, BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES, **pdl_options(xc.device))
+            xc,
+            weight if weight is not None else xc,
+            res,
+            scale if scale is not None else xc,
+            out,
+            rows,
+            d,
+            eps,
+            HAS_WEIGHT=weight is not None,
+            HAS_RESIDUAL=residual is not None,
+            HAS_SCALE=scale is not None,
+            ROWS=per_program,
+            BLOCK=block,
+            num_warps=warps,
+            num_stages=LAUNCH_STAGES,
+            **pdl_options(xc.device),
+        )
     return out
 
 
@@ -163,13 +233,24 @@ def _head_rows(d: int, store: bool = False) -> tuple[int, int]:
 def heads_fusable(x: torch.Tensor | None, head_dim: int) -> bool:
     """Heads the fused kernel reads: rows [T, H, D] of contiguous heads (any row stride) of a
     power-of-two size (Gemma 4's 256 and 512, the drafter's 128)."""
-    return x is None or (x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == head_dim
-                         and head_dim == triton.next_power_of_2(head_dim))
+    return x is None or (
+        x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == head_dim and head_dim == triton.next_power_of_2(head_dim)
+    )
 
 
-def head_norms_triton(q: torch.Tensor | None, kv: torch.Tensor, q_w, k_w, cos: torch.Tensor, sin: torch.Tensor,
-                      eps: float, kv_heads: int, v_mode: str, weight_after_cast: bool,
-                      into: KVSlots | None = None) -> tuple:
+def head_norms_triton(
+    q: torch.Tensor | None,
+    kv: torch.Tensor,
+    q_w,
+    k_w,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    kv_heads: int,
+    v_mode: str,
+    weight_after_cast: bool,
+    into: KVSlots | None = None,
+) -> tuple:
     """q [T, H, D] (or None) and kv [T, KVH or 2 KVH, D] heads as `heads_fusable` describes (kv's
     k heads first, then its v heads when v_mode is "norm" or "copy"). Returns (q or None, kv): kv
     [T, 2 KVH, D] with k then v, or [T, KVH, D] with k only when v_mode is "none"; with `into` (not
@@ -177,8 +258,10 @@ def head_norms_triton(q: torch.Tensor | None, kv: torch.Tensor, q_w, k_w, cos: t
     t, d = kv.shape[0], kv.shape[2]
     heads = 0 if q is None else q.shape[1]
     if not (heads_fusable(q, d) and heads_fusable(kv, d)):
-        raise ValueError(f"head norms need contiguous heads of a power-of-two size, got kv {tuple(kv.shape)} "
-                         f"with strides {kv.stride()}")
+        raise ValueError(
+            f"head norms need contiguous heads of a power-of-two size, got kv {tuple(kv.shape)} "
+            f"with strides {kv.stride()}"
+        )
     heads_in = heads + kv_heads * (2 if v_mode in ("norm", "copy") else 1)
     q_out = None if q is None else torch.empty((t, heads, d), dtype=kv.dtype, device=kv.device)
     kv_out = None
@@ -192,12 +275,32 @@ def head_norms_triton(q: torch.Tensor | None, kv: torch.Tensor, q_w, k_w, cos: t
     if t:
         per_program, warps = _head_rows(d, into is not None)
         _head_norms_kernel[(triton.cdiv(t * heads_in, per_program),)](
-            kv if q is None else q, kv, k_w if q is None else q_w, k_w, cos.contiguous(), sin.contiguous(),
-            kv if q_out is None else q_out, kv if kv_out is None else kv_out, *cache, t * heads_in,
-            0 if q is None else q.stride(0), kv.stride(0), eps, H=heads, KVH=kv_heads, V_MODE=v_mode,
-            WEIGHT_AFTER_CAST=weight_after_cast, STORE=into is not None, FP8=into is not None and into.k_scale is not None,
-            D=d, ROWS=per_program, num_warps=warps, num_stages=LAUNCH_STAGES, maxnreg=MAX_REGISTERS,
-            **pdl_options(kv.device))
+            kv if q is None else q,
+            kv,
+            k_w if q is None else q_w,
+            k_w,
+            cos.contiguous(),
+            sin.contiguous(),
+            kv if q_out is None else q_out,
+            kv if kv_out is None else kv_out,
+            *cache,
+            t * heads_in,
+            0 if q is None else q.stride(0),
+            kv.stride(0),
+            eps,
+            H=heads,
+            KVH=kv_heads,
+            V_MODE=v_mode,
+            WEIGHT_AFTER_CAST=weight_after_cast,
+            STORE=into is not None,
+            FP8=into is not None and into.k_scale is not None,
+            D=d,
+            ROWS=per_program,
+            num_warps=warps,
+            num_stages=LAUNCH_STAGES,
+            maxnreg=MAX_REGISTERS,
+            **pdl_options(kv.device),
+        )
     return q_out, kv_out
 
 
@@ -207,8 +310,7 @@ def _cache_args(into: KVSlots, kv_heads: int, head_dim: int) -> tuple:
         raise ValueError(f"cache {tuple(into.k.shape)} does not hold contiguous [slots, {kv_heads}, {head_dim}] heads")
     if into.k_scale is None:
         return into.k, into.v, into.k, into.v, into.start, into.capacity
-    return (into.k.view(torch.uint8), into.v.view(torch.uint8), into.k_scale, into.v_scale, into.start,
-            into.capacity)
+    return (into.k.view(torch.uint8), into.v.view(torch.uint8), into.k_scale, into.v_scale, into.start, into.capacity)
 
 
 def add_norm_triton(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float) -> tuple:
@@ -222,8 +324,21 @@ def add_norm_triton(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tenso
     if t:
         per_program, block, warps = row_shape(d)
         _add_norm_kernel[(triton.cdiv(t, per_program),)](
-            h, h if y is None else y.contiguous(), weight, total, out, t, d, eps, HAS_Y=y is not None, ROWS=per_program,
-            BLOCK=block, num_warps=warps, num_stages=LAUNCH_STAGES, **pdl_options(h.device))
+            h,
+            h if y is None else y.contiguous(),
+            weight,
+            total,
+            out,
+            t,
+            d,
+            eps,
+            HAS_Y=y is not None,
+            ROWS=per_program,
+            BLOCK=block,
+            num_warps=warps,
+            num_stages=LAUNCH_STAGES,
+            **pdl_options(h.device),
+        )
     return total, out
 
 
@@ -232,47 +347,122 @@ def compile_specs() -> list[CompileSpec]:
     scalar), head dims 256 and 512 (v norms without a weight; q/k norms fused with RoPE), bf16 rows,
     fp32 weights."""
     specs = []
-    variants = [(2816, True, False, False), (2816, False, False, False), (256, False, False, False),
-                (512, False, False, False), (2816, True, True, False), (2816, True, True, True)]
+    variants = [
+        (2816, True, False, False),
+        (2816, False, False, False),
+        (256, False, False, False),
+        (512, False, False, False),
+        (2816, True, True, False),
+        (2816, True, True, True),
+    ]
     for d, has_weight, has_residual, has_scale in variants:
         per_program, block, warps = row_shape(d)
-        flags = {"HAS_WEIGHT": has_weight, "HAS_RESIDUAL": has_residual, "HAS_SCALE": has_scale,
-                 "ROWS": per_program, "BLOCK": block}
+        flags = {
+            "HAS_WEIGHT": has_weight,
+            "HAS_RESIDUAL": has_residual,
+            "HAS_SCALE": has_scale,
+            "ROWS": per_program,
+            "BLOCK": block,
+        }
         fused = (",residual" if has_residual else "") + (",scale" if has_scale else "")
         name = f"rms_norm[D={d},weight={has_weight}{fused}]"
-        specs.append(CompileSpec(
-            name, _rms_norm_kernel,
-            {"x_ptr": "*bf16", "w_ptr": "*fp32" if has_weight else "*bf16", "res_ptr": "*bf16",
-             "scale_ptr": "*bf16", "out_ptr": "*bf16", "R": "i32", "D": "i32", "eps": "fp32",
-             **dict.fromkeys(flags, "constexpr")}, flags, num_warps=warps))
+        specs.append(
+            CompileSpec(
+                name,
+                _rms_norm_kernel,
+                {
+                    "x_ptr": "*bf16",
+                    "w_ptr": "*fp32" if has_weight else "*bf16",
+                    "res_ptr": "*bf16",
+                    "scale_ptr": "*bf16",
+                    "out_ptr": "*bf16",
+                    "R": "i32",
+                    "D": "i32",
+                    "eps": "fp32",
+                    **dict.fromkeys(flags, "constexpr"),
+                },
+                flags,
+                num_warps=warps,
+            )
+        )
     # target: sliding layers (16 q, 8 k, 8 v heads of 256), full layers (16 q, 2 k heads of 512, v = k
     # or its own) (prefill: k and v returned; decode and verify: stored into an fp8 or bf16 cache);
     # drafter (Qwen3 norms, v as projected): its block's q and k, its context's k, or either storing
     # k and v into its bf16 context
     target = [(16, 8, 256, "norm"), (16, 2, 512, "k"), (16, 2, 512, "norm")]
     heads_specs = [(h, kvh, d, v, False, store) for h, kvh, d, v in target for store in (None, "fp8", "bf16")]
-    heads_specs += [(32, 8, 128, "none", True, None), (0, 8, 128, "none", True, None),
-                    (32, 8, 128, "copy", True, "bf16"), (0, 8, 128, "copy", True, "bf16")]
+    heads_specs += [
+        (32, 8, 128, "none", True, None),
+        (0, 8, 128, "none", True, None),
+        (32, 8, 128, "copy", True, "bf16"),
+        (0, 8, 128, "copy", True, "bf16"),
+    ]
     for heads, kv_heads, d, v_mode, after_cast, store in heads_specs:
         per_program, warps = _head_rows(d, store is not None)
-        flags = {"H": heads, "KVH": kv_heads, "V_MODE": v_mode, "WEIGHT_AFTER_CAST": after_cast,
-                 "STORE": store is not None, "FP8": store == "fp8", "D": d, "ROWS": per_program}
+        flags = {
+            "H": heads,
+            "KVH": kv_heads,
+            "V_MODE": v_mode,
+            "WEIGHT_AFTER_CAST": after_cast,
+            "STORE": store is not None,
+            "FP8": store == "fp8",
+            "D": d,
+            "ROWS": per_program,
+        }
         weight = "*bf16" if after_cast else "*fp32"
-        cache = {"ck_ptr": "*u8", "cv_ptr": "*u8", "ks_ptr": "*fp32", "vs_ptr": "*fp32"} if store == "fp8" else \
-            dict.fromkeys(("ck_ptr", "cv_ptr", "ks_ptr", "vs_ptr"), "*bf16")
-        types = {"q_src_ptr": "*bf16", "kv_src_ptr": "*bf16", "q_w_ptr": weight, "k_w_ptr": weight, "cos_ptr": "*bf16",
-                 "sin_ptr": "*bf16", "q_ptr": "*bf16", "kv_ptr": "*bf16", **cache, "start_ptr": "*i32" if store else "*bf16",
-                 "capacity": "i32", "R": "i32", "q_stride": "i32", "kv_stride": "i32", "eps": "fp32"}
-        specs.append(CompileSpec(
-            f"head_norms[D={d},H={heads},KVH={kv_heads},v={v_mode}{',qwen' if after_cast else ''}"
-            f"{f',into {store} cache' if store else ''}]", _head_norms_kernel,
-            {name: types.get(name, "constexpr") for name in _head_norms_kernel.arg_names}, flags, num_warps=warps,
-            maxnreg=MAX_REGISTERS))
+        cache = (
+            {"ck_ptr": "*u8", "cv_ptr": "*u8", "ks_ptr": "*fp32", "vs_ptr": "*fp32"}
+            if store == "fp8"
+            else dict.fromkeys(("ck_ptr", "cv_ptr", "ks_ptr", "vs_ptr"), "*bf16")
+        )
+        types = {
+            "q_src_ptr": "*bf16",
+            "kv_src_ptr": "*bf16",
+            "q_w_ptr": weight,
+            "k_w_ptr": weight,
+            "cos_ptr": "*bf16",
+            "sin_ptr": "*bf16",
+            "q_ptr": "*bf16",
+            "kv_ptr": "*bf16",
+            **cache,
+            "start_ptr": "*i32" if store else "*bf16",
+            "capacity": "i32",
+            "R": "i32",
+            "q_stride": "i32",
+            "kv_stride": "i32",
+            "eps": "fp32",
+        }
+        specs.append(
+            CompileSpec(
+                f"head_norms[D={d},H={heads},KVH={kv_heads},v={v_mode}{',qwen' if after_cast else ''}"
+                f"{f',into {store} cache' if store else ''}]",
+                _head_norms_kernel,
+                {name: types.get(name, "constexpr") for name in _head_norms_kernel.arg_names},
+                flags,
+                num_warps=warps,
+                maxnreg=MAX_REGISTERS,
+            )
+        )
     for has_y in (True, False):  # the drafter's residual adds with the next norm; its context's norm
         per_program, block, warps = row_shape(2816)
         flags = {"HAS_Y": has_y, "ROWS": per_program, "BLOCK": block}
-        specs.append(CompileSpec(
-            f"add_norm[D=2816{',y' if has_y else ''}]", _add_norm_kernel,
-            {"h_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*bf16", "sum_ptr": "*bf16", "out_ptr": "*bf16", "R": "i32",
-             "D": "i32", "eps": "fp32", **dict.fromkeys(flags, "constexpr")}, flags, num_warps=warps))
+        specs.append(
+            CompileSpec(
+                f"add_norm[D=2816{',y' if has_y else ''}]",
+                _add_norm_kernel,
+                {
+                    "h_ptr": "*bf16",
+                    "y_ptr": "*bf16",
+                    "w_ptr": "*bf16",
+                    "sum_ptr": "*bf16",
+                    "out_ptr": "*bf16",
+                    "R": "i32",
+                    "D": "i32",
+                    "eps": "fp32",
+                    **dict.fromkeys(flags, "constexpr"),
+                },
+                flags,
+                num_warps=warps,
+            )
+        )
     return specs

@@ -59,14 +59,20 @@ class Card:
 
 
 CARDS = {
-    "rtx3090": Card("rtx3090", 86, sms=82, bandwidth=936e9, clock_hz=1.695e9, blocks_per_sm=16,
-                    latency_s=550e-9),
-    "rtx4090": Card("rtx4090", 89, sms=128, bandwidth=1008e9, clock_hz=2.52e9, blocks_per_sm=24,
-                    latency_s=550e-9),
-    "rtx5090": Card("rtx5090", 120, sms=170, bandwidth=1792e9, clock_hz=2.41e9, blocks_per_sm=32,
-                    latency_s=600e-9),
-    "h200": Card("h200", 90, sms=132, bandwidth=4800e9, clock_hz=1.98e9, shared_per_sm=233472,
-                 warps_per_sm=64, blocks_per_sm=32, latency_s=700e-9),
+    "rtx3090": Card("rtx3090", 86, sms=82, bandwidth=936e9, clock_hz=1.695e9, blocks_per_sm=16, latency_s=550e-9),
+    "rtx4090": Card("rtx4090", 89, sms=128, bandwidth=1008e9, clock_hz=2.52e9, blocks_per_sm=24, latency_s=550e-9),
+    "rtx5090": Card("rtx5090", 120, sms=170, bandwidth=1792e9, clock_hz=2.41e9, blocks_per_sm=32, latency_s=600e-9),
+    "h200": Card(
+        "h200",
+        90,
+        sms=132,
+        bandwidth=4800e9,
+        clock_hz=1.98e9,
+        shared_per_sm=233472,
+        warps_per_sm=64,
+        blocks_per_sm=32,
+        latency_s=700e-9,
+    ),
 }
 ISSUE_PER_CLOCK = 4  # warp-instructions an SM issues per clock (4 schedulers)
 REGISTER_UNIT = 256  # registers are allocated per warp in units of 256
@@ -77,8 +83,15 @@ MIN_IN_FLIGHT = {90: 32 * 1024}
 MIN_IN_FLIGHT_DEFAULT = 8 * 1024
 
 # What each kernel streams: its role in a step's bytes.
-ROLES = {"_linear_kernel": "weights", "_gate_up_kernel": "weights", "_down_kernel": "weights",
-         "_route_kernel": "weights", "_router_kernel": "weights", "_decode_split_kernel": "kv", "_prefill_kernel": "kv"}
+ROLES = {
+    "_linear_kernel": "weights",
+    "_gate_up_kernel": "weights",
+    "_down_kernel": "weights",
+    "_route_kernel": "weights",
+    "_router_kernel": "weights",
+    "_decode_split_kernel": "kv",
+    "_prefill_kernel": "kv",
+}
 
 
 def card_for(arch: str) -> Card | None:
@@ -111,17 +124,25 @@ def block_in_flight(loop_load_bytes: int, num_warps: int, num_stages: int, async
     return loop_load_bytes * num_warps * ahead
 
 
-def row_perf(arch: str, function: str, constexprs: dict, num_warps: int, num_stages: int, registers: int,
-             shared_bytes: int, loop) -> dict:
+def row_perf(
+    arch: str, function: str, constexprs: dict, num_warps: int, num_stages: int, registers: int, shared_bytes: int, loop
+) -> dict:
     """The model's per-kernel fields for one compiled row (`loop`: sass.main_loop of its cubin)."""
     card = card_for(arch)
     kind = role(function)
     blocks = blocks_per_sm(card, registers, shared_bytes, num_warps) if card else None
     in_block = block_in_flight(loop.load_bytes, num_warps, num_stages, loop.async_copies)
-    row = {"role": kind, "blocks_per_sm": blocks, "bytes_in_flight_per_block": in_block,
-           "bytes_in_flight_per_sm": None if blocks is None else in_block * blocks,
-           "loop_instructions": loop.instructions, "loop_load_bytes": loop.load_bytes * num_warps,
-           "async_copies": loop.async_copies, "main_loop": loop.is_loop, "num_warps": num_warps}
+    row = {
+        "role": kind,
+        "blocks_per_sm": blocks,
+        "bytes_in_flight_per_block": in_block,
+        "bytes_in_flight_per_sm": None if blocks is None else in_block * blocks,
+        "loop_instructions": loop.instructions,
+        "loop_load_bytes": loop.load_bytes * num_warps,
+        "async_copies": loop.async_copies,
+        "main_loop": loop.is_loop,
+        "num_warps": num_warps,
+    }
     if function in ("_decode_split_kernel", "_prefill_kernel"):
         row["kv_dtype"] = "fp8" if constexprs.get("FP8") else "bf16"
         row["head_dim"] = constexprs.get("D")
@@ -178,9 +199,15 @@ def model_step(card: Card, launches: list[dict], rows: dict) -> dict:
         floor_bytes += launch.get("count", 1) * launch["read_bytes"]
         count += launch.get("count", 1)
     floor = floor_bytes / card.bandwidth
-    return {"card": card.name, "launches": count, "bytes": floor_bytes, "floor_seconds": floor,
-            "modeled_seconds": seconds, "floor_fraction": floor / seconds if seconds else None,
-            "unmatched_launches": unmatched}
+    return {
+        "card": card.name,
+        "launches": count,
+        "bytes": floor_bytes,
+        "floor_seconds": floor,
+        "modeled_seconds": seconds,
+        "floor_fraction": floor / seconds if seconds else None,
+        "unmatched_launches": unmatched,
+    }
 
 
 # ----------------------------------------------------------------------------- steps
@@ -193,8 +220,9 @@ def record_steps() -> list[dict]:
     engine registers its recorder there: kernels/ never imports the engine). Runs in a fresh
     process with Triton's interpreter on (the launches are recorded, not run)."""
     env = dict(os.environ, TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, "-m", "flashdesk.kernels.perf_model"], env=env, capture_output=True,
-                         text=True, timeout=1800)
+    run = subprocess.run(
+        [sys.executable, "-m", "flashdesk.kernels.perf_model"], env=env, capture_output=True, text=True, timeout=1800
+    )
     if run.returncode:
         raise RuntimeError(f"recording the steps' launches failed:\n{run.stderr[-4000:]}")
     return json.loads(run.stdout)
@@ -208,8 +236,7 @@ def model_steps(rows: list[dict], steps: list[dict], cards: list[Card]) -> list[
         by_key = {row["key"]: row for row in rows if row.get("arch") == card.arch and row.get("key")}
         for step in steps:
             modeled = model_step(card, step["launches"], by_key)
-            out.append({"step": step["step"], "capacity": step["capacity"], "length": step["length"],
-                        **modeled})
+            out.append({"step": step["step"], "capacity": step["capacity"], "length": step["length"], **modeled})
     return out
 
 

@@ -5,8 +5,8 @@ A compile for four cards is ~500 ptxas runs (minutes on two cores); almost every
 can change it: the source of every module in flashdesk/kernels (a kernel may call helpers of
 another), the saved launch log a spec list may come from, the spec's module, index and name, the
 arch, whether the performance fields were asked for, and the Triton version (its compiler and
-ptxas), and the spec module's own source. FLASHDESK_CHECK_CACHE names the folder ("off": no cache); the default is the user's cache
-folder. A row whose worker died is never kept.
+ptxas), and the spec module's own source. FLASHDESK_CHECK_CACHE names the folder ("off": no
+cache); the default is the user's cache folder. A row whose worker died is never kept.
 """
 
 from __future__ import annotations
@@ -62,8 +62,19 @@ def key(module: str, index: int, name: str, cap: int, perf: bool) -> str | None:
         found = None
     if found is None or not found.origin:
         return None
-    text = json.dumps([_sources(), _file_digest(found.origin), _file_digest(os.environ.get("FLASHDESK_LAUNCH_LOG")),
-                       module, index, name, cap, perf, _triton_version()])
+    text = json.dumps(
+        [
+            _sources(),
+            _file_digest(found.origin),
+            _file_digest(os.environ.get("FLASHDESK_LAUNCH_LOG")),
+            module,
+            index,
+            name,
+            cap,
+            perf,
+            _triton_version(),
+        ]
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -20,8 +20,18 @@ ROUTE_ROWS = 4  # rows a program: the interpreter pays per op and program; 16 x 
 
 
 @triton.jit
-def route_rows(logits_ptr, scale_ptr, w_ptr, idx_ptr, rows, R, E: tl.constexpr, TOP_K: tl.constexpr,
-               BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+def route_rows(
+    logits_ptr,
+    scale_ptr,
+    w_ptr,
+    idx_ptr,
+    rows,
+    R,
+    E: tl.constexpr,
+    TOP_K: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """Route the logits rows `rows` (a vector; those >= R are skipped): weights [R, TOP_K] fp32 and
     expert ids [R, TOP_K] in idx's dtype. Each row is reduced along its own axis: rows never mix."""
     e = tl.arange(0, BLOCK_E)
@@ -50,8 +60,19 @@ def route_rows(logits_ptr, scale_ptr, w_ptr, idx_ptr, rows, R, E: tl.constexpr, 
 
 
 @triton.jit(do_not_specialize=["R"])
-def _route_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, R, E: tl.constexpr, TOP_K: tl.constexpr,
-                  ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+def _route_kernel(
+    logits_ptr,
+    scale_ptr,
+    w_ptr,
+    idx_ptr,
+    R,
+    E: tl.constexpr,
+    TOP_K: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """ROWS rows a program (prefill's many rows in parallel); each row is reduced on its own, so
     its bits do not depend on which rows share its tile."""
     enter(PDL)
@@ -67,16 +88,38 @@ def route_triton(logits: torch.Tensor, top_k: int, per_expert_scale: torch.Tenso
     ids = torch.empty((t, top_k), dtype=torch.int64, device=logits.device)
     if t:
         _route_kernel[(triton.cdiv(t, ROUTE_ROWS),)](
-            logits.contiguous(), per_expert_scale, weights, ids, t, E=e, TOP_K=top_k, ROWS=ROUTE_ROWS,
-            BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k),
-            num_warps=ROUTER_WARPS, num_stages=LAUNCH_STAGES, **pdl_options(logits.device))
+            logits.contiguous(),
+            per_expert_scale,
+            weights,
+            ids,
+            t,
+            E=e,
+            TOP_K=top_k,
+            ROWS=ROUTE_ROWS,
+            BLOCK_E=triton.next_power_of_2(e),
+            BLOCK_K=triton.next_power_of_2(top_k),
+            num_warps=ROUTER_WARPS,
+            num_stages=LAUNCH_STAGES,
+            **pdl_options(logits.device),
+        )
     return weights, ids
 
 
 def compile_specs() -> list[CompileSpec]:
     """Gemma 4 26B-A4B: 128 experts, top 8, bf16 logits and scales."""
-    return [CompileSpec("route[E=128,top 8]", _route_kernel,
-                        {"logits_ptr": "*bf16", "scale_ptr": "*bf16", "w_ptr": "*fp32", "idx_ptr": "*i64", "R": "i32",
-                         **dict.fromkeys(("E", "TOP_K", "ROWS", "BLOCK_E", "BLOCK_K"), "constexpr")},
-                        {"E": 128, "TOP_K": 8, "ROWS": ROUTE_ROWS, "BLOCK_E": 128, "BLOCK_K": 8},
-                        num_warps=ROUTER_WARPS)]
+    return [
+        CompileSpec(
+            "route[E=128,top 8]",
+            _route_kernel,
+            {
+                "logits_ptr": "*bf16",
+                "scale_ptr": "*bf16",
+                "w_ptr": "*fp32",
+                "idx_ptr": "*i64",
+                "R": "i32",
+                **dict.fromkeys(("E", "TOP_K", "ROWS", "BLOCK_E", "BLOCK_K"), "constexpr"),
+            },
+            {"E": 128, "TOP_K": 8, "ROWS": ROUTE_ROWS, "BLOCK_E": 128, "BLOCK_K": 8},
+            num_warps=ROUTER_WARPS,
+        )
+    ]

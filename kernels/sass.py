@@ -78,8 +78,12 @@ def _loops(code: list[Instruction]) -> list[tuple[int, int]]:
 
 def _summary(body: list[Instruction], is_loop: bool) -> Loop:
     loads = [ins for ins in body if load_width(ins.opcode) or ins.opcode.startswith(ASYNC_LOADS)]
-    return Loop(instructions=len(body), load_bytes=sum(load_width(ins.opcode) * LANES for ins in loads),
-                async_copies=any(ins.opcode.startswith(ASYNC_LOADS) for ins in loads), is_loop=is_loop)
+    return Loop(
+        instructions=len(body),
+        load_bytes=sum(load_width(ins.opcode) * LANES for ins in loads),
+        async_copies=any(ins.opcode.startswith(ASYNC_LOADS) for ins in loads),
+        is_loop=is_loop,
+    )
 
 
 def _innermost(loops: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -95,7 +99,7 @@ def main_loop(sass: str) -> Loop:
     code = parse(sass)
     best = None
     for first, last in _innermost(_loops(code)):
-        loop = _summary(code[first:last + 1], True)
+        loop = _summary(code[first : last + 1], True)
         rank = (loop.async_copies, loop.load_bytes, loop.instructions)
         if loop.load_bytes and (best is None or rank > (best.async_copies, best.load_bytes, best.instructions)):
             best = loop
@@ -110,5 +114,4 @@ def disassemble(cubin: bytes, cuobjdump: str) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
         file.write(cubin)
         file.flush()
-        return subprocess.run([cuobjdump, "-sass", file.name], check=True, capture_output=True,
-                              text=True).stdout
+        return subprocess.run([cuobjdump, "-sass", file.name], check=True, capture_output=True, text=True).stdout

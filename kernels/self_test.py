@@ -17,6 +17,7 @@ faults), keeps the results in the data folder, and sends every failed family to 
 (backend.fall_back). `flashdesk doctor --kernels` runs them on demand. Under Triton's interpreter
 they run on the CPU, which is how CI checks them.
 """
+
 from __future__ import annotations
 
 import gc
@@ -31,7 +32,7 @@ from typing import Callable
 import torch
 
 from flashdesk.kernels import backend
-from flashdesk.kernels.backend import KERNELS, kernels
+from flashdesk.kernels.backend import kernels
 
 VERSION = 1  # of the checks: a change runs them again everywhere
 
@@ -53,10 +54,30 @@ class Dims:
     group: int
 
 
-TINY = Dims(hidden=320, linear=(40, 320), dense_inter=24, experts=8, expert_inter=32, top_k=2, q_heads=4,
-            layers=((16, 1, 8), (64, 2, None)), length=75, group=32)
-REAL = Dims(hidden=2816, linear=(2816, 2112), dense_inter=2112, experts=128, expert_inter=704, top_k=8, q_heads=16,
-            layers=((256, 8, 1024), (512, 2, None)), length=1061, group=32)
+TINY = Dims(
+    hidden=320,
+    linear=(40, 320),
+    dense_inter=24,
+    experts=8,
+    expert_inter=32,
+    top_k=2,
+    q_heads=4,
+    layers=((16, 1, 8), (64, 2, None)),
+    length=75,
+    group=32,
+)
+REAL = Dims(
+    hidden=2816,
+    linear=(2816, 2112),
+    dense_inter=2112,
+    experts=128,
+    expert_inter=704,
+    top_k=8,
+    q_heads=16,
+    layers=((256, 8, 1024), (512, 2, None)),
+    length=1061,
+    group=32,
+)
 
 
 @dataclass
@@ -124,6 +145,7 @@ def _rows_alone(run: Callable[[slice], object], rows: int = 16) -> bool:
 
 # ----------------------------------------------------------------------------- checks
 
+
 def _int4(gen, shape: tuple, group: int, device, asym: bool = False):
     """Random packed int4 weights [..., out, in] with bf16 group scales (int8 zero points when asym)."""
     from flashdesk.kernels.int4 import Int4Weight
@@ -131,7 +153,7 @@ def _int4(gen, shape: tuple, group: int, device, asym: bool = False):
     groups = (*shape[:-1], shape[-1] // group)
     # random 32-bit words are eight random nibbles: drawn as packed (the experts' nibbles one by one
     # would be half a billion int64s at the real shapes)
-    q = torch.randint(-2**31, 2**31 - 1, (*shape[:-1], shape[-1] // 8), generator=gen, dtype=torch.int32)
+    q = torch.randint(-(2**31), 2**31 - 1, (*shape[:-1], shape[-1] // 8), generator=gen, dtype=torch.int32)
     scale = (torch.rand(groups, generator=gen) * 0.02 + 0.005).to(torch.bfloat16)
     zero = torch.randint(-3, 4, groups, generator=gen).to(torch.int8).to(device) if asym else None
     return Int4Weight(q.to(device), scale.to(device), zero, group)
@@ -141,8 +163,11 @@ def _linear(d: Dims, device) -> tuple[float, bool]:
     from flashdesk.kernels.linear import linear
 
     gen = _gen(1)
-    weights = (_int4(gen, d.linear, d.group, device), _int4(gen, d.linear, d.group, device, asym=True),
-               _randn(d.experts, d.hidden, gen=gen, device=device, scale=0.05))  # a router's, bf16
+    weights = (
+        _int4(gen, d.linear, d.group, device),
+        _int4(gen, d.linear, d.group, device, asym=True),
+        _randn(d.experts, d.hidden, gen=gen, device=device, scale=0.05),
+    )  # a router's, bf16
     worst, invariant = 0.0, True
     for weight in weights:
         x = _randn(16, weight.shape[1], gen=gen, device=device)
@@ -175,7 +200,8 @@ def _rms_norm(d: Dims, device) -> tuple[float, bool]:
     scale = torch.tensor([0.75], device=device, dtype=torch.bfloat16)
     worst = _error(*_both(lambda: rms_norm(x, w, 1e-6, residual, scale)))
     return max(worst, _error(*_both(lambda: rms_norm(x[:5], None, 1e-6)))), _rows_alone(
-        lambda rows: rms_norm(x[rows], w, 1e-6, residual[rows], scale))
+        lambda rows: rms_norm(x[rows], w, 1e-6, residual[rows], scale)
+    )
 
 
 def _add_norm(d: Dims, device) -> tuple[float, bool]:
@@ -184,8 +210,9 @@ def _add_norm(d: Dims, device) -> tuple[float, bool]:
     gen = _gen(4)
     h, y = (_randn(16, d.hidden, gen=gen, device=device, scale=2) for _ in range(2))
     w = (torch.rand(d.hidden, generator=gen) + 0.5).to(device=device, dtype=torch.bfloat16)
-    worst = max(_error(*_both(lambda: add_qwen_norm(h, y, w, 1e-6))),
-                _error(*_both(lambda: add_qwen_norm(h, None, w, 1e-6))))
+    worst = max(
+        _error(*_both(lambda: add_qwen_norm(h, y, w, 1e-6))), _error(*_both(lambda: add_qwen_norm(h, None, w, 1e-6)))
+    )
     return worst, _rows_alone(lambda rows: add_qwen_norm(h[rows], y[rows], w, 1e-6))
 
 
@@ -250,15 +277,17 @@ def _layer_norms(d: Dims, device, which: str) -> tuple[float, bool]:
     scalar = torch.tensor([0.8], device=device, dtype=torch.bfloat16)
     experts = _randn(16, d.top_k, d.hidden, gen=gen, device=device, dtype=torch.float32)
     if which == "attention_out_norms":
-        router = RouterInput(ws[2], scale, d.hidden ** -0.5)
+        router = RouterInput(ws[2], scale, d.hidden**-0.5)
 
         def run(rows):
             return attention_out_norms(a[rows], residual[rows], 1e-6, ws[0], ws[1], router)
+
         return _error(*_both(lambda: run(slice(0, 16)))), _rows_alone(run)
     weights = MlpOutWeights(ws[0], ws[1], ws[2], scalar, ws[3])
 
     def run(rows):
         return mlp_out_norms(dense[rows], experts[rows], residual[rows], 1e-6, weights)
+
     return _error(*_both(lambda: run(slice(0, 16)))), _rows_alone(run)
 
 
@@ -274,7 +303,7 @@ def _router(d: Dims, device) -> tuple[float, None]:
     with kernels("triton"):
         weights, ids = route(logits, d.top_k, scale)
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    want_ids = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :d.top_k]
+    want_ids = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, : d.top_k]
     top = probs.gather(-1, want_ids)
     if not torch.equal(ids.long(), want_ids):
         return float("inf"), None
@@ -322,8 +351,16 @@ class _Cache:
     def write(self, k, v, start: int) -> None:
         from flashdesk.kernels.kv_write import kv_write
 
-        kv_write(k, v, self.k, self.v, self.k_scale, self.v_scale,
-                 torch.tensor([start], dtype=torch.int32, device=self.k.device), self.capacity)
+        kv_write(
+            k,
+            v,
+            self.k,
+            self.v,
+            self.k_scale,
+            self.v_scale,
+            torch.tensor([start], dtype=torch.int32, device=self.k.device),
+            self.capacity,
+        )
 
     def read(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         slots = (positions % self.capacity).to(self.k.device)
@@ -333,8 +370,11 @@ class _Cache:
         return k, v
 
     def state(self) -> list[torch.Tensor]:
-        return [t.view(torch.uint8) if t.element_size() == 1 else t
-                for t in (self.k, self.v, self.k_scale, self.v_scale) if t is not None]
+        return [
+            t.view(torch.uint8) if t.element_size() == 1 else t
+            for t in (self.k, self.v, self.k_scale, self.v_scale)
+            if t is not None
+        ]
 
 
 def _kv_write(d: Dims, device) -> tuple[float, None]:
@@ -369,31 +409,55 @@ def _decode_attention(d: Dims, device) -> tuple[float, bool]:
             cache = _Cache(capacity, kv_heads, dim, fp8, device)
             with kernels("torch"):
                 for lo in range(0, end, 16):
-                    cache.write(k[lo:min(lo + 16, end)], v[lo:min(lo + 16, end)], lo)
+                    cache.write(k[lo : min(lo + 16, end)], v[lo : min(lo + 16, end)], lo)
 
             def attend(block_start, rows, cache=cache, window=window, capacity=capacity, causal=True):
-                return decode_attention(rows, cache.k, cache.v, cache.k_scale, cache.v_scale,
-                                        torch.tensor([block_start], dtype=torch.int32, device=device), window,
-                                        capacity, dim ** -0.5, capacity if window is None else end + 16,
-                                        causal=causal)
+                return decode_attention(
+                    rows,
+                    cache.k,
+                    cache.v,
+                    cache.k_scale,
+                    cache.v_scale,
+                    torch.tensor([block_start], dtype=torch.int32, device=device),
+                    window,
+                    capacity,
+                    dim**-0.5,
+                    capacity if window is None else end + 16,
+                    causal=causal,
+                )
 
             with kernels("triton"):
                 block = attend(start, q[start:end])
             lo = 0 if window is None else max(0, start - window + 1)
             keys, values = cache.read(torch.arange(lo, end))
-            want = attention_reference(q[start:end].float(), keys, values, torch.arange(start, end, device=device),
-                                       torch.arange(lo, end, device=device), window, dim ** -0.5)
+            want = attention_reference(
+                q[start:end].float(),
+                keys,
+                values,
+                torch.arange(start, end, device=device),
+                torch.arange(lo, end, device=device),
+                window,
+                dim**-0.5,
+            )
             worst = max(worst, _error(block, want))
             # the last query alone (its cache holds every earlier position already): same bits
             with kernels("triton"):
-                alone = attend(end - 1, q[end - 1:end])
+                alone = attend(end - 1, q[end - 1 : end])
             invariant &= torch.equal(alone[0], block[-1])
             if window is None:  # the drafter's full layers: every query of the block sees all of it
                 with kernels("triton"):
                     both_ways = attend(start, q[start:end], causal=False)
                 keys, values = cache.read(torch.arange(0, end))
-                want = attention_reference(q[start:end].float(), keys, values, torch.arange(start, end, device=device),
-                                           torch.arange(0, end, device=device), None, dim ** -0.5, causal=False)
+                want = attention_reference(
+                    q[start:end].float(),
+                    keys,
+                    values,
+                    torch.arange(start, end, device=device),
+                    torch.arange(0, end, device=device),
+                    None,
+                    dim**-0.5,
+                    causal=False,
+                )
                 worst = max(worst, _error(both_ways, want))
     return worst, invariant
 
@@ -409,12 +473,20 @@ def _prefill_attention(d: Dims, device) -> tuple[float, None]:
         k, v = (_randn(s, kv_heads, dim, gen=gen, device=device) for _ in range(2))
         q_pos, k_pos = torch.arange(s - t, s, device=device), torch.arange(s, device=device)
         for window in (None, layer_window):
-            worst = max(worst, _error(*_both(lambda: attention(q, k, v, q_pos, k_pos, window, dim ** -0.5))))
+            worst = max(worst, _error(*_both(lambda: attention(q, k, v, q_pos, k_pos, window, dim**-0.5))))
         cache = _Cache(s, kv_heads, dim, True, device)
         with kernels("torch"):
             cache.write(k, v, 0)
-        worst = max(worst, _error(*_both(lambda: attention(q, cache.k, cache.v, q_pos, k_pos, None, dim ** -0.5,
-                                                           k_scale=cache.k_scale, v_scale=cache.v_scale))))
+        worst = max(
+            worst,
+            _error(
+                *_both(
+                    lambda: attention(
+                        q, cache.k, cache.v, q_pos, k_pos, None, dim**-0.5, k_scale=cache.k_scale, v_scale=cache.v_scale
+                    )
+                )
+            ),
+        )
     return worst, None
 
 
@@ -461,6 +533,7 @@ def run_self_tests(device: torch.device, names=None) -> list[Result]:
 
 # ----------------------------------------------------------------------------- at load
 
+
 def _identity(device: torch.device) -> dict:
     """What decides whether earlier results still hold: the card and its driver, the versions of
     torch, triton and flashdesk, the checks' version and any injected faults."""
@@ -468,14 +541,24 @@ def _identity(device: torch.device) -> dict:
 
     from flashdesk import __version__
 
-    ident = {"checks": VERSION, "flashdesk": __version__, "torch": torch.__version__,
-             "triton": metadata.version("triton"), "device": device.type,
-             "interpreted": backend.interpreted(), "faults": sorted(backend.injected_faults()),
-             "pdl": os.environ.get(backend.PDL_VARIABLE, "")}
+    ident = {
+        "checks": VERSION,
+        "flashdesk": __version__,
+        "torch": torch.__version__,
+        "triton": metadata.version("triton"),
+        "device": device.type,
+        "interpreted": backend.interpreted(),
+        "faults": sorted(backend.injected_faults()),
+        "pdl": os.environ.get(backend.PDL_VARIABLE, ""),
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        ident |= {"gpu": props.name, "capability": f"{props.major}.{props.minor}",
-                  "cuda": torch.version.cuda, "driver": _driver_version()}
+        ident |= {
+            "gpu": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "cuda": torch.version.cuda,
+            "driver": _driver_version(),
+        }
     return ident
 
 
@@ -562,8 +645,7 @@ def keep(device: torch.device, results: list[Result], pdl: bool = True) -> None:
     where = _cache_file(ident)
     try:
         where.parent.mkdir(parents=True, exist_ok=True)
-        where.write_text(json.dumps({"identity": ident, "pdl": pdl, "results": [asdict(r) for r in results]},
-                                    indent=1))
+        where.write_text(json.dumps({"identity": ident, "pdl": pdl, "results": [asdict(r) for r in results]}, indent=1))
     except OSError:
         pass  # kept for this process only
 

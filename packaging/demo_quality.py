@@ -60,8 +60,13 @@ def judge(folder: Path, show: bool) -> dict:
                 print(f"  {task:13s} loop={looping!s:5s} {text[:150]!r}")
         by_task[task] = looped
     code = reply(CODE_REQUEST, 120)
-    return {"pair": str(folder), **counts, "loops_by_task": by_task,
-            "code_request_ok": "def " in code and "return" in code, "code_reply": code[:200]}
+    return {
+        "pair": str(folder),
+        **counts,
+        "loops_by_task": by_task,
+        "code_request_ok": "def " in code and "return" in code,
+        "code_reply": code[:200],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for r in results:
         n = r["replies"]
-        print(f"{r['pair']}: loop {r['loop']}/{n}, stutter {r['stutter']}/{n}, prose {r['prose']}/{n}, "
-              f"code request {'ok' if r['code_request_ok'] else 'FAILS'}\n  {r['code_reply']!r}")
+        print(
+            f"{r['pair']}: loop {r['loop']}/{n}, stutter {r['stutter']}/{n}, prose {r['prose']}/{n}, "
+            f"code request {'ok' if r['code_request_ok'] else 'FAILS'}\n  {r['code_reply']!r}"
+        )
     return 0
 
 

@@ -52,6 +52,7 @@ def import_flashdesk():
     """Make the checkout importable as `flashdesk` without installing it."""
     try:
         import flashdesk.engine  # noqa: F401
+
         return
     except ImportError:
         pass
@@ -70,14 +71,41 @@ def real_configs() -> tuple[dict, dict]:
 def smoke_configs() -> tuple[dict, dict]:
     """The same architecture at small shapes: the tiny correctness model and the CPU smoke run."""
     target, drafter = real_configs()
-    return (dict(target, vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
-                 layer_types=target["layer_types"][:6], num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                 global_head_dim=64, num_global_key_value_heads=1, sliding_window=16, num_experts=8,
-                 top_k_experts=2, moe_intermediate_size=32, max_position_embeddings=4096),
-            dict(drafter, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=16, intermediate_size=96, layer_types=["sliding_attention", "full_attention"],
-                 sliding_window=8, vocab_size=512, num_target_layers=6,
-                 max_position_embeddings=4096, dflash_config={"mask_token_id": 4, "target_layer_ids": [1, 4]}))
+    return (
+        dict(
+            target,
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=6,
+            layer_types=target["layer_types"][:6],
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            global_head_dim=64,
+            num_global_key_value_heads=1,
+            sliding_window=16,
+            num_experts=8,
+            top_k_experts=2,
+            moe_intermediate_size=32,
+            max_position_embeddings=4096,
+        ),
+        dict(
+            drafter,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=96,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=8,
+            vocab_size=512,
+            num_target_layers=6,
+            max_position_embeddings=4096,
+            dflash_config={"mask_token_id": 4, "target_layer_ids": [1, 4]},
+        ),
+    )
 
 
 def random_target(cfg, device, dtype, int4: bool, seed: int = 0):
@@ -94,8 +122,9 @@ def random_target(cfg, device, dtype, int4: bool, seed: int = 0):
         norm = name.endswith(("norm.weight", "layer_scalar", "router.scale", "per_expert_scale"))
         packable = not norm and not name.endswith(("embed_tokens.weight", "router.proj.weight")) and len(shape) >= 2
         if int4 and packable and shape[-1] % 32 == 0:
-            packed = torch.randint(-2**31, 2**31 - 1, (*shape[:-1], shape[-1] // 8), device=device,
-                                   dtype=torch.int32, generator=gen)
+            packed = torch.randint(
+                -(2**31), 2**31 - 1, (*shape[:-1], shape[-1] // 8), device=device, dtype=torch.int32, generator=gen
+            )
             scale = torch.full((*shape[:-1], shape[-1] // 32), 0.02 / 4, device=device, dtype=dtype)
             weights[name] = Int4Weight(packed, scale, None, 32)
         elif norm:
@@ -111,9 +140,14 @@ def random_drafter(dcfg, target, seed: int = 1):
     from flashdesk.engine.model.drafter import Drafter, draft_expected_shapes
 
     gen = torch.Generator(device=target.device).manual_seed(seed)
-    weights = {name: (torch.ones(shape, device=target.device) if name.endswith("norm.weight") else
-                      torch.randn(shape, device=target.device, generator=gen) * 0.02).to(target.dtype)
-               for name, shape in draft_expected_shapes(dcfg).items()}
+    weights = {
+        name: (
+            torch.ones(shape, device=target.device)
+            if name.endswith("norm.weight")
+            else torch.randn(shape, device=target.device, generator=gen) * 0.02
+        ).to(target.dtype)
+        for name, shape in draft_expected_shapes(dcfg).items()
+    }
     return Drafter(dcfg, weights, target)
 
 
@@ -148,11 +182,14 @@ def block_rows_equal_alone(model, kv: str, context: int, seed: int = 5, rows: in
     model.forward(ids[:context], cache, logits_rows="last")
     together = model.forward(ids[context:], cache, logits_rows="all").logits[:rows]
     cache.rollback(context)
-    alone = torch.cat([model.forward(ids[i:i + 1], cache, logits_rows="last").logits
-                       for i in range(context, context + rows)])
-    return {"equal": bool(torch.equal(together, alone)),
-            "max_abs_diff": (together.float() - alone.float()).abs().max().item(),
-            "argmax_equal": bool(torch.equal(together.argmax(-1), alone.argmax(-1)))}
+    alone = torch.cat(
+        [model.forward(ids[i : i + 1], cache, logits_rows="last").logits for i in range(context, context + rows)]
+    )
+    return {
+        "equal": bool(torch.equal(together, alone)),
+        "max_abs_diff": (together.float() - alone.float()).abs().max().item(),
+        "argmax_equal": bool(torch.equal(together.argmax(-1), alone.argmax(-1))),
+    }
 
 
 def drafts_equal_eager(model, drafter, prompt: list[int]) -> dict:
@@ -167,14 +204,22 @@ def drafts_equal_eager(model, drafter, prompt: list[int]) -> dict:
     runs, context = [], len(prompt) + 128
     for fast in (True, False):
         cache, ctx = model.new_cache(context, "fp8", slack=16), drafter.new_context(context)
-        graphs = (StepGraphs(model, cache, drafter.cfg.target_layer_ids, drafter, ctx)
-                  if fast and graphs_wanted(model.device)[0] else None)
+        graphs = (
+            StepGraphs(model, cache, drafter.cfg.target_layer_ids, drafter, ctx)
+            if fast and graphs_wanted(model.device)[0]
+            else None
+        )
         decoder = Decoder(model, drafter, context, "fp8", SamplingParams(), set(), cache, ctx, graphs)
         decoder.context_ahead = fast and decoder.context_ahead
         decoder.prefill(prompt)
         steps = [decoder.step(64, SpecControl(k > 0, k)) for k in (15, 0, 7, 15)]  # a plain step's features wait
-        runs.append({"drafts": [s.draft for s in steps], "graphs": graphs is not None and graphs.error is None,
-                     "ahead": decoder.context_ahead})
+        runs.append(
+            {
+                "drafts": [s.draft for s in steps],
+                "graphs": graphs is not None and graphs.error is None,
+                "ahead": decoder.context_ahead,
+            }
+        )
     return {"equal": runs[0]["drafts"] == runs[1]["drafts"], "graphs": runs[0]["graphs"], "ahead": runs[0]["ahead"]}
 
 
@@ -185,14 +230,20 @@ def section_environment(device):
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         free, total = torch.cuda.mem_get_info(device)
-        info.update(gpu=props.name, memory_gib=round(total / 2**30, 1), free_gib=round(free / 2**30, 1),
-                    capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda)
+        info.update(
+            gpu=props.name,
+            memory_gib=round(total / 2**30, 1),
+            free_gib=round(free / 2**30, 1),
+            capability=f"{props.major}.{props.minor}",
+            cuda=torch.version.cuda,
+        )
     from flashdesk.kernels.backend import pdl_options
 
     # programmatic dependent launch: every step below runs with it where this is True (sm_90+)
     info["pdl"] = bool(pdl_options(device))
     try:
         import triton
+
         info["triton"] = triton.__version__
     except ImportError as exc:
         info["triton"] = f"missing: {exc}"
@@ -212,7 +263,9 @@ def section_kernel_self_tests(device, smoke: bool):
     with kernels("triton"):
         results = self_test.run_self_tests(device)
     for r in results:
-        print(f"{'ok  ' if r.ok else 'FAIL'} {r.name:<20} {r.max_error} {r.batch_invariant} {r.error or ''}", flush=True)
+        print(
+            f"{'ok  ' if r.ok else 'FAIL'} {r.name:<20} {r.max_error} {r.batch_invariant} {r.error or ''}", flush=True
+        )
     return {"ok": all(r.ok for r in results), "kernels": [asdict(r) for r in results]}
 
 
@@ -253,23 +306,35 @@ def section_tiny_correctness(device, smoke: bool, new_tokens: int = 48):
     # prefix reuse (with CUDA graphs on the GPU): a follow-up past the rings' slack, resumed from the
     # snapshot at the first prompt's end, equals the same prompt prefilled from scratch
     follow = prompt + plain[:20] + ids[12:20].tolist()  # diverges 27+ positions before the end
-    run = [e for e in engine.generate(GenerationRequest(follow, new_tokens // 2, ignore_eos=True))
-           if isinstance(e, FinishEvent)][0]
-    again = [e for e in engine.generate(GenerationRequest(follow, new_tokens // 2, ignore_eos=True, reuse=False))
-             if isinstance(e, FinishEvent)][0]
+    run = [
+        e
+        for e in engine.generate(GenerationRequest(follow, new_tokens // 2, ignore_eos=True))
+        if isinstance(e, FinishEvent)
+    ][0]
+    again = [
+        e
+        for e in engine.generate(GenerationRequest(follow, new_tokens // 2, ignore_eos=True, reuse=False))
+        if isinstance(e, FinishEvent)
+    ][0]
     out["reuse_tokens"] = run.stats["reused_tokens"]
     out["reuse_equals_fresh_prefill"] = run.token_ids == again.token_ids and run.stats["reused_tokens"] > 0
     int4_dev = random_target(cfg, device, torch.float32, int4=True)
-    out["int4_logits_finite"] = bool(torch.isfinite(int4_dev.forward(ids.to(device), int4_dev.new_cache(48, "float32"))
-                                                    .logits).all())
+    out["int4_logits_finite"] = bool(
+        torch.isfinite(int4_dev.forward(ids.to(device), int4_dev.new_cache(48, "float32")).logits).all()
+    )
     bf16_int4 = random_target(cfg, device, torch.bfloat16, int4=True)
     # off the GPU only what it launches counts (no promise there, and interpreted steps are slow)
     out["bf16_int4_fp8_block_rows_equal_alone"] = block_rows_equal_alone(
-        bf16_int4, "fp8", 40, rows=16 if device.type == "cuda" else 1)
-    ok = (out["fp32_max_abs_logit_diff_vs_cpu"] < 1e-3 and out["dflash_greedy_equals_ar"]
-          and out["int4_logits_finite"] and out["reuse_equals_fresh_prefill"]
-          and out["drafts_with_graphs_equal_eager"]["equal"]
-          and (device.type != "cuda" or out["bf16_int4_fp8_block_rows_equal_alone"]["equal"]))
+        bf16_int4, "fp8", 40, rows=16 if device.type == "cuda" else 1
+    )
+    ok = (
+        out["fp32_max_abs_logit_diff_vs_cpu"] < 1e-3
+        and out["dflash_greedy_equals_ar"]
+        and out["int4_logits_finite"]
+        and out["reuse_equals_fresh_prefill"]
+        and out["drafts_with_graphs_equal_eager"]["equal"]
+        and (device.type != "cuda" or out["bf16_int4_fp8_block_rows_equal_alone"]["equal"])
+    )
     out["ok"] = ok
     return out
 
@@ -322,8 +387,10 @@ def section_full_size(device, smoke: bool, kv_dtypes):
     for kv in kv_dtypes:
         decoder = Decoder(target, drafter, prompt_len + 2048, kv, SamplingParams(), set())
         seconds = compile_generation_kernels(target, decoder.cache, drafter, decoder.ctx)  # None on the CPU
-        row = {"kernels_compiled_ahead_seconds": None if seconds is None else round(seconds, 1),
-               "block_rows_equal_alone": block_rows_equal_alone(target, kv, prompt_len)}
+        row = {
+            "kernels_compiled_ahead_seconds": None if seconds is None else round(seconds, 1),
+            "block_rows_equal_alone": block_rows_equal_alone(target, kv, prompt_len),
+        }
         t0 = sync(device)
         decoder.prefill(prompt)
         row["prefill_tokens_per_second"] = round(prompt_len / (sync(device) - t0), 1)
@@ -335,16 +402,19 @@ def section_full_size(device, smoke: bool, kv_dtypes):
 
         row["ar_step_ms"] = round(1000 * timed(device, ar_step, 5 if smoke else 20), 3)
         for k in (4, 8, 15):
+
             def spec_step():
                 decoder.step(10**6, SpecControl(True, k))  # a random drafter: about 1 token per step
 
             row[f"dflash_k{k}_step_ms"] = round(1000 * timed(device, spec_step, 3 if smoke else 10), 3)
             row[f"dflash_k{k}_projected_speedup_at_tau"] = {
-                tau: round(tau * row["ar_step_ms"] / row[f"dflash_k{k}_step_ms"], 2) for tau in range(1, min(k + 2, 9))}
+                tau: round(tau * row["ar_step_ms"] / row[f"dflash_k{k}_step_ms"], 2) for tau in range(1, min(k + 2, 9))
+            }
         out[kv] = row
-        del decoder
-    out["memory_plan"] = _plan_against_allocation(device, target, drafter, (256, 512, 1024) if smoke else
-                                                  (8192, 32768, 65536))
+        decoder = None  # its cache goes before the next KV dtype's is made
+    out["memory_plan"] = _plan_against_allocation(
+        device, target, drafter, (256, 512, 1024) if smoke else (8192, 32768, 65536)
+    )
     out["ok"] = device.type != "cuda" or all(out[kv]["block_rows_equal_alone"]["equal"] for kv in kv_dtypes)
     return out
 
@@ -374,8 +444,11 @@ def _plan_against_allocation(device, target, drafter, contexts):
         seconds = sync(device) - t0
         plan = plan_memory(target.cfg, 0, context, kv, drafter.cfg, dtype_bytes=target.dtype.itemsize)
         planned = plan.kv_bytes + plan.draft_context_bytes + plan.workspace_bytes - WORKSPACE_FIXED_BYTES
-        row = {"context": context, "prefill_tokens_per_second": round((context - 1) / seconds, 1),
-               "planned_gib": round(planned / 2**30, 3)}
+        row = {
+            "context": context,
+            "prefill_tokens_per_second": round((context - 1) / seconds, 1),
+            "planned_gib": round(planned / 2**30, 3),
+        }
         if device.type == "cuda":
             used = torch.cuda.max_memory_allocated(device) - base
             row.update(allocated_gib=round(used / 2**30, 3), allocated_over_planned=round(used / planned, 3))
@@ -401,12 +474,23 @@ def section_compiled_kernels():
             for kernel_cache, *_ in fn.device_caches.values():
                 for kernel in kernel_cache.values():
                     kernel._init_handles()  # loads it: the driver reports registers and spills
-                    rows.append({"kernel": name, "registers": kernel.n_regs, "spills": kernel.n_spills,
-                                 "shared_bytes": kernel.metadata.shared, "num_warps": kernel.metadata.num_warps})
+                    rows.append(
+                        {
+                            "kernel": name,
+                            "registers": kernel.n_regs,
+                            "spills": kernel.n_spills,
+                            "shared_bytes": kernel.metadata.shared,
+                            "num_warps": kernel.metadata.num_warps,
+                        }
+                    )
     spilling = [row for row in rows if row["spills"]]
-    return {"ok": not spilling, "compiled": len(rows), "spilling": spilling,
-            "max_registers": max((row["registers"] for row in rows), default=None),
-            "max_shared_bytes": max((row["shared_bytes"] for row in rows), default=None)}
+    return {
+        "ok": not spilling,
+        "compiled": len(rows),
+        "spilling": spilling,
+        "max_registers": max((row["registers"] for row in rows), default=None),
+        "max_shared_bytes": max((row["shared_bytes"] for row in rows), default=None),
+    }
 
 
 DEFAULT_CAPACITY = 262144  # the context limit the app picks on an H200 and a 24 GB card: the longest that fits
@@ -436,8 +520,16 @@ def section_synthetic_bench(device, smoke: bool, profile: bool = False):
         argv += ["--layers", "6", "--context", "24", "--prefill-lengths", "8,16"]
         shapes = synthetic_shapes(*smoke_configs())
     else:
-        argv += ["--layers", "6" if profile else "30", "--context", "4096", "--capacity", str(DEFAULT_CAPACITY),
-                 "--repeats", "3"]
+        argv += [
+            "--layers",
+            "6" if profile else "30",
+            "--context",
+            "4096",
+            "--capacity",
+            str(DEFAULT_CAPACITY),
+            "--repeats",
+            "3",
+        ]
         shapes = contextlib.nullcontext()
     captured = io.StringIO()
     try:
@@ -455,8 +547,11 @@ def section_synthetic_bench(device, smoke: bool, profile: bool = False):
     if not profile:
         out["model_vs_measured"] = model_vs_measured(device, smoke, report)
         for row in out["model_vs_measured"].get("steps", []):
-            print(f"{row['step']:<10} measured {row['measured_ms']:.3f} ms, modeled {row['modeled_ms']:.3f} ms "
-                  f"(measured / modeled {row['measured_over_modeled']})", flush=True)
+            print(
+                f"{row['step']:<10} measured {row['measured_ms']:.3f} ms, modeled {row['modeled_ms']:.3f} ms "
+                f"(measured / modeled {row['measured_over_modeled']})",
+                flush=True,
+            )
     return out
 
 
@@ -478,8 +573,10 @@ def model_vs_measured(device, smoke: bool, report: dict) -> dict:
     if card is None:
         return {"skipped": f"no card of sm_{10 * major + minor} in perf_model.CARDS"}
     rows = check.check([card.arch], perf=True)
-    code = ("import json, sys; from flashdesk.engine.bench.step_launches import record_steps; "
-            f"json.dump(record_steps((({report['capacity']}, {report['context']}),)), sys.stdout)")
+    code = (
+        "import json, sys; from flashdesk.engine.bench.step_launches import record_steps; "
+        f"json.dump(record_steps((({report['capacity']}, {report['context']}),)), sys.stdout)"
+    )
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(sys.path))
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     if run.returncode:
@@ -496,11 +593,17 @@ def compare_steps(modeled: list[dict], measured: list[dict]) -> list[dict]:
     for row in modeled:
         name = MEASURED_AS.get(row["step"], row["step"])
         if name in seconds:
-            out.append({"step": name, "launches": row["launches"], "bytes": row["bytes"],
-                        "floor_ms": round(1000 * row["floor_seconds"], 3),
-                        "modeled_ms": round(1000 * row["modeled_seconds"], 3),
-                        "measured_ms": round(1000 * seconds[name], 3),
-                        "measured_over_modeled": round(seconds[name] / row["modeled_seconds"], 2)})
+            out.append(
+                {
+                    "step": name,
+                    "launches": row["launches"],
+                    "bytes": row["bytes"],
+                    "floor_ms": round(1000 * row["floor_seconds"], 3),
+                    "modeled_ms": round(1000 * row["modeled_seconds"], 3),
+                    "measured_ms": round(1000 * seconds[name], 3),
+                    "measured_over_modeled": round(seconds[name] / row["modeled_seconds"], 2),
+                }
+            )
     return out
 
 
@@ -508,9 +611,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--smoke", action="store_true", help="small shapes on the CPU (tests this script)")
-    parser.add_argument("--deadline", type=float, default=540.0,
-                        help="seconds after which the script prints every thread's stack and exits (default 540: "
-                             "inside the device tool's 600 s per command, so a hang still returns its results)")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=540.0,
+        help="seconds after which the script prints every thread's stack and exits (default 540: "
+        "inside the device tool's 600 s per command, so a hang still returns its results)",
+    )
     args = parser.parse_args()
     import_flashdesk()
     import torch
@@ -521,17 +628,27 @@ def main() -> int:
     out_file.parent.mkdir(parents=True, exist_ok=True)
     faulthandler.dump_traceback_later(args.deadline, exit=True)
     results = {}
-    sections = [("environment", lambda: section_environment(device)),
-                ("kernel_self_tests", lambda: section_kernel_self_tests(device, smoke)),
-                ("tiny_correctness", lambda: section_tiny_correctness(device, smoke)),
-                ("synthetic_bench", lambda: section_synthetic_bench(device, smoke)),
-                ("full_size", lambda: section_full_size(device, smoke,
-                                                        ("float32",) if device.type == "cpu" else ("fp8", "bfloat16"))),
-                ("compiled_kernels", section_compiled_kernels),
-                # last: kernel profiles attach CUPTI to CUDA graph replays, which has crashed some CUDA
-                # versions (pytorch/pytorch#112507); a crash there costs nothing else
-                ("kernel_profiles", lambda: {"skipped": "profiles are a GPU's"} if device.type != "cuda" else
-                 section_synthetic_bench(device, smoke, profile=True))]
+    sections = [
+        ("environment", lambda: section_environment(device)),
+        ("kernel_self_tests", lambda: section_kernel_self_tests(device, smoke)),
+        ("tiny_correctness", lambda: section_tiny_correctness(device, smoke)),
+        ("synthetic_bench", lambda: section_synthetic_bench(device, smoke)),
+        (
+            "full_size",
+            lambda: section_full_size(device, smoke, ("float32",) if device.type == "cpu" else ("fp8", "bfloat16")),
+        ),
+        ("compiled_kernels", section_compiled_kernels),
+        # last: kernel profiles attach CUPTI to CUDA graph replays, which has crashed some CUDA
+        # versions (pytorch/pytorch#112507); a crash there costs nothing else
+        (
+            "kernel_profiles",
+            lambda: (
+                {"skipped": "profiles are a GPU's"}
+                if device.type != "cuda"
+                else section_synthetic_bench(device, smoke, profile=True)
+            ),
+        ),
+    ]
     for name, run in sections:
         # written before and after each section: a hang or a crash still leaves what finished, and
         # names the section it stopped in

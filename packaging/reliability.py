@@ -43,8 +43,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="end the output with the figures as one JSON object")
     parser.add_argument("--seed", type=int, default=13, help="of the kill points and the soak's prompts")
     for name in FULL:
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int,
-                            help=f"instead of {FULL[name]} ({QUICK[name]} with --quick)")
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=int, help=f"instead of {FULL[name]} ({QUICK[name]} with --quick)"
+        )
     return parser.parse_args(argv)
 
 
@@ -56,8 +57,10 @@ def run(args: argparse.Namespace) -> dict:
     from reliability_checks.soak import soak
     from reliability_checks.store_inputs import can_mount, store_cases
 
-    counts = {name: getattr(args, name) if getattr(args, name) is not None else (QUICK if args.quick else FULL)[name]
-              for name in FULL}
+    counts = {
+        name: getattr(args, name) if getattr(args, name) is not None else (QUICK if args.quick else FULL)[name]
+        for name in FULL
+    }
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="flashdesk-reliability-") as tmp:
         folder = Path(tmp)
@@ -85,15 +88,23 @@ def run(args: argparse.Namespace) -> dict:
         finally:
             lab.close()
         seconds["bad_inputs"] = time.monotonic() - started
-    return {"engine_kills": engine.as_dict(), "app_kills": app.as_dict(), "soak": soaked.as_dict(),
-            "bad_inputs": inputs.as_dict(), "seconds": {k: round(v, 1) for k, v in seconds.items()},
-            "seed": args.seed}
+    return {
+        "engine_kills": engine.as_dict(),
+        "app_kills": app.as_dict(),
+        "soak": soaked.as_dict(),
+        "bad_inputs": inputs.as_dict(),
+        "seconds": {k: round(v, 1) for k, v in seconds.items()},
+        "seed": args.seed,
+    }
 
 
 def failed(report: dict) -> bool:
     kills = [report[k] for k in ("engine_kills", "app_kills")]
-    return (any(k["survived"] != k["injected"] or k["tokens_lost"] or k["failures"] for k in kills)
-            or bool(report["soak"]["failures"]) or bool(report["bad_inputs"]["failures"]))
+    return (
+        any(k["survived"] != k["injected"] or k["tokens_lost"] or k["failures"] for k in kills)
+        or bool(report["soak"]["failures"])
+        or bool(report["bad_inputs"]["failures"])
+    )
 
 
 def describe(report: dict) -> list[str]:
@@ -101,13 +112,17 @@ def describe(report: dict) -> list[str]:
     lines = []
     for key, what in (("engine_kills", "engine killed mid-reply"), ("app_kills", "app killed mid-reply")):
         k = report[key]
-        lines.append(f"{what}: {k['injected']} injected, {k['survived']} survived, {k['tokens_lost']} tokens lost"
-                     f" ({report['seconds'][key]:.0f} s)")
+        lines.append(
+            f"{what}: {k['injected']} injected, {k['survived']} survived, {k['tokens_lost']} tokens lost"
+            f" ({report['seconds'][key]:.0f} s)"
+        )
         lines += [f"  FAILED {failure}" for failure in k["failures"]]
     s = report["soak"]
-    lines.append(f"soak: {s['generations']} generations, RSS {s['rss_start_mb']:.1f} MB -> {s['rss_end_mb']:.1f} MB, "
-                 f"open files {s['open_files_start']} -> {s['open_files_end']}, threads {s['threads_start']} -> "
-                 f"{s['threads_end']} ({report['seconds']['soak']:.0f} s)")
+    lines.append(
+        f"soak: {s['generations']} generations, RSS {s['rss_start_mb']:.1f} MB -> {s['rss_end_mb']:.1f} MB, "
+        f"open files {s['open_files_start']} -> {s['open_files_end']}, threads {s['threads_start']} -> "
+        f"{s['threads_end']} ({report['seconds']['soak']:.0f} s)"
+    )
     lines += [f"  FAILED {failure}" for failure in s["failures"]]
     b = report["bad_inputs"]
     lines.append(f"bad inputs: {b['tried']} tried, {b['passed']} passed ({report['seconds']['bad_inputs']:.0f} s)")

@@ -26,8 +26,10 @@ SIZE = (1440, 900)
 
 SAMPLE_TITLE = "Rendering sample (written by the screenshot script)"
 SAMPLE_QUESTION = "How do I read a file line by line in Python?"
-SAMPLE_THOUGHT = ("The user wants to iterate over lines. The idiomatic way is a `with` block and a for loop "
-                  "over the file object; mention `encoding` and stripping newlines.")
+SAMPLE_THOUGHT = (
+    "The user wants to iterate over lines. The idiomatic way is a `with` block and a for loop "
+    "over the file object; mention `encoding` and stripping newlines."
+)
 SAMPLE_ANSWER = """Open the file in a `with` block and loop over it; the file object yields one line at a time,
 so even a huge file never has to fit in memory:
 
@@ -47,8 +49,7 @@ def _rexec_under_xvfb() -> int:
     if not shutil.which("xvfb-run"):
         print("screenshots: no display and no xvfb-run; install Debian's xvfb package", file=sys.stderr)
         return 2
-    cmd = ["xvfb-run", "-a", "-s", f"-screen 0 {SIZE[0] + 200}x{SIZE[1] + 200}x24 -dpi 96",
-           sys.executable, *sys.argv]
+    cmd = ["xvfb-run", "-a", "-s", f"-screen 0 {SIZE[0] + 200}x{SIZE[1] + 200}x24 -dpi 96", sys.executable, *sys.argv]
     return subprocess.call(cmd, env={**os.environ, "FLASHDESK_SCREENSHOTS_CHILD": "1"})
 
 
@@ -99,7 +100,7 @@ class Shooter:
         print(f"wrote {path}")
 
     def window(self, delay: str | None = None):
-        from flashdesk.app import paths
+        from flashdesk import paths
         from flashdesk.app.engines.engine_session import EngineSession
         from flashdesk.app.main_window import MainWindow
         from flashdesk.app.history.store import Store
@@ -173,8 +174,9 @@ class Shooter:
         default: a model this small samples text its drafter cannot predict, so speculation pays only
         greedily (assets/demo_model/NOTICE.md)."""
         w.new_conversation()
-        w.controller.update_settings("", {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 3000,
-                                          "thinking": False})
+        w.controller.update_settings(
+            "", {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 3000, "thinking": False}
+        )
         w.composer.edit.setPlainText(prompt)
         w.composer._submit()
         end = time.monotonic() + seconds

@@ -46,7 +46,7 @@ DOCS_REVISION, Python (whose standard library is the corpus), torch, --target-th
 The stages are the modules of packaging/demo_training/ (recipe: every constant; corpus, tokenizer,
 target, replies, drafter); this script runs them in order and writes the folder.
 
-    .venv/bin/python packaging/train_demo.py                  # into assets/demo_model/ (not the shipped bytes: see its NOTICE.md)
+    .venv/bin/python packaging/train_demo.py    # into assets/demo_model/ (not the shipped bytes: see its NOTICE.md)
     .venv/bin/python packaging/train_demo.py --quick --out /tmp/demo   # a two-minute smoke run
     .venv/bin/python packaging/train_demo.py --out /tmp/demo/demo_model --compare assets/demo_model
                                                     # did this run give the shipped bytes?
@@ -83,22 +83,39 @@ from demo_training.tokenizer import encode, train_tokenizer
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "assets" / "demo_model")
-    parser.add_argument("--docs-revision", default=DOCS_REVISION,
-                        help="git revision to read README.md and docs/ from, or 'worktree' (default: %(default)s)")
+    parser.add_argument(
+        "--docs-revision",
+        default=DOCS_REVISION,
+        help="git revision to read README.md and docs/ from, or 'worktree' (default: %(default)s)",
+    )
     parser.add_argument("--docs", type=Path, action="append", default=[], help="more Markdown folders for the corpus")
-    parser.add_argument("--target-threads", type=int, default=1,
-                        help="torch threads for the target's training (its weights depend on it)")
-    parser.add_argument("--draft-threads", type=int, default=2,
-                        help="torch threads for the replies and the drafter's training (its weights depend on it)")
-    parser.add_argument("--seed", type=int, default=2, help="the target's initial weights and its order of training windows")
+    parser.add_argument(
+        "--target-threads",
+        type=int,
+        default=1,
+        help="torch threads for the target's training (its weights depend on it)",
+    )
+    parser.add_argument(
+        "--draft-threads",
+        type=int,
+        default=2,
+        help="torch threads for the replies and the drafter's training (its weights depend on it)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=2, help="the target's initial weights and its order of training windows"
+    )
     parser.add_argument("--target-steps", type=int, default=1200)
     parser.add_argument("--draft-steps", type=int, default=6000)
     parser.add_argument("--replies", type=int, default=5000, help="target replies generated for the drafter")
     parser.add_argument("--save-replies", type=Path, help="also keep the drafter's data (token ids) in this file")
     parser.add_argument("--quick", action="store_true", help="a smoke run: a few steps of everything")
-    parser.add_argument("--compare", type=Path, metavar="PAIR",
-                        help="then compare the weights, tokenizer and configs with this pair's (e.g. assets/demo_model) "
-                             "byte for byte; exit 1 if any differ")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        metavar="PAIR",
+        help="then compare the weights, tokenizer and configs with this pair's (e.g. assets/demo_model) "
+        "byte for byte; exit 1 if any differ",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.target_steps, args.draft_steps, args.replies = 30, 30, 48
@@ -106,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     random.seed(0)
     times, t0 = {}, time.time()
-    log(f"Python {sys.version.split()[0]} standard library at {STDLIB}; torch {torch.__version__}, "
-        f"{args.target_threads} thread(s) for the target, {args.draft_threads} for the drafter")
+    log(
+        f"Python {sys.version.split()[0]} standard library at {STDLIB}; torch {torch.__version__}, "
+        f"{args.target_threads} thread(s) for the target, {args.draft_threads} for the drafter"
+    )
 
     work = args.out.with_name(args.out.name + ".partial")
     if work.exists():
@@ -116,14 +135,18 @@ def main(argv: list[str] | None = None) -> int:
 
     corpus = build_corpus(args.docs_revision, args.docs)
     chars = sum(map(len, corpus["plain"]))
-    log(f"corpus: {len(corpus['manifest'])} files, {chars / 1e6:.1f} M characters of plain text, "
-        f"{len(corpus['chats'])} conversations, {len(corpus['held_out'])} held-out requests")
+    log(
+        f"corpus: {len(corpus['manifest'])} files, {chars / 1e6:.1f} M characters of plain text, "
+        f"{len(corpus['chats'])} conversations, {len(corpus['held_out'])} held-out requests"
+    )
     tok = train_tokenizer(corpus["plain"] + corpus["chats"], target_dir)
     plain = encode(tok, corpus["plain"], bos=True)
     chats = encode(tok, corpus["chats"], bos=False)  # they begin with their own <bos>
     n_plain, n_chat = sum(map(len, plain)), sum(map(len, chats))
-    log(f"tokenizer: {VOCAB} tokens; {n_plain / 1e6:.2f} M plain tokens ({chars / n_plain:.2f} characters a token), "
-        f"{n_chat / 1e6:.2f} M chat tokens")
+    log(
+        f"tokenizer: {VOCAB} tokens; {n_plain / 1e6:.2f} M plain tokens ({chars / n_plain:.2f} characters a token), "
+        f"{n_chat / 1e6:.2f} M chat tokens"
+    )
     times["corpus_and_tokenizer_s"] = time.time() - t0
 
     t = time.time()
@@ -151,17 +174,28 @@ def main(argv: list[str] | None = None) -> int:
     times["drafter_s"] = time.time() - t
     times["total_s"] = time.time() - t0
 
-    write_json(work / "training.json", {
-        "python": sys.version.split()[0], "torch": torch.__version__, "target_threads": args.target_threads,
-        "draft_threads": args.draft_threads, "seed": args.seed,
-        "docs_revision": args.docs_revision,
-        "quick": args.quick, "target_steps": args.target_steps, "draft_steps": args.draft_steps,
-        "plain_tokens": n_plain, "chat_tokens": n_chat, "conversations": len(corpus["chats"]),
-        "drafter_sequences": len(data), "final_target_loss": round(target_loss, 4),
-        "final_drafter_accepted_per_block": round(accepted, 3),
-        "seconds": {k: round(v, 1) for k, v in times.items()},
-        "corpus": [{"kind": k, "file": f, "sha256_16": h, "chars": n} for k, f, h, n in corpus["manifest"]],
-    })
+    write_json(
+        work / "training.json",
+        {
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "target_threads": args.target_threads,
+            "draft_threads": args.draft_threads,
+            "seed": args.seed,
+            "docs_revision": args.docs_revision,
+            "quick": args.quick,
+            "target_steps": args.target_steps,
+            "draft_steps": args.draft_steps,
+            "plain_tokens": n_plain,
+            "chat_tokens": n_chat,
+            "conversations": len(corpus["chats"]),
+            "drafter_sequences": len(data),
+            "final_target_loss": round(target_loss, 4),
+            "final_drafter_accepted_per_block": round(accepted, 3),
+            "seconds": {k: round(v, 1) for k, v in times.items()},
+            "corpus": [{"kind": k, "file": f, "sha256_16": h, "chars": n} for k, f, h, n in corpus["manifest"]],
+        },
+    )
     if (STDLIB / "LICENSE.txt").is_file():  # the PSF License asks that its text and notice go with derivatives
         shutil.copyfile(STDLIB / "LICENSE.txt", work / "PYTHON-LICENSE.txt")
     notice = args.out / "NOTICE.md"  # written by hand: kept
@@ -170,21 +204,37 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists():
         shutil.rmtree(args.out)
     work.rename(args.out)
-    log(f"wrote {args.out} in {times['total_s'] / 60:.1f} min "
-        f"({', '.join(f'{k} {v / 60:.1f} min' for k, v in times.items() if k != 'total_s')})")
+    log(
+        f"wrote {args.out} in {times['total_s'] / 60:.1f} min "
+        f"({', '.join(f'{k} {v / 60:.1f} min' for k, v in times.items() if k != 'total_s')})"
+    )
     return compare_pairs(args.out, args.compare) if args.compare else 0
 
 
 def compare_pairs(ours: Path, theirs: Path) -> int:
     """Whether a run reproduced a pair: every file of its target/ and drafter/, byte for byte."""
-    names = sorted({f.relative_to(d).as_posix() for d in (ours, theirs) for sub in ("target", "drafter")
-                    for f in (d / sub).glob("*") if f.is_file()})
-    differ = [n for n in names if not ((ours / n).is_file() and (theirs / n).is_file()
-                                       and (ours / n).read_bytes() == (theirs / n).read_bytes())]
+    names = sorted(
+        {
+            f.relative_to(d).as_posix()
+            for d in (ours, theirs)
+            for sub in ("target", "drafter")
+            for f in (d / sub).glob("*")
+            if f.is_file()
+        }
+    )
+    differ = [
+        n
+        for n in names
+        if not (
+            (ours / n).is_file() and (theirs / n).is_file() and (ours / n).read_bytes() == (theirs / n).read_bytes()
+        )
+    ]
     for name in names:
         log(f"{name}: {'DIFFERS' if name in differ else 'identical'}")
-    log(f"{'reproduced' if not differ else 'NOT reproduced'}: {len(names) - len(differ)} of {len(names)} files "
-        f"identical to {theirs}")
+    log(
+        f"{'reproduced' if not differ else 'NOT reproduced'}: {len(names) - len(differ)} of {len(names)} files "
+        f"identical to {theirs}"
+    )
     return 1 if differ else 0
 
 

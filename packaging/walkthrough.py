@@ -30,7 +30,8 @@ def main() -> int:
     from PySide6.QtWidgets import QApplication
 
     app = QApplication(sys.argv)
-    from flashdesk.app import paths, theme
+    from flashdesk import paths
+    from flashdesk.app import theme
     from flashdesk.app.engines.engine_session import EngineSession
     from flashdesk.app.main_window import MainWindow
     from flashdesk.app.history.store import Store
@@ -56,8 +57,11 @@ def main() -> int:
         shots += 1
         w.grab().save(str(args.out / f"{shots:02d}-{name}.png"))
         banner = w.crash_banner.label.text() if w.crash_banner.isVisible() else "-"
-        print(f"{shots:2d} {name}\n   status: {w.engine_label.text()}\n   box:    "
-              f"{w.composer.edit.placeholderText()}\n   banner: {banner}", flush=True)
+        print(
+            f"{shots:2d} {name}\n   status: {w.engine_label.text()}\n   box:    "
+            f"{w.composer.edit.placeholderText()}\n   banner: {banner}",
+            flush=True,
+        )
 
     def say(text: str | None) -> None:
         if text is not None:

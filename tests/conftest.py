@@ -16,9 +16,9 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when 
 os.environ.setdefault("FLASHDESK_DATA_DIR", tempfile.mkdtemp(prefix="flashdesk-test-data-"))
 
 
-import pytest  # noqa: E402
+import pytest
 
-import flashdesk  # noqa: E402,F401  (first: takes the checkout's root off sys.path, where `kernels/` shadows HF's)
+import flashdesk  # noqa: F401  (first: takes the checkout's root off sys.path, where `kernels/` shadows HF's)
 
 # Test tiers (docs/development.md): the README's command runs the tests no marker names; .ci/run
 # then runs `-m "slow or compile"`. By module, with the one interpreted Triton-path variant and the
@@ -32,13 +32,17 @@ TIERS = {
     "test_reliability": "slow",  # the reliability figures' quick run
     "test_wheel": "slow",  # builds the wheel and runs the demo from it
 }
-SLOW_TESTS = ("test_prefix_reuse.py::test_the_triton_path_resumes_the_same_way",
-              "test_pipelined_steps.py::test_a_stop_string_undoes_the_step_launched_ahead[triton]",
-              "test_perf_model.py::test_a_recorded_step_reads_what_step_bytes_counts",
-              "test_memory_plan.py::test_the_plan_matches_what_a_full_context_allocates[fp8-triton]",
-              "test_self_test.py::test_some_kernels_on_torch_give_the_torch_paths_output")
-DEFAULT_TIER = ("test_triton_path.py::test_triton_path_equals_transformers_and_the_torch_path[conditional-per_expert-False]",
-                "test_triton_path.py::test_kernels_are_named_for_each_choice")
+SLOW_TESTS = (
+    "test_prefix_reuse.py::test_the_triton_path_resumes_the_same_way",
+    "test_pipelined_steps.py::test_a_stop_string_undoes_the_step_launched_ahead[triton]",
+    "test_perf_model.py::test_a_recorded_step_reads_what_step_bytes_counts",
+    "test_memory_plan.py::test_the_plan_matches_what_a_full_context_allocates[fp8-triton]",
+    "test_self_test.py::test_some_kernels_on_torch_give_the_torch_paths_output",
+)
+DEFAULT_TIER = (
+    "test_triton_path.py::test_triton_path_equals_transformers_and_the_torch_path[conditional-per_expert-False]",
+    "test_triton_path.py::test_kernels_are_named_for_each_choice",
+)
 
 
 @pytest.fixture(autouse=True)

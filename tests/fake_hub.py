@@ -53,8 +53,7 @@ class FakeHub:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
     @property
@@ -98,8 +97,11 @@ class FakeHub:
     def gets(self, path: str | None = None) -> list[tuple[str, str | None]]:
         """The resolve GETs served (file path, Range header), optionally for one file only."""
         with self.lock:
-            out = [(u.split("/resolve/", 1)[1].split("/", 1)[1], r) for m, u, r in self.log
-                   if m == "GET" and "/resolve/" in u]
+            out = [
+                (u.split("/resolve/", 1)[1].split("/", 1)[1], r)
+                for m, u, r in self.log
+                if m == "GET" and "/resolve/" in u
+            ]
         return [item for item in out if path is None or item[0] == path]
 
     def close(self) -> None:
@@ -139,7 +141,7 @@ class _Handler(BaseHTTPRequestHandler):
         with self.fake.lock:
             self.fake.log.append((self.command, path, self.headers.get("Range")))
         if path.startswith("/api/models/"):
-            return self._api(path[len("/api/models/"):])
+            return self._api(path[len("/api/models/") :])
         if "/resolve/" in path:
             repo_id, rest = path.lstrip("/").split("/resolve/", 1)
             return self._resolve(repo_id, rest.split("/", 1)[1] if "/" in rest else "", head)
@@ -172,8 +174,12 @@ class _Handler(BaseHTTPRequestHandler):
         if file not in files:
             return self._send(404, b"", {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": sha}, head)
         data = files[file]
-        headers = {"X-Repo-Commit": sha, "ETag": f'"{_etag(file, data)}"', "Accept-Ranges": "bytes",
-                   "Content-Type": "application/octet-stream"}
+        headers = {
+            "X-Repo-Commit": sha,
+            "ETag": f'"{_etag(file, data)}"',
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
         if file.endswith(LFS_SUFFIXES):
             headers["X-Linked-Size"] = str(len(data))
         if head:
@@ -184,7 +190,7 @@ class _Handler(BaseHTTPRequestHandler):
             first, last = (int(x) for x in byte_range.split("=", 1)[1].split("-", 1))
             last = min(last, len(data) - 1)
             headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
-            return self._send(206, data[first:last + 1], headers)
+            return self._send(206, data[first : last + 1], headers)
         with self.fake.lock:
             drop = file in self.fake.dropping
             self.fake.dropping.discard(file)
@@ -200,7 +206,7 @@ class _Handler(BaseHTTPRequestHandler):
             for key, value in {**headers, "Content-Length": str(len(data) - start)}.items():
                 self.send_header(key, value)
             self.end_headers()
-            self.wfile.write(data[start:start + stall])
+            self.wfile.write(data[start : start + stall])
             self.wfile.flush()
             self.fake.released.wait(timeout=30)
             self.close_connection = True

@@ -25,8 +25,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 MODEL = "google/gemma-4-26B-A4B-it"
-REPLY = ("Speculative decoding drafts a block of tokens with a small model and checks them all in one pass of "
-         "the large one, so the text stays the same and only the speed changes.")
+REPLY = (
+    "Speculative decoding drafts a block of tokens with a small model and checks them all in one pass of "
+    "the large one, so the text stays the same and only the speed changes."
+)
 THOUGHT = "The user greets me; a short friendly answer about speculation will do."
 DRAFT_LENGTH = 4
 ACCEPTED = (2, 0, 3, 1, 4, 1)
@@ -45,14 +47,20 @@ def steps_of(tokens: list[str]) -> list[list[str]]:
     steps, i, k = [], 0, 0
     while i < len(tokens):
         n = ACCEPTED[k % len(ACCEPTED)] + 1
-        steps.append(tokens[i:i + n])
+        steps.append(tokens[i : i + n])
         i, k = i + n, k + 1
     return steps
 
 
 class FakeOpenAIServer:
-    def __init__(self, metrics: str | None = "vllm", api_key: str | None = None, step_delay: float = 0.0,
-                 reply: str = REPLY, max_model_len: int = 8192):
+    def __init__(
+        self,
+        metrics: str | None = "vllm",
+        api_key: str | None = None,
+        step_delay: float = 0.0,
+        reply: str = REPLY,
+        max_model_len: int = 8192,
+    ):
         self.metrics = metrics
         self.api_key = api_key
         self.step_delay = step_delay
@@ -75,10 +83,15 @@ class FakeOpenAIServer:
         """The acceptance a whole reply of `reply` gives: the figures the app must show."""
         steps = steps_of(words(reply or self.reply))
         accepted = [len(s) - 1 for s in steps]
-        return {"steps": len(steps), "tokens": sum(len(s) for s in steps), "accepted": sum(accepted),
-                "drafted": DRAFT_LENGTH * len(steps), "tau": 1 + sum(accepted) / len(steps),
-                "rate": sum(accepted) / (DRAFT_LENGTH * len(steps)),
-                "per_position": [sum(a > p for a in accepted) / len(steps) for p in range(DRAFT_LENGTH)]}
+        return {
+            "steps": len(steps),
+            "tokens": sum(len(s) for s in steps),
+            "accepted": sum(accepted),
+            "drafted": DRAFT_LENGTH * len(steps),
+            "tau": 1 + sum(accepted) / len(steps),
+            "rate": sum(accepted) / (DRAFT_LENGTH * len(steps)),
+            "per_position": [sum(a > p for a in accepted) / len(steps) for p in range(DRAFT_LENGTH)],
+        }
 
     @property
     def url(self) -> str:
@@ -93,8 +106,9 @@ class FakeOpenAIServer:
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
-                                        name="fake-openai-server")
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, daemon=True, name="fake-openai-server"
+        )
         self._thread.start()
         deadline = time.monotonic() + 20
         while not self._server.started:
@@ -129,8 +143,10 @@ class FakeOpenAIServer:
         async def models(request: Request):
             if (answer := refused(request)) is not None:
                 return answer
-            return {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "vllm",
-                                                "max_model_len": self.max_model_len}]}
+            return {
+                "object": "list",
+                "data": [{"id": MODEL, "object": "model", "owned_by": "vllm", "max_model_len": self.max_model_len}],
+            }
 
         @app.get("/metrics")
         async def metrics():
@@ -145,9 +161,17 @@ class FakeOpenAIServer:
             body = await request.json()
             self.requests.append(body)
             if body.get("model") != MODEL:
-                return JSONResponse({"error": {"message": f"The model `{body.get('model')}` does not exist.",
-                                               "type": "NotFoundError", "param": "model", "code": 404}},
-                                    status_code=404)
+                return JSONResponse(
+                    {
+                        "error": {
+                            "message": f"The model `{body.get('model')}` does not exist.",
+                            "type": "NotFoundError",
+                            "param": "model",
+                            "code": 404,
+                        }
+                    },
+                    status_code=404,
+                )
             thinking = bool((body.get("chat_template_kwargs") or {}).get("enable_thinking"))
             prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
             if body.get("stream"):
@@ -158,9 +182,13 @@ class FakeOpenAIServer:
             if thinking:
                 message["reasoning_content"] = THOUGHT
             tokens = len(words(self.reply)) + (len(words(THOUGHT)) if thinking else 0)
-            return {"id": "chatcmpl-fake", "object": "chat.completion", "model": MODEL,
-                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens}}
+            return {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "model": MODEL,
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": prompt, "completion_tokens": tokens, "total_tokens": prompt + tokens},
+            }
 
         return app
 
@@ -183,9 +211,15 @@ class FakeOpenAIServer:
 
     async def _stream(self, body: dict, thinking: bool, prompt: int):
         def event(delta: dict | None, finish: str | None = None, usage: dict | None = None) -> str:
-            chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()),
-                     "model": MODEL, "choices": [] if delta is None else
-                     [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            chunk = {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": MODEL,
+                "choices": []
+                if delta is None
+                else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            }
             if usage is not None:
                 chunk["usage"] = usage
             return f"data: {json.dumps(chunk)}\n\n"
@@ -206,15 +240,16 @@ class FakeOpenAIServer:
                 if made >= limit:
                     finish = "length"
                     break
-                step = step[:limit - made]
+                step = step[: limit - made]
                 await asyncio.sleep(self.step_delay)
                 self._count(step)
                 made += len(step)
                 yield event({"content": "".join(step)})
             yield event({}, finish)
             if (body.get("stream_options") or {}).get("include_usage"):
-                yield event(None, usage={"prompt_tokens": prompt, "completion_tokens": made,
-                                         "total_tokens": prompt + made})
+                yield event(
+                    None, usage={"prompt_tokens": prompt, "completion_tokens": made, "total_tokens": prompt + made}
+                )
             yield "data: [DONE]\n\n"
             ended = True
         finally:
@@ -227,27 +262,43 @@ class FakeOpenAIServer:
         labels = f'model_name="{MODEL}"'
         if self.metrics == "vllm":
             lines = []
-            for name, value in (("spec_decode_num_drafts", self.drafts),
-                                ("spec_decode_num_draft_tokens", self.draft_tokens),
-                                ("spec_decode_num_accepted_tokens", self.accepted),
-                                ("generation_tokens", self.generation_tokens),
-                                ("prompt_tokens", self.prompt_tokens)):
-                lines += [f"# HELP vllm:{name} Number of {name}.", f"# TYPE vllm:{name} counter",
-                          f'vllm:{name}_total{{engine="0",{labels}}} {float(value)}',
-                          f'vllm:{name}_created{{engine="0",{labels}}} 1.7e+09']
-            lines += ["# HELP vllm:spec_decode_num_accepted_tokens_per_pos Accepted tokens per draft position.",
-                      "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter"]
-            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",{labels},position="{p}"}} '
-                      f"{float(v)}" for p, v in enumerate(self.per_position)]
+            for name, value in (
+                ("spec_decode_num_drafts", self.drafts),
+                ("spec_decode_num_draft_tokens", self.draft_tokens),
+                ("spec_decode_num_accepted_tokens", self.accepted),
+                ("generation_tokens", self.generation_tokens),
+                ("prompt_tokens", self.prompt_tokens),
+            ):
+                lines += [
+                    f"# HELP vllm:{name} Number of {name}.",
+                    f"# TYPE vllm:{name} counter",
+                    f'vllm:{name}_total{{engine="0",{labels}}} {float(value)}',
+                    f'vllm:{name}_created{{engine="0",{labels}}} 1.7e+09',
+                ]
+            lines += [
+                "# HELP vllm:spec_decode_num_accepted_tokens_per_pos Accepted tokens per draft position.",
+                "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
+            ]
+            lines += [
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",{labels},position="{p}"}} {float(v)}'
+                for p, v in enumerate(self.per_position)
+            ]
             return "\n".join(lines) + "\n"
         rank = f'dp_rank="0",engine_type="unified",{labels},tp_rank="0"'
-        return "\n".join([
-            "# HELP sglang:spec_accept_length The average acceptance length of speculative decoding.",
-            "# TYPE sglang:spec_accept_length gauge", f"sglang:spec_accept_length{{{rank}}} {self.sglang_length}",
-            "# HELP sglang:spec_accept_rate The average acceptance rate of speculative decoding.",
-            "# TYPE sglang:spec_accept_rate gauge", f"sglang:spec_accept_rate{{{rank}}} {self.sglang_rate}",
-            "# TYPE sglang:generation_tokens counter",
-            f'sglang:generation_tokens_total{{engine_type="unified",{labels}}} {float(self.generation_tokens)}',
-            "# TYPE sglang:prompt_tokens counter",
-            f'sglang:prompt_tokens_total{{engine_type="unified",{labels}}} {float(self.prompt_tokens)}',
-        ]) + "\n"
+        return (
+            "\n".join(
+                [
+                    "# HELP sglang:spec_accept_length The average acceptance length of speculative decoding.",
+                    "# TYPE sglang:spec_accept_length gauge",
+                    f"sglang:spec_accept_length{{{rank}}} {self.sglang_length}",
+                    "# HELP sglang:spec_accept_rate The average acceptance rate of speculative decoding.",
+                    "# TYPE sglang:spec_accept_rate gauge",
+                    f"sglang:spec_accept_rate{{{rank}}} {self.sglang_rate}",
+                    "# TYPE sglang:generation_tokens counter",
+                    f'sglang:generation_tokens_total{{engine_type="unified",{labels}}} {float(self.generation_tokens)}',
+                    "# TYPE sglang:prompt_tokens counter",
+                    f'sglang:prompt_tokens_total{{engine_type="unified",{labels}}} {float(self.prompt_tokens)}',
+                ]
+            )
+            + "\n"
+        )

@@ -54,16 +54,26 @@ def conversation(compiled: list[str]) -> dict:
     began = time.perf_counter()
     seconds = engine.compile_kernels()  # as Engine.load does on a GPU: on every core
     cache, ctx = engine._cache, engine._ctx
-    report = {"seconds": seconds, "wall": time.perf_counter() - began, "ahead": sorted(set(compiled)),
-              "where": where_compiled(cpu),
-              "left_empty": [cache.length, int(cache.position), ctx.length, int(ctx.position)]}
+    report = {
+        "seconds": seconds,
+        "wall": time.perf_counter() - began,
+        "ahead": sorted(set(compiled)),
+        "where": where_compiled(cpu),
+        "left_empty": [cache.length, int(cache.position), ctx.length, int(ctx.position)],
+    }
     compiled.clear()
     run = JITFunction.run
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: run(  # nothing can run: there is no GPU
-        self, *args, grid=grid, warmup=True, **kwargs)
+        self, *args, grid=grid, warmup=True, **kwargs
+    )
     prompt = list(range(5, 5 + PREFILL_CHUNK + 37))  # a whole chunk and a part
-    controls = [SpecControl(False), SpecControl(True, 15), SpecControl(True, 7), SpecControl(True, 1),
-                SpecControl(True, AUTO)]  # AUTO first measures every verify and draft length
+    controls = [
+        SpecControl(False),
+        SpecControl(True, 15),
+        SpecControl(True, 7),
+        SpecControl(True, 1),
+        SpecControl(True, AUTO),
+    ]  # AUTO first measures every verify and draft length
     report["prefilled"] = []
     for control, more in zip(controls, (48, 17, 5, 30, 1)):
         *_, finish = engine.generate(GenerationRequest(prompt, 6, ignore_eos=True), control)

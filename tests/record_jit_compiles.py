@@ -31,8 +31,9 @@ def main() -> None:
             drafter = synthetic_drafter(model, quantize=quantize)
             for kv in ("fp8", "bfloat16"):
                 Engine(model, None, set(), kv, 4096, drafter).compile_kernels()
-        run_synthetic(layers=2, context=4096, device="cpu", dtype="bfloat16", kv_dtype="fp8", repeats=1,
-                      log=lambda message: None)
+        run_synthetic(
+            layers=2, context=4096, device="cpu", dtype="bfloat16", kv_dtype="fp8", repeats=1, log=lambda message: None
+        )
     save(launches, sys.argv[1])
     print(len(launches))
 

@@ -110,9 +110,15 @@ def test_run_is_off_with_a_reason_until_a_pair_is_loaded(qtbot, open_window) -> 
 
 
 def test_bench_messages_round_trip() -> None:
-    for msg in (p.Bench("r1", ["code"], [4, p.AUTO_DRAFT_LENGTH], 2, 64), p.BenchHistory("r2"),
-                p.BenchProgress("r1", 3, 9, "code 1/2 | DFlash K=4"), p.BenchResult("r1", {"modes": []}),
-                p.BenchResult("r1", None, cancelled=True), p.BenchRuns("r2", [{"date": "2026-11-30"}]),
-                p.Survey("/data/demo"), p.Inspect("/m", None, 4096, "cpu")):
+    for msg in (
+        p.Bench("r1", ["code"], [4, p.AUTO_DRAFT_LENGTH], 2, 64),
+        p.BenchHistory("r2"),
+        p.BenchProgress("r1", 3, 9, "code 1/2 | DFlash K=4"),
+        p.BenchResult("r1", {"modes": []}),
+        p.BenchResult("r1", None, cancelled=True),
+        p.BenchRuns("r2", [{"date": "2026-11-30"}]),
+        p.Survey("/data/demo"),
+        p.Inspect("/m", None, 4096, "cpu"),
+    ):
         assert p.decode(p.encode(msg)) == msg
     assert p.decode('{"type": "bench", "request_id": "r", "tasks": [], "draft_lengths": []}').prompts_per_task == 4

@@ -29,8 +29,10 @@ def _settings(window, **changes) -> None:
 
 def _long_message(turn: int, sentences: int = 11) -> str:
     """About 40 tokens a sentence with the demo tokenizer."""
-    return f"Turn {turn}. " + " ".join(f"The harbour log, entry {turn}-{j}: wind from the north-west, a falling tide, "
-                                       "cargo of salt noted." for j in range(sentences))
+    return f"Turn {turn}. " + " ".join(
+        f"The harbour log, entry {turn}-{j}: wind from the north-west, a falling tide, cargo of salt noted."
+        for j in range(sentences)
+    )
 
 
 def _gauge_tokens(window) -> int:
@@ -67,9 +69,16 @@ def _conversation(qtbot, window, reuse: bool) -> list[dict]:
         s, f = started[-1], finished[-1]
         reply = messages(window)[-1]
         assert reply.state == COMPLETE and s.request_id == f.request_id
-        rows.append({"prompt": s.prompt_tokens, "reused": s.reused_tokens, "prefilled": f.stats["prefill_tokens"],
-                     "prefill_s": f.prefill_seconds, "ttft_s": reply.stats["ttft_seconds"],
-                     "footer": window.chat.widget(reply.id).footer.text()})
+        rows.append(
+            {
+                "prompt": s.prompt_tokens,
+                "reused": s.reused_tokens,
+                "prefilled": f.stats["prefill_tokens"],
+                "prefill_s": f.prefill_seconds,
+                "ttft_s": reply.stats["ttft_seconds"],
+                "footer": window.chat.widget(reply.id).footer.text(),
+            }
+        )
     return rows
 
 
@@ -80,8 +89,11 @@ def test_follow_up_time_to_first_token_stays_flat_as_the_conversation_grows(qtbo
     for name, rows in (("reuse", reuse), ("no reuse", control)):
         print(f"\n{name}:", file=sys.stderr)
         for i, r in enumerate(rows):
-            print(f"  follow-up {i}: prompt {r['prompt']:5d}  reused {r['reused']:5d}  prefilled {r['prefilled']:5d}  "
-                  f"prefill {r['prefill_s'] * 1000:6.0f} ms  first token {r['ttft_s'] * 1000:6.0f} ms", file=sys.stderr)
+            print(
+                f"  follow-up {i}: prompt {r['prompt']:5d}  reused {r['reused']:5d}  prefilled {r['prefilled']:5d}  "
+                f"prefill {r['prefill_s'] * 1000:6.0f} ms  first token {r['ttft_s'] * 1000:6.0f} ms",
+                file=sys.stderr,
+            )
 
     first, last = reuse[0], reuse[-1]
     assert last["prompt"] >= 5 * first["prompt"]  # the conversation grew several-fold...
@@ -108,8 +120,10 @@ def test_follow_up_time_to_first_token_stays_flat_as_the_conversation_grows(qtbo
 
 # -- the gauge, and a send past the context ---------------------------------------------------------------
 
-def test_gauge_counts_as_you_type_and_a_send_past_the_limit_warns_then_drops_the_oldest(qtbot, open_window,
-                                                                                        demo) -> None:
+
+def test_gauge_counts_as_you_type_and_a_send_past_the_limit_warns_then_drops_the_oldest(
+    qtbot, open_window, demo
+) -> None:
     w = open_window(demo=demo, context=512)
     greedy(w, max_tokens=16)  # the reply keeps 16 tokens: a prompt may take 496
     w.controller.update_settings("Be brief.", w.controller.sampling())
@@ -168,6 +182,7 @@ def test_gauge_counts_as_you_type_and_a_send_past_the_limit_warns_then_drops_the
 
 # -- a reply that filled the context ----------------------------------------------------------------------
 
+
 def test_a_reply_that_filled_the_context_offers_the_ways_on(qtbot, open_window, demo) -> None:
     w = open_window(demo=demo, context=256)
     greedy(w, max_tokens=1000)  # capped to what the context leaves: the greedy demo never stops by itself
@@ -210,6 +225,7 @@ def test_a_reply_that_filled_the_context_offers_the_ways_on(qtbot, open_window, 
 
 
 # -- "stop and tell me" ------------------------------------------------------------------------------------
+
 
 def test_stop_policy_warns_and_a_refused_turn_loses_nothing(qtbot, open_window, demo) -> None:
     w = open_window(demo=demo, context=256)

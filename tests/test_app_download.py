@@ -52,7 +52,7 @@ def slow_weights(hub: FakeHub, piece: int = 16 * 1024) -> None:
             self.end_headers()
             try:
                 for start in range(0, len(body), piece):
-                    self.wfile.write(body[start:start + piece])
+                    self.wfile.write(body[start : start + piece])
                     self.wfile.flush()
                     time.sleep(hub.delay)
             except OSError:  # the client hung up (a cancelled download)
@@ -70,8 +70,13 @@ def hub(checkpoint, tmp_path):
 
 
 def hub_env(url: str, cache: Path) -> dict[str, str]:
-    return {"HF_ENDPOINT": url, "HF_HUB_CACHE": str(cache), "NO_PROXY": "127.0.0.1,localhost",
-            "HF_TOKEN": "", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    return {
+        "HF_ENDPOINT": url,
+        "HF_HUB_CACHE": str(cache),
+        "NO_PROXY": "127.0.0.1,localhost",
+        "HF_TOKEN": "",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
 
 
 def weights(files: dict[str, bytes]) -> dict[str, bytes]:
@@ -83,6 +88,7 @@ def partials(cache: Path) -> list[Path]:
 
 
 # -- the worker -----------------------------------------------------------------------------------------
+
 
 def test_worker_pull_reports_monotone_progress_then_pulled(hub, checkpoint, tmp_path) -> None:
     cache = tmp_path / "hf-cache"
@@ -105,8 +111,11 @@ def test_worker_pull_reports_monotone_progress_then_pulled(hub, checkpoint, tmp_
         # what the engine would make of it came once, before any weights byte
         checks = [i for i, e in enumerate(events) if isinstance(e, p.PullChecked)]
         assert len(checks) == 1 and events[checks[0]].ok, events[checks[0]]
-        first_weights = min(i for i, e in enumerate(events) if isinstance(e, p.PullProgress)
-                            and e.file.endswith(".safetensors") and e.done_bytes)
+        first_weights = min(
+            i
+            for i, e in enumerate(events)
+            if isinstance(e, p.PullProgress) and e.file.endswith(".safetensors") and e.done_bytes
+        )
         assert checks[0] < first_weights
         folder = Path(events[-1].folder)
         assert folder.parent.name == "snapshots" and events[-1].size == total
@@ -145,6 +154,7 @@ def test_worker_pull_unreachable_hub_says_so(tmp_path) -> None:
 
 # -- the setup page -------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def open_window(qtbot, monkeypatch, tmp_path):
     """open_window(endpoint) -> a shown MainWindow on the setup page, its worker downloading from `endpoint`."""
@@ -181,8 +191,9 @@ def type_hub_id(qtbot, w, text: str = REPO) -> None:
     assert w.setup.download_button.isVisible() and w.setup.hub_ids() == [text]
 
 
-def test_download_shows_progress_cancel_keeps_the_partial_and_download_continues(qtbot, open_window, hub,
-                                                                                 checkpoint, tmp_path) -> None:
+def test_download_shows_progress_cancel_keeps_the_partial_and_download_continues(
+    qtbot, open_window, hub, checkpoint, tmp_path
+) -> None:
     cache = tmp_path / "hf-cache"
     hub.delay = 0.03  # ~2 MB in 16 kB pieces: a few seconds, time to watch and to cancel
     w = open_window(hub.url)
@@ -193,6 +204,7 @@ def test_download_shows_progress_cancel_keeps_the_partial_and_download_continues
     page.progress.valueChanged.connect(lambda v: values.append(v) if page.progress.maximum() == 1000 else None)
     ticks = []  # the event loop keeps running during the download: the window stays responsive
     from PySide6.QtCore import QTimer
+
     timer = QTimer(w)
     timer.timeout.connect(lambda: ticks.append(time.monotonic()))
     timer.start(20)
@@ -222,8 +234,7 @@ def test_download_shows_progress_cancel_keeps_the_partial_and_download_continues
     hub.log.clear()
     qtbot.mouseClick(page.download_button, Qt.MouseButton.LeftButton)
     until(lambda: not page.downloading, timeout_ms=WAIT_MS)
-    until(lambda: "FlashDesk can load" in page.status.text() or "Not usable" in page.status.text(),
-          timeout_ms=WAIT_MS)
+    until(lambda: "FlashDesk can load" in page.status.text() or "Not usable" in page.status.text(), timeout_ms=WAIT_MS)
     assert "verdict    ok" in page.plan.toPlainText(), page.status.text() + page.plan.toPlainText()
     assert "FlashDesk can load" in page.status.text()
     assert page.target.text() == REPO
@@ -246,7 +257,12 @@ def test_download_from_an_unreachable_hub_says_so(qtbot, open_window, tmp_path) 
 
 
 def test_pull_messages_round_trip() -> None:
-    for msg in (p.Pull(REPO), p.CancelPull(REPO), p.PullProgress(REPO, "model.safetensors", 5, 10),
-                p.Pulled(REPO, "/cache/snapshots/abc", 10), p.PullCancelled(REPO, 5, 10),
-                p.PullChecked(REPO, ["verdict  ok"], [])):
+    for msg in (
+        p.Pull(REPO),
+        p.CancelPull(REPO),
+        p.PullProgress(REPO, "model.safetensors", 5, 10),
+        p.Pulled(REPO, "/cache/snapshots/abc", 10),
+        p.PullCancelled(REPO, 5, 10),
+        p.PullChecked(REPO, ["verdict  ok"], []),
+    ):
         assert p.decode(p.encode(msg)) == msg

@@ -43,15 +43,20 @@ def _drafted(block) -> list[str]:
     from flashdesk.app import theme
 
     draft = QColor(theme.colors()["draft_bg"])
-    return [f.text() for f in _fragments(block) if f.charFormat().background().color() == draft
-            and f.charFormat().hasProperty(QTextFormat.Property.BackgroundBrush)]
+    return [
+        f.text()
+        for f in _fragments(block)
+        if f.charFormat().background().color() == draft
+        and f.charFormat().hasProperty(QTextFormat.Property.BackgroundBrush)
+    ]
 
 
 # -- 1. message actions are icons with tooltips ------------------------------------------------------
 
 
-@pytest.mark.parametrize("role, names", [("assistant", ("copy_button", "regen_button")),
-                                         ("user", ("copy_button", "edit_button"))])
+@pytest.mark.parametrize(
+    "role, names", [("assistant", ("copy_button", "regen_button")), ("user", ("copy_button", "edit_button"))]
+)
 def test_message_actions_are_flat_icon_buttons(qtbot, role, names) -> None:
     from PySide6.QtCore import Qt
 
@@ -70,7 +75,7 @@ def test_message_actions_are_flat_icon_buttons(qtbot, role, names) -> None:
 
 def test_icons_take_the_theme_colour(qtbot, monkeypatch) -> None:
     from flashdesk.app import theme
-    from flashdesk.app.paths import assets_dir
+    from flashdesk.paths import assets_dir
 
     for name in ("copy", "edit", "regenerate"):
         assert "currentColor" in (assets_dir() / "icons" / f"{name}.svg").read_text()
@@ -137,8 +142,15 @@ def test_settings_are_grouped_under_headings(qtbot) -> None:
     assert [h.text() for h in d.headings] == ["Conversation", "Sampling", "Reply", "Context"]
     assert all(h.font().bold() for h in d.headings)
     tops = [h.mapTo(d, h.rect().topLeft()).y() for h in d.headings] + [d.height()]
-    sections = {"systemPrompt": 0, "temperature": 1, "topP": 1, "topK": 1, "maxTokens": 2, "thinking": 2,
-                "contextPolicy": 3}
+    sections = {
+        "systemPrompt": 0,
+        "temperature": 1,
+        "topP": 1,
+        "topK": 1,
+        "maxTokens": 2,
+        "thinking": 2,
+        "contextPolicy": 3,
+    }
     for name, section in sections.items():
         field = d.findChild(object, name)
         y = field.mapTo(d, field.rect().topLeft()).y()
@@ -210,8 +222,11 @@ def test_plots_break_while_the_engine_was_down(qtbot) -> None:
         points = [path.elementAt(i) for i in range(path.elementCount())]
         spans = [b.x - a.x for a, b in zip(points, points[1:]) if b.type == QPainterPath.ElementType.LineToElement]
         assert spans and max(spans) <= 1.01  # a line between neighbouring samples only, none across the gap
-        assert {round(a.x) for a, b in zip(points, points[1:]) if b.x - a.x > 0.5
-                and b.type == QPainterPath.ElementType.LineToElement} == {-5, -1}  # one each side of the gap
+        assert {
+            round(a.x)
+            for a, b in zip(points, points[1:])
+            if b.x - a.x > 0.5 and b.type == QPainterPath.ElementType.LineToElement
+        } == {-5, -1}  # one each side of the gap
     assert panel.tps_plot.getPlotItem().viewRange()[1][1] > 30  # the axis follows the finite values
 
 

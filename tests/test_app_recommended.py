@@ -58,9 +58,11 @@ def open_setup(qtbot, monkeypatch, tmp_path):
         if gpu:
             env[FAKE_GPU_ENV] = gpu
         store = Store(data / "flashdesk.db")
-        window = MainWindow(store, EngineSession(env=env),
-                            TelemetrySampler(fake_nvml(init_error=NVMLError("NVML Shared Library Not Found")),
-                                             interval=0.2))
+        window = MainWindow(
+            store,
+            EngineSession(env=env),
+            TelemetrySampler(fake_nvml(init_error=NVMLError("NVML Shared Library Not Found")), interval=0.2),
+        )
         qtbot.addWidget(window)
         window.show()
         windows.append(window)

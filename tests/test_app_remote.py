@@ -34,8 +34,12 @@ def open_remote(qtbot, monkeypatch, tmp_path):
     reads a fake NVIDIA card, so a test sees that this computer's GPU is not shown as the server's."""
     windows: list[MainWindow] = []
 
-    def make(server: FakeOpenAIServer | None = None, api_key: str = "", data_dir: Path | None = None,
-             model_setting: dict | None = None) -> MainWindow:
+    def make(
+        server: FakeOpenAIServer | None = None,
+        api_key: str = "",
+        data_dir: Path | None = None,
+        model_setting: dict | None = None,
+    ) -> MainWindow:
         data_dir = data_dir or tmp_path / "data"
         data_dir.mkdir(exist_ok=True)
         monkeypatch.setenv("FLASHDESK_DATA_DIR", str(data_dir))
@@ -45,8 +49,9 @@ def open_remote(qtbot, monkeypatch, tmp_path):
         if server is not None:
             store.set_setting("remote", {"base_url": server.url, "api_key": api_key, "model": ""})
             store.set_setting("engine", "remote")
-        window = MainWindow(store, EngineSession(), TelemetrySampler(fake_nvml(), interval=0.2),
-                            RemoteSession(poll_interval=0.2))
+        window = MainWindow(
+            store, EngineSession(), TelemetrySampler(fake_nvml(), interval=0.2), RemoteSession(poll_interval=0.2)
+        )
         qtbot.addWidget(window)
         window.show()
         QTest.qWaitForWindowActive(window)
@@ -82,7 +87,7 @@ def test_chat_streams_from_a_vllm_server_and_shows_its_acceptance(qtbot, open_re
         user, reply = messages(w)
         expected = server.expected()
         assert (user.content, reply.state, reply.content) == ("Hello there", COMPLETE, REPLY)
-        assert len(seen) >= 2 and all(a == b[:len(a)] for a, b in zip(seen, seen[1:]))  # it streamed
+        assert len(seen) >= 2 and all(a == b[: len(a)] for a, b in zip(seen, seen[1:]))  # it streamed
         assert reply.model == MODEL
         assert reply.stats["tokens"] == expected["tokens"]  # the usage's completion_tokens
         assert reply.stats["decode_tokens_per_second"] > 0 and reply.stats["ttft_seconds"] > 0
@@ -120,8 +125,9 @@ def test_sglang_metrics_and_thinking(qtbot, open_remote) -> None:
         w = open_remote(server)
         assert w.spec.length_note.text() == "set by SGLang"
         w.new_conversation()
-        w.controller.update_settings("", {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 300,
-                                          "thinking": True})
+        w.controller.update_settings(
+            "", {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 300, "thinking": True}
+        )
         send(qtbot, w, "Hi")
         wait_idle(qtbot, w)
         _user, reply = messages(w)
@@ -204,8 +210,15 @@ def test_switching_from_the_local_engine_to_a_server_and_back(qtbot, open_remote
     from flashdesk.engine.hub.demo import create_demo
 
     target, draft = create_demo(tmp_path / "demo")
-    demo = {"target": str(target), "draft": str(draft), "device": "cpu", "context": 4096, "kv_dtype": "auto",
-            "dtype": "auto", "demo": True}
+    demo = {
+        "target": str(target),
+        "draft": str(draft),
+        "device": "cpu",
+        "context": 4096,
+        "kv_dtype": "auto",
+        "dtype": "auto",
+        "demo": True,
+    }
     with FakeOpenAIServer("vllm") as server:
         w = open_remote(model_setting=demo)
         until(lambda: w.session.state == "ready", timeout_ms=LOAD_MS)
@@ -214,8 +227,9 @@ def test_switching_from_the_local_engine_to_a_server_and_back(qtbot, open_remote
         w.setup.server_url.setText(server.url)
         w.setup.server_check_button.click()
         until(lambda: "serves" in w.setup.server_status.text())
-        assert w.setup.server_status.text() == (f"vLLM at 127.0.0.1:{server.port} serves {MODEL}; its /metrics has "
-                                                "speculative-decoding figures.")
+        assert w.setup.server_status.text() == (
+            f"vLLM at 127.0.0.1:{server.port} serves {MODEL}; its /metrics has speculative-decoding figures."
+        )
         assert w.setup.server_model.currentText() == MODEL
         w.setup.server_connect_button.click()
         until(lambda: w.remote.state == "ready", timeout_ms=CONNECT_MS)

@@ -10,11 +10,26 @@ import httpx
 import pytest
 
 from flashdesk import protocol as p
-from flashdesk.app.engines.openai_client import (ChunkParts, SseEvents, chat_body, chunk_parts, connection_sentence,
-                                         server_address, server_message, status_sentence)
+from flashdesk.app.engines.openai_client import (
+    ChunkParts,
+    SseEvents,
+    chat_body,
+    chunk_parts,
+    connection_sentence,
+    server_address,
+    server_message,
+    status_sentence,
+)
 from flashdesk.app.engines.prom_metrics import parse, parse_line
-from flashdesk.app.engines.server_metrics import (FLASHDESK, SGLANG, VLLM, read_snapshot, server_kind, spec_between,
-                                          tokens_per_second)
+from flashdesk.app.engines.server_metrics import (
+    FLASHDESK,
+    SGLANG,
+    VLLM,
+    read_snapshot,
+    server_kind,
+    spec_between,
+    tokens_per_second,
+)
 from flashdesk.app.engines.stream_steps import StreamSteps
 
 # A vLLM 2-engine (data parallel) scrape, in prometheus_client's exposition: counters end in _total,
@@ -54,24 +69,26 @@ def vllm_text(**values) -> str:
 
 
 def test_prometheus_lines_with_escapes_comments_specials_and_timestamps() -> None:
-    text = "\n".join([
-        "# HELP odd A help line with {braces} and \"quotes\".",
-        "# TYPE odd gauge",
-        'odd{path="C:\\\\temp",quote="say \\"hi\\"",nl="a\\nb",comma="x,}y",} 3.5 1712345678000',
-        "no_labels 42",
-        "spaced { a = \"1\" } 7",  # a label set with spaces is read too
-        "nan_gauge NaN",
-        "inf_gauge +Inf",
-        "neg_inf -Inf",
-        "sci 1.5e+09",
-        'with_exemplar_total{a="1"} 4 # {trace_id="abc"} 1.0',
-        "bad_value{a=\"1\"} many",
-        'bad_label{a=1} 2',
-        "{\"dotted.name\"} 1",
-        "   ",
-        "# EOF",
-        "after_eof 1",
-    ])
+    text = "\n".join(
+        [
+            '# HELP odd A help line with {braces} and "quotes".',
+            "# TYPE odd gauge",
+            'odd{path="C:\\\\temp",quote="say \\"hi\\"",nl="a\\nb",comma="x,}y",} 3.5 1712345678000',
+            "no_labels 42",
+            'spaced { a = "1" } 7',  # a label set with spaces is read too
+            "nan_gauge NaN",
+            "inf_gauge +Inf",
+            "neg_inf -Inf",
+            "sci 1.5e+09",
+            'with_exemplar_total{a="1"} 4 # {trace_id="abc"} 1.0',
+            'bad_value{a="1"} many',
+            "bad_label{a=1} 2",
+            '{"dotted.name"} 1',
+            "   ",
+            "# EOF",
+            "after_eof 1",
+        ]
+    )
     m = parse(text)
     odd = m.get("odd")[0]
     assert odd.labels == {"path": "C:\\temp", "quote": 'say "hi"', "nl": "a\nb", "comma": "x,}y"}
@@ -109,8 +126,9 @@ def test_vllm_figures_are_the_differences_between_two_scrapes() -> None:
 
 
 def test_a_counter_reset_reads_as_a_restart() -> None:
-    before = read_snapshot(parse(vllm_text(d0=100, d1=0, t0=400, t1=0, a0=200, a1=0, p0=1, p1=1, q0=0, q1=0,
-                                           g=900)), 1.0)
+    before = read_snapshot(
+        parse(vllm_text(d0=100, d1=0, t0=400, t1=0, a0=200, a1=0, p0=1, p1=1, q0=0, q1=0, g=900)), 1.0
+    )
     after = read_snapshot(parse(vllm_text(d0=4, d1=0, t0=16, t1=0, a0=8, a1=0, p0=4, p1=3, q0=0, q1=0, g=12)), 2.0)
     stats = spec_between(before, after)
     assert (stats["speculative_steps"], stats["accepted"]) == (4, 8) and stats["mean_acceptance_length"] == 3.0
@@ -124,14 +142,16 @@ def test_vllm_without_speculation_has_no_figures() -> None:
 
 
 def test_sglang_gauges_per_rank() -> None:
-    text = "\n".join([
-        "# TYPE sglang:spec_accept_length gauge",
-        'sglang:spec_accept_length{dp_rank="0",engine_type="unified",model_name="m",tp_rank="0"} 3.2',
-        'sglang:spec_accept_length{dp_rank="1",engine_type="unified",model_name="m",tp_rank="0"} 2.8',
-        'sglang:spec_accept_length{dp_rank="2",engine_type="unified",model_name="m",tp_rank="0"} 0.0',
-        'sglang:spec_accept_rate{dp_rank="0",engine_type="unified",model_name="m",tp_rank="0"} 0.55',
-        'sglang:generation_tokens_total{engine_type="unified",model_name="m"} 1234.0',
-    ])
+    text = "\n".join(
+        [
+            "# TYPE sglang:spec_accept_length gauge",
+            'sglang:spec_accept_length{dp_rank="0",engine_type="unified",model_name="m",tp_rank="0"} 3.2',
+            'sglang:spec_accept_length{dp_rank="1",engine_type="unified",model_name="m",tp_rank="0"} 2.8',
+            'sglang:spec_accept_length{dp_rank="2",engine_type="unified",model_name="m",tp_rank="0"} 0.0',
+            'sglang:spec_accept_rate{dp_rank="0",engine_type="unified",model_name="m",tp_rank="0"} 0.55',
+            'sglang:generation_tokens_total{engine_type="unified",model_name="m"} 1234.0',
+        ]
+    )
     snapshot = read_snapshot(parse(text), 1.0)
     assert snapshot.server == SGLANG and snapshot.speculates
     stats = spec_between(None, snapshot)
@@ -145,9 +165,11 @@ def test_sglang_gauges_per_rank() -> None:
 
 def test_flashdesk_counters() -> None:
     def text(steps, drafted, accepted, emitted, generated):
-        return (f"flashdesk_spec_steps_total {steps}\nflashdesk_spec_draft_tokens_total {drafted}\n"
-                f"flashdesk_spec_accepted_tokens_total {accepted}\nflashdesk_spec_emitted_tokens_total {emitted}\n"
-                f"flashdesk_generation_tokens_total {generated}\nflashdesk_requests_total 1\n")
+        return (
+            f"flashdesk_spec_steps_total {steps}\nflashdesk_spec_draft_tokens_total {drafted}\n"
+            f"flashdesk_spec_accepted_tokens_total {accepted}\nflashdesk_spec_emitted_tokens_total {emitted}\n"
+            f"flashdesk_generation_tokens_total {generated}\nflashdesk_requests_total 1\n"
+        )
 
     before = read_snapshot(parse(text(2, 30, 10, 12, 13)), 0.0)
     after = read_snapshot(parse(text(6, 90, 31, 36, 40)), 0.5)
@@ -167,12 +189,15 @@ def test_metrics_of_another_kind_have_no_figures() -> None:
 # -- addresses, requests, events, chunks ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("typed, root", [
-    ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
-    ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000"),
-    ("127.0.0.1:30000", "http://127.0.0.1:30000"),
-    ("https://gpu.example.org/proxy/v1", "https://gpu.example.org/proxy"),
-])
+@pytest.mark.parametrize(
+    "typed, root",
+    [
+        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
+        ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000"),
+        ("127.0.0.1:30000", "http://127.0.0.1:30000"),
+        ("https://gpu.example.org/proxy/v1", "https://gpu.example.org/proxy"),
+    ],
+)
 def test_server_address(typed: str, root: str) -> None:
     address = server_address(typed)
     assert address.root == root and address.api == root + "/v1" and address.metrics == root + "/metrics"
@@ -185,8 +210,16 @@ def test_server_address_refuses_what_is_not_one(typed: str) -> None:
 
 
 def test_chat_body() -> None:
-    msg = p.Generate("r", [{"role": "user", "content": "hi"}], temperature=0.7, top_p=0.9, top_k=40, seed=3,
-                     max_tokens=77, thinking=True)
+    msg = p.Generate(
+        "r",
+        [{"role": "user", "content": "hi"}],
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        seed=3,
+        max_tokens=77,
+        thinking=True,
+    )
     body = chat_body(msg, "m")
     assert body["model"] == "m" and body["stream"] and body["stream_options"] == {"include_usage": True}
     sampling = (body["max_tokens"], body["temperature"], body["top_p"], body["top_k"], body["seed"])
@@ -198,7 +231,7 @@ def test_chat_body() -> None:
 
 def test_server_sent_events() -> None:
     events = SseEvents()
-    lines = [": keep-alive", "data: {\"a\": 1}", "", "event: message", "data:{\"b\":", "data: 2}", "", "data: [DONE]"]
+    lines = [": keep-alive", 'data: {"a": 1}', "", "event: message", 'data:{"b":', "data: 2}", "", "data: [DONE]"]
     got = [d for d in (events.feed(line) for line in lines) if d is not None]
     assert got == ['{"a": 1}', '{"b":\n2}'] and events.flush() == "[DONE]" and events.flush() is None
 
@@ -219,8 +252,10 @@ def test_chunk_parts() -> None:
 
 
 def test_server_messages() -> None:
-    assert server_message('{"error": {"message": "The model `x` does not exist.", "code": 404}}') == \
-        "The model `x` does not exist."
+    assert (
+        server_message('{"error": {"message": "The model `x` does not exist.", "code": 404}}')
+        == "The model `x` does not exist."
+    )
     assert server_message('{"object": "error", "message": "bad top_p"}') == "bad top_p"
     assert server_message('{"detail": "Not authenticated"}') == "Not authenticated"
     assert server_message('{"error": "Unauthorized"}') == "Unauthorized"
@@ -229,15 +264,19 @@ def test_server_messages() -> None:
 
 def test_status_sentences() -> None:
     a = server_address("http://10.0.0.5:8000/v1")
-    assert "refused the API key (HTTP 401: Unauthorized)" in status_sentence(401, '{"error": "Unauthorized"}', a,
-                                                                          "/v1/models", None, True)
+    assert "refused the API key (HTTP 401: Unauthorized)" in status_sentence(
+        401, '{"error": "Unauthorized"}', a, "/v1/models", None, True
+    )
     assert "asks for an API key (HTTP 401)" in status_sentence(401, "", a, "/v1/models", None, False)
-    missing = status_sentence(404, '{"error": {"message": "The model `g` does not exist."}}', a,
-                              "/v1/chat/completions", "g", True)
+    missing = status_sentence(
+        404, '{"error": {"message": "The model `g` does not exist."}}', a, "/v1/chat/completions", "g", True
+    )
     assert "has no model 'g' (HTTP 404" in missing and "Check" in missing
     assert "has no /v1/models (HTTP 404)" in status_sentence(404, "Not Found", a, "/v1/models", None, False)
-    assert status_sentence(400, '{"message": "max_tokens is too large"}', a, "x", None, False) == \
-        "The server refused the request (HTTP 400: max_tokens is too large)."
+    assert (
+        status_sentence(400, '{"message": "max_tokens is too large"}', a, "x", None, False)
+        == "The server refused the request (HTTP 400: max_tokens is too large)."
+    )
     assert "failed (HTTP 503" in status_sentence(503, "", a, "x", None, False)
 
 
@@ -250,7 +289,8 @@ def test_connection_sentences() -> None:
     assert "no answer within" in connection_sentence(httpx.ConnectTimeout("timed out"), a)
     assert "sent nothing for too long" in connection_sentence(httpx.ReadTimeout("read"), a)
     assert "closed the connection before the answer ended" in connection_sentence(
-        httpx.RemoteProtocolError("peer closed"), a)
+        httpx.RemoteProtocolError("peer closed"), a
+    )
 
 
 # -- a stream as protocol messages -------------------------------------------------------------------------
@@ -280,8 +320,13 @@ def test_stream_steps_with_usage_on_every_chunk_and_cached_tokens() -> None:
     a = s.add(ChunkParts("ab", usage={"completion_tokens": 3}), 1.0)
     b = s.add(ChunkParts("cd", usage={"completion_tokens": 7}), 2.0)
     assert (len(a.emitted), len(b.emitted)) == (3, 4)  # the server's own count, chunk by chunk
-    s.add(ChunkParts(finish_reason="length", usage={"prompt_tokens": 50, "completion_tokens": 7,
-                                                    "prompt_tokens_details": {"cached_tokens": 32}}), 2.1)
+    s.add(
+        ChunkParts(
+            finish_reason="length",
+            usage={"prompt_tokens": 50, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 32}},
+        ),
+        2.1,
+    )
     (finished,) = s.finish(2.2, None)
     assert finished.reason == "length" and finished.prompt_tokens == 50
     assert (finished.stats["reused_tokens"], finished.stats["prefill_tokens"]) == (32, 18)
@@ -302,9 +347,13 @@ def test_a_server_that_answers_whole_gives_one_chunk() -> None:
 
     def answer(request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/v1/chat/completions" and request.headers["authorization"] == "Bearer k"
-        return httpx.Response(200, json={"choices": [{"message": {"content": "Whole", "reasoning_content": "hm"},
-                                                      "finish_reason": "stop"}],
-                                         "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"message": {"content": "Whole", "reasoning_content": "hm"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+            },
+        )
 
     async def run() -> list[ChunkParts]:
         server = OpenAIServer(server_address("http://gpu:8000/v1"), "k")
@@ -315,5 +364,9 @@ def test_a_server_that_answers_whole_gives_one_chunk() -> None:
             await server.aclose()
 
     (parts,) = asyncio.run(run())
-    assert (parts.content, parts.reasoning, parts.finish_reason, parts.usage["completion_tokens"]) == \
-        ("Whole", "hm", "stop", 2)
+    assert (parts.content, parts.reasoning, parts.finish_reason, parts.usage["completion_tokens"]) == (
+        "Whole",
+        "hm",
+        "stop",
+        2,
+    )

@@ -70,8 +70,11 @@ def test_opening_a_search_result_scrolls_to_its_message_and_marks_it(qtbot, monk
         bar.setValue(bar.maximum())
         until(lambda: not _in_view(window, ids["hit"]))
         item = window.conversations.list.item(0)
-        qtbot.mouseClick(window.conversations.list.viewport(), Qt.MouseButton.LeftButton,
-                         pos=window.conversations.list.visualItemRect(item).center())
+        qtbot.mouseClick(
+            window.conversations.list.viewport(),
+            Qt.MouseButton.LeftButton,
+            pos=window.conversations.list.visualItemRect(item).center(),
+        )
         until(lambda: _in_view(window, ids["hit"]), timeout_ms=3000)
     finally:
         window.close()
@@ -84,8 +87,9 @@ def test_a_title_match_opens_the_conversation_at_its_end(qtbot, monkeypatch, tmp
     def fill(store: Store) -> None:
         conv = store.create_conversation("Zebra facts")
         for i in range(20):
-            ids["last"] = store.add_message(conv.id, "user" if i % 2 == 0 else "assistant",
-                                            f"Line {i}. " + "Words. " * 40).id
+            ids["last"] = store.add_message(
+                conv.id, "user" if i % 2 == 0 else "assistant", f"Line {i}. " + "Words. " * 40
+            ).id
 
     window = _window(qtbot, monkeypatch, tmp_path, fill)
     try:
@@ -93,8 +97,11 @@ def test_a_title_match_opens_the_conversation_at_its_end(qtbot, monkeypatch, tmp
         until(lambda: window.conversations.list.count() == 1)
         item = window.conversations.list.item(0)
         assert item.data(HIT_ROLE) is None  # the title matched, no message to show
-        qtbot.mouseClick(window.conversations.list.viewport(), Qt.MouseButton.LeftButton,
-                         pos=window.conversations.list.visualItemRect(item).center())
+        qtbot.mouseClick(
+            window.conversations.list.viewport(),
+            Qt.MouseButton.LeftButton,
+            pos=window.conversations.list.visualItemRect(item).center(),
+        )
         until(lambda: window.chat.widget(ids["last"]) is not None)
         until(lambda: _in_view(window, ids["last"]), timeout_ms=3000)
     finally:

@@ -157,8 +157,21 @@ def test_composer_keys(qtbot) -> None:
 
 
 def _step(index, emitted, draft, accepted, answer, elapsed, thought="", stats=None, seconds=0.01):
-    step = p.Step("r", index, emitted, draft, accepted, answer, thought, [[len(answer), p.TARGET]] if answer else [],
-                  seconds, 0.0, seconds, elapsed, stats)
+    step = p.Step(
+        "r",
+        index,
+        emitted,
+        draft,
+        accepted,
+        answer,
+        thought,
+        [[len(answer), p.TARGET]] if answer else [],
+        seconds,
+        0.0,
+        seconds,
+        elapsed,
+        stats,
+    )
     step.received = 100.0 + elapsed
     return step
 
@@ -167,14 +180,37 @@ def test_reply_statistics_and_energy() -> None:
     r = Reply("r", 7, sent_at=99.9, energy_start_mj=1_000_000)
     r.prompt_tokens = 50
     r.add_steps([_step(0, [5], [], 0, "", 0.1, thought="Hm", seconds=0.1)])
-    r.add_steps([_step(1, [6, 7, 8], [6, 7, 9], 2, "Hi there", 0.2, stats={"mean_acceptance_length": 3.0}),
-                 _step(2, [9], [1, 2, 3], 0, "!", 0.3, stats={"mean_acceptance_length": 2.0, "drafted": 6,
-                                                             "accepted": 2, "acceptance_rate": 1 / 3})])
+    r.add_steps(
+        [
+            _step(1, [6, 7, 8], [6, 7, 9], 2, "Hi there", 0.2, stats={"mean_acceptance_length": 3.0}),
+            _step(
+                2,
+                [9],
+                [1, 2, 3],
+                0,
+                "!",
+                0.3,
+                stats={"mean_acceptance_length": 2.0, "drafted": 6, "accepted": 2, "acceptance_rate": 1 / 3},
+            ),
+        ]
+    )
     assert r.text == "Hi there!" and r.thought_text == "Hm" and r.tokens == 5
     assert r.live_tokens_per_second() == pytest.approx(4 / 0.2)
-    r.finish(p.Finished("r", "stop", "Hi there!", "Hm", [5, 6, 7, 8, 9], 50, 0.1, 0.4,
-                        {"mean_acceptance_length": 2.0, "drafted": 6, "accepted": 2, "acceptance_rate": 1 / 3}, 2),
-             energy_end_mj=1_025_000)
+    r.finish(
+        p.Finished(
+            "r",
+            "stop",
+            "Hi there!",
+            "Hm",
+            [5, 6, 7, 8, 9],
+            50,
+            0.1,
+            0.4,
+            {"mean_acceptance_length": 2.0, "drafted": 6, "accepted": 2, "acceptance_rate": 1 / 3},
+            2,
+        ),
+        energy_end_mj=1_025_000,
+    )
     s = r.stats()
     assert s["ttft_seconds"] == pytest.approx(0.2)  # sent at 99.9, the first token arrived at 100.1
     assert s["decode_tokens_per_second"] == pytest.approx(4 / 0.2)
@@ -204,9 +240,17 @@ def test_spec_panel(qtbot) -> None:
     assert panel.length.text() == "auto" and changes[-1] == (False, "auto") and panel.values() == (False, "auto")
     panel.set_block_size(16, enabled=True, length="auto")
     assert panel.length.value() == 0 and panel.values() == (True, "auto")
-    panel.show_stats({"mean_acceptance_length": 2.5, "acceptance_rate": 0.375, "drafted": 8, "accepted": 3,
-                      "per_position_acceptance": [0.75, 0.5, 0.25, 0.0], "accepted_histogram": [1, 0, 1, 0, 0]},
-                     "This reply, live.")
+    panel.show_stats(
+        {
+            "mean_acceptance_length": 2.5,
+            "acceptance_rate": 0.375,
+            "drafted": 8,
+            "accepted": 3,
+            "per_position_acceptance": [0.75, 0.5, 0.25, 0.0],
+            "accepted_histogram": [1, 0, 1, 0, 0],
+        },
+        "This reply, live.",
+    )
     assert panel.tau.text() == "τ = 2.50 tokens/step" and panel.rate.text() == "38%" and panel.counts.text() == "3 / 8"
     assert list(panel.positions.bars.opts["height"]) == [0.75, 0.5, 0.25, 0.0]
     assert list(panel.histogram.bars.opts["x"]) == [0, 1, 2, 3, 4]
@@ -218,9 +262,17 @@ def test_export() -> None:
     from flashdesk.app.history.export import to_json, to_markdown
 
     conv = Conversation(1, "Sky", 0.0, 0.0, "Be brief.", {"temperature": 0.0})
-    msgs = [_message("user", "Why is the sky blue?", id=1),
-            _message("assistant", "Rayleigh scattering.", id=2, thought="Physics.", thought_seconds=1.0,
-                     stats={"tokens": 3, "decode_tokens_per_second": 10.0, "joules_per_token": None})]
+    msgs = [
+        _message("user", "Why is the sky blue?", id=1),
+        _message(
+            "assistant",
+            "Rayleigh scattering.",
+            id=2,
+            thought="Physics.",
+            thought_seconds=1.0,
+            stats={"tokens": 3, "decode_tokens_per_second": 10.0, "joules_per_token": None},
+        ),
+    ]
     md = to_markdown(conv, msgs)
     assert md.startswith("# Sky\n") and "> Be brief." in md and "## You" in md and "## Assistant" in md
     assert "<details><summary>Thought (1.0 s)</summary>" in md and "10.0 tok/s" in md
@@ -229,20 +281,24 @@ def test_export() -> None:
     assert data["messages"][1]["thought"] == "Physics." and data["messages"][1]["stats"]["tokens"] == 3
 
 
-
-@pytest.mark.parametrize("message, title", [
-    ("## **Fix** the `main()` _loop_", "Fix the main() loop"),
-    ("```python\nprint('hi')\n```\nWhy?", "print('hi') Why?"),
-    ("> quoted\n> text", "quoted text"),
-    ("- one\n* two\n+ three\n1. four\n2) five\n- [x] done", "one two three four five done"),
-    ("See [the docs](https://x.org/a_b) and ![a chart](c.png) or <https://y.org>",
-     "See the docs and a chart or https://y.org"),
-    ("snake_case and 2 * 3 * 4 stay", "snake_case and 2 * 3 * 4 stay"),
-    ("~~old~~ __new__ ***both***", "old new both"),
-    ("  many\n\n spaces\tand\nlines  ", "many spaces and lines"),
-    ("# Title #\n---\nbody", "Title body"),
-    ("```\n```", ""),
-])
+@pytest.mark.parametrize(
+    "message, title",
+    [
+        ("## **Fix** the `main()` _loop_", "Fix the main() loop"),
+        ("```python\nprint('hi')\n```\nWhy?", "print('hi') Why?"),
+        ("> quoted\n> text", "quoted text"),
+        ("- one\n* two\n+ three\n1. four\n2) five\n- [x] done", "one two three four five done"),
+        (
+            "See [the docs](https://x.org/a_b) and ![a chart](c.png) or <https://y.org>",
+            "See the docs and a chart or https://y.org",
+        ),
+        ("snake_case and 2 * 3 * 4 stay", "snake_case and 2 * 3 * 4 stay"),
+        ("~~old~~ __new__ ***both***", "old new both"),
+        ("  many\n\n spaces\tand\nlines  ", "many spaces and lines"),
+        ("# Title #\n---\nbody", "Title body"),
+        ("```\n```", ""),
+    ],
+)
 def test_titles_are_plain_text(message: str, title: str) -> None:
     from flashdesk.app.history.titles import title_from
 
@@ -258,18 +314,21 @@ def test_long_titles_are_cut_at_a_word() -> None:
     assert title_from("Short, then: " + "y" * 60, 20) == "Short, then…"
 
 
-@pytest.mark.parametrize("title, kind, name", [
-    ("Sky", "md", "Sky.md"),
-    ("Sky", "json", "Sky.json"),
-    ('a/b\\c: "d" <e>|f?*', "md", "a b c d e f.md"),
-    ("tab\tand\x00nul\x7f", "md", "tab and nul.md"),
-    ("...hidden. ", "md", "hidden.md"),
-    ("", "md", "conversation.md"),
-    ("?/:", "json", "conversation.json"),
-    ("con", "md", "con_.md"),
-    ("Long title " * 10, "md", "Long title Long title Long title Long title Long title Long.md"),
-    ("Why is the sky…", "md", "Why is the sky.md"),
-])
+@pytest.mark.parametrize(
+    "title, kind, name",
+    [
+        ("Sky", "md", "Sky.md"),
+        ("Sky", "json", "Sky.json"),
+        ('a/b\\c: "d" <e>|f?*', "md", "a b c d e f.md"),
+        ("tab\tand\x00nul\x7f", "md", "tab and nul.md"),
+        ("...hidden. ", "md", "hidden.md"),
+        ("", "md", "conversation.md"),
+        ("?/:", "json", "conversation.json"),
+        ("con", "md", "con_.md"),
+        ("Long title " * 10, "md", "Long title Long title Long title Long title Long title Long.md"),
+        ("Why is the sky…", "md", "Why is the sky.md"),
+    ],
+)
 def test_export_file_name(title: str, kind: str, name: str) -> None:
     from flashdesk.app.history.export import NAME_CHARS, file_name
 
@@ -348,11 +407,13 @@ def test_app_modules_do_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, os; os.environ['QT_QPA_PLATFORM'] = 'offscreen';"
-            "import flashdesk.app.main, flashdesk.app.main_window;"
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'triton')"
-            " or m.startswith('flashdesk.engine'));"
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, os; os.environ['QT_QPA_PLATFORM'] = 'offscreen';"
+        "import flashdesk.app.main, flashdesk.app.main_window;"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'triton')"
+        " or m.startswith('flashdesk.engine'));"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -362,11 +423,17 @@ def test_reply_footer_says_the_reuse_the_cap_and_what_was_left_out() -> None:
 
     r = Reply("r", 7, sent_at=99.9, requested_max_tokens=2048)
     r.start(p.Started("r", 830, reused_tokens=800, dropped_messages=4, max_tokens=1200))
-    assert (r.prompt_tokens, r.reused_tokens, r.prefill_tokens, r.dropped_messages, r.max_tokens) == \
-        (830, 800, 30, 4, 1200)
+    assert (r.prompt_tokens, r.reused_tokens, r.prefill_tokens, r.dropped_messages, r.max_tokens) == (
+        830,
+        800,
+        30,
+        4,
+        1200,
+    )
     r.add_steps([_step(0, [5], [], 0, "Hi", 0.1, seconds=0.1)])
-    r.finish(p.Finished("r", "context", "Hi", "", [5], 830, 0.1, 0.2,
-                        {"reused_tokens": 812, "prefill_tokens": 18}, 0), None)
+    r.finish(
+        p.Finished("r", "context", "Hi", "", [5], 830, 0.1, 0.2, {"reused_tokens": 812, "prefill_tokens": 18}, 0), None
+    )
     s = r.stats()
     assert (s["reused_tokens"], s["prefill_tokens"], s["dropped_messages"]) == (812, 18, 4)
     assert s["prefill_tokens_per_second"] == pytest.approx(180)  # the tokens prefilled, not the whole prompt

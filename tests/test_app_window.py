@@ -45,18 +45,35 @@ def open_window(qtbot, monkeypatch, tmp_path):
     # often end them sooner with its end-of-turn token
     monkeypatch.setattr(p, "Generate", functools.partial(p.Generate, ignore_eos=True))
 
-    def make(data_dir: Path | None = None, demo=None, delay: float | None = None, nvml=None,
-             wait: bool = True, context: int = 4096) -> MainWindow:
+    def make(
+        data_dir: Path | None = None,
+        demo=None,
+        delay: float | None = None,
+        nvml=None,
+        wait: bool = True,
+        context: int = 4096,
+    ) -> MainWindow:
         data_dir = data_dir or tmp_path / "data"
         data_dir.mkdir(exist_ok=True)
         monkeypatch.setenv("FLASHDESK_DATA_DIR", str(data_dir))
         store = Store(data_dir / "flashdesk.db")
         if demo is not None:
-            store.set_setting("model", {"target": str(demo[0]), "draft": str(demo[1]), "device": "cpu",
-                                        "context": context, "kv_dtype": "auto", "dtype": "auto", "demo": True})
+            store.set_setting(
+                "model",
+                {
+                    "target": str(demo[0]),
+                    "draft": str(demo[1]),
+                    "device": "cpu",
+                    "context": context,
+                    "kv_dtype": "auto",
+                    "dtype": "auto",
+                    "demo": True,
+                },
+            )
         session = EngineSession(env={"FLASHDESK_WORKER_STEP_DELAY": str(delay)} if delay else None)
-        sampler = TelemetrySampler(nvml or fake_nvml(init_error=NVMLError("NVML Shared Library Not Found")),
-                                   interval=0.2)
+        sampler = TelemetrySampler(
+            nvml or fake_nvml(init_error=NVMLError("NVML Shared Library Not Found")), interval=0.2
+        )
         window = MainWindow(store, session, sampler)
         qtbot.addWidget(window)
         window.show()
@@ -76,8 +93,9 @@ def open_window(qtbot, monkeypatch, tmp_path):
 def greedy(window: MainWindow, max_tokens: int) -> None:
     """Start a conversation that decodes greedily (the same reply every time)."""
     window.new_conversation()
-    window.controller.update_settings("", {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": max_tokens,
-                                           "thinking": False})
+    window.controller.update_settings(
+        "", {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": max_tokens, "thinking": False}
+    )
 
 
 def send(qtbot, window: MainWindow, text: str | None, typed: bool = True) -> None:
@@ -127,7 +145,7 @@ def test_send_streams_is_stored_while_streaming_and_survives_a_restart(qtbot, op
     db.close()
     wait_idle(qtbot, w)
 
-    assert len(seen) >= 3 and all(a == b[:len(a)] for a, b in zip(seen, seen[1:]))  # it streamed, growing
+    assert len(seen) >= 3 and all(a == b[: len(a)] for a, b in zip(seen, seen[1:]))  # it streamed, growing
     user, reply = messages(w)
     assert (user.role, user.content, reply.role, reply.state) == ("user", "Hello there", "assistant", COMPLETE)
     assert reply.content == seen[-1] and reply.content.strip()
@@ -422,8 +440,10 @@ def test_regenerate_keeps_the_earlier_replies_to_browse(qtbot, open_window, demo
     shown = messages(w)[-1]
     assert shown.id == first.id and shown.content == first.content
     assert w.chat.widget(first.id).version_label.text() == "1/2" and w.chat.widget(second.id) is None
-    assert w.controller.prompt_messages("Next")[-2:] == [{"role": "assistant", "content": first.content},
-                                                         {"role": "user", "content": "Next"}]
+    assert w.controller.prompt_messages("Next")[-2:] == [
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": "Next"},
+    ]
     w.export_to(tmp_path / "v.json", "json")
     w.export_to(tmp_path / "v.md", "md")
     reply = json.loads((tmp_path / "v.json").read_text())["messages"][1]
@@ -443,9 +463,23 @@ def test_kernels_that_failed_their_self_test_are_named_after_the_load(qtbot, ope
     the window says which, once, in the notice banner."""
     w = open_window()
     note = "moe runs on the slower torch path: it failed the kernel self-test on this card (replies stay correct)"
-    w._loaded(p.Loaded(target="/m", draft=None, name="Gemma", device="cuda:0", device_name="RTX 4090",
-                       device_uuid=None, dtype="bfloat16", kv_dtype="fp8", context_limit=4096, block_size=None,
-                       memory_bytes=1, seconds=1.0, kernel_note=note))
+    w._loaded(
+        p.Loaded(
+            target="/m",
+            draft=None,
+            name="Gemma",
+            device="cuda:0",
+            device_name="RTX 4090",
+            device_uuid=None,
+            dtype="bfloat16",
+            kv_dtype="fp8",
+            context_limit=4096,
+            block_size=None,
+            memory_bytes=1,
+            seconds=1.0,
+            kernel_note=note,
+        )
+    )
     assert not w.notice_banner.isHidden() and w.notice_banner.label.text() == "M" + note[1:]
 
 

@@ -12,8 +12,20 @@ def test_bench_compares_modes_and_references(spec_pair, tmp_path, capsys):
     target_dir, draft_dir = spec_pair[1]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"category": "code", "prompt": "Write hello world"}\nTell me a joke\n')
-    args = ["bench", "--model", str(target_dir), "--draft", str(draft_dir), "--prompts", str(prompts),
-            "--max-new-tokens", "12", "--draft-lengths", "2,5", "--compare"]
+    args = [
+        "bench",
+        "--model",
+        str(target_dir),
+        "--draft",
+        str(draft_dir),
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "12",
+        "--draft-lengths",
+        "2,5",
+        "--compare",
+    ]
     assert main(args + ["--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [m["mode"] for m in report["modes"]] == ["AR", "DFlash K=2", "DFlash K=5"]
@@ -45,10 +57,29 @@ def test_bench_refuses_bad_input(spec_pair, tmp_path, capsys):
 # -- by task type, on the demo pair ------------------------------------------------------------
 
 TASKS = ["code", "math", "reasoning", "chat", "summarization", "translation"]
-TODAY = {"model", "draft", "prompts", "categories", "max_new_tokens", "device", "dtype", "kv_dtype", "modes",
-         "outputs_identical"}
-TODAY_MODE = {"mode", "draft_length", "decode_tokens", "decode_seconds", "tokens_per_second", "speedup_over_ar",
-              "acceptance_rate", "mean_acceptance_length", "per_prompt"}
+TODAY = {
+    "model",
+    "draft",
+    "prompts",
+    "categories",
+    "max_new_tokens",
+    "device",
+    "dtype",
+    "kv_dtype",
+    "modes",
+    "outputs_identical",
+}
+TODAY_MODE = {
+    "mode",
+    "draft_length",
+    "decode_tokens",
+    "decode_seconds",
+    "tokens_per_second",
+    "speedup_over_ar",
+    "acceptance_rate",
+    "mean_acceptance_length",
+    "per_prompt",
+}
 
 
 def test_builtin_prompt_sets():
@@ -148,14 +179,20 @@ def test_device_probe_reads_nvml(monkeypatch):
             raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
         return next(counter)
 
-    fake = SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: calls.append("shutdown"),
-                           nvmlSystemGetDriverVersion=lambda: "570.86.10",
-                           nvmlDeviceGetHandleByPciBusId=lambda bus: calls.append(bus) or "h0",
-                           nvmlDeviceGetTotalEnergyConsumption=energy)
+    fake = SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlSystemGetDriverVersion=lambda: "570.86.10",
+        nvmlDeviceGetHandleByPciBusId=lambda bus: calls.append(bus) or "h0",
+        nvmlDeviceGetTotalEnergyConsumption=energy,
+    )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda i=0: SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1B, pci_device_id=0))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda i=0: SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1B, pci_device_id=0),
+    )
     probe = DeviceProbe(torch.device("cuda", 0))
     assert (probe.name, probe.driver, probe.energy_note) == ("NVIDIA H200", "570.86.10", "NVML energy counter")
     assert calls == ["00000000:1B:00.0"]
@@ -186,8 +223,20 @@ def test_bench_joules_per_token_and_results_key(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("FLASHDESK_DATA_DIR", str(tmp_path))
     monkeypatch.setattr(measure, "DeviceProbe", Probe)
-    args = ["bench", "--demo", "--tasks", "code,chat", "--prompts-per-task", "1", "--max-new-tokens", "8",
-            "--draft-lengths", "3", "--json", "--no-progress"]
+    args = [
+        "bench",
+        "--demo",
+        "--tasks",
+        "code,chat",
+        "--prompts-per-task",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--draft-lengths",
+        "3",
+        "--json",
+        "--no-progress",
+    ]
     assert main(args) == 0
     captured = capsys.readouterr()
     report = json.loads(captured.out)
@@ -203,8 +252,24 @@ def test_bench_full_takes_every_prompt(tmp_path, monkeypatch, capsys):
     from flashdesk.engine.bench.prompts import task_prompts
 
     monkeypatch.setenv("FLASHDESK_DATA_DIR", str(tmp_path))
-    assert main(["bench", "--demo", "--tasks", "translation", "--full", "--draft-lengths", "2",
-                 "--max-new-tokens", "2", "--json", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--demo",
+                "--tasks",
+                "translation",
+                "--full",
+                "--draft-lengths",
+                "2",
+                "--max-new-tokens",
+                "2",
+                "--json",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["prompts"] == len(task_prompts("translation")) >= 16 and report["prompts_per_task"] is None
 
@@ -236,8 +301,28 @@ def test_the_kept_bench_sets_the_engine_default(spec_pair, tmp_path, monkeypatch
     target, draft = (str(p) for p in spec_pair[1])
     engine = Engine.load(target, device="cpu", draft_dir=draft, draft_default=benched_default)
     assert engine.default_draft_length is None and engine.default_note == ""
-    assert main(["bench", "--model", target, "--draft", draft, "--tasks", "code", "--prompts-per-task", "1",
-                 "--max-new-tokens", "8", "--draft-lengths", "3,auto", "--json", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                target,
+                "--draft",
+                draft,
+                "--tasks",
+                "code",
+                "--prompts-per-task",
+                "1",
+                "--max-new-tokens",
+                "8",
+                "--draft-lengths",
+                "3,auto",
+                "--json",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     engine = Engine.load(target, device="cpu", draft_dir=draft, draft_default=benched_default)
     assert engine.default_draft_length == report["best_draft_length"] in (3, "auto")

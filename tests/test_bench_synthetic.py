@@ -15,11 +15,31 @@ from flashdesk.kernels.int4 import Int4Weight
 
 # The real configs, shrunk so the CPU runs the whole CLI in seconds (the real shapes are checked
 # by byte counting on the meta device below, where nothing is allocated).
-SMALL_TARGET = dict(sm.REAL_TARGET, vocab_size=2048, hidden_size=128, intermediate_size=96, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=32, global_head_dim=64, num_global_key_value_heads=1,
-                    sliding_window=16, num_experts=16, top_k_experts=4, moe_intermediate_size=64)
-SMALL_DRAFTER = dict(sm.REAL_DRAFTER, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                     intermediate_size=192, sliding_window=24, vocab_size=2048)
+SMALL_TARGET = dict(
+    sm.REAL_TARGET,
+    vocab_size=2048,
+    hidden_size=128,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    global_head_dim=64,
+    num_global_key_value_heads=1,
+    sliding_window=16,
+    num_experts=16,
+    top_k_experts=4,
+    moe_intermediate_size=64,
+)
+SMALL_DRAFTER = dict(
+    sm.REAL_DRAFTER,
+    hidden_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=192,
+    sliding_window=24,
+    vocab_size=2048,
+)
 NAMES = ["prefill-1024", "prefill-8192", "ar"] + [f"verify-{m}" for m in range(1, 17)] + ["draft"]
 
 
@@ -70,16 +90,18 @@ def test_bench_without_synthetic_still_needs_model_and_draft(capsys):
 
 
 def test_kv_and_draft_kv_bytes_by_hand():
-    cfg = parse_config(dict(SMALL_TARGET, num_hidden_layers=2, sliding_window=4,
-                            layer_types=["sliding_attention", "full_attention"]))
+    cfg = parse_config(
+        dict(SMALL_TARGET, num_hidden_layers=2, sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+    )
     # block of 2 at positions 10, 11. Sliding layer (2 KV heads x 32): keys 7..11 (the first query's
     # window of 4 and the block) = 5 positions; full layer (1 KV head x 64): keys 0..11 = 12.
     # fp8: 1 byte per element, K and V, + one 4-byte scale per (position, head) for K and for V.
     assert sb.kv_read_bytes(cfg, "fp8", 10, 2) == 5 * 2 * (2 * 32 + 2 * 4) + 12 * 1 * (2 * 64 + 2 * 4)
     assert sb.kv_read_bytes(cfg, "bfloat16", 10, 2) == 5 * 2 * 32 * 2 * 2 + 12 * 1 * 64 * 2 * 2
     assert sb.kv_read_bytes(cfg, "float32", 0, 3) == 3 * 2 * 32 * 2 * 4 + 3 * 1 * 64 * 2 * 4  # no window cut
-    dcfg = parse_draft_config(dict(SMALL_DRAFTER, num_hidden_layers=2, sliding_window=8,
-                                   layer_types=["sliding_attention", "full_attention"]))
+    dcfg = parse_draft_config(
+        dict(SMALL_DRAFTER, num_hidden_layers=2, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    )
     # sliding: the last window - 1 = 7 positions; full: all 20; 2 KV heads x 32, K and V, bf16
     assert sb.draft_kv_bytes(dcfg, 20, 2) == (7 + 20) * 2 * 32 * 2 * 2
     assert sb.draft_kv_bytes(dcfg, 5, 2) == (5 + 5) * 2 * 32 * 2 * 2
@@ -87,14 +109,19 @@ def test_kv_and_draft_kv_bytes_by_hand():
 
 def _int4(*shape):
     meta = torch.device("meta")
-    return Int4Weight(torch.empty(*shape[:-1], shape[-1] // 8, dtype=torch.int32, device=meta),
-                      torch.empty(*shape[:-1], shape[-1] // 32, dtype=torch.bfloat16, device=meta), None, 32)
+    return Int4Weight(
+        torch.empty(*shape[:-1], shape[-1] // 8, dtype=torch.int32, device=meta),
+        torch.empty(*shape[:-1], shape[-1] // 32, dtype=torch.bfloat16, device=meta),
+        None,
+        32,
+    )
 
 
 def test_target_step_bytes_by_hand():
     cfg = parse_config(dict(SMALL_TARGET, num_hidden_layers=1, sliding_window=4, layer_types=["full_attention"]))
     layer = SimpleNamespace(
-        spec=cfg.layers[0], q_size=64,  # not weights: ignored
+        spec=cfg.layers[0],
+        q_size=64,  # not weights: ignored
         qkv=_int4(96, 64),  # 96 * 64 / 2 packed + 96 * 2 groups * 2 bytes of scale = 3072 + 384
         o_proj=(_int4(64, 32), torch.empty(64, 32, dtype=torch.bfloat16)),  # a tuple: 1024 + 128 and 4096
         norms={"a": torch.empty(64, dtype=torch.float32), "b": torch.empty(32, dtype=torch.float32)},  # 256 + 128
@@ -102,8 +129,12 @@ def test_target_step_bytes_by_hand():
         experts_gate_up=_int4(4, 16, 64),  # per expert 16 * 64 / 2 + 16 * 2 * 2 = 576
         experts_down=_int4(4, 64, 32),  # per expert 64 * 32 / 2 + 64 * 1 * 2 = 1152
     )
-    model = SimpleNamespace(cfg=cfg, layers=[layer], final_norm=torch.empty(64, dtype=torch.float32),
-                            embed=torch.empty(100, 64, dtype=torch.bfloat16))
+    model = SimpleNamespace(
+        cfg=cfg,
+        layers=[layer],
+        final_norm=torch.empty(64, dtype=torch.float32),
+        embed=torch.empty(100, 64, dtype=torch.bfloat16),
+    )
     assert sb.expert_bytes(layer) == 576 + 1152
     assert sb.layer_dense_bytes(layer) == 3072 + 384 + 1024 + 128 + 4096 + 256 + 128 + 2
     b = sb.target_step_bytes(model, "bfloat16", 3, 2, unique_ids=2, experts_hit={0: 3})
@@ -146,8 +177,26 @@ def test_layer_selection_keeps_a_full_layer_and_remaps_taps():
 def test_two_full_size_layers_run_on_the_cpu(capsys):
     """The real Gemma 4 26B-A4B and drafter shapes (hidden 2816, 128 experts, the 262,144-row head),
     two layers, a short context: every step runs and reads what the byte model says."""
-    assert main(["bench", "--synthetic", "--layers", "2", "--device", "cpu", "--context", "16",
-                 "--prefill-lengths", "16,16", "--repeats", "1", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--synthetic",
+                "--layers",
+                "2",
+                "--device",
+                "cpu",
+                "--context",
+                "16",
+                "--prefill-lengths",
+                "16,16",
+                "--repeats",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     steps = {step["name"]: step for step in report["steps"]}
     assert set(NAMES) <= set(steps) and report["layers"] == 2
@@ -197,8 +246,9 @@ def test_on_a_gpu_the_steps_timed_are_graph_replays(capsys, monkeypatch, fail):
     monkeypatch.setattr(bs, "graphs_wanted", lambda device: (True, "on"))
     monkeypatch.setattr(bs, "StepGraphs", lambda *args: _RecordingGraphs(*args, fail=fail))
     monkeypatch.setattr(bs, "profile_step", lambda device, fn: fn() is None or summarize([("gemv", 0.0, 3.0)]))
-    report, table = run_cli(capsys, "--layers", "6", "--context", "24", "--prefill-lengths", "8,16", "--repeats", "2",
-                            "--profile")
+    report, table = run_cli(
+        capsys, "--layers", "6", "--context", "24", "--prefill-lengths", "8,16", "--repeats", "2", "--profile"
+    )
     target_graphs, int4_graphs = _RecordingGraphs.made
     assert target_graphs.drafter is not int4_graphs.drafter and int4_graphs.ctx is not target_graphs.ctx
     if fail:

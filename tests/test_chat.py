@@ -98,9 +98,7 @@ def test_fixture_exercises_partial_characters(tok, byte_tok):
 
 
 def render(tokenizer, messages, thinking):
-    return tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, enable_thinking=thinking, tokenize=False
-    )
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=thinking, tokenize=False)
 
 
 def test_template_text_thinking_off_and_on(tok):
@@ -114,9 +112,7 @@ def test_template_text_thinking_off_and_on(tok):
     assert render(tok, msgs, False) == (
         "<bos><|turn>system\nBe brief.<turn|>\n" + history + "<|turn>model\n<|channel>thought\n<channel|>"
     )
-    assert render(tok, msgs, True) == (
-        "<bos><|turn>system\n<|think|>\nBe brief.<turn|>\n" + history + "<|turn>model\n"
-    )
+    assert render(tok, msgs, True) == ("<bos><|turn>system\n<|think|>\nBe brief.<turn|>\n" + history + "<|turn>model\n")
     # No system message: a system turn only when thinking is on.
     user = messages_from("Hi")
     assert render(tok, user, False) == "<bos><|turn>user\nHi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"

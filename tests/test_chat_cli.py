@@ -15,8 +15,12 @@ from flashdesk.engine.decode.chat import build_prompt_ids, load_tokenizer
 from flashdesk.engine.tools.cli import main
 
 SYSTEM = "Be brief."
-TURNS = ["Hello there, what is the answer?", "And what about the world?", "Tell me more about the model.",
-         "Thanks, that is it for this thing."]
+TURNS = [
+    "Hello there, what is the answer?",
+    "And what about the world?",
+    "Tell me more about the model.",
+    "Thanks, that is it for this thing.",
+]
 
 
 def chat(argv, requests, jsonl=True):
@@ -53,10 +57,15 @@ def tokenizer(folders):
 def four_turns(folders):
     """The 4-turn session with a regenerate after turn 2, with prefix reuse and without."""
     target_dir, draft_dir = folders
-    script = [{"user": TURNS[0]}, {"user": TURNS[1]}, {"command": "regenerate"}, {"user": TURNS[2]},
-              {"user": TURNS[3]}, {"command": "stats"}]
-    args = ["--model", target_dir, "--draft", draft_dir, "--system", SYSTEM, "--max-new-tokens", 16,
-            "--device", "cpu"]
+    script = [
+        {"user": TURNS[0]},
+        {"user": TURNS[1]},
+        {"command": "regenerate"},
+        {"user": TURNS[2]},
+        {"user": TURNS[3]},
+        {"command": "stats"},
+    ]
+    args = ["--model", target_dir, "--draft", draft_dir, "--system", SYSTEM, "--max-new-tokens", 16, "--device", "cpu"]
     return jsonl(args, script), jsonl([*args, "--no-reuse"], script)
 
 
@@ -119,26 +128,43 @@ def test_history_keeps_the_answers_and_drops_the_replaced_reply(four_turns, toke
 
 
 def _system_prefix(tokenizer) -> list[int]:
-    a = build_prompt_ids(tokenizer, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "x"}],
-                         enable_thinking=False)
-    b = build_prompt_ids(tokenizer, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "yy z"}],
-                         enable_thinking=False)
+    a = build_prompt_ids(
+        tokenizer, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "x"}], enable_thinking=False
+    )
+    b = build_prompt_ids(
+        tokenizer, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "yy z"}], enable_thinking=False
+    )
     n = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-    return a[:n - 1]  # up to the system turn's end
+    return a[: n - 1]  # up to the system turn's end
 
 
-LONG = ["Hello there, what is the answer to the question of the world and the model?",
-        "I think that the answer is not in the model, and you have to think with the user.",
-        "What can the speculative model help with in this world, and what is it not for?",
-        "Let the user have the answer, and the model the thought, on the world at the end.",
-        "The naïve café is in the world; what is the answer for the user of this model?",
-        "Is it the model that can think, or the user that has the answer for the world?"]
+LONG = [
+    "Hello there, what is the answer to the question of the world and the model?",
+    "I think that the answer is not in the model, and you have to think with the user.",
+    "What can the speculative model help with in this world, and what is it not for?",
+    "Let the user have the answer, and the model the thought, on the world at the end.",
+    "The naïve café is in the world; what is the answer for the user of this model?",
+    "Is it the model that can think, or the user that has the answer for the world?",
+]
 
 
 def test_past_the_context_limit_drop_oldest_carries_on(folders, tmp_path, tokenizer):
     target_dir, draft_dir = folders
-    args = ["--model", target_dir, "--draft", draft_dir, "--system", SYSTEM, "--context", 160,
-            "--max-new-tokens", 24, "--ignore-eos", "--device", "cpu"]
+    args = [
+        "--model",
+        target_dir,
+        "--draft",
+        draft_dir,
+        "--system",
+        SYSTEM,
+        "--context",
+        160,
+        "--max-new-tokens",
+        24,
+        "--ignore-eos",
+        "--device",
+        "cpu",
+    ]
     script = [{"user": text} for text in LONG] + [{"command": "save", "value": str(tmp_path / "c.json")}]
     out = jsonl(args, script)
     scratch = jsonl([*args, "--no-reuse"], script)
@@ -148,7 +174,7 @@ def test_past_the_context_limit_drop_oldest_carries_on(folders, tmp_path, tokeni
     assert any(r["dropped_messages"] > 0 for r in replies)
     prefix = _system_prefix(tokenizer)
     for reply, again in zip(replies, scratch):
-        assert reply["prompt_ids"][:len(prefix)] == prefix  # the system prompt survives the drops
+        assert reply["prompt_ids"][: len(prefix)] == prefix  # the system prompt survives the drops
         assert len(reply["prompt_ids"]) + len(reply["token_ids"]) <= 160
         assert reply["token_ids"] == again["token_ids"]
     saved = json.loads((tmp_path / "c.json").read_text())
@@ -160,11 +186,24 @@ def test_past_the_context_limit_drop_oldest_carries_on(folders, tmp_path, tokeni
 
 def test_past_the_context_limit_stop_says_so_and_the_session_goes_on(folders):
     target_dir, _ = folders
-    args = ["--model", target_dir, "--system", SYSTEM, "--context", 160, "--max-new-tokens", 24, "--ignore-eos",
-            "--device", "cpu", "--context-policy", "stop"]
+    args = [
+        "--model",
+        target_dir,
+        "--system",
+        SYSTEM,
+        "--context",
+        160,
+        "--max-new-tokens",
+        24,
+        "--ignore-eos",
+        "--device",
+        "cpu",
+        "--context-policy",
+        "stop",
+    ]
     out = jsonl(args, [{"user": text} for text in LONG] + [{"command": "clear"}, {"user": LONG[0]}])
     assert len(out) == len(LONG) + 2
-    errors = [i for i, r in enumerate(out[:len(LONG)]) if "error" in r]
+    errors = [i for i, r in enumerate(out[: len(LONG)]) if "error" in r]
     assert errors and errors[0] > 0 and errors == list(range(errors[0], len(LONG)))  # full stays full
     assert "context" in out[errors[0]]["error"] and "/clear" in out[errors[0]]["error"]
     assert out[len(LONG)] == {"command": "clear", "ok": True, "system": SYSTEM}
@@ -176,15 +215,29 @@ def test_past_the_context_limit_stop_says_so_and_the_session_goes_on(folders):
 def test_jsonl_commands_and_bad_lines(folders, tmp_path):
     target_dir, draft_dir = folders
     args = ["--model", target_dir, "--draft", draft_dir, "--max-new-tokens", 12, "--ignore-eos", "--device", "cpu"]
-    out = jsonl(args, [
-        "this is not json", {"command": "warp"}, {"user": 3}, {"command": "k", "value": 99},
-        {"command": "regenerate"},  # nothing to regenerate yet
-        {"command": "k 4"}, {"user": "Hello there"},
-        {"command": "spec", "value": "off"}, {"user": "And the world?"},
-        {"command": "spec", "value": True}, {"command": "think", "value": "on"},
-        {"command": "system", "value": SYSTEM}, {"user": "What is the answer?"},
-        {"command": "system"}, {"command": "think", "value": "maybe"},
-        {"command": "save", "value": str(tmp_path / "s.json")}, {"command": "bye"}, {"user": "never read"}])
+    out = jsonl(
+        args,
+        [
+            "this is not json",
+            {"command": "warp"},
+            {"user": 3},
+            {"command": "k", "value": 99},
+            {"command": "regenerate"},  # nothing to regenerate yet
+            {"command": "k 4"},
+            {"user": "Hello there"},
+            {"command": "spec", "value": "off"},
+            {"user": "And the world?"},
+            {"command": "spec", "value": True},
+            {"command": "think", "value": "on"},
+            {"command": "system", "value": SYSTEM},
+            {"user": "What is the answer?"},
+            {"command": "system"},
+            {"command": "think", "value": "maybe"},
+            {"command": "save", "value": str(tmp_path / "s.json")},
+            {"command": "bye"},
+            {"user": "never read"},
+        ],
+    )
     assert set(out[0]) == set(out[2]) == {"error"} and "not JSON" in out[0]["error"]
     assert out[1] == {"command": "warp", "error": "unknown command /warp: /help lists the commands"}
     assert out[3]["command"] == "k" and "1..15" in out[3]["error"]
@@ -208,8 +261,10 @@ def test_jsonl_commands_and_bad_lines(folders, tmp_path):
 
 def test_commands_that_need_a_drafter_say_so(folders):
     target_dir, _ = folders
-    out = jsonl(["--model", target_dir, "--max-new-tokens", 4, "--device", "cpu"],
-                [{"command": "spec", "value": "on"}, {"command": "k", "value": 3}, {"user": "Hello"}])
+    out = jsonl(
+        ["--model", target_dir, "--max-new-tokens", 4, "--device", "cpu"],
+        [{"command": "spec", "value": "on"}, {"command": "k", "value": 3}, {"user": "Hello"}],
+    )
     assert "--draft" in out[0]["error"] and "--draft" in out[1]["error"]
     assert out[2]["steps"] is not None and out[2]["stats"]["mean_acceptance_length"] is None
 
@@ -217,10 +272,23 @@ def test_commands_that_need_a_drafter_say_so(folders):
 def test_interactive_streams_replies_and_runs_commands(folders, tmp_path):
     target_dir, draft_dir = folders
     path = tmp_path / "chat.json"
-    rc, out, err = chat(["--model", target_dir, "--draft", draft_dir, "--max-new-tokens", 12, "--ignore-eos",
-                         "--device", "cpu"],
-                        ["/k 99", "/k 4", "/bogus", "Hello there", "/spec off", "What is the answer?",
-                         "/think maybe", f"/save {path}", "/stats", "/bye", "never read"], jsonl=False)
+    rc, out, err = chat(
+        ["--model", target_dir, "--draft", draft_dir, "--max-new-tokens", 12, "--ignore-eos", "--device", "cpu"],
+        [
+            "/k 99",
+            "/k 4",
+            "/bogus",
+            "Hello there",
+            "/spec off",
+            "What is the answer?",
+            "/think maybe",
+            f"/save {path}",
+            "/stats",
+            "/bye",
+            "never read",
+        ],
+        jsonl=False,
+    )
     assert rc == 0, err
     assert "error: /k takes a draft length 1..15 or auto, got '99'" in err
     assert "draft length 4" in err and "error: unknown command /bogus" in err
@@ -250,8 +318,23 @@ def test_interactive_ctrl_c_cancels_a_reply_and_a_full_context_drops_turns(folde
 
     monkeypatch.setattr(chat_cli._Stream, "step", ctrl_c_in_the_first_reply)
     target_dir, _ = folders
-    rc, out, err = chat(["--model", target_dir, "--system", SYSTEM, "--context", 160, "--max-new-tokens", 24,
-                         "--ignore-eos", "--device", "cpu"], [LONG[0], "/regenerate", *LONG, "/stats"], jsonl=False)
+    rc, out, err = chat(
+        [
+            "--model",
+            target_dir,
+            "--system",
+            SYSTEM,
+            "--context",
+            160,
+            "--max-new-tokens",
+            24,
+            "--ignore-eos",
+            "--device",
+            "cpu",
+        ],
+        [LONG[0], "/regenerate", *LONG, "/stats"],
+        jsonl=False,
+    )
     assert rc == 0, err
     assert "[cancelled: the message and its partial reply are left out of the history]" in err
     assert "error: nothing to regenerate" in err  # the cancelled message went with its reply
@@ -270,8 +353,18 @@ def test_a_cancelled_reply_leaves_the_history_and_the_cache_usable(folders):
     engine = Engine.load(target_dir, device="cpu", draft_dir=draft_dir)
 
     def session(reuse):
-        return ChatSession(engine, SpecControl(), system=SYSTEM, thinking=False, sampling=SamplingParams(),
-                           max_new_tokens=12, ignore_eos=True, stop_strings=(), reuse=reuse, policy="drop_oldest")
+        return ChatSession(
+            engine,
+            SpecControl(),
+            system=SYSTEM,
+            thinking=False,
+            sampling=SamplingParams(),
+            max_new_tokens=12,
+            ignore_eos=True,
+            stop_strings=(),
+            reuse=reuse,
+            policy="drop_oldest",
+        )
 
     def interrupt(event):
         if event.index == 2:

@@ -49,8 +49,9 @@ def regex_groups(layout: str) -> Recipe:
     """As the target's export is reported: three groups by `re:` pattern (attention asymmetric group
     8, experts channel-wise, the last layer's dense MLP symmetric group 8); every other dense MLP
     in bf16, its modules listed by exact name in `ignore`."""
-    bf16_mlps = [f"{PREFIX[layout]}layers.{i}.mlp.{p}" for i in range(LAYERS - 1)
-                 for p in ("gate_proj", "up_proj", "down_proj")]
+    bf16_mlps = [
+        f"{PREFIX[layout]}layers.{i}.mlp.{p}" for i in range(LAYERS - 1) for p in ("gate_proj", "up_proj", "down_proj")
+    ]
 
     def scheme(name):
         kind = _kind(name)
@@ -58,11 +59,16 @@ def regex_groups(layout: str) -> Recipe:
             return (8, True) if _layer(name) == LAYERS - 1 else None
         return (8, False) if kind == "attention" else (None, True)
 
-    return Recipe("regex-groups", scheme, {
-        "attention": {"targets": [r"re:.*self_attn\.(q|k|v|o)_proj$"], "weights": weights_json(False, 8)},
-        "experts": {"targets": [r"re:.*experts.*"], "weights": weights_json(True, None)},
-        "mlp": {"targets": [r"re:.*mlp\.(gate|up|down)_proj$"], "weights": weights_json(True, 8)},
-    }, ["lm_head", r"re:.*vision.*", *bf16_mlps])
+    return Recipe(
+        "regex-groups",
+        scheme,
+        {
+            "attention": {"targets": [r"re:.*self_attn\.(q|k|v|o)_proj$"], "weights": weights_json(False, 8)},
+            "experts": {"targets": [r"re:.*experts.*"], "weights": weights_json(True, None)},
+            "mlp": {"targets": [r"re:.*mlp\.(gate|up|down)_proj$"], "weights": weights_json(True, 8)},
+        },
+        ["lm_head", r"re:.*vision.*", *bf16_mlps],
+    )
 
 
 def class_names(layout: str) -> Recipe:
@@ -74,23 +80,36 @@ def class_names(layout: str) -> Recipe:
             return None
         return (8, False) if _kind(name) == "experts" else (8, True)
 
-    return Recipe("class-names", scheme, {
-        "group_0": {"targets": ["Linear"], "weights": weights_json(True, 8)},
-        "group_1": {"targets": ["Gemma4TextExperts"], "weights": weights_json(False, 8)},
-    }, ["lm_head", r"re:.*layers\.2\.mlp\..*"], weight_shape=False)
+    return Recipe(
+        "class-names",
+        scheme,
+        {
+            "group_0": {"targets": ["Linear"], "weights": weights_json(True, 8)},
+            "group_1": {"targets": ["Gemma4TextExperts"], "weights": weights_json(False, 8)},
+        },
+        ["lm_head", r"re:.*layers\.2\.mlp\..*"],
+        weight_shape=False,
+    )
 
 
 def channel_all_bf16_mlps(layout: str) -> Recipe:
     """One channel-wise asymmetric group for every Linear; every dense MLP in bf16 (one pattern)."""
-    return Recipe("channel", lambda name: None if _kind(name) == "mlp" else (None, False),
-                  {"group_0": {"targets": ["Linear"], "weights": weights_json(False, None)}},
-                  ["lm_head", r"re:.*\.mlp\..*"])
+    return Recipe(
+        "channel",
+        lambda name: None if _kind(name) == "mlp" else (None, False),
+        {"group_0": {"targets": ["Linear"], "weights": weights_json(False, None)}},
+        ["lm_head", r"re:.*\.mlp\..*"],
+    )
 
 
 RECIPES = {"regex-groups": regex_groups, "class-names": class_names, "channel": channel_all_bf16_mlps}
-VARIANTS = [("conditional", "per_expert", "regex-groups"), ("causal", "fused", "regex-groups"),
-            ("conditional", "fused", "class-names"), ("causal", "per_expert", "class-names"),
-            ("conditional", "fused", "channel")]
+VARIANTS = [
+    ("conditional", "per_expert", "regex-groups"),
+    ("causal", "fused", "regex-groups"),
+    ("conditional", "fused", "class-names"),
+    ("causal", "per_expert", "class-names"),
+    ("conditional", "fused", "channel"),
+]
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=["-".join(v) for v in VARIANTS])
@@ -113,9 +132,10 @@ def _greedy(engine, prompt, n):
 
 def _reference_greedy(reference, prompt, n):
     with torch.no_grad():
-        seq = reference.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                                 pad_token_id=0)
-    return seq[0, len(prompt):].tolist()
+        seq = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    return seq[0, len(prompt) :].tolist()
 
 
 def _expect_format(weight, scheme, what):
@@ -136,7 +156,9 @@ def test_each_variant_loads_as_its_config_says_and_matches_transformers(variant)
         _expect_format(layer.qkv, recipe.scheme(f"{p}layers.{i}.self_attn.q_proj.weight"), f"layer {i} qkv")
         _expect_format(layer.gate_up, recipe.scheme(f"{p}layers.{i}.mlp.gate_proj.weight"), f"layer {i} MLP")
         _expect_format(layer.down, recipe.scheme(f"{p}layers.{i}.mlp.down_proj.weight"), f"layer {i} MLP down")
-        _expect_format(layer.experts_gate_up, recipe.scheme(f"{p}layers.{i}.experts.gate_up_proj"), f"layer {i} experts")
+        _expect_format(
+            layer.experts_gate_up, recipe.scheme(f"{p}layers.{i}.experts.gate_up_proj"), f"layer {i} experts"
+        )
     engine = Engine.load(folder, device="cpu")
     for prompt in PROMPTS[:2]:
         assert _greedy(engine, prompt, TOKENS) == _reference_greedy(reference, prompt, TOKENS)
@@ -175,10 +197,13 @@ def _add_tensor(folder, name, tensor):
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
-@pytest.mark.parametrize("name, hint", [
-    ("model.language_model.layers.1.self_attn.q_proj.weight_g_idx", "activation order"),
-    ("model.language_model.layers.1.mlp.mystery.weight", "config.json"),
-])
+@pytest.mark.parametrize(
+    "name, hint",
+    [
+        ("model.language_model.layers.1.self_attn.q_proj.weight_g_idx", "activation order"),
+        ("model.language_model.layers.1.mlp.mystery.weight", "config.json"),
+    ],
+)
 def test_an_unknown_tensor_is_refused_by_name_with_what_to_do(copy, name, hint):
     _add_tensor(copy, name, torch.zeros(4, dtype=torch.int32))
     with pytest.raises(CheckpointError) as caught:
@@ -190,9 +215,25 @@ def test_an_unknown_tensor_is_refused_by_name_with_what_to_do(copy, name, hint):
 def test_an_unknown_tensor_costs_the_cli_one_line_and_no_traceback(copy):
     name = "model.language_model.layers.1.mlp.mystery.weight"
     _add_tensor(copy, name, torch.zeros(4))
-    run = subprocess.run([sys.executable, "-m", "flashdesk", "generate", "--model", str(copy), "--device", "cpu",
-                          "--prompt-ids", "2,10", "--max-new-tokens", "2"], capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flashdesk",
+            "generate",
+            "--model",
+            str(copy),
+            "--device",
+            "cpu",
+            "--prompt-ids",
+            "2,10",
+            "--max-new-tokens",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode != 0
     assert "Traceback" not in run.stderr
     lines = [line for line in run.stderr.splitlines() if name in line]
@@ -203,8 +244,14 @@ def test_one_weight_quantized_two_ways_is_refused_naming_both(copy):
     """Per-expert modules of one stacked weight must share a scheme (one Int4Weight)."""
     config = json.loads((copy / "config.json").read_text())
     groups = config["quantization_config"]["config_groups"]
-    groups["expert_3"] = {"targets": ["model.language_model.layers.1.experts.3.gate_proj"], "weights": weights_json(True, 8)}
+    groups["expert_3"] = {
+        "targets": ["model.language_model.layers.1.experts.3.gate_proj"],
+        "weights": weights_json(True, 8),
+    }
     (copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"experts\.0\.gate_proj and .*experts\.3\.gate_proj .*quantized "
-                                              r"differently"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"experts\.0\.gate_proj and .*experts\.3\.gate_proj .*quantized "
+        r"differently",
+    ):
         load_target(copy)

@@ -50,13 +50,22 @@ def test_after_the_engine_compiled_its_kernels_a_conversation_compiles_nothing(t
     pytest.importorskip("triton")
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), TRITON_HOME=str(tmp_path))
-    run = subprocess.run([sys.executable, str(HERE / "jit_on_fake_gpu.py")], env=env, capture_output=True,
-                         text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, str(HERE / "jit_on_fake_gpu.py")], env=env, capture_output=True, text=True, timeout=900
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert isinstance(report["seconds"], float)
-    assert {"_linear_kernel", "_head_norms_kernel", "_decode_split_kernel", "_prefill_kernel",
-            "_router_kernel", "_gate_up_kernel", "_down_kernel", "_mlp_out_kernel"} <= set(report["ahead"])
+    assert {
+        "_linear_kernel",
+        "_head_norms_kernel",
+        "_decode_split_kernel",
+        "_prefill_kernel",
+        "_router_kernel",
+        "_gate_up_kernel",
+        "_down_kernel",
+        "_mlp_out_kernel",
+    } <= set(report["ahead"])
     assert report["where"].startswith("at load, on ")  # what doctor says on such a machine
     assert report["left_empty"] == [0, 0, 0, 0]  # cache and drafter context: length and device position
     # a prompt of 1061 tokens, follow-ups resuming from the prefix cache with 49, 18, 6 and 31 new

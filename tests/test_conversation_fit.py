@@ -20,8 +20,10 @@ def tok(tmp_path_factory):
 def conversation(turns: int) -> list[dict]:
     messages = [{"role": "system", "content": "you are terse"}]
     for i in range(turns):
-        messages += [{"role": "user", "content": f"question {i} " + "cat " * 20},
-                     {"role": "assistant", "content": f"answer {i} " + "dog " * 20}]
+        messages += [
+            {"role": "user", "content": f"question {i} " + "cat " * 20},
+            {"role": "assistant", "content": f"answer {i} " + "dog " * 20},
+        ]
     return messages + [{"role": "user", "content": "last question " + "sun " * 10}]
 
 
@@ -53,7 +55,7 @@ def test_drop_oldest_drops_whole_turns_keeping_the_system_prompt_and_the_last_me
     assert fitted.messages[-1] == messages[-1]
     allowed = limit - reply_room(limit, 64)
     assert len(fitted.ids) <= allowed // 2  # down to half, so the next turns do not drop again
-    more = [messages[0]] + messages[1 + fitted.dropped - 2:]  # the fewest turns: one fewer is too many
+    more = [messages[0]] + messages[1 + fitted.dropped - 2 :]  # the fewest turns: one fewer is too many
     assert length(tok, more) > allowed // 2
 
 
@@ -72,7 +74,6 @@ def test_a_last_message_too_long_for_the_context_is_refused_under_either_policy(
 
 def test_bad_settings_are_named(tok):
     with pytest.raises(ValueError, match="unknown context policy 'truncate'"):
-        fit_conversation(tok, conversation(1), thinking=False, context_limit=512, max_new_tokens=8,
-                         policy="truncate")
+        fit_conversation(tok, conversation(1), thinking=False, context_limit=512, max_new_tokens=8, policy="truncate")
     with pytest.raises(ValueError, match="at least 1"):
         fit_conversation(tok, conversation(1), thinking=False, context_limit=512, max_new_tokens=0)

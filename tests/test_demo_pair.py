@@ -9,7 +9,6 @@ speedup is measured with `flashdesk bench`, see assets/demo_model/NOTICE.md). No
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

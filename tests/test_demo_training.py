@@ -12,8 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packaging"))
 
-from demo_training.replies import open_requests  # noqa: E402
-from train_demo import compare_pairs  # noqa: E402
+from demo_training.replies import open_requests
+from train_demo import compare_pairs
 
 
 @pytest.mark.parametrize("change", ["none", "weights", "missing"])
@@ -35,13 +35,18 @@ def test_open_requests_reword_held_out_requests_and_keep_the_question() -> None:
     """The drafter's data includes the held-out requests in other forms; a quoted code block is cut to
     whole lines so that the prompt (cut to its last 200 tokens) still holds the question."""
     code = "\n".join(f"    x{i} = {i}" for i in range(100))
-    held = [("Write a Python function to add two numbers.", f"```python\ndef add(a, b):\n{code}\n```"),
-            ("What does the Python module json do?", "It encodes and decodes JSON.")]
+    held = [
+        ("Write a Python function to add two numbers.", f"```python\ndef add(a, b):\n{code}\n```"),
+        ("What does the Python module json do?", "It encodes and decodes JSON."),
+    ]
     made = open_requests(held, 40, random.Random(2))
     assert made == open_requests(held, 40, random.Random(2))  # deterministic
     assert len(made) == 40 and len(set(made)) > 8
-    assert all(m.startswith(("Write a Python function to add", "What does the Python module json", "In "))
-               or "```python\ndef add(a, b):" in m for m in made)
+    assert all(
+        m.startswith(("Write a Python function to add", "What does the Python module json", "In "))
+        or "```python\ndef add(a, b):" in m
+        for m in made
+    )
     quoting = [m for m in made if "```python" in m]
     assert quoting and all(len(m) < 700 and m.endswith("\n```") for m in quoting)
     assert any(m.startswith("In ") and "write a function to add two numbers." in m for m in made)

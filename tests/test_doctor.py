@@ -14,9 +14,17 @@ from safetensors.torch import load_file, save_file
 
 from flashdesk.engine.loading.build import load_target
 from flashdesk.engine.loading.checkpoint import describe_checkpoint, inspect_checkpoint
-from flashdesk.engine.loading.memory_plan import (MIN_USEFUL_CONTEXT, WORKSPACE_FIXED_BYTES, format_bytes,
-                                                  int4_weight_bytes, kv_cache_bytes, loaded_weight_bytes,
-                                                  longest_context, plan_memory, workspace_bytes)
+from flashdesk.engine.loading.memory_plan import (
+    MIN_USEFUL_CONTEXT,
+    WORKSPACE_FIXED_BYTES,
+    format_bytes,
+    int4_weight_bytes,
+    kv_cache_bytes,
+    loaded_weight_bytes,
+    longest_context,
+    plan_memory,
+    workspace_bytes,
+)
 from flashdesk.engine.decode.speculative import PREFILL_CHUNK
 from flashdesk.engine.tools import doctor as doctor_tool
 from flashdesk.engine.model import known_models
@@ -131,8 +139,9 @@ def test_workspace_allowance_of_gemma4_26b(cfg_26b):
     for context in (32768, 262144):
         assert workspace_bytes(cfg_26b, context, triton=True) == WORKSPACE_FIXED_BYTES + sliding * (2 + 4 + 2)
     # an fp32 cache is read back in bf16 on the Triton path too: the full layer's cast again
-    assert workspace_bytes(cfg_26b, 262144, kv_dtype="float32", triton=True) == \
-        WORKSPACE_FIXED_BYTES + elements * (2 + 4 + 2)
+    assert workspace_bytes(cfg_26b, 262144, kv_dtype="float32", triton=True) == WORKSPACE_FIXED_BYTES + elements * (
+        2 + 4 + 2
+    )
     assert PREFILL_CHUNK == 1024
 
 
@@ -163,6 +172,7 @@ def doctor(capsys, *args):
 
 def held_bytes(model: Gemma4) -> int:
     """Every weight tensor our model keeps, by walking it (not the computed RoPE tables)."""
+
     def tensors(obj):
         for name, value in vars(obj).items():
             if name in ("rope_freqs", "embed_scale", "spec"):
@@ -171,6 +181,7 @@ def held_bytes(model: Gemma4) -> int:
                 yield value
             elif isinstance(value, dict):
                 yield from (v for v in value.values() if isinstance(v, torch.Tensor))
+
     return sum(t.numel() * t.element_size() for obj in [model, *model.layers] for t in tensors(obj))
 
 
@@ -197,17 +208,19 @@ def test_doctor_reports_a_complete_checkpoint_with_its_numbers(ckpt, capsys):
     assert mem.total == report.loaded_bytes + mem.kv_bytes + mem.workspace_bytes
     assert mem.workspace_bytes > WORKSPACE_FIXED_BYTES
 
-    for expected in ("Gemma4ForConditionalGeneration, 6 layers (4 sliding, 2 full), hidden 64",
-                     "sliding 2 KV heads x 16, window 8; full 1 KV head x 32, K = V",
-                     "8, top 2, expert intermediate 24; dense MLP 96",
-                     f"limit {TINY_LIMIT} tokens",
-                     f"complete: 132 tensors in 1 file(s); {format_bytes(report.disk_bytes)} on disk (f32), "
-                     f"{format_bytes(report.loaded_bytes)} as bf16 on the GPU",
-                     f"vision/audio towers: {len(towers)} tensors",
-                     "tokenizer.json + tokenizer_config.json; chat template in chat_template.jinja",
-                     f"{format_bytes(mem.total)} at 1000 tokens",
-                     f"KV (fp8) {format_bytes(mem.kv_bytes)}",
-                     "verdict    ok"):
+    for expected in (
+        "Gemma4ForConditionalGeneration, 6 layers (4 sliding, 2 full), hidden 64",
+        "sliding 2 KV heads x 16, window 8; full 1 KV head x 32, K = V",
+        "8, top 2, expert intermediate 24; dense MLP 96",
+        f"limit {TINY_LIMIT} tokens",
+        f"complete: 132 tensors in 1 file(s); {format_bytes(report.disk_bytes)} on disk (f32), "
+        f"{format_bytes(report.loaded_bytes)} as bf16 on the GPU",
+        f"vision/audio towers: {len(towers)} tensors",
+        "tokenizer.json + tokenizer_config.json; chat template in chat_template.jinja",
+        f"{format_bytes(mem.total)} at 1000 tokens",
+        f"KV (fp8) {format_bytes(mem.kv_bytes)}",
+        "verdict    ok",
+    ):
         assert expected in out, expected
     assert "problem" not in out
     assert len(out.splitlines()) <= 14  # compact
@@ -332,21 +345,27 @@ def test_the_verdict_on_this_machine(capsys, monkeypatch, real_need):
     line = last_line(capsys)
     assert line.startswith("verdict: ")
     if not torch.cuda.is_available():
-        assert line == ("verdict: CPU only: the demo and test models run; Gemma 4 26B-A4B with DFlash needs an "
-                        f"NVIDIA GPU with at least {real_need} free")
+        assert line == (
+            "verdict: CPU only: the demo and test models run; Gemma 4 26B-A4B with DFlash needs an "
+            f"NVIDIA GPU with at least {real_need} free"
+        )
     assert real_need == "16.22 GiB"  # README: 16.3 GiB at 8K tokens, 16.22 at the 2048 the engine needs at least
 
 
 def test_the_verdict_on_a_gpu(capsys, monkeypatch, real_need):
     fake_gpu(monkeypatch, 22.0)
-    assert last_line(capsys) == ("verdict: NVIDIA GeForce RTX 4090 (22.00 GiB free of 24.00 GiB): Gemma 4 26B-A4B "
-                                 "with DFlash fits, context up to 262144 tokens with fp8 KV")
+    assert last_line(capsys) == (
+        "verdict: NVIDIA GeForce RTX 4090 (22.00 GiB free of 24.00 GiB): Gemma 4 26B-A4B "
+        "with DFlash fits, context up to 262144 tokens with fp8 KV"
+    )
     fake_gpu(monkeypatch, 19.0)
     longest = int(last_line(capsys).split("context up to ")[1].split()[0])
     assert 131072 < longest < 262144  # README: 17.9 GiB at 128K, 19.7 GiB at 256K
     fake_gpu(monkeypatch, 11.0, 12.0, "NVIDIA GeForce RTX 4070")
-    assert last_line(capsys) == ("verdict: NVIDIA GeForce RTX 4070 (11.00 GiB free of 12.00 GiB): too little free "
-                                 f"memory for Gemma 4 26B-A4B with DFlash (needs at least {real_need})")
+    assert last_line(capsys) == (
+        "verdict: NVIDIA GeForce RTX 4070 (11.00 GiB free of 12.00 GiB): too little free "
+        f"memory for Gemma 4 26B-A4B with DFlash (needs at least {real_need})"
+    )
 
 
 def test_the_verdict_on_a_model(ckpt, capsys, monkeypatch):
@@ -354,17 +373,21 @@ def test_the_verdict_on_a_model(ckpt, capsys, monkeypatch):
     need = f"{format_bytes(report.memory.total)} at 1000 tokens"
     monkeypatch.setattr(doctor_tool, "_gpu0", lambda: None)
     assert last_line(capsys, "--model", str(ckpt), "--context", "1000") == (
-        f"verdict: CPU only: the model is complete and the engine runs it on the CPU here (on a GPU it needs {need})")
+        f"verdict: CPU only: the model is complete and the engine runs it on the CPU here (on a GPU it needs {need})"
+    )
     fake_gpu(monkeypatch, 22.0)
     assert last_line(capsys, "--model", str(ckpt), "--context", "1000") == (
-        f"verdict: the model is complete and fits: {need}, 22.00 GiB free on NVIDIA GeForce RTX 4090")
+        f"verdict: the model is complete and fits: {need}, 22.00 GiB free on NVIDIA GeForce RTX 4090"
+    )
     free = report.memory.total - 1
     longest = longest_context(report.config, report.loaded_bytes, "fp8", free)
     assert 0 < longest < 1000
     fake_gpu(monkeypatch, free / GIB)
     assert last_line(capsys, "--model", str(ckpt), "--context", "1000") == (
         f"verdict: the model is complete but needs {need}, {format_bytes(free)} free on NVIDIA GeForce RTX 4090; "
-        f"it fits with --context {longest}")
+        f"it fits with --context {longest}"
+    )
     fake_gpu(monkeypatch, 0.5)
     assert last_line(capsys, "--model", str(ckpt), "--context", "1000") == (
-        "verdict: the model is complete but does not fit at any context, 512.0 MiB free on NVIDIA GeForce RTX 4090")
+        "verdict: the model is complete but does not fit at any context, 512.0 MiB free on NVIDIA GeForce RTX 4090"
+    )

@@ -17,12 +17,15 @@ K = 15
 
 
 def costs(draft_ms: float, verify_base_ms: float, verify_per_row_ms: float) -> StepCosts:
-    return StepCosts([0.0] + [draft_ms / 1000] * K,
-                     [0.0] + [(verify_base_ms + m * verify_per_row_ms) / 1000 for m in range(1, K + 2)])
+    return StepCosts(
+        [0.0] + [draft_ms / 1000] * K,
+        [0.0] + [(verify_base_ms + m * verify_per_row_ms) / 1000 for m in range(1, K + 2)],
+    )
 
 
 def brute_force_best(p: list[float], c: StepCosts, limit: int) -> int:
     """The K with the most tokens per second, by enumerating every outcome of every K."""
+
     def expected(k):  # sum over accepted-prefix lengths a of P(a) * (a + 1)
         total = 0.0
         for a in range(k + 1):
@@ -33,12 +36,14 @@ def brute_force_best(p: list[float], c: StepCosts, limit: int) -> int:
                 prob *= 1 - p[a + 1]
             total += prob * (a + 1)
         return total
+
     return max(range(limit + 1), key=lambda k: (expected(k) / c.step(k), -k))
 
 
 @pytest.mark.parametrize("rate", [0.05, 0.3, 0.6, 0.8, 0.95])
-@pytest.mark.parametrize("shape", [(2.0, 20.0, 0.1), (0.5, 5.0, 1.0), (8.0, 20.0, 0.0)],
-                         ids=["gpu-like", "row-bound", "costly-draft"])
+@pytest.mark.parametrize(
+    "shape", [(2.0, 20.0, 0.1), (0.5, 5.0, 1.0), (8.0, 20.0, 0.0)], ids=["gpu-like", "row-bound", "costly-draft"]
+)
 def test_the_choice_is_the_brute_force_optimum(rate, shape):
     auto = AutoDraftLength(K, costs(*shape))
     for _ in range(60):  # a text where every draft position is accepted with probability `rate`

@@ -72,8 +72,10 @@ def test_a_draft_step_reads_under_a_third_of_the_bf16_bytes(spec_pair):
     int4 = load_drafter(draft_dir, target, quantize="int4")
     embed_bytes = target.embed.numel() * 2
     assert dense.nbytes() > embed_bytes  # the whole head is counted
-    print(f"draft step weight bytes: bf16 {dense.nbytes()}, int4 {int4.nbytes()} "
-          f"({dense.nbytes() / int4.nbytes():.2f}x less)")
+    print(
+        f"draft step weight bytes: bf16 {dense.nbytes()}, int4 {int4.nbytes()} "
+        f"({dense.nbytes() / int4.nbytes():.2f}x less)"
+    )
     assert dense.nbytes() >= 3 * int4.nbytes()
 
 
@@ -84,8 +86,19 @@ def test_unknown_quantization_is_refused_by_name(spec_pair, capsys):
     with pytest.raises(ValueError, match="unknown drafter quantization 'fp8'"):
         Drafter(engine.drafter.cfg, {}, engine.model, quantize="fp8")
     with pytest.raises(SystemExit):
-        main(["generate", "--model", str(target_dir), "--draft", str(draft_dir), "--prompt-ids", "2,17",
-              "--draft-quantize", "int8"])
+        main(
+            [
+                "generate",
+                "--model",
+                str(target_dir),
+                "--draft",
+                str(draft_dir),
+                "--prompt-ids",
+                "2,17",
+                "--draft-quantize",
+                "int8",
+            ]
+        )
     assert "--draft-quantize: invalid choice: 'int8'" in capsys.readouterr().err
     assert main(["generate", "--model", str(target_dir), "--prompt-ids", "2,17", "--draft-quantize", "int4"]) == 2
     assert "--draft-quantize needs --draft" in capsys.readouterr().err
@@ -95,8 +108,18 @@ def test_cli_generate_with_the_int4_drafter_gives_the_plain_output(spec_pair, ca
     import json
 
     target_dir, draft_dir = spec_pair[1]
-    common = ["generate", "--model", str(target_dir), "--prompt-ids", ",".join(map(str, PROMPTS[0])),
-              "--max-new-tokens", "24", "--device", "cpu", "--json"]
+    common = [
+        "generate",
+        "--model",
+        str(target_dir),
+        "--prompt-ids",
+        ",".join(map(str, PROMPTS[0])),
+        "--max-new-tokens",
+        "24",
+        "--device",
+        "cpu",
+        "--json",
+    ]
     outputs = []
     for extra in ([], ["--draft", str(draft_dir), "--draft-quantize", "int4"]):
         assert main(common + extra) == 0

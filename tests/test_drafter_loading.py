@@ -49,26 +49,32 @@ def test_rope_nested_under_rope_parameters_gives_the_same_drafter(tmp_path, spec
     assert a.cfg == b.cfg and torch.equal(a.rope_freqs, b.rope_freqs)
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda c: c.update(conv_kernel_size=4, conv_group_size=16), "DFlash2 drafters"),
-    (lambda c: c["dflash_config"].update(selector_top_k=8), "DFlash2 drafters"),
-    (lambda c: c.update(architectures=["Qwen3ForCausalLM"]), "not a DFlash drafter"),
-    (lambda c: c["dflash_config"].pop("mask_token_id"), "mask_token_id is missing"),
-    (lambda c: c.update(hidden_act="gelu"), "drafter activation 'gelu'"),
-    (lambda c: c.pop("rope_theta"), "no rope_theta"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda c: c.update(conv_kernel_size=4, conv_group_size=16), "DFlash2 drafters"),
+        (lambda c: c["dflash_config"].update(selector_top_k=8), "DFlash2 drafters"),
+        (lambda c: c.update(architectures=["Qwen3ForCausalLM"]), "not a DFlash drafter"),
+        (lambda c: c["dflash_config"].pop("mask_token_id"), "mask_token_id is missing"),
+        (lambda c: c.update(hidden_act="gelu"), "drafter activation 'gelu'"),
+        (lambda c: c.pop("rope_theta"), "no rope_theta"),
+    ],
+)
 def test_unsupported_drafters_are_refused_by_name(copy, change, message):
     edit(copy, change)
     with pytest.raises(ConfigError, match=message):
         load_draft_config(copy)
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda c: c.update(hidden_size=32, head_dim=8), "hidden size 32 != target's 64"),
-    (lambda c: c.update(vocab_size=1024), "vocabulary 1024 != target's 512"),
-    (lambda c: c["dflash_config"].update(target_layer_ids=[1, 3, 9]), "name layer 9"),
-    (lambda c: c.update(num_target_layers=30), "num_target_layers 30 != target's 6"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda c: c.update(hidden_size=32, head_dim=8), "hidden size 32 != target's 64"),
+        (lambda c: c.update(vocab_size=1024), "vocabulary 1024 != target's 512"),
+        (lambda c: c["dflash_config"].update(target_layer_ids=[1, 3, 9]), "name layer 9"),
+        (lambda c: c.update(num_target_layers=30), "num_target_layers 30 != target's 6"),
+    ],
+)
 def test_a_drafter_for_another_target_is_refused(copy, spec_pair, change, message):
     edit(copy, change)
     with pytest.raises(ConfigError, match=f"does not match the target model: .*{message}"):

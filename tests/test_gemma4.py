@@ -9,8 +9,9 @@ from tiny_checkpoints import TINY_TEXT_CONFIG, write_checkpoint
 WINDOW = TINY_TEXT_CONFIG["sliding_window"]
 
 
-@pytest.fixture(scope="module", params=[("conditional", True), ("causal", False)],
-                ids=["conditional-sharded", "causal-single"])
+@pytest.fixture(
+    scope="module", params=[("conditional", True), ("causal", False)], ids=["conditional-sharded", "causal-single"]
+)
 def pair(request, tmp_path_factory):
     """(our model, transformers' model) loaded from the same files."""
     layout, shard = request.param
@@ -40,7 +41,7 @@ def test_incremental_decode_logits_match_full_recompute(pair):
     expected = reference_logits(reference, ids).logits[0]
     cache = ours.new_cache(len(ids), "float32")
     ours.forward(ids[:3], cache)
-    rows = [ours.forward(ids[i:i + 1], cache).logits[0] for i in range(3, len(ids))]
+    rows = [ours.forward(ids[i : i + 1], cache).logits[0] for i in range(3, len(ids))]
     got = torch.stack(rows)
     assert (got - expected[3:]).abs().max().item() < 1e-4
 
@@ -65,7 +66,7 @@ def test_greedy_generation_matches_transformers_for_64_tokens(pair):
     for _ in range(64):
         next_id = reference_logits(reference, seq).logits[0, -1].argmax()
         seq = torch.cat([seq, next_id[None]])
-    expected = seq[len(prompt):].tolist()
+    expected = seq[len(prompt) :].tolist()
 
     cache = ours.new_cache(len(prompt) + 64, "float32")
     token = int(ours.forward(torch.tensor(prompt), cache, logits_rows="last").logits[-1].argmax())

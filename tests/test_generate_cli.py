@@ -28,14 +28,25 @@ def run_json(capsys, *argv) -> dict:
 @pytest.mark.parametrize("thinking", [False, True])
 def test_prompt_ids_are_the_tokenizers_own_chat_template(model_dir, capsys, thinking):
     folder, _ = model_dir
-    args = ["--model", folder, "--prompt", "Hello there, what is the answer?", "--system", "Be brief.",
-            "--max-new-tokens", 2] + (["--thinking"] if thinking else [])
+    args = [
+        "--model",
+        folder,
+        "--prompt",
+        "Hello there, what is the answer?",
+        "--system",
+        "Be brief.",
+        "--max-new-tokens",
+        2,
+    ] + (["--thinking"] if thinking else [])
     out = run_json(capsys, *args)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "Hello there, what is the answer?"}]
-    expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=thinking,
-                                             tokenize=True, return_dict=False)
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello there, what is the answer?"},
+    ]
+    expected = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, enable_thinking=thinking, tokenize=True, return_dict=False
+    )
     assert out["prompt_ids"] == list(expected)
     assert out["prompt_ids"].count(2) == 1  # one <bos>: the template's own
     assert (98 in out["prompt_ids"]) == thinking  # <|think|>
@@ -45,11 +56,11 @@ def test_greedy_output_matches_transformers_generate(model_dir, capsys):
     """Our generate, EOS handling included, against transformers' own generate on the same files."""
     folder, reference = model_dir
     prompt = [2, 105, 300, 320, 340, 106, 107, 105, 481, 107]
-    out = run_json(capsys, "--model", folder, "--prompt-ids", ",".join(map(str, prompt)),
-                   "--max-new-tokens", 40)
+    out = run_json(capsys, "--model", folder, "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", 40)
     with torch.no_grad():
-        seq = reference.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False,
-                                 eos_token_id=[1, 106, 50], pad_token_id=0)[0, len(prompt):].tolist()
+        seq = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=[1, 106, 50], pad_token_id=0
+        )[0, len(prompt) :].tolist()
     assert out["prompt_ids"] == prompt
     assert out["token_ids"] == seq
     assert out["finish_reason"] == ("stop" if seq[-1] in (1, 106, 50) else "length")
@@ -57,8 +68,7 @@ def test_greedy_output_matches_transformers_generate(model_dir, capsys):
 
 def test_json_records_every_step(model_dir, capsys):
     folder, _ = model_dir
-    out = run_json(capsys, "--model", folder, "--prompt-ids", "2,105,300,106", "--max-new-tokens", 12,
-                   "--ignore-eos")
+    out = run_json(capsys, "--model", folder, "--prompt-ids", "2,105,300,106", "--max-new-tokens", 12, "--ignore-eos")
     assert len(out["token_ids"]) == 12 and out["finish_reason"] == "length"
     assert len(out["steps"]) == 11  # the first token comes from the prefill
     assert [t for s in out["steps"] for t in s["emitted"]] == out["token_ids"][1:]
@@ -72,8 +82,21 @@ def test_json_records_every_step(model_dir, capsys):
 
 def test_seeded_sampling_is_reproducible(model_dir, capsys):
     folder, _ = model_dir
-    args = ["--model", folder, "--prompt-ids", "2,105,300", "--max-new-tokens", 16, "--ignore-eos",
-            "--temperature", 1.0, "--top-k", 50, "--top-p", 0.9]
+    args = [
+        "--model",
+        folder,
+        "--prompt-ids",
+        "2,105,300",
+        "--max-new-tokens",
+        16,
+        "--ignore-eos",
+        "--temperature",
+        1.0,
+        "--top-k",
+        50,
+        "--top-p",
+        0.9,
+    ]
     first = run_json(capsys, *args, "--seed", 3)["token_ids"]
     assert run_json(capsys, *args, "--seed", 3)["token_ids"] == first
     assert run_json(capsys, *args, "--seed", 4)["token_ids"] != first
@@ -81,8 +104,19 @@ def test_seeded_sampling_is_reproducible(model_dir, capsys):
 
 def test_context_overflow_is_a_clear_error(model_dir, capsys):
     folder, _ = model_dir
-    code = main(["generate", "--model", str(folder), "--prompt-ids", "2,105,300,301,302", "--context", "20",
-                 "--max-new-tokens", "16"])
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(folder),
+            "--prompt-ids",
+            "2,105,300,301,302",
+            "--context",
+            "20",
+            "--max-new-tokens",
+            "16",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "the prompt of 5 tokens plus 16 new tokens needs 21 positions, over the context limit of 20" in err
@@ -102,9 +136,11 @@ def test_a_missing_model_folder_is_named_as_such(model_dir, tmp_path, capsys, mo
     for name in (str(tmp_path / "nope"), "./nope", "nope", "a/b/nope"):
         assert main(["generate", "--model", name, "--prompt", "hi"]) == 2
         err = capsys.readouterr().err
-        assert f"flashdesk generate: error: model folder not found: {tmp_path / name.removeprefix('./')} (give a " \
-               "folder holding config.json and the weights, or a Hub id such as org/name that `flashdesk models " \
-               "pull` downloaded)" in err, err
+        assert (
+            f"flashdesk generate: error: model folder not found: {tmp_path / name.removeprefix('./')} (give a "
+            "folder holding config.json and the weights, or a Hub id such as org/name that `flashdesk models "
+            "pull` downloaded)" in err
+        ), err
     assert main(["generate", "--model", str(folder), "--draft", str(tmp_path / "nope"), "--prompt", "hi"]) == 2
     assert f"drafter folder not found: {tmp_path / 'nope'}" in capsys.readouterr().err
 
@@ -120,26 +156,32 @@ def test_a_hub_id_not_in_the_cache_keeps_the_hub_advice(tmp_path, capsys, monkey
 def test_a_file_given_as_the_model_folder(model_dir, capsys):
     folder, _ = model_dir
     assert main(["generate", "--model", str(folder / "config.json"), "--prompt", "hi"]) == 2
-    assert (f"flashdesk generate: error: model path is a file, not a folder: {folder / 'config.json'} (give the "
-            "folder holding config.json and the weights)") in capsys.readouterr().err
+    assert (
+        f"flashdesk generate: error: model path is a file, not a folder: {folder / 'config.json'} (give the "
+        "folder holding config.json and the weights)"
+    ) in capsys.readouterr().err
 
 
 @pytest.fixture
 def nothing_loads(monkeypatch):
     """Impossible values must be refused before the model loads."""
+
     def load(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr(Engine, "load", load)
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--context", "0", "argument --context: must be at least 1, got 0"),
-    ("--context", "-4", "argument --context: must be at least 1, got -4"),
-    ("--context", "many", "argument --context: not a whole number: 'many'"),
-    ("--draft-length", "0", "argument --draft-length: must be at least 1 (or auto), got 0"),
-    ("--draft-length", "-2", "argument --draft-length: must be at least 1 (or auto), got -2"),
-])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--context", "0", "argument --context: must be at least 1, got 0"),
+        ("--context", "-4", "argument --context: must be at least 1, got -4"),
+        ("--context", "many", "argument --context: not a whole number: 'many'"),
+        ("--draft-length", "0", "argument --draft-length: must be at least 1 (or auto), got 0"),
+        ("--draft-length", "-2", "argument --draft-length: must be at least 1 (or auto), got -2"),
+    ],
+)
 @pytest.mark.parametrize("command", ["generate", "chat"])
 def test_impossible_values_are_refused_by_the_parser(model_dir, nothing_loads, capsys, command, flag, value, message):
     folder, _ = model_dir
@@ -150,16 +192,18 @@ def test_impossible_values_are_refused_by_the_parser(model_dir, nothing_loads, c
     assert f"flashdesk {command}: error: {message}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--max-new-tokens", "0", "--max-new-tokens must be at least 1, got 0"),
-    ("--max-new-tokens", "-1", "--max-new-tokens must be at least 1, got -1"),
-    ("--temperature", "-0.5", "temperature must be >= 0, got -0.5"),
-    ("--top-p", "0", "top_p must be in (0, 1], got 0.0"),
-    ("--top-p", "1.5", "top_p must be in (0, 1], got 1.5"),
-    ("--top-k", "-1", "top_k must be >= 0 (0 turns it off), got -1"),
-])
-def test_impossible_sampling_values_are_refused_before_loading(model_dir, nothing_loads, capsys, flag, value,
-                                                               message):
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--max-new-tokens", "0", "--max-new-tokens must be at least 1, got 0"),
+        ("--max-new-tokens", "-1", "--max-new-tokens must be at least 1, got -1"),
+        ("--temperature", "-0.5", "temperature must be >= 0, got -0.5"),
+        ("--top-p", "0", "top_p must be in (0, 1], got 0.0"),
+        ("--top-p", "1.5", "top_p must be in (0, 1], got 1.5"),
+        ("--top-k", "-1", "top_k must be >= 0 (0 turns it off), got -1"),
+    ],
+)
+def test_impossible_sampling_values_are_refused_before_loading(model_dir, nothing_loads, capsys, flag, value, message):
     folder, _ = model_dir
     assert main(["generate", "--model", str(folder), "--prompt", "hi", flag, value]) == 2
     assert f"flashdesk generate: error: {message}" in capsys.readouterr().err
@@ -175,7 +219,7 @@ def test_stop_strings_end_the_answer_before_them(model_dir):
     events = list(engine.generate(GenerationRequest([2, 105, 300], 30, ignore_eos=True, stop_strings=(stop,))))
     finish = events[-1]
     assert finish.finish_reason == "stop"
-    assert finish.text == full.text[:full.text.index(stop)]
+    assert finish.text == full.text[: full.text.index(stop)]
     assert "".join(e.answer for e in events if isinstance(e, StepEvent)) == finish.text
 
 
@@ -185,8 +229,12 @@ def test_thought_is_separated_from_the_answer(model_dir):
 
     folder, _ = model_dir
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    ids = [100] + tokenizer.encode("thought\nLet me think", add_special_tokens=False) + [101] + \
-        tokenizer.encode("The answer", add_special_tokens=False)
+    ids = (
+        [100]
+        + tokenizer.encode("thought\nLet me think", add_special_tokens=False)
+        + [101]
+        + tokenizer.encode("The answer", add_special_tokens=False)
+    )
     out = _TextOutput(tokenizer, ())
     pieces = [out.push([i]) for i in ids]
     answer, thought = out.finish()
@@ -197,8 +245,12 @@ def test_thought_is_separated_from_the_answer(model_dir):
 def test_the_installed_command_streams_text(model_dir):
     folder, _ = model_dir
     exe = [sys.executable, "-m", "flashdesk"]
-    done = subprocess.run(exe + ["generate", "--model", str(folder), "--prompt", "Hello", "--max-new-tokens", "8",
-                                 "--ignore-eos"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        exe + ["generate", "--model", str(folder), "--prompt", "Hello", "--max-new-tokens", "8", "--ignore-eos"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "[length] 8 tokens" in done.stderr
     assert done.stdout.strip()
@@ -207,8 +259,17 @@ def test_the_installed_command_streams_text(model_dir):
 def test_auto_draft_length_from_the_command_line(spec_pair, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("FLASHDESK_DATA_DIR", str(tmp_path))
     target_dir, draft_dir = spec_pair[1]
-    args = ["--model", target_dir, "--draft", draft_dir, "--prompt-ids", "2,105,300,106", "--max-new-tokens", 24,
-            "--ignore-eos"]
+    args = [
+        "--model",
+        target_dir,
+        "--draft",
+        draft_dir,
+        "--prompt-ids",
+        "2,105,300,106",
+        "--max-new-tokens",
+        24,
+        "--ignore-eos",
+    ]
     auto = run_json(capsys, *args, "--draft-length", "auto")
     plain = run_json(capsys, *args, "--no-speculate")
     assert auto["token_ids"] == plain["token_ids"] and auto["stats"]["speculative_steps"] > 0
@@ -226,8 +287,23 @@ def test_the_version_and_the_demo_pair_need_no_model_folder(capsys):
         main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.strip() == f"flashdesk {importlib.metadata.version('flashdesk')}"
-    assert main(["generate", "--demo", "--prompt", "def fib(n):", "--max-new-tokens", "6", "--ignore-eos",
-                 "--device", "cpu", "--json"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--demo",
+                "--prompt",
+                "def fib(n):",
+                "--max-new-tokens",
+                "6",
+                "--ignore-eos",
+                "--device",
+                "cpu",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert len(out["token_ids"]) == 6 and out["steps"]
     assert out["stats"]["acceptance_rate"] is not None  # the demo's drafter came with it

@@ -40,8 +40,9 @@ def import_graph() -> dict[str, set[str]]:
                 base = node.module.removeprefix("flashdesk").lstrip(".")
                 targets = [base] + [f"{base}.{alias.name}".lstrip(".") for alias in node.names]
             elif isinstance(node, ast.Import):
-                targets = [alias.name.removeprefix("flashdesk.") for alias in node.names
-                           if alias.name.startswith("flashdesk.")]
+                targets = [
+                    alias.name.removeprefix("flashdesk.") for alias in node.names if alias.name.startswith("flashdesk.")
+                ]
             else:
                 continue
             graph[name] |= {target for target in targets if target in known and target != name}
@@ -98,8 +99,9 @@ def test_no_arrow_points_up_inside_the_engine():
     graph = import_graph()
     engine = [m for m in graph if m.startswith("engine.")]
     assert {m.split(".")[1] for m in engine} == set(ENGINE_LAYERS)  # every folder has its place
-    upward = sorted(f"{a} -> {b}" for a in engine for b in graph[a]
-                    if b.startswith("engine.") and engine_layer(b) > engine_layer(a))
+    upward = sorted(
+        f"{a} -> {b}" for a in engine for b in graph[a] if b.startswith("engine.") and engine_layer(b) > engine_layer(a)
+    )
     assert upward == [], upward
 
 
@@ -122,10 +124,12 @@ def test_the_engine_api_is_exported_and_loads_torch_only_when_used():
     import subprocess
     import sys
 
-    code = ("import sys, flashdesk.engine as e; assert 'torch' not in sys.modules; "
-            "from flashdesk.engine import Engine, FinishEvent, GenerationRequest, SamplingParams, SpecControl, "
-            "StepEvent; assert Engine.load and 'torch' in sys.modules; "
-            "assert sorted(e.__all__) == ['Engine', 'FinishEvent', 'GenerationRequest', 'SamplingParams', "
-            "'SpecControl', 'StepEvent']")
+    code = (
+        "import sys, flashdesk.engine as e; assert 'torch' not in sys.modules; "
+        "from flashdesk.engine import Engine, FinishEvent, GenerationRequest, SamplingParams, SpecControl, "
+        "StepEvent; assert Engine.load and 'torch' in sys.modules; "
+        "assert sorted(e.__all__) == ['Engine', 'FinishEvent', 'GenerationRequest', 'SamplingParams', "
+        "'SpecControl', 'StepEvent']"
+    )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

@@ -65,7 +65,11 @@ def test_install_writes_an_entry_and_icon_that_uninstall_removes(tmp_path, monke
     assert icon.read_bytes() == (ROOT / "assets" / "flashdesk.svg").read_bytes()
     fields = read_entry(entry)
     assert (fields["Type"], fields["Name"], fields["Icon"], fields["Terminal"]) == (
-        "Application", "FlashDesk", desk.DESKTOP_ID, "false")
+        "Application",
+        "FlashDesk",
+        desk.DESKTOP_ID,
+        "false",
+    )
     command = exec_arguments(fields["Exec"])
     assert command == desk.launcher() and os.access(command[0], os.X_OK)
     # the window announces the same desktop file name, so it gets the entry's icon
@@ -78,8 +82,10 @@ def test_install_writes_an_entry_and_icon_that_uninstall_removes(tmp_path, monke
     assert "nothing to remove" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argument", ["/opt/flash desk/bin/flashdesk", '/x/"quoted"', "/x/$HOME/`id`", "/x/50%",
-                                      "/x/back\\slash", "/plain/path"])
+@pytest.mark.parametrize(
+    "argument",
+    ["/opt/flash desk/bin/flashdesk", '/x/"quoted"', "/x/$HOME/`id`", "/x/50%", "/x/back\\slash", "/plain/path"],
+)
 def test_exec_arguments_survive_the_specifications_quoting(argument):
     value = desk.desktop_entry([argument, "-m", "flashdesk"]).split("Exec=")[1].splitlines()[0]
     assert exec_arguments(value) == [argument, "-m", "flashdesk"]

@@ -18,8 +18,12 @@ from tiny_int4 import ct_quantize, write_int4_checkpoint
 
 pytest.importorskip("compressed_tensors")
 
-VARIANTS = [("conditional", "fused", True), ("causal", "per_expert", False), ("conditional", "per_expert", True),
-            ("causal", "fused", False)]
+VARIANTS = [
+    ("conditional", "fused", True),
+    ("causal", "per_expert", False),
+    ("conditional", "per_expert", True),
+    ("causal", "fused", False),
+]
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=["-".join(map(str, v)) for v in VARIANTS])
@@ -33,9 +37,10 @@ def int4_pair(request, tmp_path_factory):
 def reference_greedy(reference, prompt, n):
     """transformers' own greedy generate, never stopping early."""
     with torch.no_grad():
-        seq = reference.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                                 pad_token_id=0)
-    return seq[0, len(prompt):].tolist()
+        seq = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    return seq[0, len(prompt) :].tolist()
 
 
 def generate(engine, prompt, n, control=None):
@@ -99,12 +104,14 @@ def test_our_packing_is_compressed_tensors_packing():
     w = torch.randn(48, 96, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     ours = quantize_int4(w, 32)
     args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=32)
-    theirs = PackedQuantizationCompressor.compress({"weight": w, "weight_scale": ours.scale},
-                                                   QuantizationScheme(targets=["Linear"], weights=args))
+    theirs = PackedQuantizationCompressor.compress(
+        {"weight": w, "weight_scale": ours.scale}, QuantizationScheme(targets=["Linear"], weights=args)
+    )
     assert torch.equal(ours.packed, theirs["weight_packed"])
     packed, restored = ct_quantize(w.float(), symmetric=True)  # and dequantization agrees too
-    assert torch.allclose(Int4Weight(packed["weight_packed"], packed["weight_scale"], None, 8).dequantize(torch.float32),
-                          restored)
+    assert torch.allclose(
+        Int4Weight(packed["weight_packed"], packed["weight_scale"], None, 8).dequantize(torch.float32), restored
+    )
 
 
 def test_our_scales_are_compressed_tensors_scales():
@@ -126,8 +133,7 @@ def test_our_scales_are_compressed_tensors_scales():
 def test_on_load_quantization_packs_every_linear_and_expert_weight(tmp_path):
     """--quantize int4 on a bf16 checkpoint: linears and experts packed while loading (group 32),
     the embedding and the routers left alone; each weight within int4's error of the original."""
-    write_checkpoint(tmp_path, "conditional", seed=9, tokenizer=False, moe_intermediate_size=32,
-                     dtype=torch.bfloat16)
+    write_checkpoint(tmp_path, "conditional", seed=9, tokenizer=False, moe_intermediate_size=32, dtype=torch.bfloat16)
     dense = load_target(tmp_path, dtype=torch.bfloat16)
     packed = load_target(tmp_path, dtype=torch.bfloat16, quantize="int4")
     for d, q in zip(dense.layers, packed.layers):
@@ -162,8 +168,10 @@ def test_on_load_quantization_quality_against_bf16(tmp_path, monkeypatch):
         return kl, (p.argmax(-1) == q.argmax(-1)).float().mean().item()
 
     (kl32, top32), (kl8, top8) = measure(32), measure(8)
-    print(f"\non-load int4 vs unquantized, tiny dense model: group 32 KL {kl32:.3f} top-1 {top32:.2f}; "
-          f"group 8 KL {kl8:.3f} top-1 {top8:.2f}")
+    print(
+        f"\non-load int4 vs unquantized, tiny dense model: group 32 KL {kl32:.3f} top-1 {top32:.2f}; "
+        f"group 8 KL {kl8:.3f} top-1 {top8:.2f}"
+    )
     assert 0 < kl8 < kl32 < 0.6
     assert top32 >= 0.4 and top8 >= top32
 
@@ -192,15 +200,18 @@ def int4_copy(pristine_int4, tmp_path):
     return tmp_path / "m"
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"quant_method": "awq"}, "quant_method 'awq'"),
-    ({"format": "nvfp4-pack-quantized"}, "format 'nvfp4-pack-quantized'"),
-    ({"format": "float-quantized"}, "format 'float-quantized'"),
-    ({"config_groups__group_0__weights__num_bits": 8}, "8-bit weights"),
-    ({"config_groups__group_0__weights__type": "float"}, "4-bit float weights"),
-    ({"config_groups__group_0__input_activations": {"num_bits": 8, "type": "int"}}, "8-bit int activations"),
-    ({"config_groups__group_0__input_activations": {"num_bits": 8, "type": "float"}}, "8-bit float activations"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"quant_method": "awq"}, "quant_method 'awq'"),
+        ({"format": "nvfp4-pack-quantized"}, "format 'nvfp4-pack-quantized'"),
+        ({"format": "float-quantized"}, "format 'float-quantized'"),
+        ({"config_groups__group_0__weights__num_bits": 8}, "8-bit weights"),
+        ({"config_groups__group_0__weights__type": "float"}, "4-bit float weights"),
+        ({"config_groups__group_0__input_activations": {"num_bits": 8, "type": "int"}}, "8-bit int activations"),
+        ({"config_groups__group_0__input_activations": {"num_bits": 8, "type": "float"}}, "8-bit float activations"),
+    ],
+)
 def test_other_schemes_are_refused_by_name(int4_copy, fields, message):
     edit_quant(int4_copy, **fields)
     with pytest.raises(ConfigError, match=message):

@@ -9,15 +9,15 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton")
 
-from flashdesk.kernels.attention import attention_reference  # noqa: E402
-from flashdesk.kernels.attention_triton import compile_specs, decode_attention, prefill_attention  # noqa: E402
-from flashdesk.kernels.backend import kernels  # noqa: E402
-from flashdesk.kernels.kv_write import FP8, compile_specs as kv_write_specs, kv_write  # noqa: E402
+from flashdesk.kernels.attention import attention_reference
+from flashdesk.kernels.attention_triton import compile_specs, decode_attention, prefill_attention
+from flashdesk.kernels.backend import kernels
+from flashdesk.kernels.kv_write import FP8, compile_specs as kv_write_specs, kv_write
 
 SCALE = 0.3
 SLACK = 16
@@ -41,8 +41,16 @@ class Cache:
 
     def write(self, k, v, start, triton=True):
         with kernels("triton" if triton else "torch"):
-            kv_write(k, v, self.k, self.v, self.k_scale, self.v_scale, torch.tensor([start], dtype=torch.int32),
-                     self.capacity)
+            kv_write(
+                k,
+                v,
+                self.k,
+                self.v,
+                self.k_scale,
+                self.v_scale,
+                torch.tensor([start], dtype=torch.int32),
+                self.capacity,
+            )
 
     def read(self, positions):
         """Dequantized K, V at these positions (from their ring slots)."""
@@ -53,12 +61,26 @@ class Cache:
         return k, v
 
     def bytes(self):
-        return [x.view(torch.uint8) if x.dtype == FP8 else x for x in (self.k, self.v, self.k_scale, self.v_scale)
-                if x is not None]
+        return [
+            x.view(torch.uint8) if x.dtype == FP8 else x
+            for x in (self.k, self.v, self.k_scale, self.v_scale)
+            if x is not None
+        ]
 
     def attend(self, q, start, window, split):
-        return decode_attention(q, self.k, self.v, self.k_scale, self.v_scale, torch.tensor([start], dtype=torch.int32),
-                                window, self.capacity, SCALE, MAX_CONTEXT, split=split)
+        return decode_attention(
+            q,
+            self.k,
+            self.v,
+            self.k_scale,
+            self.v_scale,
+            torch.tensor([start], dtype=torch.int32),
+            window,
+            self.capacity,
+            SCALE,
+            MAX_CONTEXT,
+            split=split,
+        )
 
 
 def reference(cache, q, start, window):
@@ -75,6 +97,7 @@ def same_bytes(a: Cache, b: Cache) -> bool:
 
 # ----------------------------------------------------------------------------- cache write
 
+
 def test_fp8_write_rounds_like_torch():
     """Every e4m3 value, every midpoint between neighbours (ties go to even) and one ulp either side,
     subnormals, signed zeros and the top of the range, in head vectors whose amax is 448 (scale 1,
@@ -84,7 +107,7 @@ def test_fp8_write_rounds_like_torch():
     values = codes[torch.isfinite(codes)].unique()
     mids = (values[1:] + values[:-1]) / 2
     up, down = torch.tensor(float("inf")), torch.tensor(float("-inf"))
-    extra = torch.tensor([2.0 ** -10, 3 * 2.0 ** -11, 2.0 ** -12, 1e-30, -1e-30, 0.0, -0.0, 447.9, 440.0, 2.0 ** -7])
+    extra = torch.tensor([2.0**-10, 3 * 2.0**-11, 2.0**-12, 1e-30, -1e-30, 0.0, -0.0, 447.9, 440.0, 2.0**-7])
     edge = torch.cat([values, mids, mids.nextafter(up), mids.nextafter(down), extra])
     edge = torch.cat([edge, torch.zeros(-len(edge) % 30)]).view(-1, 15)
     heads = torch.cat([edge, torch.full((len(edge), 1), 448.0)], dim=1)
@@ -128,8 +151,9 @@ def run_ptx(ptx: str, registers: dict[str, int]) -> dict[str, int]:
         elif op == "and.b32":
             result = a[0] & a[1]
         elif op == "lop3.b32":  # bit j is bit (a_j b_j c_j, read as a 3-bit number) of the table
-            result = sum((a[3] >> ((a[0] >> j & 1) << 2 | (a[1] >> j & 1) << 1 | (a[2] >> j & 1)) & 1) << j
-                         for j in range(32))
+            result = sum(
+                (a[3] >> ((a[0] >> j & 1) << 2 | (a[1] >> j & 1) << 1 | (a[2] >> j & 1)) & 1) << j for j in range(32)
+            )
         else:
             raise AssertionError(f"{op} is not modeled")
         registers[dest] = result & 0xFFFFFFFF
@@ -144,7 +168,7 @@ def test_the_packed_fp8_conversion_gives_each_value_times_2_to_the_minus_8():
     from flashdesk.kernels.attention_triton import E4M3_TO_F16_PTX
 
     codes = torch.arange(256, dtype=torch.uint8)
-    expected = ((codes.view(FP8).float() * 2.0 ** -8).half().view(torch.int16).int() & 0xFFFF).tolist()
+    expected = ((codes.view(FP8).float() * 2.0**-8).half().view(torch.int16).int() & 0xFFFF).tolist()
     for byte in range(256):
         packed = [byte, (byte + 1) % 256, (byte + 37) % 256, (byte + 101) % 256]
         out = run_ptx(E4M3_TO_F16_PTX.value, {"$2": sum(b << 8 * i for i, b in enumerate(packed))})
@@ -154,8 +178,10 @@ def test_the_packed_fp8_conversion_gives_each_value_times_2_to_the_minus_8():
                 assert bits == expected[b], (byte, place)
 
 
-@pytest.mark.parametrize("dtype, in_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                             (FP8, torch.float32), (FP8, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "dtype, in_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (FP8, torch.float32), (FP8, torch.bfloat16)],
+)
 def test_kv_write_equals_reference(dtype, in_dtype):
     """Bit-identical caches from the Triton and torch writes of K/V sliced out of a fused projection,
     also for a block longer than the ring (only its newest `capacity` positions are kept)."""
@@ -203,20 +229,20 @@ def test_decode_matches_reference_and_is_batch_invariant(name):
     q = torch.randn(end, hq, d, generator=gen)
     cache = Cache(MAX_CONTEXT if window is None else window + SLACK, hkv, d, dtype)
     for lo in range(0, start, 16):
-        cache.write(k[lo:min(lo + 16, start)], v[lo:min(lo + 16, start)], lo, triton=False)
+        cache.write(k[lo : min(lo + 16, start)], v[lo : min(lo + 16, start)], lo, triton=False)
     history = cache.clone()
 
     cache.write(k[start:end], v[start:end], start)
     block = cache.attend(q[start:end], start, window, split)
     tol = 1e-5 if dtype == torch.float32 else 1e-4  # fp8: the same dequantized keys, scale folded differently
     torch.testing.assert_close(block, reference(cache, q[start:end], start, window), atol=tol, rtol=tol)
-    short = cache.attend(q[start + 3:start + 8], start + 3, window, split)
+    short = cache.attend(q[start + 3 : start + 8], start + 3, window, split)
     assert torch.equal(short, block[3:8])
 
     for p in probes:
         alone = history.clone()
-        alone.write(k[start:p + 1], v[start:p + 1], start)
-        out = alone.attend(q[p:p + 1], p, window, split)
+        alone.write(k[start : p + 1], v[start : p + 1], start)
+        out = alone.attend(q[p : p + 1], p, window, split)
         assert torch.equal(out[0], block[p - start]), f"query at {p} differs from its verify-block row"
 
 
@@ -243,8 +269,10 @@ def test_the_split_kernel_combines_as_the_combine_kernel_does(name, monkeypatch)
         launches[bound] = {name: n for name, n in counts.items() if not name.startswith("aten.")}
     fused, separate = outputs.values()
     assert all(torch.equal(a, b) for a, b in zip(fused, separate))
-    assert list(launches.values()) == [{"_decode_split_kernel": 1}, {"_decode_split_kernel": 1,
-                                                                      "_decode_combine_kernel": 1}]
+    assert list(launches.values()) == [
+        {"_decode_split_kernel": 1},
+        {"_decode_split_kernel": 1, "_decode_combine_kernel": 1},
+    ]
 
 
 def test_a_program_that_takes_several_splits_is_still_batch_invariant(monkeypatch):
@@ -266,8 +294,8 @@ def test_a_program_that_takes_several_splits_is_still_batch_invariant(monkeypatc
     torch.testing.assert_close(block, reference(cache, q[start:end], start, None), atol=1e-4, rtol=1e-4)
     for p in (start, start + 4, start + 15):
         alone = history.clone()
-        alone.write(k[start:p + 1], v[start:p + 1], start)
-        assert torch.equal(alone.attend(q[p:p + 1], p, None, 16)[0], block[p - start])
+        alone.write(k[start : p + 1], v[start : p + 1], start)
+        assert torch.equal(alone.attend(q[p : p + 1], p, None, 16)[0], block[p - start])
 
 
 def test_the_work_follows_the_length_not_the_capacity():
@@ -281,8 +309,20 @@ def test_the_work_follows_the_length_not_the_capacity():
     for capacity in (512, 4096):
         cache = Cache(capacity, 2, 64, FP8)
         cache.write(k, v, 0, triton=False)
-        outs.append(decode_attention(q, cache.k, cache.v, cache.k_scale, cache.v_scale,
-                                     torch.tensor([start], dtype=torch.int32), None, capacity, SCALE, capacity))
+        outs.append(
+            decode_attention(
+                q,
+                cache.k,
+                cache.v,
+                cache.k_scale,
+                cache.v_scale,
+                torch.tensor([start], dtype=torch.int32),
+                None,
+                capacity,
+                SCALE,
+                capacity,
+            )
+        )
     assert torch.equal(outs[0], outs[1])
 
 
@@ -300,8 +340,10 @@ def test_decode_bf16_cache_default_split():
 
 # ----------------------------------------------------------------------------- prefill
 
-@pytest.mark.parametrize("causal, window, hkv, d", [(True, None, 2, 32), (True, 8, 1, 16),
-                                                    (False, None, 2, 16), (False, 8, 1, 32)])
+
+@pytest.mark.parametrize(
+    "causal, window, hkv, d", [(True, None, 2, 32), (True, 8, 1, 16), (False, None, 2, 16), (False, 8, 1, 32)]
+)
 def test_prefill_matches_reference(causal, window, hkv, d):
     """Queries in two tiles over keys whose positions have gaps; GQA 4:2 and 4:1."""
     gen = torch.Generator().manual_seed(4)
@@ -330,12 +372,17 @@ def test_prefill_reads_an_fp8_cache_where_it_is_stored(d):
     q_pos, k_pos = torch.arange(50, 90), torch.arange(90)
     keys, values = cache.read(k_pos)
     expected = attention_reference(q, keys, values, q_pos, k_pos, None, SCALE)
-    got = prefill_attention(q, cache.k, cache.v, q_pos, k_pos, None, SCALE, k_scale=cache.k_scale,
-                            v_scale=cache.v_scale)
+    got = prefill_attention(
+        q, cache.k, cache.v, q_pos, k_pos, None, SCALE, k_scale=cache.k_scale, v_scale=cache.v_scale
+    )
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)  # the scales fold in another order
     with kernels("torch"):
-        torch.testing.assert_close(attention(q, cache.k, cache.v, q_pos, k_pos, None, SCALE, k_scale=cache.k_scale,
-                                             v_scale=cache.v_scale), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            attention(q, cache.k, cache.v, q_pos, k_pos, None, SCALE, k_scale=cache.k_scale, v_scale=cache.v_scale),
+            expected,
+            atol=1e-5,
+            rtol=1e-5,
+        )
 
 
 def test_prefill_strided_bf16_queries():
@@ -372,6 +419,7 @@ def test_bidirectional_decode_sees_the_whole_block(start):
     q = torch.randn(t, 4, 16, generator=gen)
     got = decode_attention(q, ck, cv, None, None, start, None, cap, 0.25, cap, causal=False)
     positions = torch.arange(start, start + t)
-    expected = attention_reference(q, ck[:start + t], cv[:start + t], positions, torch.arange(start + t), None, 0.25,
-                                   causal=False)
+    expected = attention_reference(
+        q, ck[: start + t], cv[: start + t], positions, torch.arange(start + t), None, 0.25, causal=False
+    )
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

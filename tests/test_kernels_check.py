@@ -8,18 +8,18 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
+import importlib.util
+import json
+import subprocess
+import sys
 
-import pytest  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+import pytest
+import triton
+import triton.language as tl
 
-from flashdesk.kernels import check as kcheck  # noqa: E402
-from flashdesk.kernels.backend import CompileSpec  # noqa: E402
-from flashdesk.kernels.grid_dependency import enter  # noqa: E402
+from flashdesk.kernels import check as kcheck
+from flashdesk.kernels.backend import CompileSpec
+from flashdesk.kernels.grid_dependency import enter
 
 HERE = __name__
 
@@ -48,26 +48,34 @@ def _spill(x, y, N: tl.constexpr):
 
 def good_specs():
     # SHIFT is left to its default: the check fills it in as a launch would.
-    return [CompileSpec("tiny_scale", _scale, {"x": "*fp32", "y": "*fp32", "n": "i32",
-                                               "factor": "fp32", "BLOCK": "constexpr"},
-                        {"BLOCK": 256})]
+    return [
+        CompileSpec(
+            "tiny_scale",
+            _scale,
+            {"x": "*fp32", "y": "*fp32", "n": "i32", "factor": "fp32", "BLOCK": "constexpr"},
+            {"BLOCK": 256},
+        )
+    ]
 
 
 def pdl_specs():
     # PDL is left out: the check sets it by arch
-    return [CompileSpec("tiny_scale_after_wait", _scale_after_wait, {"x": "*fp32", "y": "*fp32", "n": "i32"},
-                        {"BLOCK": 256})]
+    return [
+        CompileSpec(
+            "tiny_scale_after_wait", _scale_after_wait, {"x": "*fp32", "y": "*fp32", "n": "i32"}, {"BLOCK": 256}
+        )
+    ]
 
 
 def spill_specs():
-    return [CompileSpec("spill_fp64_w1", _spill, {"x": "*fp64", "y": "*fp64"}, {"N": 4096},
-                        num_warps=1)]
+    return [CompileSpec("spill_fp64_w1", _spill, {"x": "*fp64", "y": "*fp64"}, {"N": 4096}, num_warps=1)]
 
 
 def bad_specs():
-    return [CompileSpec("bad_signature", _scale, {"x": "*fp32", "y": "*fp32"}, {"BLOCK": 256}),
-            CompileSpec("bad_type", _scale, {"x": "*fp33", "y": "*fp32", "n": "i32",
-                                             "factor": "fp32"}, {"BLOCK": 256})]
+    return [
+        CompileSpec("bad_signature", _scale, {"x": "*fp32", "y": "*fp32"}, {"BLOCK": 256}),
+        CompileSpec("bad_type", _scale, {"x": "*fp33", "y": "*fp32", "n": "i32", "factor": "fp32"}, {"BLOCK": 256}),
+    ]
 
 
 def broken_specs():
@@ -82,8 +90,13 @@ def crashing_specs():
 def rows():
     """One check run (a pool start costs seconds) over good, bad, broken and missing modules."""
     before = os.environ.get("TRITON_INTERPRET")
-    modules = (f"{HERE}:good_specs", f"{HERE}:pdl_specs", f"{HERE}:bad_specs", f"{HERE}:broken_specs",
-               "flashdesk.kernels.no_such_module")
+    modules = (
+        f"{HERE}:good_specs",
+        f"{HERE}:pdl_specs",
+        f"{HERE}:bad_specs",
+        f"{HERE}:broken_specs",
+        "flashdesk.kernels.no_such_module",
+    )
     result = kcheck.check(["sm_86", "sm_120"], modules=modules)
     assert os.environ.get("TRITON_INTERPRET") == before  # the workers' env did not leak
     return result
@@ -124,8 +137,11 @@ def test_every_engine_kernel_waits_before_it_touches_memory():
             if not (isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel")):
                 continue
             kernels.append(node.name)
-            body = node.body[1:] if isinstance(node.body[0], ast.Expr) and isinstance(
-                node.body[0].value, ast.Constant) else node.body
+            body = (
+                node.body[1:]
+                if isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+                else node.body
+            )
             params = {arg.arg: default for arg, default in zip(node.args.args[::-1], node.args.defaults[::-1])}
             first = ast.unparse(body[0])
             if first != "enter(PDL)" or ast.unparse(params.get("PDL", ast.Constant(None))) != "False":
@@ -158,8 +174,19 @@ def test_a_dead_worker_is_an_error_row_not_a_crash():
 
 
 def test_spilling_kernel_fails_the_cli(capsys):
-    code = kcheck.main(["--arch", "sm_86", "--json", "--kernel", "spill",
-                        "--module", f"{HERE}:good_specs", "--module", f"{HERE}:spill_specs"])
+    code = kcheck.main(
+        [
+            "--arch",
+            "sm_86",
+            "--json",
+            "--kernel",
+            "spill",
+            "--module",
+            f"{HERE}:good_specs",
+            "--module",
+            f"{HERE}:spill_specs",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert code == 1
     assert [r["kernel"] for r in out] == ["spill_fp64_w1"]  # --kernel filtered tiny_scale out
@@ -175,8 +202,7 @@ def test_parse_resource_usage_takes_the_max_over_functions():
  Function kernel:
   REG:28 STACK:0 SHARED:1024 LOCAL:8 CONSTANT[0]:392 TEXTURE:0 SURFACE:0 SAMPLER:0
 """
-    assert kcheck.parse_resource_usage(text) == {"REG": 40, "STACK": 16, "SHARED": 1024,
-                                                 "LOCAL": 8}
+    assert kcheck.parse_resource_usage(text) == {"REG": 40, "STACK": 16, "SHARED": 1024, "LOCAL": 8}
     assert [kcheck.capability(a) for a in ("sm_86", "sm90a", 120, "SM_89")] == [86, 90, 120, 89]
 
 
@@ -186,9 +212,12 @@ _MISSING = [m for m in kcheck.SPEC_MODULES if importlib.util.find_spec(m) is Non
 @pytest.mark.skipif(bool(_MISSING), reason=f"spec modules not written yet: {_MISSING}")
 def test_engine_kernels_compile_without_spills_on_every_card():
     # TRITON_INTERPRET=1 stays in the environment on purpose: the check must not care.
-    result = subprocess.run([sys.executable, "-m", "flashdesk.kernels.check",
-                             "--arch", "sm_86,sm_89,sm_90,sm_120"],
-                            capture_output=True, text=True, timeout=1800)
+    result = subprocess.run(
+        [sys.executable, "-m", "flashdesk.kernels.check", "--arch", "sm_86,sm_89,sm_90,sm_120"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     failures = [line for line in result.stdout.splitlines() if " FAIL " in line]
     summary = result.stdout.strip().splitlines()[-1:] if result.stdout.strip() else []
     assert result.returncode == 0, "\n".join(failures + summary) or result.stderr[-4000:]
@@ -197,8 +226,7 @@ def test_engine_kernels_compile_without_spills_on_every_card():
 def test_perf_rows_model_a_kernel_from_its_cubin():
     """--perf adds the model's fields from the compiled code: the fp8 full-layer decode split reads
     the KV cache, its SASS main loop gives instructions per key, occupancy gives bytes in flight."""
-    rows = kcheck.check(["sm_90"], "decode_split[D=512,full,fp8]", ("flashdesk.kernels.attention_triton",),
-                        perf=True)
+    rows = kcheck.check(["sm_90"], "decode_split[D=512,full,fp8]", ("flashdesk.kernels.attention_triton",), perf=True)
     assert rows and all(r["ok"] for r in rows), rows
     for r in rows:
         assert (r["role"], r["kv_dtype"], r["head_dim"], r["spill_bytes"]) == ("kv", "fp8", 512, 0)

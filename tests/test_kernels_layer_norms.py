@@ -6,12 +6,12 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from flashdesk.kernels import layer_norms as ln  # noqa: E402
-from flashdesk.kernels.backend import kernels  # noqa: E402
-from flashdesk.kernels.router import ordered_sum  # noqa: E402
+from flashdesk.kernels import layer_norms as ln
+from flashdesk.kernels.backend import kernels
+from flashdesk.kernels.router import ordered_sum
 
 pytest.importorskip("triton")
 
@@ -47,7 +47,7 @@ def _check_rows(call, inputs, chain):
     with kernels("triton"):
         full = call(*inputs)
         for r in (0, 7, 15):
-            alone = call(*(x[r:r + 1] for x in inputs))
+            alone = call(*(x[r : r + 1] for x in inputs))
             for name, a, f in zip(chain, alone, full):
                 assert torch.equal(a[0], f[r]), (name, r)
         with count_kernels() as counts:
@@ -61,7 +61,7 @@ def _check_rows(call, inputs, chain):
 def test_the_norms_after_attention_are_one_kernel(dtype, d, with_moe):
     rand = _rows(d, dtype, seed=d)
     post, pre, experts = _weights(d, 1, 3)
-    moe = ln.RouterInput(experts, (torch.rand(d) + 0.5).to(dtype), d ** -0.5) if with_moe else None
+    moe = ln.RouterInput(experts, (torch.rand(d) + 0.5).to(dtype), d**-0.5) if with_moe else None
     a, residual = rand(16, d, scale=3.0), rand(16, d)
     chain = ("h", "x", "experts_x", "router_x") if with_moe else ("h", "x")
     with kernels("triton"):
@@ -83,8 +83,9 @@ def test_the_norms_after_the_mlps_are_one_kernel(dtype, d, experts_out):
     with_moe = experts_out is not None
     rand = _rows(d, dtype, seed=d + 1)
     dense_w, experts_w, out_w, next_w = _weights(d, 2, 4)
-    w = ln.MlpOutWeights(dense_w if with_moe else None, experts_w if with_moe else None, out_w,
-                         torch.tensor([0.37]).to(dtype), next_w)
+    w = ln.MlpOutWeights(
+        dense_w if with_moe else None, experts_w if with_moe else None, out_w, torch.tensor([0.37]).to(dtype), next_w
+    )
     dense, experts, residual = rand(16, d, scale=2.0), rand(16, d, scale=5.0), rand(16, d)
     experts = experts if with_moe else None
     if experts_out == "pairs":
@@ -123,8 +124,9 @@ def test_the_chains_compute_what_the_layer_defines():
     torch.testing.assert_close(ex, norm(h, experts))
     torch.testing.assert_close(rx, norm(h) * scale * 0.25)
     dense, moe_out = rand(3, d), rand(3, d)
-    out, next_x = ln.mlp_out_reference(dense, moe_out, residual, EPS,
-                                       ln.MlpOutWeights(dense_w, experts_w, out_w, scalar, next_w))
+    out, next_x = ln.mlp_out_reference(
+        dense, moe_out, residual, EPS, ln.MlpOutWeights(dense_w, experts_w, out_w, scalar, next_w)
+    )
     torch.testing.assert_close(out, (residual + norm(norm(dense, dense_w) + norm(moe_out, experts_w), out_w)) * scalar)
     torch.testing.assert_close(next_x, norm(out, next_w))
 

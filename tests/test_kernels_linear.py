@@ -7,14 +7,14 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from flashdesk.kernels import linear_triton as lt  # noqa: E402
-from flashdesk.kernels.int4 import Int4Weight, pack_int4  # noqa: E402
+from flashdesk.kernels import linear_triton as lt
+from flashdesk.kernels.int4 import Int4Weight, pack_int4
 
 
 def random_int4(n, k, group, symmetric, dtype=torch.float32, seed=0):
@@ -36,9 +36,18 @@ def reference(x, w):
 # (N, K, group, symmetric): groups smaller than a K step (8, 16, 32), equal, larger, channel-wise and
 # not a power of two (40); split K (K >= 128 on these narrow N) and not; K = 320 ends in a partial
 # 128-column step.
-INT4_CASES = [(24, 64, 8, True), (40, 64, 64, False), (24, 128, 32, False), (128, 128, 8, False),
-              (40, 128, 128, True), (24, 512, 32, True), (40, 512, 512, False), (40, 320, 40, False),
-              (24, 320, 320, True), (24, 256, 16, False)]
+INT4_CASES = [
+    (24, 64, 8, True),
+    (40, 64, 64, False),
+    (24, 128, 32, False),
+    (128, 128, 8, False),
+    (40, 128, 128, True),
+    (24, 512, 32, True),
+    (40, 512, 512, False),
+    (40, 320, 40, False),
+    (24, 320, 320, True),
+    (24, 256, 16, False),
+]
 
 
 def case_id(case):
@@ -90,7 +99,7 @@ def test_w4a16_rows_are_batch_invariant(case):
     for m in (1, 3):
         assert torch.equal(lt.w4a16_linear(x[:m], w), full[:m])
     for row in (5, 15):
-        assert torch.equal(lt.w4a16_linear(x[row:row + 1], w), full[row:row + 1])
+        assert torch.equal(lt.w4a16_linear(x[row : row + 1], w), full[row : row + 1])
 
 
 @pytest.mark.parametrize("m", [17, 40])
@@ -153,12 +162,18 @@ def test_compile_specs_name_the_kernel_parameters():
     assert kernels == {lt._linear_kernel}
     names = {spec.name for spec in specs}
     assert len(names) == len(specs)
-    for needle in ("small_w4_n8192_k2816_g32", "prefill_w4_n2816_k4096_g4096_zero", "small_bf16_n262144_k2816",
-                   "small_bf16_n128_k2816", "small_bf16_n11264_k2816"):
+    for needle in (
+        "small_w4_n8192_k2816_g32",
+        "prefill_w4_n2816_k4096_g4096_zero",
+        "small_bf16_n262144_k2816",
+        "small_bf16_n128_k2816",
+        "small_bf16_n11264_k2816",
+    ):
         assert any(needle in name for name in names), needle
     for spec in specs:
-        params = {name: p for name, p in inspect.signature(spec.fn.fn).parameters.items()
-                  if name != "PDL"}  # kernels.check sets it by arch
+        params = {
+            name: p for name, p in inspect.signature(spec.fn.fn).parameters.items() if name != "PDL"
+        }  # kernels.check sets it by arch
         assert list(spec.signature) == list(params), spec.name
         constexpr = {name for name, p in params.items() if "constexpr" in str(p.annotation)}
         assert {name for name, ty in spec.signature.items() if ty == "constexpr"} == constexpr, spec.name
@@ -189,7 +204,7 @@ def test_a_glu_projection_applies_the_activation_in_its_epilogue(activation, int
             small = glu_linear(x[:16], w, activation)
             torch.testing.assert_close(small.float(), expected[:16], rtol=tol, atol=tol)
             for row in (0, 9, 15):
-                assert torch.equal(glu_linear(x[row:row + 1], w, activation), small[row:row + 1])
+                assert torch.equal(glu_linear(x[row : row + 1], w, activation), small[row : row + 1])
             with count_kernels() as counts:
                 glu_linear(x[:3], w, activation)
     assert sum(counts.values()) == 1, dict(counts)

@@ -6,16 +6,16 @@ import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from flashdesk.kernels import moe_triton  # noqa: E402
-from flashdesk.kernels.backend import kernels  # noqa: E402
-from flashdesk.kernels.int4 import Int4Weight, pack_int4  # noqa: E402
-from flashdesk.kernels.launch_log import describe_launch  # noqa: E402
-from flashdesk.kernels.moe import moe_reference  # noqa: E402
-from flashdesk.kernels.moe_triton import compile_specs, fused_moe, fused_router_moe, fused_routed_moe, tiles  # noqa: E402
-from flashdesk.kernels.router import ordered_sum  # noqa: E402
+from flashdesk.kernels import moe_triton
+from flashdesk.kernels.backend import kernels
+from flashdesk.kernels.int4 import Int4Weight, pack_int4
+from flashdesk.kernels.launch_log import describe_launch
+from flashdesk.kernels.moe import moe_reference
+from flashdesk.kernels.moe_triton import compile_specs, fused_moe, fused_router_moe, fused_routed_moe, tiles
+from flashdesk.kernels.router import ordered_sum
 
 pytestmark = pytest.mark.skipif(not moe_triton.interpreted(), reason="needs TRITON_INTERPRET=1 before triton import")
 
@@ -53,9 +53,19 @@ def test_test_shapes_cover_both_small_tilings():
         assert tiles(config, n, k, small=True) == config
 
 
-CASES = [(1, 2, 8, False, WHOLE), (1, 3, None, True, WHOLE), (5, 3, 16, True, WHOLE), (5, 2, 8, False, WHOLE),
-         (16, 2, None, True, WHOLE), (16, 3, 8, False, WHOLE), (40, 2, 16, True, WHOLE), (40, 3, 8, False, WHOLE),
-         (1, 2, 16, True, TILED), (16, 3, None, False, TILED), (40, 2, 8, True, TILED)]
+CASES = [
+    (1, 2, 8, False, WHOLE),
+    (1, 3, None, True, WHOLE),
+    (5, 3, 16, True, WHOLE),
+    (5, 2, 8, False, WHOLE),
+    (16, 2, None, True, WHOLE),
+    (16, 3, 8, False, WHOLE),
+    (40, 2, 16, True, WHOLE),
+    (40, 3, 8, False, WHOLE),
+    (1, 2, 16, True, TILED),
+    (16, 3, None, False, TILED),
+    (40, 2, 8, True, TILED),
+]
 
 
 @pytest.mark.parametrize("tokens,top_k,group,asym,dims", CASES)
@@ -87,8 +97,7 @@ def test_large_gelu_inputs_stay_finite():
     torch.testing.assert_close(out, moe_reference(x, gate_up, down, top_idx, top_w), rtol=1e-4, atol=1e-2)
 
 
-@pytest.mark.parametrize("top_k,group,asym,dims", [(3, 16, True, WHOLE), (2, None, False, WHOLE),
-                                                    (3, 8, True, TILED)])
+@pytest.mark.parametrize("top_k,group,asym,dims", [(3, 16, True, WHOLE), (2, None, False, WHOLE), (3, 8, True, TILED)])
 def test_batch_invariant(top_k, group, asym, dims):
     """A token's output has the same bits alone, among 5 or among 16 tokens sharing its experts."""
     x, gate_up, down, top_idx, top_w = problem(11, 16, top_k, group, asym, dims=dims)
@@ -125,7 +134,9 @@ def test_routing_with_the_grouping_is_route_then_the_experts(tokens, top_k):
             fused_routed_moe(x, gate_up, down, logits, top_k, scale)
         top_w, top_idx = route(logits, top_k, scale)
         want = fused_moe(x, gate_up, down, top_idx, top_w)
-        alone = [fused_routed_moe(x[r:r + 1], gate_up, down, logits[r:r + 1], top_k, scale) for r in (0, tokens - 1)]
+        alone = [
+            fused_routed_moe(x[r : r + 1], gate_up, down, logits[r : r + 1], top_k, scale) for r in (0, tokens - 1)
+        ]
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)  # the softmax sums in another order
     one_program = tokens * top_k <= moe_triton.GROUP_PAIRS
     assert (counts["_route_group_kernel"], counts["_route_kernel"]) == ((1, 0) if one_program else (0, 1))
@@ -146,20 +157,25 @@ def test_the_router_kernel_is_the_router_linear_then_routing(tokens, top_k, d):
     x, gate_up, down, _, _ = problem(tokens + top_k, tokens, top_k, 8, True, torch.bfloat16)
     gen = torch.Generator().manual_seed(tokens)
     router_x = torch.randn(tokens, d, generator=gen).to(torch.bfloat16)
-    router = (torch.randn(E, d, generator=gen) / d ** 0.5).to(torch.bfloat16)
+    router = (torch.randn(E, d, generator=gen) / d**0.5).to(torch.bfloat16)
     scale = (torch.rand(E, generator=gen) + 0.5).to(torch.bfloat16)
     with kernels("triton"):
         got = fused_router_moe(x, gate_up, down, router_x, router, top_k, scale)
         want = fused_routed_moe(x, gate_up, down, linear(router_x, router), top_k, scale)
         with count_kernels() as counts:  # (launches counted, not run)
             fused_router_moe(x, gate_up, down, router_x, router, top_k, scale)
-        alone = [fused_router_moe(x[r:r + 1], gate_up, down, router_x[r:r + 1], router, top_k, scale)
-                 for r in (0, tokens - 1)]
+        alone = [
+            fused_router_moe(x[r : r + 1], gate_up, down, router_x[r : r + 1], router, top_k, scale)
+            for r in (0, tokens - 1)
+        ]
     assert torch.equal(got, want)
     fused = tokens * top_k <= moe_triton.GROUP_PAIRS
     routing = {name: counts[name] for name in ("_router_kernel", "_route_group_kernel", "_route_kernel")}
-    assert routing == ({"_router_kernel": 1, "_route_group_kernel": 0, "_route_kernel": 0} if fused else
-                       {"_router_kernel": 0, "_route_group_kernel": 0, "_route_kernel": 1}), dict(counts)
+    assert routing == (
+        {"_router_kernel": 1, "_route_group_kernel": 0, "_route_kernel": 0}
+        if fused
+        else {"_router_kernel": 0, "_route_group_kernel": 0, "_route_kernel": 1}
+    ), dict(counts)
     if fused:
         assert torch.equal(alone[0][0], got[0]) and torch.equal(alone[1][0], got[-1])
     with kernels("triton"), pytest.raises(ValueError, match=f"does not match a (router of|weight with) {d} inputs"):
@@ -174,6 +190,7 @@ def _no_sync(name):
         if not caller.startswith("triton"):  # the interpreter itself copies tensors around
             raise AssertionError(f"host sync: Tensor.{name} from {caller}")
         return original(self, *args, **kwargs)
+
     return guarded
 
 
@@ -224,8 +241,14 @@ def test_compile_specs_match_launches(monkeypatch):
         assert [k for k, v in spec.signature.items() if v == "constexpr"] == _constexpr_names(spec.fn)
         assert set(spec.constexprs) == set(_constexpr_names(spec.fn))
     launches = []
-    for name in ("_group_pairs_kernel", "_route_group_kernel", "_router_kernel", "_gate_up_kernel", "_down_kernel",
-                 "_sum_top_k_kernel"):
+    for name in (
+        "_group_pairs_kernel",
+        "_route_group_kernel",
+        "_router_kernel",
+        "_gate_up_kernel",
+        "_down_kernel",
+        "_sum_top_k_kernel",
+    ):
         monkeypatch.setattr(moe_triton, name, _Recorder(getattr(moe_triton, name), launches))
     monkeypatch.setattr(moe_triton, "interpreted", lambda: False)
     e, d, inter, top_k, group = 128, moe_triton.REAL_D, moe_triton.REAL_I, moe_triton.REAL_TOP_K, moe_triton.REAL_GROUP
@@ -250,8 +273,9 @@ def test_compile_specs_match_launches(monkeypatch):
     assert launched == listed
 
 
-@pytest.mark.parametrize("tokens, top_k, experts", [(1, 8, 128), (16, 8, 128), (5, 2, 8), (7, 2, 6), (2, 2, 3),
-                                                    (40, 2, 8)])
+@pytest.mark.parametrize(
+    "tokens, top_k, experts", [(1, 8, 128), (16, 8, 128), (5, 2, 8), (7, 2, 6), (2, 2, 3), (40, 2, 8)]
+)
 def test_pairs_grouped_in_one_kernel_as_the_torch_sort_groups_them(tokens, top_k, experts):
     """The one-program counting sort gives `_route`'s order, ranges and experts exactly, the empty
     slots past the distinct experts included (16 tokens x top 8 of 128); over GROUP_PAIRS pairs the

@@ -4,11 +4,11 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from flashdesk.kernels.backend import CompileSpec, kernels  # noqa: E402
-from flashdesk.kernels.norm import rms_norm, rms_norm_reference  # noqa: E402
+from flashdesk.kernels.backend import CompileSpec, kernels
+from flashdesk.kernels.norm import rms_norm, rms_norm_reference
 
 pytest.importorskip("triton")
 
@@ -38,7 +38,7 @@ def test_a_row_is_the_same_alone_and_among_sixteen():
     with kernels("triton"):
         block = rms_norm(x, w, 1e-6)
         for r in (0, 7, 15):
-            assert torch.equal(rms_norm(x[r:r + 1], w, 1e-6)[0], block[r])
+            assert torch.equal(rms_norm(x[r : r + 1], w, 1e-6)[0], block[r])
 
 
 def test_compile_specs_name_every_argument():
@@ -59,7 +59,7 @@ def test_norm_fused_with_the_residual_add_and_the_layer_scalar(dtype):
     with kernels("triton"):
         added = rms_norm(x, w, 1e-6, residual=residual)
         scaled = rms_norm(x, w, 1e-6, residual=residual, scale=scale)
-        alone = [rms_norm(x[r:r + 1], w, 1e-6, residual=residual[r:r + 1], scale=scale) for r in range(6)]
+        alone = [rms_norm(x[r : r + 1], w, 1e-6, residual=residual[r : r + 1], scale=scale) for r in range(6)]
     torch.testing.assert_close(added.float(), (residual + rms_norm_reference(x, w, 1e-6)).float(), **tol)
     torch.testing.assert_close(scaled.float(), ((residual + rms_norm_reference(x, w, 1e-6)) * scale).float(), **tol)
     assert torch.equal(torch.cat(alone), scaled)  # rows do not depend on the row count
@@ -83,13 +83,13 @@ def test_q_k_v_norms_and_rope_are_one_kernel_on_the_projection(dtype, k_eq_v):
     qkv = (torch.randn(t, (heads + kv_heads * (1 if k_eq_v else 2)) * d, generator=gen) * 2).to(dtype)
     q_w, k_w = torch.rand(d, generator=gen) + 0.5, torch.rand(d, generator=gen) + 0.5
     angles = torch.arange(t)[:, None] * torch.rand(d // 2, generator=gen)[None, :]
-    angles[:, d // 4:] = 0  # partial rotary: the rest of the dims keep cos 1, sin 0
+    angles[:, d // 4 :] = 0  # partial rotary: the rest of the dims keep cos 1, sin 0
     cos, sin = torch.cat([angles, angles], -1).cos().to(dtype), torch.cat([angles, angles], -1).sin().to(dtype)
     args = (q_w, k_w, cos, sin, 1e-6, heads, kv_heads, d, k_eq_v)
     with kernels("triton"):
         got = qkv_norms(qkv, *args)
         unfused = qkv_norms_reference(qkv, *args)  # its norms are the Triton norm kernel
-        alone = {r: qkv_norms(qkv[r:r + 1], q_w, k_w, cos[r:r + 1], sin[r:r + 1], *args[4:]) for r in (0, 9, 15)}
+        alone = {r: qkv_norms(qkv[r : r + 1], q_w, k_w, cos[r : r + 1], sin[r : r + 1], *args[4:]) for r in (0, 9, 15)}
         with count_kernels() as counts:
             qkv_norms(qkv, *args)
     assert sum(counts.values()) == 1, dict(counts)
@@ -129,8 +129,17 @@ def test_q_k_v_norms_store_k_and_v_into_the_cache_as_kv_write_does(storage, k_eq
     qkv = (torch.randn(t, (heads + kv_heads * (1 if k_eq_v else 2)) * d, generator=gen) * 2).to(torch.bfloat16)
     angles = torch.arange(6, 6 + t)[:, None] * torch.rand(d // 2, generator=gen)[None, :]
     cos, sin = (f(torch.cat([angles, angles], -1)).to(torch.bfloat16) for f in (torch.cos, torch.sin))
-    args = (torch.rand(d, generator=gen) + 0.5, torch.rand(d, generator=gen) + 0.5, cos, sin, 1e-6, heads, kv_heads,
-            d, k_eq_v)
+    args = (
+        torch.rand(d, generator=gen) + 0.5,
+        torch.rand(d, generator=gen) + 0.5,
+        cos,
+        sin,
+        1e-6,
+        heads,
+        kv_heads,
+        d,
+        k_eq_v,
+    )
 
     def cache():
         dtype, fp8 = (FP8, True) if storage == "fp8" else (torch.bfloat16, False)
@@ -171,9 +180,14 @@ def test_the_drafters_norms_store_k_and_v_into_its_context_as_kv_write_does(with
     w = [(torch.rand(d, generator=gen) + 0.5).to(torch.bfloat16) for _ in range(2)]
 
     def ring():
-        return KVSlots(torch.zeros(capacity, kv_heads, d, dtype=torch.bfloat16),
-                       torch.zeros(capacity, kv_heads, d, dtype=torch.bfloat16), None, None,
-                       torch.tensor([5], dtype=torch.int32), capacity)
+        return KVSlots(
+            torch.zeros(capacity, kv_heads, d, dtype=torch.bfloat16),
+            torch.zeros(capacity, kv_heads, d, dtype=torch.bfloat16),
+            None,
+            None,
+            torch.tensor([5], dtype=torch.int32),
+            capacity,
+        )
 
     for t in (5, 11):  # within the ring, and past it
         qkv = torch.randn(t, heads + 2 * kv_heads, d, generator=gen).to(torch.bfloat16)

@@ -17,26 +17,32 @@ def _random_moe(seed: int, t: int, e: int = 8, d: int = 32, i: int = 24, k: int 
 
 def test_gathered_moe_equals_the_per_expert_loop():
     x, gate_up, down, idx, w = _random_moe(0, t=13)
-    assert torch.allclose(moe_gathered(x, gate_up, down, idx, w), moe_reference(x, gate_up, down, idx, w),
-                          atol=1e-4, rtol=1e-5)
+    assert torch.allclose(
+        moe_gathered(x, gate_up, down, idx, w), moe_reference(x, gate_up, down, idx, w), atol=1e-4, rtol=1e-5
+    )
 
 
 def test_every_expert_moe_equals_the_per_expert_loop_and_is_batch_invariant_in_bf16():
     t = 16
     x, gate_up, down, idx, w = _random_moe(2, t)
-    assert torch.allclose(moe_every_expert(x, gate_up, down, idx, w), moe_reference(x, gate_up, down, idx, w),
-                          atol=1e-4, rtol=1e-5)
+    assert torch.allclose(
+        moe_every_expert(x, gate_up, down, idx, w), moe_reference(x, gate_up, down, idx, w), atol=1e-4, rtol=1e-5
+    )
     xb, gate_up_b, down_b = x.bfloat16(), gate_up.bfloat16(), down.bfloat16()
     block = moe_every_expert(xb, gate_up_b, down_b, idx, w)
     for row in range(t):  # a verify block's row is what the same token computes alone
-        alone = moe_every_expert(xb[row:row + 1], gate_up_b, down_b, idx[row:row + 1], w[row:row + 1])
+        alone = moe_every_expert(xb[row : row + 1], gate_up_b, down_b, idx[row : row + 1], w[row : row + 1])
         assert torch.equal(block[row], alone[0])
 
 
 def test_attention_masks_by_position():
     """Causal + window: a query sees exactly the keys in (p - W, p]; non-causal full sees all."""
     gen = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(3, 2, 8, generator=gen), torch.randn(10, 1, 8, generator=gen), torch.randn(10, 1, 8, generator=gen)
+    q, k, v = (
+        torch.randn(3, 2, 8, generator=gen),
+        torch.randn(10, 1, 8, generator=gen),
+        torch.randn(10, 1, 8, generator=gen),
+    )
     q_pos, k_pos = torch.tensor([7, 8, 9]), torch.arange(10)
     out = attention_reference(q, k, v, q_pos, k_pos, window=3, scale=0.5)
     for row, p in enumerate(q_pos.tolist()):
@@ -57,8 +63,12 @@ def test_rows_from_slices_every_weight_format_without_copying():
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(n, 64, generator=gen) for n in (48, 16, 16))
     x = torch.randn(5, 64, generator=gen)
-    for parts in ([q, k, v], [quantize_int4(q, 32), quantize_int4(k, 32), quantize_int4(v, 32)],
-                  [q, quantize_int4(k, 32), quantize_int4(v, 32)], [quantize_int4(q, 32), k, v]):
+    for parts in (
+        [q, k, v],
+        [quantize_int4(q, 32), quantize_int4(k, 32), quantize_int4(v, 32)],
+        [q, quantize_int4(k, 32), quantize_int4(v, 32)],
+        [quantize_int4(q, 32), k, v],
+    ):
         fused = concat_rows(parts)
         tail = rows_from(fused, 48)
         want = torch.cat([linear(x, k_or_v) for k_or_v in parts[1:]], dim=-1)

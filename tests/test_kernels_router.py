@@ -4,11 +4,11 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from flashdesk.kernels.backend import kernels  # noqa: E402
-from flashdesk.kernels.router import route, route_reference  # noqa: E402
+from flashdesk.kernels.backend import kernels
+from flashdesk.kernels.router import route, route_reference
 
 pytest.importorskip("triton")
 
@@ -34,7 +34,7 @@ def test_a_token_routes_the_same_alone_and_among_sixteen():
     with kernels("triton"):
         weights, ids = route(logits, 8, scale)
         for r in (0, 5, 15):
-            w_alone, ids_alone = route(logits[r:r + 1], 8, scale)
+            w_alone, ids_alone = route(logits[r : r + 1], 8, scale)
             assert torch.equal(w_alone[0], weights[r]) and torch.equal(ids_alone[0], ids[r])
 
 

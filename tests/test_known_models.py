@@ -15,20 +15,34 @@ def test_the_kernels_compile_the_real_models_shapes():
     d = cfg.hidden_size
     assert linear_triton.HIDDEN == moe_triton.REAL_D == self_test.REAL.hidden == d
     assert (moe_triton.REAL_I, moe_triton.REAL_TOP_K, moe_triton.REAL_EXPERTS) == (
-        cfg.moe_intermediate_size, cfg.top_k_experts, cfg.num_experts)
+        cfg.moe_intermediate_size,
+        cfg.top_k_experts,
+        cfg.num_experts,
+    )
     assert moe_triton.REAL_GROUP == self_test.REAL.group == known_models.INT4_GROUP
-    assert attention_triton.TARGET_LAYERS == self_test.REAL.layers == (
-        (sliding.head_dim, sliding.num_kv_heads, cfg.sliding_window), (full.head_dim, full.num_kv_heads, None))
+    assert (
+        attention_triton.TARGET_LAYERS
+        == self_test.REAL.layers
+        == ((sliding.head_dim, sliding.num_kv_heads, cfg.sliding_window), (full.head_dim, full.num_kv_heads, None))
+    )
     # every int4 linear of the target and the drafter, as (out, in)
     q = cfg.num_heads
-    target = {(q * sliding.head_dim + 2 * sliding.num_kv_heads * sliding.head_dim, d),
-              (q * full.head_dim + full.num_kv_heads * full.head_dim, d),  # K = V: no v_proj
-              (d, q * sliding.head_dim), (d, q * full.head_dim),
-              (2 * cfg.intermediate_size, d), (d, cfg.intermediate_size)}
+    target = {
+        (q * sliding.head_dim + 2 * sliding.num_kv_heads * sliding.head_dim, d),
+        (q * full.head_dim + full.num_kv_heads * full.head_dim, d),  # K = V: no v_proj
+        (d, q * sliding.head_dim),
+        (d, q * full.head_dim),
+        (2 * cfg.intermediate_size, d),
+        (d, cfg.intermediate_size),
+    }
     assert target <= set(linear_triton.TARGET_INT4)
-    drafter = {(d, len(draft.target_layer_ids) * d),
-               (draft.num_heads * draft.head_dim + 2 * draft.num_kv_heads * draft.head_dim, d),
-               (d, draft.num_heads * draft.head_dim), (2 * draft.intermediate_size, d), (d, draft.intermediate_size)}
+    drafter = {
+        (d, len(draft.target_layer_ids) * d),
+        (draft.num_heads * draft.head_dim + 2 * draft.num_kv_heads * draft.head_dim, d),
+        (d, draft.num_heads * draft.head_dim),
+        (2 * draft.intermediate_size, d),
+        (d, draft.intermediate_size),
+    }
     assert drafter <= set(linear_triton.DRAFTER)
     assert (cfg.vocab_size, d) in linear_triton.DENSE  # the tied head
 

@@ -23,16 +23,16 @@ def test_fp8_quantization_error_is_within_e4m3_bounds():
     stored, scale = quantize(x, FP8)
     assert stored.dtype == FP8 and scale.shape == (64, 4)
     back = dequantize(stored, scale, torch.float32)
-    bound = x.abs() * 2 ** -4 + scale[..., None] * 2 ** -10
+    bound = x.abs() * 2**-4 + scale[..., None] * 2**-10
     assert (back - x).abs().le(bound * 1.0001).all()
-    assert back.abs().amax(-1).sub(x.abs().amax(-1)).abs().max() <= (x.abs().amax(-1) * 2 ** -4).max()
+    assert back.abs().amax(-1).sub(x.abs().amax(-1)).abs().max() <= (x.abs().amax(-1) * 2**-4).max()
     assert stored.float().abs().max() <= FP8_MAX
 
 
 def run_logits(model, ids, kv_dtype):
     cache = model.new_cache(len(ids), kv_dtype)
     model.forward(ids[:4], cache)
-    return torch.stack([model.forward(ids[i:i + 1], cache).logits[0] for i in range(4, len(ids))])
+    return torch.stack([model.forward(ids[i : i + 1], cache).logits[0] for i in range(4, len(ids))])
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +54,13 @@ def test_fp8_kv_error_against_bf16_kv_is_bounded(dense_model):
     err_bf16 = (bf16 - exact).abs().max().item()
     err_fp8 = (fp8 - bf16).abs().max().item()
     top1 = (fp8.argmax(-1) == bf16.argmax(-1)).float().mean().item()
-    kl = torch.nn.functional.kl_div(fp8.log_softmax(-1), bf16.log_softmax(-1), log_target=True,
-                                    reduction="batchmean").item()
-    print(f"\nKV error on the tiny model: bf16 vs fp32 max|dlogit| {err_bf16:.4f}; fp8 vs bf16 "
-          f"max|dlogit| {err_fp8:.4f}, KL {kl:.2e}, top-1 agreement {top1:.3f}")
+    kl = torch.nn.functional.kl_div(
+        fp8.log_softmax(-1), bf16.log_softmax(-1), log_target=True, reduction="batchmean"
+    ).item()
+    print(
+        f"\nKV error on the tiny model: bf16 vs fp32 max|dlogit| {err_bf16:.4f}; fp8 vs bf16 "
+        f"max|dlogit| {err_fp8:.4f}, KL {kl:.2e}, top-1 agreement {top1:.3f}"
+    )
     # measured: max|dlogit| 1.53, KL 1.3e-2, top-1 0.83 (a tiny random model is far more sensitive
     # than a trained one: attention over 16/32-dim heads at scale 1.0 is nearly one-hot)
     assert 0 < err_fp8 < 3.0
@@ -79,8 +82,13 @@ def test_rollback_equals_a_cache_that_never_saw_the_rejected_tokens(model, kv_dt
     """Write a prefix, a 16-token verify block of which 3 are accepted, roll back; compare bit for bit
     with a cache that got the prefix and the 3 accepted tokens only (rings wrap in the long case)."""
     gen = torch.Generator().manual_seed(prefix)
-    kv = [(torch.randn(prefix + 16, s.num_kv_heads, s.head_dim, generator=gen),
-           torch.randn(prefix + 16, s.num_kv_heads, s.head_dim, generator=gen)) for s in model.cfg.layers]
+    kv = [
+        (
+            torch.randn(prefix + 16, s.num_kv_heads, s.head_dim, generator=gen),
+            torch.randn(prefix + 16, s.num_kv_heads, s.head_dim, generator=gen),
+        )
+        for s in model.cfg.layers
+    ]
     accepted = 3
     spec, plain = model.new_cache(prefix + 40, kv_dtype), model.new_cache(prefix + 40, kv_dtype)
     for cache in (spec, plain):

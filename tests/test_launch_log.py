@@ -26,8 +26,7 @@ def test_a_launch_is_described_by_its_argument_types_and_constexpr_values():
 
     x, scale = torch.zeros(4, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.float8_e4m3fn)
     launch = describe_launch(kernel, (x, scale, 7, 1e-6), {"flag": 2**40, "HAS_ZERO": None, "num_warps": 8})
-    assert launch["signature"] == {"x_ptr": "*bf16", "scale_ptr": "*fp8e4nv", "n": "i32", "eps": "fp32",
-                                   "flag": "i64"}
+    assert launch["signature"] == {"x_ptr": "*bf16", "scale_ptr": "*fp8e4nv", "n": "i32", "eps": "fp32", "flag": "i64"}
     assert launch["constexprs"] == {"HAS_ZERO": None}  # BLOCK, not passed, keeps its default at compile
     assert (launch["num_warps"], launch["num_stages"]) == (8, 3)
     with pytest.raises(TypeError, match="argument n: cannot type a str"):
@@ -42,11 +41,21 @@ def test_gpu_checks_first_section_launches_only_kernels_that_compile_for_sm_90(t
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
     with kernels("triton"), record_launches() as launches:
-        result = gpu_check.section_tiny_correctness(torch.device("cpu"), smoke=True, new_tokens=8)  # same launches as 24
+        result = gpu_check.section_tiny_correctness(
+            torch.device("cpu"), smoke=True, new_tokens=8
+        )  # same launches as 24
     assert result["ok"], result
     functions = {launch["function"] for launch in launches}
-    assert {"_linear_kernel", "_gate_up_kernel", "_down_kernel", "_decode_split_kernel", "_prefill_kernel",
-            "_head_norms_kernel", "_router_kernel", "_rms_norm_kernel"} <= functions
+    assert {
+        "_linear_kernel",
+        "_gate_up_kernel",
+        "_down_kernel",
+        "_decode_split_kernel",
+        "_prefill_kernel",
+        "_head_norms_kernel",
+        "_router_kernel",
+        "_rms_norm_kernel",
+    } <= functions
     save(launches, tmp_path / "launches.json")
     monkeypatch.setenv(LOG_VARIABLE, str(tmp_path / "launches.json"))
     assert len(compile_specs()) == len(launches)
@@ -54,8 +63,11 @@ def test_gpu_checks_first_section_launches_only_kernels_that_compile_for_sm_90(t
     assert len(rows) == len(launches)
     assert any(not spec.constexprs.get("DOT_FP32", True) for spec in compile_specs())  # bf16 as on a GPU
     # fp32 tiles sized for bf16 may spill (slow, still correct): only a compile error fails here
-    failed = [f"{row['kernel']}: {row['error']}" for row in rows
-              if not row["ok"] and not (row["error"] or "").startswith("local memory")]
+    failed = [
+        f"{row['kernel']}: {row['error']}"
+        for row in rows
+        if not row["ok"] and not (row["error"] or "").startswith("local memory")
+    ]
     assert not failed, "\n".join(failed)
 
 
@@ -74,8 +86,9 @@ def test_every_launch_at_the_real_shapes_is_one_kernels_check_compiles():
 
     with kernels("triton"), record_launches(execute=False) as launches:
         # prefill 1024 and 8192, AR and verify 1..16 at 8K context, a draft block of 15 (bf16 and int4)
-        run_synthetic(layers=2, context=8192, device="cpu", dtype="bfloat16", kv_dtype="fp8", repeats=1,
-                      log=lambda message: None)
+        run_synthetic(
+            layers=2, context=8192, device="cpu", dtype="bfloat16", kv_dtype="fp8", repeats=1, log=lambda message: None
+        )
         # the decode loop: chunked prefill, AR steps, drafts of 1..15, context K/V from a few rows
         model = synthetic_target(2, "cpu", torch.bfloat16)
         for quantize in (None, "int4"):
@@ -136,8 +149,13 @@ def test_what_triton_compiles_at_load_fits_every_card(tmp_path, monkeypatch):
 
     log = tmp_path / "compiles.json"
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(ROOT / "tests" / "record_jit_compiles.py"), str(log)], env=env,
-                         capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "record_jit_compiles.py"), str(log)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     launches = json.loads(log.read_text())
     assert len(launches) > 40

@@ -46,13 +46,16 @@ def test_pristine_loads(ckpt):
     assert load_target(ckpt).cfg.num_layers == 6
 
 
-@pytest.mark.parametrize("fields, feature", [
-    ({"hidden_size_per_layer_input": 256}, "per-layer inputs"),
-    ({"num_kv_shared_layers": 2}, "KV sharing"),
-    ({"use_bidirectional_attention": "all"}, "bidirectional text attention"),
-    ({"hidden_activation": "silu"}, "activation 'silu'"),
-    ({"architectures": ["LlamaForCausalLM"]}, "LlamaForCausalLM"),
-])
+@pytest.mark.parametrize(
+    "fields, feature",
+    [
+        ({"hidden_size_per_layer_input": 256}, "per-layer inputs"),
+        ({"num_kv_shared_layers": 2}, "KV sharing"),
+        ({"use_bidirectional_attention": "all"}, "bidirectional text attention"),
+        ({"hidden_activation": "silu"}, "activation 'silu'"),
+        ({"architectures": ["LlamaForCausalLM"]}, "LlamaForCausalLM"),
+    ],
+)
 def test_unsupported_features_are_refused_by_name(ckpt, fields, feature):
     edit_config(ckpt, **fields)
     with pytest.raises(ConfigError, match=feature):
@@ -89,15 +92,19 @@ def test_missing_tensor_is_named(ckpt):
 
 def test_extra_tensor_is_named(ckpt):
     rewrite(ckpt, lambda t: t.update({"model.layers.0.self_attn.bias_that_should_not_be": torch.zeros(3)}))
-    with pytest.raises(CheckpointError, match="unexpected tensor model.layers.0.self_attn.bias_that_should_not_be "
-                                              "in model.safetensors"):
+    with pytest.raises(
+        CheckpointError, match="unexpected tensor model.layers.0.self_attn.bias_that_should_not_be in model.safetensors"
+    ):
         load_target(ckpt)
 
 
 def test_misshapen_tensor_is_named(ckpt):
     rewrite(ckpt, lambda t: t.update({"model.layers.2.self_attn.k_proj.weight": torch.zeros(16, 64)}))
-    with pytest.raises(CheckpointError, match=r"model.layers.2.self_attn.k_proj.weight in model.safetensors "
-                                              r"has shape \[16, 64\], expected \[32, 64\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"model.layers.2.self_attn.k_proj.weight in model.safetensors "
+        r"has shape \[16, 64\], expected \[32, 64\]",
+    ):
         load_target(ckpt)
 
 
@@ -119,7 +126,7 @@ def test_corrupt_header_is_detected(ckpt):
     path = ckpt / "model.safetensors"
     data = bytearray(path.read_bytes())
     (header_len,) = struct.unpack("<Q", data[:8])
-    data[8:8 + 10] = b"\xff" * 10
+    data[8 : 8 + 10] = b"\xff" * 10
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="corrupt safetensors header"):
         load_target(ckpt)

@@ -8,7 +8,6 @@ from flashdesk.engine.decode.sampling import SamplingParams, draw, make_generato
 from flashdesk.engine.decode.speculative import SpecControl
 
 
-
 def chi2_critical(dof: int, z: float = 3.09) -> float:
     """Chi-square critical value at significance 0.001 (Wilson-Hilferty; within 1% for dof >= 3)."""
     return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
@@ -49,8 +48,15 @@ def first_two_tokens(verify, p_logits, q_logits, params, n, seed):
     return counts, (p[0][:, None] * p[1][None, :]).reshape(-1) * n
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4),
-                                    SamplingParams(temperature=1.2, top_p=0.8)], ids=["plain", "top-k", "top-p"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_k=4),
+        SamplingParams(temperature=1.2, top_p=0.8),
+    ],
+    ids=["plain", "top-k", "top-p"],
+)
 def test_rejection_sampling_reproduces_the_target_distribution(params):
     gen = torch.Generator().manual_seed(0)
     p_logits = torch.randn(4, 5, generator=gen) * 1.5  # k = 3 drafts, 5-token vocabulary

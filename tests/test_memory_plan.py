@@ -9,25 +9,28 @@ import torch
 from flashdesk.engine.loading.build import load_target
 from flashdesk.engine.tools.cli import main
 from flashdesk.engine.model.config import parse_draft_config
-from flashdesk.engine.loading.memory_plan import (MIN_USEFUL_CONTEXT, OutOfMemoryPlan, check_fits, drafter_context_bytes,
-                                          drafter_weight_bytes, int4_weight_bytes, longest_context, plan_memory,
-                                          target_weight_bytes, workspace_bytes)
+from flashdesk.engine.loading.memory_plan import (
+    MIN_USEFUL_CONTEXT,
+    OutOfMemoryPlan,
+    check_fits,
+    drafter_context_bytes,
+    drafter_weight_bytes,
+    int4_weight_bytes,
+    longest_context,
+    plan_memory,
+    target_weight_bytes,
+    workspace_bytes,
+)
+from flashdesk.engine.model import known_models
 from flashdesk.kernels.int4 import Int4Weight
 from test_doctor import REAL_26B, cfg_26b  # noqa: F401 - the real config as a fixture
 from tiny_int4 import write_int4_checkpoint
 
 GIB = 1 << 30
-REAL_DRAFTER = {  # z-lab/gemma-4-26B-A4B-it-DFlash config.json (docs/model.md)
-    "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 2816, "num_hidden_layers": 5,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 5632,
-    "hidden_act": "silu", "attention_bias": False, "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
-    "sliding_window": 2048, "use_sliding_window": True, "max_window_layers": 5, "rope_theta": 1000000,
-    "rope_scaling": None, "max_position_embeddings": 262144, "rms_norm_eps": 1e-06, "vocab_size": 262144,
-    "tie_word_embeddings": False, "block_size": 16, "num_target_layers": 30, "final_logit_softcapping": 30.0,
-    "dflash_config": {"mask_token_id": 4, "target_layer_ids": [1, 6, 11, 17, 22, 27]}}
+REAL_DRAFTER = known_models.REAL_DRAFTER  # z-lab/gemma-4-26B-A4B-it-DFlash config.json
 
 
-def test_the_real_int4_target_drafter_and_fp8_kv_by_hand(cfg_26b):  # noqa: F811
+def test_the_real_int4_target_drafter_and_fp8_kv_by_hand(cfg_26b):
     d = 2816
     sliding_linear = 4096 * d + 2048 * d * 2 + d * 4096  # q, k, v, o
     full_linear = 8192 * d + 1024 * d + d * 8192  # q, k (K = V), o
@@ -48,21 +51,20 @@ def test_the_real_int4_target_drafter_and_fp8_kv_by_hand(cfg_26b):  # noqa: F811
     plan = plan_memory(cfg_26b, int4_weight_bytes(cfg_26b), 32768, "fp8", draft)
     kv = 25 * 1040 * (2 * 8 * 256 + 2 * 8 * 4) + 5 * 32768 * (2 * 2 * 512 + 2 * 2 * 4)
     assert plan.kv_bytes == kv
-    assert plan.total == (15_272_576_572 + 2 * 429_689_088 + kv + (4 * (2048 + 16) + 32768 + 16) * 4096
-                          + workspace_bytes(cfg_26b, 32768))
+    assert plan.total == (
+        15_272_576_572 + 2 * 429_689_088 + kv + (4 * (2048 + 16) + 32768 + 16) * 4096 + workspace_bytes(cfg_26b, 32768)
+    )
     # the README's claim: the 4-bit target, the drafter and 32K of fp8 context fit a 24 GB card
     assert plan.total < 24e9
     assert longest_context(cfg_26b, int4_weight_bytes(cfg_26b), "fp8", 22 * GIB, draft) >= 32768
 
 
 def test_planned_bytes_equal_what_the_loaded_int4_model_holds(tmp_path):
-    for i, (layout, experts, symmetric) in enumerate([("conditional", "fused", True),
-                                                      ("causal", "per_expert", False)]):
+    for i, (layout, experts, symmetric) in enumerate([("conditional", "fused", True), ("causal", "per_expert", False)]):
         folder = tmp_path / str(i)
         write_int4_checkpoint(folder, layout, experts, symmetric, seed=1)
         model = load_target(folder, dtype=torch.bfloat16)
-        held = sum(t.nbytes() if isinstance(t, Int4Weight) else t.numel() * t.element_size()
-                   for t in _tensors(model))
+        held = sum(t.nbytes() if isinstance(t, Int4Weight) else t.numel() * t.element_size() for t in _tensors(model))
         cfg = model.cfg
         assert target_weight_bytes(folder, cfg, None) == (held, True)
 
@@ -70,23 +72,36 @@ def test_planned_bytes_equal_what_the_loaded_int4_model_holds(tmp_path):
 def _tensors(model):
     yield from (model.embed, model.final_norm)
     for layer in model.layers:
-        yield from (layer.qkv, layer.o_proj, layer.gate_up, layer.down, layer.layer_scalar, layer.router,
-                    layer.router_scale, layer.per_expert_scale, layer.experts_gate_up, layer.experts_down)
+        yield from (
+            layer.qkv,
+            layer.o_proj,
+            layer.gate_up,
+            layer.down,
+            layer.layer_scalar,
+            layer.router,
+            layer.router_scale,
+            layer.per_expert_scale,
+            layer.experts_gate_up,
+            layer.experts_down,
+        )
         yield from layer.norms.values()
 
 
 def test_drafter_bytes_equal_what_the_loaded_drafter_holds(spec_pair):
     engine = spec_pair[0]
     drafter = engine.drafter
-    held = sum(t.numel() * t.element_size() for t in [drafter.fc, drafter.hidden_norm, drafter.norm]
-               + [t for layer in drafter.layers for t in layer.values()])
+    held = sum(
+        t.numel() * t.element_size()
+        for t in [drafter.fc, drafter.hidden_norm, drafter.norm]
+        + [t for layer in drafter.layers for t in layer.values()]
+    )
     assert drafter_weight_bytes(drafter.cfg, dtype_bytes=4) == held
     ctx = drafter.new_context(100)
     allocated = sum(t.numel() * t.element_size() for t in ctx.k + ctx.v)
     assert drafter_context_bytes(drafter.cfg, 100, dtype_bytes=4) == allocated
 
 
-def test_longest_context_is_the_boundary(cfg_26b):  # noqa: F811
+def test_longest_context_is_the_boundary(cfg_26b):
     weights = int4_weight_bytes(cfg_26b)
     for free in (16 * GIB, 16.5 * GIB, 17 * GIB):
         n = longest_context(cfg_26b, weights, "fp8", free)
@@ -95,7 +110,7 @@ def test_longest_context_is_the_boundary(cfg_26b):  # noqa: F811
     assert longest_context(cfg_26b, weights, "fp8", 30 * GIB) == 262144  # the model's limit caps it
 
 
-def test_a_model_that_does_not_fit_is_refused_with_the_numbers(cfg_26b):  # noqa: F811
+def test_a_model_that_does_not_fit_is_refused_with_the_numbers(cfg_26b):
     draft = parse_draft_config(REAL_DRAFTER)
     weights = int4_weight_bytes(cfg_26b)
     with pytest.raises(OutOfMemoryPlan) as err:
@@ -105,8 +120,9 @@ def test_a_model_that_does_not_fit_is_refused_with_the_numbers(cfg_26b):  # noqa
     assert "not enough GPU memory" in text and "at 262144 tokens" in text and "22.00 GiB free" in text
     assert f"--context {best}" in text and "--kv-dtype fp8" in text and "no drafter" in text
     # with no context asked for, the longest that fits is chosen
-    assert check_fits(cfg_26b, weights, None, "fp8", 22 * GIB, draft) == \
-        longest_context(cfg_26b, weights, "fp8", 22 * GIB, draft)
+    assert check_fits(cfg_26b, weights, None, "fp8", 22 * GIB, draft) == longest_context(
+        cfg_26b, weights, "fp8", 22 * GIB, draft
+    )
     # the bf16 original on a 24 GB card: nothing useful fits; quantizing is the advice
     with pytest.raises(OutOfMemoryPlan, match="--quantize int4"):
         check_fits(cfg_26b, 2 * 25_233_141_760, None, "fp8", 22 * GIB, quantized=False)
@@ -153,16 +169,19 @@ def test_the_plan_matches_what_a_full_context_allocates(spec_pair, kv_dtype, ker
     peaks, plans = [], []
     for context in (2048, 3072, 4096):
         with kernels(kernels_choice):
-            engine = Engine.load(target_dir, device="cpu", draft_dir=draft_dir, context_limit=context,
-                                 kv_dtype=kv_dtype)
+            engine = Engine.load(
+                target_dir, device="cpu", draft_dir=draft_dir, context_limit=context, kv_dtype=kv_dtype
+            )
             engine.prefix_budget = 0  # host copies of kept conversations are not device memory
-            prompt = torch.randint(5, engine.model.cfg.vocab_size, (context - 1,),
-                                   generator=torch.Generator().manual_seed(context)).tolist()
+            prompt = torch.randint(
+                5, engine.model.cfg.vocab_size, (context - 1,), generator=torch.Generator().manual_seed(context)
+            ).tolist()
             with AllocationTracker() as tracker:
                 for _ in engine.generate(GenerationRequest(prompt, 1, ignore_eos=True)):
                     pass
-        plan = plan_memory(engine.model.cfg, 0, context, kv_dtype, engine.drafter.cfg, dtype_bytes=4,
-                           triton=kernels_choice == "triton")
+        plan = plan_memory(
+            engine.model.cfg, 0, context, kv_dtype, engine.drafter.cfg, dtype_bytes=4, triton=kernels_choice == "triton"
+        )
         assert engine._cache.nbytes() == plan.kv_bytes
         planned = plan.kv_bytes + plan.draft_context_bytes + plan.workspace_bytes - WORKSPACE_FIXED_BYTES
         peaks.append(tracker.peak)

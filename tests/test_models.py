@@ -29,9 +29,16 @@ from flashdesk.engine.tools.cli import main
 from flashdesk.engine.errors import FlashDeskError
 
 TARGET, DRAFT = models.DEFAULT_REPOS
-UNNEEDED = {"README.md": b"# card\n", "images/diagram.png": b"\x89PNG fake", "model.onnx": b"onnx",
-            "model.gguf": b"gguf", "pytorch_model.bin": b"pickle", "original/model.safetensors": b"other",
-            "onnx/model.onnx": b"onnx", ".gitattributes": b"*.safetensors filter=lfs\n"}
+UNNEEDED = {
+    "README.md": b"# card\n",
+    "images/diagram.png": b"\x89PNG fake",
+    "model.onnx": b"onnx",
+    "model.gguf": b"gguf",
+    "pytorch_model.bin": b"pickle",
+    "original/model.safetensors": b"other",
+    "onnx/model.onnx": b"onnx",
+    ".gitattributes": b"*.safetensors filter=lfs\n",
+}
 
 
 @pytest.fixture(scope="module")
@@ -238,9 +245,15 @@ def test_pull_stopped_mid_file_continues_on_the_next_run(hub, checkpoints, tmp_p
     env = {**os.environ, "HF_HUB_DOWNLOAD_TIMEOUT": "60", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     # a shell that runs the suite in the background ignores SIGINT, and children inherit that: give the
     # pull the disposition of a terminal's foreground command, where Ctrl-C arrives
-    proc = subprocess.Popen([sys.executable, "-m", "flashdesk", "models", "pull", TARGET], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flashdesk", "models", "pull", TARGET],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     partial = partial_of(TARGET, target[shard])
     try:
         deadline = time.monotonic() + 60
@@ -350,10 +363,13 @@ def test_partial_of_a_file_changed_on_the_hub_is_not_reused(hub, checkpoints):
     assert others == set(shards(target)) - before - {shard}  # what the first run had finished is reused
 
 
-@pytest.mark.parametrize("damage, says", [
-    (lambda data: data[:8] + b"\xff" * 32 + data[40:], "corrupt safetensors header"),  # garbled header
-    (lambda data: data[:-64] + bytes(64), "sha256"),  # header intact, tensor bytes wrong
-])
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (lambda data: data[:8] + b"\xff" * 32 + data[40:], "corrupt safetensors header"),  # garbled header
+        (lambda data: data[:-64] + bytes(64), "sha256"),  # header intact, tensor bytes wrong
+    ],
+)
 def test_corrupted_download_is_named_and_repaired(hub, checkpoints, capsys, damage, says):
     target, _ = checkpoints
     shard = shards(target)[3]

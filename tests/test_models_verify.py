@@ -67,6 +67,7 @@ def test_what_the_engine_would_refuse_is_named(tiny, tmp_path, capsys):
 
 # --- the real configs, every tensor at its real size, no byte of them read -----------------------------
 
+
 def write_headers_only(folder, tensors: dict[str, tuple[str, tuple]], config: dict) -> None:
     """A safetensors file whose header announces `tensors` {name: (dtype, shape)} at their real
     sizes, its data section a hole (a sparse file: nothing written, nothing to read), and config.json."""
@@ -114,11 +115,18 @@ def real_target_tensors(experts: str, bf16_mlp_layers: range) -> tuple[dict, dic
             tensors[stem + "packed"] = ("I32", (*lead, out, k // 8))
             tensors[stem + "scale"] = ("BF16", (*lead, out, k // 32))
             tensors[stem + "shape"] = ("I64", (len(lead) + 2,))
-    ignore = ["lm_head", "re:.*router.*"] + [f"model.layers.{i}.mlp.{p}" for i in bf16_mlp_layers
-                                            for p in ("gate_proj", "up_proj", "down_proj")]
-    raw = dict(raw, quantization_config={
-        "quant_method": "compressed-tensors", "format": "pack-quantized",
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights_json(True, 32)}}, "ignore": ignore})
+    ignore = ["lm_head", "re:.*router.*"] + [
+        f"model.layers.{i}.mlp.{p}" for i in bf16_mlp_layers for p in ("gate_proj", "up_proj", "down_proj")
+    ]
+    raw = dict(
+        raw,
+        quantization_config={
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights_json(True, 32)}},
+            "ignore": ignore,
+        },
+    )
     return tensors, raw
 
 
@@ -134,8 +142,11 @@ def no_weights_read(monkeypatch):
     monkeypatch.setattr("flashdesk.engine.loading.weights.safe_open", refuse)
 
 
-@pytest.mark.parametrize("experts, bf16_mlps", [("fused", range(0)), ("per_expert", range(29))],
-                         ids=["as-the-synthetic-bench-builds-it", "per-expert-bf16-dense-mlps"])
+@pytest.mark.parametrize(
+    "experts, bf16_mlps",
+    [("fused", range(0)), ("per_expert", range(29))],
+    ids=["as-the-synthetic-bench-builds-it", "per-expert-bf16-dense-mlps"],
+)
 def test_the_real_configs_verify_from_headers_alone(tmp_path, no_weights_read, experts, bf16_mlps):
     tensors, raw = real_target_tensors(experts, bf16_mlps)
     write_headers_only(tmp_path, tensors, raw)
@@ -163,6 +174,7 @@ def test_the_real_drafter_config_verifies_from_headers_alone(tmp_path, no_weight
 
 
 # --- a Hub repository before its weights are downloaded ----------------------------------------------
+
 
 @pytest.fixture
 def hub(tiny, tmp_path, monkeypatch):

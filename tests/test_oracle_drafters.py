@@ -100,5 +100,5 @@ def test_eos_inside_an_accepted_block_ends_the_output_there(spec_pair, monkeypat
     events = list(engine.generate(GenerationRequest(prompt, 40), SpecControl(True, 15)))
     finish, last = events[-1], events[-2]
     assert finish.finish_reason == "stop"
-    assert finish.token_ids == plain.token_ids[:first + 1]
+    assert finish.token_ids == plain.token_ids[: first + 1]
     assert last.accepted == 15 and len(last.emitted) == first  # the block was cut after the stop token

@@ -51,8 +51,13 @@ def test_occupancy_follows_registers_shared_memory_and_warps():
 
 def test_a_launch_is_bound_by_bytes_in_flight_or_by_issue():
     card = perf_model.CARDS["h200"]
-    row = {"blocks_per_sm": 1, "bytes_in_flight_per_block": 16384, "loop_load_bytes": 16384,
-           "loop_instructions": 400, "num_warps": 8}
+    row = {
+        "blocks_per_sm": 1,
+        "bytes_in_flight_per_block": 16384,
+        "loop_load_bytes": 16384,
+        "loop_instructions": 400,
+        "num_warps": 8,
+    }
     one_program = {"programs": 1, "bytes": 16384 * 100}
     # Little's law: 16 KB in flight over 0.7 us -> 23.4 GB/s; issue: 100 passes x 400 x 8 / (4 x 1.98 GHz)
     memory = 16384 * 100 / (16384 / card.latency_s)
@@ -65,7 +70,8 @@ def test_a_launch_is_bound_by_bytes_in_flight_or_by_issue():
     assert perf_model.launch_seconds(card, wide, row) >= streaming + card.latency_s
     # no compiled row (a torch op): streams at the card's efficiency
     assert perf_model.launch_seconds(card, {"programs": 1, "bytes": 0}, None) == pytest.approx(
-        card.latency_s + card.launch_gap_s)
+        card.latency_s + card.launch_gap_s
+    )
 
 
 def test_a_kernel_released_early_pays_the_shorter_gap():
@@ -73,8 +79,13 @@ def test_a_kernel_released_early_pays_the_shorter_gap():
     row), after a kernel that released it at entry, pays pdl_gap_s; after a torch op (which releases
     nothing early), or compiled without the wait (sm_89), the full gap."""
     card = perf_model.CARDS["h200"]
-    row = {"blocks_per_sm": 4, "bytes_in_flight_per_block": 8192, "loop_load_bytes": 8192,
-           "loop_instructions": 100, "num_warps": 4}
+    row = {
+        "blocks_per_sm": 4,
+        "bytes_in_flight_per_block": 8192,
+        "loop_load_bytes": 8192,
+        "loop_instructions": 100,
+        "num_warps": 4,
+    }
     launch = {"key": "k", "programs": 132, "bytes": 10**6, "read_bytes": 10**6, "count": 1, "pdl": True}
     torch_op = {"key": None, "programs": 1, "bytes": 0, "read_bytes": 0, "count": 1}
     plain = perf_model.launch_seconds(card, launch, row)
@@ -82,17 +93,23 @@ def test_a_kernel_released_early_pays_the_shorter_gap():
     assert plain - released == pytest.approx(card.launch_gap_s - card.pdl_gap_s) and card.pdl_gap_s < card.launch_gap_s
     assert perf_model.launch_seconds(card, launch, row, released=True) == plain  # compiled without the wait
     first = perf_model.model_step(card, [torch_op, launch, launch], {"k": row | {"pdl": True}})
-    assert first["modeled_seconds"] == pytest.approx(
-        perf_model.launch_seconds(card, torch_op, None) + plain + released)
+    assert first["modeled_seconds"] == pytest.approx(perf_model.launch_seconds(card, torch_op, None) + plain + released)
 
 
 def test_a_step_model_counts_launches_bytes_and_unmatched_kernels():
     card = perf_model.CARDS["rtx4090"]
-    launches = [{"key": "a", "programs": 128, "bytes": 10**6, "read_bytes": 10**6, "count": 25},
-                {"key": "missing", "programs": 1, "bytes": 100, "read_bytes": 0, "count": 5},
-                {"key": None, "programs": 1, "bytes": 10, "read_bytes": 10, "count": 1}]
-    row = {"blocks_per_sm": 2, "bytes_in_flight_per_block": 8192, "loop_load_bytes": 8192,
-           "loop_instructions": 100, "num_warps": 4}
+    launches = [
+        {"key": "a", "programs": 128, "bytes": 10**6, "read_bytes": 10**6, "count": 25},
+        {"key": "missing", "programs": 1, "bytes": 100, "read_bytes": 0, "count": 5},
+        {"key": None, "programs": 1, "bytes": 10, "read_bytes": 10, "count": 1},
+    ]
+    row = {
+        "blocks_per_sm": 2,
+        "bytes_in_flight_per_block": 8192,
+        "loop_load_bytes": 8192,
+        "loop_instructions": 100,
+        "num_warps": 4,
+    }
     step = perf_model.model_step(card, launches, {"a": row})
     assert step["launches"] == 31 and step["unmatched_launches"] == 5
     assert step["bytes"] == 25 * 10**6 + 10

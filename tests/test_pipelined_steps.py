@@ -36,14 +36,20 @@ def run(engine, pipelined, request, control=None, keep=None):
 
 def shape(events):
     """What a consumer sees, less the timings."""
-    return [(e.index, e.emitted, e.draft, e.accepted, e.answer, e.thought) if isinstance(e, StepEvent) else
-            (e.finish_reason, e.token_ids, e.text, e.stats["reused_tokens"]) for e in events]
+    return [
+        (e.index, e.emitted, e.draft, e.accepted, e.answer, e.thought)
+        if isinstance(e, StepEvent)
+        else (e.finish_reason, e.token_ids, e.text, e.stats["reused_tokens"])
+        for e in events
+    ]
 
 
-@pytest.mark.parametrize("control", [SpecControl(False), SpecControl(True, 15), SpecControl(True, 4)],
-                         ids=["plain", "k15", "k4"])
-@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_k=30, seed=3)],
-                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "control", [SpecControl(False), SpecControl(True, 15), SpecControl(True, 4)], ids=["plain", "k15", "k4"]
+)
+@pytest.mark.parametrize(
+    "sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_k=30, seed=3)], ids=["greedy", "sampled"]
+)
 def test_pipelined_steps_give_the_same_events(engine, control, sampling):
     request = GenerationRequest(PROMPTS[0], 40, sampling, ignore_eos=True, reuse=False)
     pipelined, plain = run(engine, True, request, control), run(engine, False, request, control)
@@ -64,8 +70,11 @@ def test_a_step_is_launched_before_the_previous_one_is_handed_on(engine, monkeyp
         engine.pipelined = pipelined
         launched.clear()
         request = GenerationRequest(PROMPTS[1], 12, ignore_eos=True, reuse=False)
-        seen = [(event.index, len(launched)) for event in engine.generate(request, SpecControl(True, 3))
-                if isinstance(event, StepEvent)]
+        seen = [
+            (event.index, len(launched))
+            for event in engine.generate(request, SpecControl(True, 3))
+            if isinstance(event, StepEvent)
+        ]
         # pipelined: when decode step i is handed on, step i + 1 is already launched (not after the
         # first token, which goes out at once, nor after the last)
         assert seen[0] == (0, 0) and seen[-1][1] == seen[-1][0]
@@ -82,8 +91,12 @@ def test_a_stop_string_undoes_the_step_launched_ahead(engine, choice):
         assert len(text) > 8
         stop = text[4:8]
         for pipelined in (True, False):
-            stopped = run(engine, pipelined, GenerationRequest(PROMPTS[2], 16, ignore_eos=True, reuse=False,
-                                                               stop_strings=(stop,)), SpecControl(True, 15))
+            stopped = run(
+                engine,
+                pipelined,
+                GenerationRequest(PROMPTS[2], 16, ignore_eos=True, reuse=False, stop_strings=(stop,)),
+                SpecControl(True, 15),
+            )
             assert stopped[-1].finish_reason == "stop" and stop not in stopped[-1].text
             follow = PROMPTS[2] + stopped[-1].token_ids + [7, 8]
             again = run(engine, pipelined, GenerationRequest(follow, 6, ignore_eos=True), SpecControl(True, 15))

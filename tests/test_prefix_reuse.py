@@ -58,6 +58,7 @@ def reply_text(engine, finish):
 @pytest.mark.parametrize("control", [SpecControl(True, None), SpecControl(False)], ids=["dflash", "plain"])
 def test_a_conversation_prefills_only_each_turns_new_tokens(engine, thinking, control):
     messages = [{"role": "system", "content": "be brief"}]
+    previous: list[int] = []
     for turn in range(4):
         user = sentence(turn, 12)
         messages.append({"role": "user", "content": user})
@@ -97,8 +98,10 @@ def test_an_edited_last_message_resumes_at_the_previous_prompts_end(engine):
 
 
 def test_switching_between_conversations_resumes_each_from_host_memory(engine):
-    convs = {name: [{"role": "system", "content": name}, {"role": "user", "content": sentence(seed, 15)}]
-             for name, seed in (("alpha", 30), ("beta", 31))}
+    convs = {
+        name: [{"role": "system", "content": name}, {"role": "user", "content": sentence(seed, 15)}]
+        for name, seed in (("alpha", 30), ("beta", 31))
+    }
     previous = {}
     for turn in range(3):
         for name, messages in convs.items():
@@ -108,8 +111,10 @@ def test_switching_between_conversations_resumes_each_from_host_memory(engine):
             if turn:  # resumed where its last reply began, though the other one ran in between
                 assert got.stats["reused_tokens"] >= len(previous[name]) - 4, (name, turn, got.stats)
             previous[name] = prompt
-            messages += [{"role": "assistant", "content": reply_text(engine, got)},
-                         {"role": "user", "content": sentence(40 + turn, 6)}]
+            messages += [
+                {"role": "assistant", "content": reply_text(engine, got)},
+                {"role": "user", "content": sentence(40 + turn, 6)},
+            ]
     assert engine._prefix.kept and engine._prefix.host_bytes() <= engine._prefix.budget
 
 
@@ -117,13 +122,16 @@ def test_the_least_recently_used_conversation_leaves_host_memory_first(engine):
     saved = engine._step_state()
     engine._prefix = PrefixCache(saved.cache, saved.ctx)
     try:
-        prompts = {name: prompt_of(engine, [{"role": "system", "content": name},
-                                            {"role": "user", "content": sentence(len(name), 12)}])
-                   for name in ("a", "bb", "ccc")}
+        prompts = {
+            name: prompt_of(
+                engine, [{"role": "system", "content": name}, {"role": "user", "content": sentence(len(name), 12)}]
+            )
+            for name in ("a", "bb", "ccc")
+        }
         for prompt in prompts.values():
             run(engine, prompt, 20)
         cache = engine._prefix
-        assert [s.tokens[:len(prompts[n])] for s, n in zip(cache.kept, ("a", "bb"))] == [prompts["a"], prompts["bb"]]
+        assert [s.tokens[: len(prompts[n])] for s, n in zip(cache.kept, ("a", "bb"))] == [prompts["a"], prompts["bb"]]
         cache.budget = cache.host_bytes() - 1
         cache._fit_budget()
         assert len(cache.kept) == 1 and cache.active.snapshots  # "a" went, not the newer ones
@@ -157,8 +165,10 @@ def test_a_cancelled_reply_leaves_a_state_the_next_turn_continues(engine):
         if event.index == 3:
             events.close()  # what the worker does on a cancel
             break
-    messages += [{"role": "assistant", "content": engine.tokenizer.decode(ids, skip_special_tokens=True)},
-                 {"role": "user", "content": sentence(61, 8)}]
+    messages += [
+        {"role": "assistant", "content": engine.tokenizer.decode(ids, skip_special_tokens=True)},
+        {"role": "user", "content": sentence(61, 8)},
+    ]
     follow = prompt_of(engine, messages)
     got = run(engine, follow, 20)
     assert got.stats["reused_tokens"] > len(prompt) - 17

@@ -48,8 +48,10 @@ def _py_files(folder: str) -> list[Path]:
 def test_no_top_level_module(name: str, tmp_path: Path) -> None:
     """Our folders import only as flashdesk's subpackages: from a neutral directory a top-level
     `kernels` is Hugging Face's (which transformers may install), or nothing, never ours."""
-    r = _py(f"import importlib.util; spec = importlib.util.find_spec({name!r}); print(spec.origin if spec else '')",
-            tmp_path)
+    r = _py(
+        f"import importlib.util; spec = importlib.util.find_spec({name!r}); print(spec.origin if spec else '')",
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     origin = r.stdout.strip()
     assert not origin or Path(origin).resolve().parent != ROOT / name, f"`import {name}` finds ours: {origin}"
@@ -117,8 +119,12 @@ def test_nothing_cites_documents_outside_the_repository() -> None:
         pytest.skip("not a git checkout")
     names = ("MODEL" + "-SPEC", "PERFORMANCE" + "-MODEL", "shared" + "/design", r"\.\./" + "shared")
     outside = re.compile("|".join(names))  # spelled in pieces: this file is among those searched
-    cited = [name for name in files if (ROOT / name).suffix in (".py", ".md", ".jinja", ".toml", ".sh")
-             and outside.search((ROOT / name).read_text(encoding="utf-8", errors="replace"))]
+    cited = [
+        name
+        for name in files
+        if (ROOT / name).suffix in (".py", ".md", ".jinja", ".toml", ".sh")
+        and outside.search((ROOT / name).read_text(encoding="utf-8", errors="replace"))
+    ]
     assert not cited, cited
 
 
@@ -256,8 +262,14 @@ def test_run_app_event_loop(tmp_path: Path) -> None:
         "print('seen', seen)\n"
         "sys.exit(code)\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env=_clean_env(QT_QPA_PLATFORM="offscreen", FLASHDESK_DATA_DIR=str(tmp_path / "data")))
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_clean_env(QT_QPA_PLATFORM="offscreen", FLASHDESK_DATA_DIR=str(tmp_path / "data")),
+    )
     assert run.returncode == 0, run.stderr
     assert "'FlashDesk'" in run.stdout
 
@@ -308,6 +320,19 @@ def test_every_subpackage_is_in_the_wheel() -> None:
     import tomllib
 
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {"flashdesk"} | {"flashdesk." + ".".join(init.parent.relative_to(ROOT).parts)
-                             for top in ("app", "engine", "kernels") for init in (ROOT / top).rglob("__init__.py")}
+    found = {"flashdesk"} | {
+        "flashdesk." + ".".join(init.parent.relative_to(ROOT).parts)
+        for top in ("app", "engine", "kernels")
+        for init in (ROOT / top).rglob("__init__.py")
+    }
     assert found == listed
+
+
+@pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["lint", "format"])
+def test_ruff_finds_nothing(command: list[str]) -> None:
+    """The lint rules and the format pyproject.toml configures hold for every file (ruff is in the
+    test extra; `ruff check --fix .` and `ruff format .` mend most findings)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "ruff", *command, "."], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]

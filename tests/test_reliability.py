@@ -12,8 +12,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_quick_run_loses_nothing_and_refuses_every_bad_input() -> None:
-    run = subprocess.run([sys.executable, str(ROOT / "packaging" / "reliability.py"), "--quick", "--json"],
-                         capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "packaging" / "reliability.py"), "--quick", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.stdout.strip(), run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     for part in ("engine_kills", "app_kills"):

@@ -5,13 +5,23 @@ import torch
 
 from flashdesk.engine.decode.sampling import SamplingParams, make_generator, probabilities, sample
 
-dflash_model = pytest.importorskip("dflash.model", reason="z-lab's dflash is a test dependency "
-                                   "(packaging/setup.sh --tests installs it)")
+dflash_model = pytest.importorskip(
+    "dflash.model", reason="z-lab's dflash is a test dependency (packaging/setup.sh --tests installs it)"
+)
 
 
-@pytest.mark.parametrize("temperature, top_p, top_k", [
-    (1.0, 1.0, 0), (0.7, 1.0, 0), (0.7, 0.9, 0), (1.3, 1.0, 20), (0.8, 0.5, 50), (1.0, 0.95, 64), (0.5, 0.3, 3),
-])
+@pytest.mark.parametrize(
+    "temperature, top_p, top_k",
+    [
+        (1.0, 1.0, 0),
+        (0.7, 1.0, 0),
+        (0.7, 0.9, 0),
+        (1.3, 1.0, 20),
+        (0.8, 0.5, 50),
+        (1.0, 0.95, 64),
+        (0.5, 0.3, 3),
+    ],
+)
 def test_probabilities_match_dflash(temperature, top_p, top_k):
     logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(0)) * 3
     ours = probabilities(logits, SamplingParams(temperature, top_p, top_k))
@@ -44,8 +54,10 @@ def test_draws_follow_the_filtered_distribution():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -5.0]])
     params = SamplingParams(temperature=1.0, top_k=3, seed=0)
     gen = make_generator(params, "cpu")
-    counts = torch.bincount(torch.stack([sample(logits, params, gen) for _ in range(4000)]).view(-1),
-                            minlength=5).float() / 4000
+    counts = (
+        torch.bincount(torch.stack([sample(logits, params, gen) for _ in range(4000)]).view(-1), minlength=5).float()
+        / 4000
+    )
     expected = probabilities(logits, params)[0]
     assert counts[3:].sum() == 0
     assert (counts - expected).abs().max() < 0.03

@@ -32,10 +32,20 @@ def inject(monkeypatch, value: str) -> None:
 
 
 def doctor_kernels(tmp_path, faults: str = "") -> tuple[int, dict]:
-    env = dict(os.environ, TRITON_INTERPRET="1", FLASHDESK_KERNELS="triton", FLASHDESK_DATA_DIR=str(tmp_path),
-               FLASHDESK_INJECT_FAULT=faults)
-    run = subprocess.run([sys.executable, "-m", "flashdesk", "doctor", "--kernels", "--json"], env=env,
-                         capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        FLASHDESK_KERNELS="triton",
+        FLASHDESK_DATA_DIR=str(tmp_path),
+        FLASHDESK_INJECT_FAULT=faults,
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "flashdesk", "doctor", "--kernels", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return run.returncode, json.loads(run.stdout.strip().splitlines()[-1])
 
 
@@ -105,8 +115,9 @@ def int4_target(tmp_path_factory):
 
 
 def greedy(engine, n=8):
-    events = list(engine.generate(GenerationRequest([2, 105, 236, 107, 259, 190], n, ignore_eos=True),
-                                  SpecControl(False)))
+    events = list(
+        engine.generate(GenerationRequest([2, 105, 236, 107, 259, 190], n, ignore_eos=True), SpecControl(False))
+    )
     return events[-1]
 
 
@@ -150,8 +161,10 @@ def test_kernels_that_fail_only_with_pdl_turn_pdl_off_instead(monkeypatch):
 
     def run(device, names=None):
         bad = backend.pdl_off_reason() is None or "moe" in broken_without_pdl
-        return [self_test.Result(n, not (bad and n == "moe"), 5.0 if bad and n == "moe" else 0.0, 0.03, None)
-                for n in names or KERNELS]
+        return [
+            self_test.Result(n, not (bad and n == "moe"), 5.0 if bad and n == "moe" else 0.0, 0.03, None)
+            for n in names or KERNELS
+        ]
 
     monkeypatch.setattr(self_test, "run_self_tests", run)
     with kernels("triton"):

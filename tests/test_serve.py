@@ -51,8 +51,11 @@ def client(served) -> openai.OpenAI:
 
 def _stream(client: openai.OpenAI, messages: list[dict], **kw) -> tuple[str, dict | None, list]:
     """The streamed text, the usage chunk's usage (as a dict) and the finish reasons seen."""
-    chunks = list(client.chat.completions.create(model="flashdesk-demo", messages=messages, stream=True,
-                                                 stream_options={"include_usage": True}, **kw))
+    chunks = list(
+        client.chat.completions.create(
+            model="flashdesk-demo", messages=messages, stream=True, stream_options={"include_usage": True}, **kw
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     usage = next((c.usage.model_dump() for c in chunks if c.usage is not None), None)
@@ -72,11 +75,29 @@ def _record(runner, job_id: str, timeout: float = 60):
 
 # -- the reply ------------------------------------------------------------------------------------------
 
+
 def test_streamed_reply_is_flashdesk_generate_and_reports_speculation(served, client, demo, capsys) -> None:
     from flashdesk.engine.tools.cli import main
 
-    assert main(["generate", "--model", str(demo[0]), "--draft", str(demo[1]), "--device", "cpu",
-                 "--prompt", HELLO, "--max-new-tokens", "32", "--json"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(demo[0]),
+                "--draft",
+                str(demo[1]),
+                "--device",
+                "cpu",
+                "--prompt",
+                HELLO,
+                "--max-new-tokens",
+                "32",
+                "--json",
+            ]
+        )
+        == 0
+    )
     expected = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert expected["text"]
 
@@ -91,9 +112,13 @@ def test_streamed_reply_is_flashdesk_generate_and_reports_speculation(served, cl
 
 
 def test_whole_reply_equals_the_stream(client) -> None:
-    messages = [{"role": "system", "content": "Answer with code."},
-                {"role": "user", "content": [{"type": "text", "text": "Implement a class Stack "},
-                                             {"type": "text", "text": "in Python."}]}]
+    messages = [
+        {"role": "system", "content": "Answer with code."},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Implement a class Stack "}, {"type": "text", "text": "in Python."}],
+        },
+    ]
     streamed, streamed_usage, _ = _stream(client, messages, max_tokens=40, temperature=0)
     whole = client.chat.completions.create(model="flashdesk-demo", messages=messages, max_tokens=40, temperature=0)
     assert whole.object == "chat.completion" and whole.id.startswith("chatcmpl-")
@@ -106,8 +131,10 @@ def test_whole_reply_equals_the_stream(client) -> None:
 def test_a_follow_up_reuses_the_conversation_prefix(client) -> None:
     first = [{"role": "user", "content": "Write a Python function that reads a file."}]
     reply = client.chat.completions.create(model="flashdesk-demo", messages=first, max_tokens=24, temperature=0)
-    follow = first + [{"role": "assistant", "content": reply.choices[0].message.content},
-                      {"role": "user", "content": "Now make it count the lines."}]
+    follow = first + [
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "user", "content": "Now make it count the lines."},
+    ]
     _, usage, _ = _stream(client, follow, max_tokens=24, temperature=0)
     cached = usage["prompt_tokens_details"]["cached_tokens"]
     assert 0 < cached < usage["prompt_tokens"]
@@ -119,8 +146,9 @@ def test_reasoning_effort_and_template_kwargs_turn_thinking_on(client) -> None:
     plain = client.chat.completions.create(**ask).usage.prompt_tokens
     effort = client.chat.completions.create(**ask, reasoning_effort="low").usage.prompt_tokens
     kwargs = client.chat.completions.create(**ask, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
-    overruled = client.chat.completions.create(**ask, reasoning_effort="high",
-                                               extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    overruled = client.chat.completions.create(
+        **ask, reasoning_effort="high", extra_body={"chat_template_kwargs": {"enable_thinking": False}}
+    )
     none = client.chat.completions.create(**ask, reasoning_effort="none").usage.prompt_tokens
     assert effort > plain and kwargs.usage.prompt_tokens == effort  # <|think|> in a system turn
     assert overruled.usage.prompt_tokens == none == plain
@@ -139,8 +167,14 @@ class ScriptedRunner:
     def submit(self, job) -> None:
         from flashdesk.engine.serve.runner import JobDelta, JobDone, JobStarted, Usage
 
-        for event in (JobStarted(10, 0, 20), JobDelta("", "Let me think. "), JobDelta("", "Yes."),
-                      JobDelta("The answer", ""), JobDelta(" is 4.", ""), JobDone("stop", Usage(10, 9))):
+        for event in (
+            JobStarted(10, 0, 20),
+            JobDelta("", "Let me think. "),
+            JobDelta("", "Yes."),
+            JobDelta("The answer", ""),
+            JobDelta(" is 4.", ""),
+            JobDone("stop", Usage(10, 9)),
+        ):
             job.sink(event)
 
 
@@ -165,16 +199,23 @@ def test_thoughts_go_to_reasoning_content() -> None:
 
 
 def test_stop_strings_end_the_reply(client) -> None:
-    full = client.chat.completions.create(model="flashdesk-demo", messages=[{"role": "user", "content": HELLO}],
-                                          max_tokens=32, temperature=0).choices[0].message.content
+    full = (
+        client.chat.completions.create(
+            model="flashdesk-demo", messages=[{"role": "user", "content": HELLO}], max_tokens=32, temperature=0
+        )
+        .choices[0]
+        .message.content
+    )
     word = next(w for w in re.findall(r"[A-Za-z_]{3,}", full) if full.index(w) > 0)
-    cut = client.chat.completions.create(model="flashdesk-demo", messages=[{"role": "user", "content": HELLO}],
-                                         max_tokens=32, temperature=0, stop=[word])
-    assert cut.choices[0].message.content == full[:full.index(word)]
+    cut = client.chat.completions.create(
+        model="flashdesk-demo", messages=[{"role": "user", "content": HELLO}], max_tokens=32, temperature=0, stop=[word]
+    )
+    assert cut.choices[0].message.content == full[: full.index(word)]
     assert cut.choices[0].finish_reason == "stop"
 
 
 # -- security --------------------------------------------------------------------------------------------
+
 
 def test_an_exposed_address_without_a_key_is_refused_before_loading(monkeypatch, capsys) -> None:
     from flashdesk.engine.serve.auth import check_exposure
@@ -222,16 +263,22 @@ def test_the_command_prints_its_url_serves_and_stops_on_ctrl_c(tmp_path) -> None
 
     env = {**os.environ, "FLASHDESK_DATA_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     # a suite run in the background ignores SIGINT, and children inherit that: give it the default
-    proc = subprocess.Popen([sys.executable, "-m", "flashdesk", "serve", "--demo", "--port", "0", "--device", "cpu",
-                             "--api-key", KEY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flashdesk", "serve", "--demo", "--port", "0", "--device", "cpu", "--api-key", KEY],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("flashdesk serve: flashdesk-demo at http://127.0.0.1:"), line + proc.stderr.read()
         assert "API key required" in line
         base = line.split(" at ")[1].split(" ")[0]
         reply = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0).chat.completions.create(
-            model="flashdesk-demo", messages=USER, max_tokens=6)
+            model="flashdesk-demo", messages=USER, max_tokens=6
+        )
         assert reply.usage.completion_tokens >= 1
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
@@ -265,7 +312,7 @@ MALFORMED = [  # (body as raw text or JSON, a word the error must name)
     ("{not json", "JSON"),
     ("[1, 2, 3]", "JSON object"),
     ({"messages": USER, "model": "gpt-4o"}, "gpt-4o"),
-    ({"messages": USER, "max_tokens": 10 ** 12}, "max_tokens"),
+    ({"messages": USER, "max_tokens": 10**12}, "max_tokens"),
     ({"messages": USER, "max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": []}, "messages"),
     ({}, "messages"),
@@ -282,7 +329,7 @@ MALFORMED = [  # (body as raw text or JSON, a word the error must name)
     ({"messages": USER, "stop": 7}, "stop"),
     ({"messages": USER, "stream": "yes"}, "stream"),
     ({"messages": USER, "n": 3}, "n"),
-    ({"messages": USER, "seed": 2 ** 70}, "seed"),
+    ({"messages": USER, "seed": 2**70}, "seed"),
     ({"messages": USER, "reasoning_effort": "extreme"}, "reasoning_effort"),
     ({"messages": USER, "stream_options": {"include_usage": True}}, "stream_options"),
     ({"messages": [{"role": "user", "content": "tell me a story " * 1200}], "max_tokens": 1500}, "context"),
@@ -302,8 +349,12 @@ def test_malformed_requests_get_a_4xx_json_error_and_the_server_keeps_serving(se
             error = r.json()["error"]
             assert set(error) == {"message", "type", "param", "code"}
             assert word.lower() in error["message"].lower(), (word, error)
-        assert http.post("/v1/chat/completions", content=json.dumps({"messages": USER}),
-                         headers={"Content-Type": "text/plain"}).status_code == 400
+        assert (
+            http.post(
+                "/v1/chat/completions", content=json.dumps({"messages": USER}), headers={"Content-Type": "text/plain"}
+            ).status_code
+            == 400
+        )
         assert http.post("/v1/chat/completions", content=b"x" * (17 << 20)).status_code == 413
         assert http.get("/v1/nothing").json()["error"]["message"].startswith("no such endpoint")
         assert http.get("/v1/chat/completions").status_code == 405
@@ -313,12 +364,18 @@ def test_malformed_requests_get_a_4xx_json_error_and_the_server_keeps_serving(se
 
 # -- cancelling, metrics --------------------------------------------------------------------------------
 
+
 def test_a_client_that_disconnects_stops_its_generation(served, client) -> None:
     runner = served[1]
     runner.step_delay = 0.02  # long enough that the reply could not finish before the disconnect is seen
     try:
-        stream = client.chat.completions.create(model="flashdesk-demo", messages=[{"role": "user", "content": HELLO}],
-                                                max_tokens=2000, stream=True, extra_body={"ignore_eos": True})
+        stream = client.chat.completions.create(
+            model="flashdesk-demo",
+            messages=[{"role": "user", "content": HELLO}],
+            max_tokens=2000,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         seen = []
         for chunk in stream:
             seen.append(chunk)
@@ -342,8 +399,12 @@ def test_a_client_that_gives_up_on_a_whole_reply_stops_it(served) -> None:
     runner.step_delay = 0.02
     try:
         with pytest.raises(httpx.ReadTimeout):  # the client hangs up while the reply is being generated
-            httpx.post(base + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=1.0,
-                       json={"messages": USER, "max_tokens": 2000, "ignore_eos": True})
+            httpx.post(
+                base + "/v1/chat/completions",
+                headers={"Authorization": f"Bearer {KEY}"},
+                timeout=1.0,
+                json={"messages": USER, "max_tokens": 2000, "ignore_eos": True},
+            )
         deadline = time.monotonic() + 60
         while not (new := [r for r in runner.records if r.id not in known]) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -396,15 +457,29 @@ def test_metrics_parse_and_move_after_a_request(served, client) -> None:
         return {k: v for f in families.values() for k, v in f["samples"].items()}
 
     before = scrape()
-    names = ["flashdesk_requests_total", "flashdesk_prompt_tokens_total", "flashdesk_generation_tokens_total",
-             "flashdesk_cached_prompt_tokens_total", "flashdesk_spec_steps_total", "flashdesk_spec_draft_tokens_total",
-             "flashdesk_spec_accepted_tokens_total", "flashdesk_spec_emitted_tokens_total",
-             "flashdesk_requests_running", "flashdesk_requests_waiting", "flashdesk_step_seconds_count",
-             "flashdesk_time_to_first_token_seconds_count"]
+    names = [
+        "flashdesk_requests_total",
+        "flashdesk_prompt_tokens_total",
+        "flashdesk_generation_tokens_total",
+        "flashdesk_cached_prompt_tokens_total",
+        "flashdesk_spec_steps_total",
+        "flashdesk_spec_draft_tokens_total",
+        "flashdesk_spec_accepted_tokens_total",
+        "flashdesk_spec_emitted_tokens_total",
+        "flashdesk_requests_running",
+        "flashdesk_requests_waiting",
+        "flashdesk_step_seconds_count",
+        "flashdesk_time_to_first_token_seconds_count",
+    ]
     for name in names:
         assert name in before, name
-    reply = client.chat.completions.create(model="flashdesk-demo", messages=[{"role": "user", "content": HELLO}],
-                                           max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    reply = client.chat.completions.create(
+        model="flashdesk-demo",
+        messages=[{"role": "user", "content": HELLO}],
+        max_tokens=24,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     after = scrape()
     moved = {name: after[name] - before[name] for name in names}
     assert moved["flashdesk_requests_total"] == 1

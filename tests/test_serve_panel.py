@@ -41,7 +41,8 @@ def test_the_toggle_serves_the_loaded_model_and_lists_its_traffic(qtbot, loaded)
     assert QApplication.clipboard().text() == base
 
     reply = openai.OpenAI(base_url=base, api_key="unused", max_retries=0).chat.completions.create(
-        model="flashdesk-demo", messages=[{"role": "user", "content": "Hello"}], max_tokens=12)
+        model="flashdesk-demo", messages=[{"role": "user", "content": "Hello"}], max_tokens=12
+    )
     until(lambda: panel.traffic.count() == 1, timeout_ms=30_000)
     line = panel.traffic.item(0).text()
     assert line.startswith(f"200 {reply.choices[0].finish_reason}")
@@ -66,8 +67,12 @@ def test_other_devices_need_the_key_the_panel_makes(qtbot, loaded) -> None:
     assert "API key required" in panel.status.text() and "other devices" in panel.status.text()
     port = panel.url.text().removesuffix("/v1").rsplit(":", 1)[1]
     assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
-    assert httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()[
-        "data"][0]["id"] == "flashdesk-demo"
+    assert (
+        httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {key}"}).json()["data"][0][
+            "id"
+        ]
+        == "flashdesk-demo"
+    )
     loaded.unload()  # unloading stops the server first
     until(lambda: not panel.url.text(), timeout_ms=30_000)
     assert not panel.toggle.isChecked()

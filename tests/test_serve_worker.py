@@ -53,15 +53,18 @@ def test_start_serve_and_stop_on_the_loaded_engine(demo) -> None:
         assert reply.choices[0].message.content == finished[0].text
         assert traffic.status == 200 and traffic.reason == reply.choices[0].finish_reason == finished[0].reason
         assert traffic.request_id == reply.id and not traffic.stream
-        assert (traffic.prompt_tokens, traffic.completion_tokens) == (reply.usage.prompt_tokens,
-                                                                      reply.usage.completion_tokens)
+        assert (traffic.prompt_tokens, traffic.completion_tokens) == (
+            reply.usage.prompt_tokens,
+            reply.usage.completion_tokens,
+        )
         assert traffic.drafted == reply.usage.model_extra["speculation"]["drafted"] > 0
         assert traffic.cached_tokens == reply.usage.prompt_tokens_details.cached_tokens > 0  # after the app's turn
 
         # a refusal is traffic too
         with pytest.raises(openai.BadRequestError):
-            client.chat.completions.create(model="flashdesk-demo", max_tokens=2000,
-                                           messages=[{"role": "user", "content": "story " * 4000}])
+            client.chat.completions.create(
+                model="flashdesk-demo", max_tokens=2000, messages=[{"role": "user", "content": "story " * 4000}]
+            )
         refused_traffic = w.until(p.ServerTraffic)[-1]
         assert refused_traffic.status == 400 and refused_traffic.reason == "refused"
         assert "context" in refused_traffic.message
@@ -94,8 +97,11 @@ def test_stopping_ends_a_request_the_server_was_running(demo) -> None:
         w.send(p.StartServer("127.0.0.1", 0, None))
         state = _state(w)
         with httpx.Client(timeout=60) as http:
-            with http.stream("POST", state.url + "/v1/chat/completions",
-                             json={"messages": HELLO, "max_tokens": 2000, "stream": True, "ignore_eos": True}) as r:
+            with http.stream(
+                "POST",
+                state.url + "/v1/chat/completions",
+                json={"messages": HELLO, "max_tokens": 2000, "stream": True, "ignore_eos": True},
+            ) as r:
                 lines = r.iter_lines()
                 assert next(line for line in lines if line.startswith("data:"))
                 w.send(p.StopServer())

@@ -6,13 +6,12 @@ import time
 import pytest
 import torch
 
-from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest, StepEvent
+from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest, StepEvent
 from flashdesk.engine.decode.speculative import SpecControl
 from tiny_checkpoints import TINY_TEXT_CONFIG
 from tiny_drafter import PROMPTS, TINY_DRAFT_CONFIG
 
 dflash_model = pytest.importorskip("dflash.model", reason="z-lab's dflash is a test dependency")
-
 
 
 def reference_trace(pair, prompt, max_new, k):
@@ -30,16 +29,17 @@ def reference_trace(pair, prompt, max_new, k):
     cuda_time = dflash_model._cuda_time
     dflash_model._cuda_time = time.perf_counter  # its timer syncs CUDA; we are on the CPU
     try:
-        result = dflash_model.dflash_generate(ref_drafter, ref_target, torch.tensor([prompt]), max_new,
-                                              [1, 106, 50], block_size=k + 1, return_stats=True)
+        result = dflash_model.dflash_generate(
+            ref_drafter, ref_target, torch.tensor([prompt]), max_new, [1, 106, 50], block_size=k + 1, return_stats=True
+        )
     finally:
         del ref_target.forward
         dflash_model._cuda_time = cuda_time
-    output = result.output_ids[0, len(prompt):].tolist()
+    output = result.output_ids[0, len(prompt) :].tolist()
     steps, at = [], 1  # the first token comes from the prefill
     for (block, logits), produced in zip(calls[1:], result.acceptance_lengths):
         accepted = int((block[1:] == logits.argmax(-1)[:-1]).int().cumprod(0).sum())
-        steps.append((block[1:].tolist(), accepted, output[at:at + produced]))
+        steps.append((block[1:].tolist(), accepted, output[at : at + produced]))
         at += produced
     return output, steps
 
@@ -116,8 +116,19 @@ def test_cli_reports_drafts_and_acceptance(spec_pair, capsys):
     target_dir, draft_dir = spec_pair[1]
     prompt = ",".join(map(str, PROMPTS[0]))
     plain = cli_json(capsys, "--model", target_dir, "--prompt-ids", prompt, "--max-new-tokens", 40)
-    spec = cli_json(capsys, "--model", target_dir, "--draft", draft_dir, "--prompt-ids", prompt,
-                    "--max-new-tokens", 40, "--draft-length", 5)
+    spec = cli_json(
+        capsys,
+        "--model",
+        target_dir,
+        "--draft",
+        draft_dir,
+        "--prompt-ids",
+        prompt,
+        "--max-new-tokens",
+        40,
+        "--draft-length",
+        5,
+    )
     assert spec["token_ids"] == plain["token_ids"]
     assert all(len(s["draft"]) <= 5 and 0 <= s["accepted"] <= len(s["draft"]) for s in spec["steps"])
     assert [t for s in spec["steps"] for t in s["emitted"]] == spec["token_ids"][1:]
@@ -127,8 +138,18 @@ def test_cli_reports_drafts_and_acceptance(spec_pair, capsys):
     assert stats["acceptance_rate"] == pytest.approx(accepted / drafted)
     assert stats["mean_acceptance_length"] == pytest.approx((len(spec["token_ids"]) - 1) / len(spec["steps"]))
     assert len(stats["per_position_acceptance"]) == 5
-    off = cli_json(capsys, "--model", target_dir, "--draft", draft_dir, "--prompt-ids", prompt,
-                   "--max-new-tokens", 40, "--no-speculate")
+    off = cli_json(
+        capsys,
+        "--model",
+        target_dir,
+        "--draft",
+        draft_dir,
+        "--prompt-ids",
+        prompt,
+        "--max-new-tokens",
+        40,
+        "--no-speculate",
+    )
     assert off["token_ids"] == plain["token_ids"] and all(s["draft"] == [] for s in off["steps"])
     assert off["stats"]["acceptance_rate"] is None
 
@@ -137,8 +158,22 @@ def test_cli_refuses_bad_draft_options(spec_pair, capsys):
     from flashdesk.engine.tools.cli import main
 
     target_dir, draft_dir = spec_pair[1]
-    assert main(["generate", "--model", str(target_dir), "--draft", str(draft_dir), "--prompt-ids", "2,3",
-                 "--draft-length", "16"]) == 2
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(target_dir),
+                "--draft",
+                str(draft_dir),
+                "--prompt-ids",
+                "2,3",
+                "--draft-length",
+                "16",
+            ]
+        )
+        == 2
+    )
     assert "--draft-length must be 1..15" in capsys.readouterr().err
     assert main(["generate", "--model", str(target_dir), "--prompt-ids", "2,3", "--no-speculate"]) == 2
     assert "need --draft" in capsys.readouterr().err
@@ -187,10 +222,15 @@ def test_suppressed_tokens_are_never_emitted_as_transformers_suppresses_them(spe
     free, _ = our_trace(engine, prompt, 24, SpecControl(enabled=False), ignore_eos=True)
     suppress = tuple(sorted(set(free.token_ids[:6])))  # what it would have said first
     with torch.no_grad():
-        seq = reference.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
-                                 suppress_tokens=list(suppress),
-                                 eos_token_id=None, pad_token_id=0)
-    want = seq[0, len(prompt):].tolist()
+        seq = reference.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=24,
+            do_sample=False,
+            suppress_tokens=list(suppress),
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    want = seq[0, len(prompt) :].tolist()
     monkeypatch.setattr(engine, "suppress_tokens", suppress)
     plain, _ = our_trace(engine, prompt, 24, SpecControl(enabled=False), ignore_eos=True)
     assert plain.token_ids == want and not set(want) & set(suppress)

@@ -8,8 +8,17 @@ from pathlib import Path
 import pytest
 
 from flashdesk.app.history import store as store_module
-from flashdesk.app.history.store import (CANCELLED, HIT_END, HIT_START, INTERRUPTED, MIGRATIONS, SCHEMA_VERSION, STREAMING,
-                                  Store, fts_query)
+from flashdesk.app.history.store import (
+    CANCELLED,
+    HIT_END,
+    HIT_START,
+    INTERRUPTED,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    STREAMING,
+    Store,
+    fts_query,
+)
 
 
 def test_conversations_messages_thoughts_stats_settings(tmp_path: Path) -> None:
@@ -19,8 +28,14 @@ def test_conversations_messages_thoughts_stats_settings(tmp_path: Path) -> None:
     b = s.create_conversation("Cooking pasta")
     user = s.add_message(a.id, "user", "What is 'a?")
     reply = s.add_message(a.id, "assistant", "", STREAMING, model="gemma")
-    s.update_message(reply.id, content="A lifetime.", thought="Think...", thought_seconds=1.5,
-                     state=CANCELLED, stats={"tokens": 3, "origins": [[2, "d"], [9, "t"]]})
+    s.update_message(
+        reply.id,
+        content="A lifetime.",
+        thought="Think...",
+        thought_seconds=1.5,
+        state=CANCELLED,
+        stats={"tokens": 3, "origins": [[2, "d"], [9, "t"]]},
+    )
     got = s.messages(a.id)
     assert [m.id for m in got] == [user.id, reply.id]
     assert got[1].content == "A lifetime." and got[1].thought == "Think..." and got[1].thought_seconds == 1.5
@@ -92,7 +107,7 @@ def test_damaged_database_page_is_moved_aside(tmp_path: Path) -> None:
     s.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     s.close()
     data = bytearray(path.read_bytes())
-    data[4096:4096 + 64] = b"\xff" * 64  # scribble over the b-tree header of the second page
+    data[4096 : 4096 + 64] = b"\xff" * 64  # scribble over the b-tree header of the second page
     path.write_bytes(bytes(data))
     again = Store(path)
     assert again.notice and "moved" in again.notice
@@ -129,8 +144,7 @@ def test_failed_migration_changes_nothing_and_moves_nothing(tmp_path: Path, monk
     path = tmp_path / "flashdesk.db"
     Store(path).close()
     monkeypatch.setattr(store_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
-    monkeypatch.setitem(store_module.MIGRATIONS, SCHEMA_VERSION + 1,
-                        ["CREATE TABLE extra (x)", "THIS IS NOT SQL"])
+    monkeypatch.setitem(store_module.MIGRATIONS, SCHEMA_VERSION + 1, ["CREATE TABLE extra (x)", "THIS IS NOT SQL"])
     with pytest.raises(sqlite3.OperationalError):
         Store(path)
     assert [p.name for p in tmp_path.iterdir() if ".corrupt-" in p.name] == []
@@ -138,7 +152,6 @@ def test_failed_migration_changes_nothing_and_moves_nothing(tmp_path: Path, monk
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert db.execute("SELECT name FROM sqlite_master WHERE name = 'extra'").fetchone() is None
     db.close()
-
 
 
 def test_fts_query_quotes_every_word() -> None:
@@ -172,9 +185,33 @@ def test_search_finds_message_text_and_marks_the_hit(tmp_path: Path) -> None:
     s.close()
 
 
-@pytest.mark.parametrize("query", ['"', '"borrow', "borrow-checker", "a:b", "*", "borrow*", "NEAR(", "(", ")",
-                                   "AND", "OR NOT", "^", "-", "'", "'; DROP TABLE messages; --", "\\", "%_",
-                                   "\x00", "\u2603", "title:borrow", "{content}: x", "borrow + -checker"])
+@pytest.mark.parametrize(
+    "query",
+    [
+        '"',
+        '"borrow',
+        "borrow-checker",
+        "a:b",
+        "*",
+        "borrow*",
+        "NEAR(",
+        "(",
+        ")",
+        "AND",
+        "OR NOT",
+        "^",
+        "-",
+        "'",
+        "'; DROP TABLE messages; --",
+        "\\",
+        "%_",
+        "\x00",
+        "\u2603",
+        "title:borrow",
+        "{content}: x",
+        "borrow + -checker",
+    ],
+)
 def test_weird_queries_do_not_raise(tmp_path: Path, query: str) -> None:
     s = Store(tmp_path / "f.db")
     conv = s.create_conversation("Symbols")
@@ -222,8 +259,10 @@ def test_migration_indexes_the_messages_of_an_old_database(tmp_path: Path) -> No
     for statement in MIGRATIONS[1]:
         db.execute(statement)
     db.execute("INSERT INTO conversations (title, created, updated) VALUES ('Old times', 1, 1)")
-    db.execute("INSERT INTO messages (conversation_id, role, content, created, updated) "
-               "VALUES (1, 'user', 'A question about telescopes', 1, 1)")
+    db.execute(
+        "INSERT INTO messages (conversation_id, role, content, created, updated) "
+        "VALUES (1, 'user', 'A question about telescopes', 1, 1)"
+    )
     db.execute("PRAGMA user_version = 1")
     db.commit()
     db.close()
@@ -270,8 +309,11 @@ def test_regenerate_keeps_versions_and_the_chosen_one_is_the_conversation(tmp_pa
     shown = s.messages(conv.id)
     assert [m.content for m in shown] == ["Name a colour", "Yellow"]
     assert (shown[1].version, shown[1].versions) == (3, 3) and (shown[0].version, shown[0].versions) == (1, 1)
-    assert [v.content for v in s.versions(first.id)] == ["Red", "Green", "Yellow"] == \
-        [v.content for v in s.versions(third.id)]
+    assert (
+        [v.content for v in s.versions(first.id)]
+        == ["Red", "Green", "Yellow"]
+        == [v.content for v in s.versions(third.id)]
+    )
 
     s.choose_version(first.id)  # browse back: it is the conversation now, also after a restart
     s.close()

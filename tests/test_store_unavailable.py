@@ -100,8 +100,9 @@ FILL_UNTIL_FULL = textwrap.dedent("""
 
 def test_a_write_that_fails_on_a_full_disk_says_so_and_keeps_the_rows(tmp_path: Path) -> None:
     path = tmp_path / "flashdesk.db"
-    run = subprocess.run([sys.executable, "-c", FILL_UNTIL_FULL, str(path)], capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", FILL_UNTIL_FULL, str(path)], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr
     saved, failed, then = run.stdout.splitlines()
     # SQLite's own error, not "cannot rollback - no transaction is active" hiding it (SQLite had

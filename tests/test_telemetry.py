@@ -11,7 +11,7 @@ from PySide6.QtTest import QTest
 
 from flashdesk.app.panels.telemetry import Nvml, Sample, TelemetrySampler
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 class NVMLError(Exception):
@@ -29,8 +29,9 @@ def until(condition, timeout_ms: int = 5000) -> None:
         QTest.qWait(10)
 
 
-def fake_nvml(fail: tuple[str, ...] = (), pid: int = 4242, init_error: Exception | None = None,
-              devices: int = 1) -> types.SimpleNamespace:
+def fake_nvml(
+    fail: tuple[str, ...] = (), pid: int = 4242, init_error: Exception | None = None, devices: int = 1
+) -> types.SimpleNamespace:
     """A stand-in for pynvml with fixed readings; the functions named in `fail` raise NVMLError."""
 
     def reading(name, value):
@@ -38,6 +39,7 @@ def fake_nvml(fail: tuple[str, ...] = (), pid: int = 4242, init_error: Exception
             if name in fail:
                 raise NVMLError(f"{name}: Not Supported")
             return value() if callable(value) else value
+
         return fn
 
     def init():
@@ -46,8 +48,12 @@ def fake_nvml(fail: tuple[str, ...] = (), pid: int = 4242, init_error: Exception
 
     clocks = {1: 2520, 2: 10501}
     return types.SimpleNamespace(
-        NVMLError=NVMLError, NVML_TEMPERATURE_GPU=0, NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2,
-        nvmlInit=init, nvmlShutdown=lambda: None,
+        NVMLError=NVMLError,
+        NVML_TEMPERATURE_GPU=0,
+        NVML_CLOCK_SM=1,
+        NVML_CLOCK_MEM=2,
+        nvmlInit=init,
+        nvmlShutdown=lambda: None,
         nvmlDeviceGetCount=lambda: devices,
         nvmlDeviceGetHandleByIndex=lambda i: f"handle{i}",
         nvmlDeviceGetHandleByUUID=lambda uuid: "handle-by-uuid",
@@ -60,8 +66,9 @@ def fake_nvml(fail: tuple[str, ...] = (), pid: int = 4242, init_error: Exception
         nvmlDeviceGetClockInfo=lambda handle, kind: reading("clocks", clocks[kind])(),
         nvmlDeviceGetTotalEnergyConsumption=reading("energy", 123_456_789),
         nvmlDeviceGetComputeRunningProcesses=reading(
-            "procs", [types.SimpleNamespace(pid=1, usedGpuMemory=GIB),
-                      types.SimpleNamespace(pid=pid, usedGpuMemory=18 * GIB)]),
+            "procs",
+            [types.SimpleNamespace(pid=1, usedGpuMemory=GIB), types.SimpleNamespace(pid=pid, usedGpuMemory=18 * GIB)],
+        ),
     )
 
 
@@ -87,10 +94,13 @@ def test_each_field_fails_on_its_own() -> None:
     assert r.power_limit_w == 450.0 and r.vram_used == 20 * GIB and r.temperature_c == 66
 
 
-@pytest.mark.parametrize("nvml, why", [
-    (fake_nvml(init_error=NVMLError("NVML Shared Library Not Found")), "Shared Library Not Found"),
-    (fake_nvml(devices=0), "no NVIDIA GPU"),
-])
+@pytest.mark.parametrize(
+    "nvml, why",
+    [
+        (fake_nvml(init_error=NVMLError("NVML Shared Library Not Found")), "Shared Library Not Found"),
+        (fake_nvml(devices=0), "no NVIDIA GPU"),
+    ],
+)
 def test_without_nvml(nvml, why: str) -> None:
     n = Nvml(nvml)
     assert not n.available and why in n.problem
@@ -123,6 +133,7 @@ def test_sampler_thread_delivers_on_the_gui_thread(qtbot) -> None:
 
 # -- the panel ------------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def panel(qtbot):
     from flashdesk.app.panels.telemetry_panel import TelemetryPanel
@@ -134,8 +145,13 @@ def panel(qtbot):
 
 
 def _sample(nvml: Nvml) -> Sample:
-    return Sample(time=100.0, gpu=nvml.read(4242) if nvml.available else None, worker_rss=3 * GIB,
-                  ram_used=10 * GIB, ram_total=64 * GIB)
+    return Sample(
+        time=100.0,
+        gpu=nvml.read(4242) if nvml.available else None,
+        worker_rss=3 * GIB,
+        ram_used=10 * GIB,
+        ram_total=64 * GIB,
+    )
 
 
 def test_panel_shows_fixed_readings(panel) -> None:
@@ -152,8 +168,16 @@ def test_panel_shows_fixed_readings(panel) -> None:
     assert panel.text("clocks") == "SM 2520 MHz, memory 10501 MHz"
     assert panel.text("tps_live") == "42.0 tok/s"
     assert not panel.notice.isVisible()
-    panel.show_reply({"decode_tokens_per_second": 88.25, "ttft_seconds": 0.31, "prefill_tokens_per_second": 1500,
-                      "prompt_tokens": 300, "energy_joules": 51.2, "joules_per_token": 0.256})
+    panel.show_reply(
+        {
+            "decode_tokens_per_second": 88.25,
+            "ttft_seconds": 0.31,
+            "prefill_tokens_per_second": 1500,
+            "prompt_tokens": 300,
+            "energy_joules": 51.2,
+            "joules_per_token": 0.256,
+        }
+    )
     assert panel.text("tps_message") == "88.2 tok/s" and panel.text("ttft") == "0.31 s"
     assert panel.text("prefill") == "1500 tok/s (300 tokens)"
     assert panel.text("energy") == "51.2 J, 0.256 J/token"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flashdesk.engine.decode import speculative
-from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest
+from flashdesk.engine.decode.generation import Engine, GenerationRequest
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.speculative import Decoder, SpecControl
 from flashdesk.kernels.backend import describe, kernels
@@ -18,8 +18,12 @@ from tiny_int4 import write_int4_checkpoint
 pytest.importorskip("compressed_tensors")
 pytest.importorskip("triton")
 
-VARIANTS = [("conditional", "fused", True), ("causal", "per_expert", False), ("conditional", "per_expert", False),
-            ("causal", "fused", True)]
+VARIANTS = [
+    ("conditional", "fused", True),
+    ("causal", "per_expert", False),
+    ("conditional", "per_expert", False),
+    ("causal", "fused", True),
+]
 TOKENS = 16  # new tokens per run; 24 took half as long again under the interpreter
 
 
@@ -39,9 +43,10 @@ def generate(engine, prompt, n, control=None):
 
 def reference_greedy(reference, prompt, n):
     with torch.no_grad():
-        seq = reference.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                                 pad_token_id=0)
-    return seq[0, len(prompt):].tolist()
+        seq = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    return seq[0, len(prompt) :].tolist()
 
 
 def test_triton_path_equals_transformers_and_the_torch_path(int4_pair):
@@ -49,7 +54,9 @@ def test_triton_path_equals_transformers_and_the_torch_path(int4_pair):
     prompt = PROMPTS[0]
     fp32 = Engine.load(target, device="cpu", kv_dtype="float32", draft_dir=drafter)
     with kernels("triton"):
-        assert generate(fp32, prompt, TOKENS, SpecControl(False)).token_ids == reference_greedy(reference, prompt, TOKENS)
+        assert generate(fp32, prompt, TOKENS, SpecControl(False)).token_ids == reference_greedy(
+            reference, prompt, TOKENS
+        )
 
     fp8 = Engine.load(target, device="cpu", kv_dtype="fp8", draft_dir=drafter)
     with kernels("torch"):
@@ -116,8 +123,9 @@ def forbid_reads(monkeypatch):
 
 
 @pytest.mark.parametrize("choice", ["torch", "triton"])
-@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=1)],
-                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=1)], ids=["greedy", "sampled"]
+)
 def test_a_step_reads_back_only_its_tokens(spec_pair, choice, sampling, forbid_reads):
     engine = spec_pair[0]
     with kernels(choice):

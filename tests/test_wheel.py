@@ -17,8 +17,20 @@ def run(args, **kwargs):
 
 
 def test_the_wheel_runs_the_demo_outside_the_checkout(tmp_path):
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"),
-         str(ROOT)])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(ROOT),
+        ]
+    )
     [wheel] = (tmp_path / "dist").glob("flashdesk-*.whl")
     run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(tmp_path / "site"), str(wheel)])
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"), FLASHDESK_DATA_DIR=str(tmp_path / "data"))
@@ -26,6 +38,22 @@ def test_the_wheel_runs_the_demo_outside_the_checkout(tmp_path):
     where = run([sys.executable, "-c", "import flashdesk; print(flashdesk.__file__)"], env=env, cwd=tmp_path)
     assert where.strip().startswith(str(tmp_path / "site")), where  # the wheel's copy, not the checkout's
     assert run([sys.executable, "-m", "flashdesk", "--version"], env=env, cwd=tmp_path).startswith("flashdesk ")
-    out = run([sys.executable, "-m", "flashdesk", "generate", "--demo", "--prompt", "def fib(n):", "--max-new-tokens",
-               "8", "--device", "cpu", "--json"], env=env, cwd=tmp_path)
+    out = run(
+        [
+            sys.executable,
+            "-m",
+            "flashdesk",
+            "generate",
+            "--demo",
+            "--prompt",
+            "def fib(n):",
+            "--max-new-tokens",
+            "8",
+            "--device",
+            "cpu",
+            "--json",
+        ],
+        env=env,
+        cwd=tmp_path,
+    )
     assert '"token_ids"' in out

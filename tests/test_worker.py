@@ -20,13 +20,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # -- the protocol --------------------------------------------------------------------------------------
 
+
 def test_messages_round_trip() -> None:
     msgs = [
         p.Load("/m", "/d", "cpu", "auto", "fp8", 4096),
         p.Generate("r1", [{"role": "user", "content": "héllo"}], 0.7, 0.9, 40, 3, 128, True),
-        p.Cancel("r1"), p.SetSpeculation(False, 4), p.Shutdown(),
-        p.Step("r1", 2, [5, 6], [5, 9], 1, "ab", "", [[1, p.DRAFT], [1, p.TARGET]], 0.1, 0.02, 0.08, 0.5,
-               {"mean_acceptance_length": 2.0}),
+        p.Cancel("r1"),
+        p.SetSpeculation(False, 4),
+        p.Shutdown(),
+        p.Step(
+            "r1",
+            2,
+            [5, 6],
+            [5, 9],
+            1,
+            "ab",
+            "",
+            [[1, p.DRAFT], [1, p.TARGET]],
+            0.1,
+            0.02,
+            0.08,
+            0.5,
+            {"mean_acceptance_length": 2.0},
+        ),
         p.Error(p.OUT_OF_MEMORY, "CUDA out of memory", "generate", "r1"),
     ]
     for msg in msgs:
@@ -44,15 +60,18 @@ def test_decode_tolerates_new_fields_and_refuses_garbage() -> None:
 
 
 def test_protocol_imports_no_torch_and_no_qt(tmp_path: Path) -> None:
-    code = ("import sys, flashdesk.protocol;"
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'PySide6', 'flashdesk.engine')"
-            " or m.startswith(('flashdesk.engine', 'flashdesk.app'))];"
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, flashdesk.protocol;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'PySide6', 'flashdesk.engine')"
+        " or m.startswith(('flashdesk.engine', 'flashdesk.app'))];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 # -- the demo model -----------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> tuple[Path, Path]:
@@ -96,13 +115,19 @@ def test_demo_drafter_is_accepted(demo) -> None:
 
 # -- the worker process -------------------------------------------------------------------------------
 
+
 class WorkerProcess:
     """`python -m flashdesk.engine.worker` with a reader thread, so reads can time out."""
 
     def __init__(self, **env: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "flashdesk.engine.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **env})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flashdesk.engine.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
+        )
         self.events: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -297,10 +322,12 @@ def test_end_of_input_stops_the_worker(demo) -> None:
 
 def test_stray_prints_do_not_reach_the_protocol() -> None:
     """Once the worker holds the protocol stream, print() (from any library) goes to stderr."""
-    code = ("from flashdesk.engine import worker\n"
-            "out = worker._protocol_stream()\n"
-            "print('stray text from a library')\n"
-            "out.write('{\"type\": \"unloaded\"}\\n'); out.flush()\n")
+    code = (
+        "from flashdesk.engine import worker\n"
+        "out = worker._protocol_stream()\n"
+        "print('stray text from a library')\n"
+        'out.write(\'{"type": "unloaded"}\\n\'); out.flush()\n'
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == '{"type": "unloaded"}\n'
@@ -308,6 +335,7 @@ def test_stray_prints_do_not_reach_the_protocol() -> None:
 
 
 # -- the context: prefix reuse, token counts, a conversation past the context ---------------------------
+
 
 def _turn(w: WorkerProcess, rid: str, messages: list[dict], **kw) -> tuple[p.Started, p.Finished]:
     w.send(p.Generate(rid, messages, temperature=0.0, **kw))
@@ -337,15 +365,28 @@ def test_follow_ups_reuse_the_prefix_and_token_counts(worker: WorkerProcess, dem
     assert _count(worker, "c2", HELLO, thinking=True).tokens >= counted.tokens
 
     first, done = _turn(worker, "t1", HELLO, max_tokens=12)
-    assert (first.prompt_tokens, first.reused_tokens, first.dropped_messages, first.max_tokens) == \
-        (counted.tokens, 0, 0, 12)
-    for key in ("reused_tokens", "prefill_tokens", "kernels", "cuda_graphs", "prompt_tokens", "prefill_seconds",
-                "mean_acceptance_length"):
+    assert (first.prompt_tokens, first.reused_tokens, first.dropped_messages, first.max_tokens) == (
+        counted.tokens,
+        0,
+        0,
+        12,
+    )
+    for key in (
+        "reused_tokens",
+        "prefill_tokens",
+        "kernels",
+        "cuda_graphs",
+        "prompt_tokens",
+        "prefill_seconds",
+        "mean_acceptance_length",
+    ):
         assert key in done.stats, key
     assert done.stats["reused_tokens"] == 0 and done.stats["prefill_tokens"] == first.prompt_tokens
 
-    talk = HELLO + [{"role": "assistant", "content": done.text or "ok"},
-                    {"role": "user", "content": "And then what happened next in the story?"}]
+    talk = HELLO + [
+        {"role": "assistant", "content": done.text or "ok"},
+        {"role": "user", "content": "And then what happened next in the story?"},
+    ]
     second, done2 = _turn(worker, "t2", talk, max_tokens=12)
     assert second.prompt_tokens > first.prompt_tokens
     assert 0 < second.reused_tokens < second.prompt_tokens
@@ -380,8 +421,10 @@ def test_token_counts_are_answered_during_a_generation(demo) -> None:
 def _long_talk(turns: int) -> list[dict]:
     talk = [{"role": "system", "content": "You are terse."}]
     for i in range(turns):
-        talk += [{"role": "user", "content": f"Question {i}: " + "tell me about the weather at sea. " * 6},
-                 {"role": "assistant", "content": f"Answer {i}: " + "calm and grey. " * 6}]
+        talk += [
+            {"role": "user", "content": f"Question {i}: " + "tell me about the weather at sea. " * 6},
+            {"role": "assistant", "content": f"Answer {i}: " + "calm and grey. " * 6},
+        ]
     return talk + [{"role": "user", "content": "And tomorrow?"}]
 
 
@@ -397,7 +440,7 @@ def test_a_conversation_past_a_small_context(worker: WorkerProcess, demo) -> Non
     assert started.dropped_messages >= 2 and started.dropped_messages % 2 == 0
     assert started.prompt_tokens <= 320 - 40 and started.max_tokens == 40
     assert done.reason in ("stop", "length") and done.stats["dropped_messages"] == started.dropped_messages
-    kept = talk[:1] + talk[1 + started.dropped_messages:]
+    kept = talk[:1] + talk[1 + started.dropped_messages :]
     assert _count(worker, "k", kept).tokens == started.prompt_tokens
 
     # stop: refused with a clear message, as bad input, before anything started

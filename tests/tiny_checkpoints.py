@@ -28,8 +28,7 @@ TINY_TEXT_CONFIG = dict(
     sliding_window=8,
     rope_parameters={
         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                           "rope_theta": 1_000_000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
     },
     enable_moe_block=True,
     num_experts=8,
@@ -48,8 +47,16 @@ TINY_TEXT_CONFIG = dict(
     eos_token_id=1,
 )
 
-TINY_VISION_CONFIG = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                          num_key_value_heads=2, head_dim=16, patch_size=4, position_embedding_size=64)
+TINY_VISION_CONFIG = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    head_dim=16,
+    patch_size=4,
+    position_embedding_size=64,
+)
 
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
@@ -59,8 +66,10 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
         for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
             if not tensor.is_floating_point() or "inv_freq" in name or "embed_scale" in name:
                 continue
-            if name.endswith(("norm.weight", "layer_scalar", "router.scale", "per_expert_scale")) or \
-                    "layernorm" in name:
+            if (
+                name.endswith(("norm.weight", "layer_scalar", "router.scale", "per_expert_scale"))
+                or "layernorm" in name
+            ):
                 tensor.copy_(0.6 + 0.8 * torch.rand(tensor.shape, generator=gen))
             else:
                 tensor.copy_(torch.randn(tensor.shape, generator=gen) * 0.15)
@@ -72,8 +81,13 @@ def build_reference(layout: str = "conditional", seed: int = 0, **overrides):
 
     text = dict(TINY_TEXT_CONFIG, **overrides)
     if layout == "conditional":
-        config = Gemma4Config(text_config=text, vision_config=dict(TINY_VISION_CONFIG), audio_config=None,
-                              eos_token_id=[1, 106], tie_word_embeddings=True)
+        config = Gemma4Config(
+            text_config=text,
+            vision_config=dict(TINY_VISION_CONFIG),
+            audio_config=None,
+            eos_token_id=[1, 106],
+            tie_word_embeddings=True,
+        )
         model = Gemma4ForConditionalGeneration(config)
     elif layout == "causal":
         model = Gemma4ForCausalLM(Gemma4TextConfig(**text))
@@ -84,16 +98,32 @@ def build_reference(layout: str = "conditional", seed: int = 0, **overrides):
     return model.eval()
 
 
-def write_checkpoint(folder: Path, layout: str = "conditional", seed: int = 0, shard: bool = False,
-                     dtype: torch.dtype = torch.float32, tokenizer: bool = True, **overrides):
+def write_checkpoint(
+    folder: Path,
+    layout: str = "conditional",
+    seed: int = 0,
+    shard: bool = False,
+    dtype: torch.dtype = torch.float32,
+    tokenizer: bool = True,
+    **overrides,
+):
     """Write a tiny checkpoint (config, safetensors, generation config, tokenizer); return the reference."""
     folder = Path(folder)
     model = build_reference(layout, seed, **overrides)
-    model.to(dtype).save_pretrained(folder, safe_serialization=True,
-                                    max_shard_size="200KB" if shard else "1GB")
-    (folder / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": 2, "eos_token_id": [1, 106, 50], "pad_token_id": 0,
-         "temperature": 1.0, "top_k": 64, "top_p": 0.95, "do_sample": True}))
+    model.to(dtype).save_pretrained(folder, safe_serialization=True, max_shard_size="200KB" if shard else "1GB")
+    (folder / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token_id": 2,
+                "eos_token_id": [1, 106, 50],
+                "pad_token_id": 0,
+                "temperature": 1.0,
+                "top_k": 64,
+                "top_p": 0.95,
+                "do_sample": True,
+            }
+        )
+    )
     if tokenizer:
         from tiny_tokenizer import write_tokenizer
 

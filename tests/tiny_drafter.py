@@ -53,8 +53,9 @@ TINY_DRAFT_CONFIG = dict(
 PROMPTS = [[2, 105, 300, 301, 302, 106, 107, 105, 481, 107], [2, 17, 250], [2, 105, 9, 8, 7, 6, 5, 106, 107] * 3]
 
 
-def write_drafter(folder: Path, seed: int = 0, nested_rope: bool = False, target=None, train_steps: int = 300,
-                  **overrides) -> None:
+def write_drafter(
+    folder: Path, seed: int = 0, nested_rope: bool = False, target=None, train_steps: int = 300, **overrides
+) -> None:
     """Write config.json and model.safetensors of a tiny drafter: random, or briefly trained to
     predict `target`'s greedy continuations (a transformers model) so that drafts get accepted."""
     from dflash.model import DFlashDraftModel
@@ -94,8 +95,13 @@ def trained_cache(raw: dict, seed: int, steps: int, target) -> Path:
     import hashlib
     from importlib import metadata
 
-    digest = hashlib.sha256(json.dumps([raw, seed, steps, Path(__file__).read_text()] + [
-        metadata.version(name) for name in ("torch", "transformers", "dflash")], sort_keys=True).encode())
+    digest = hashlib.sha256(
+        json.dumps(
+            [raw, seed, steps, Path(__file__).read_text()]
+            + [metadata.version(name) for name in ("torch", "transformers", "dflash")],
+            sort_keys=True,
+        ).encode()
+    )
     for name, tensor in sorted(target.state_dict().items()):
         digest.update(name.encode() + tensor.detach().float().contiguous().numpy().tobytes())
     root = Path(os.environ.get("FLASHDESK_TEST_CACHE") or Path.home() / ".cache" / "flashdesk" / "test-drafters")
@@ -123,8 +129,9 @@ def load_reference_drafter(folder: Path):
     from dflash.model import DFlashDraftModel
 
     model = DFlashDraftModel.from_pretrained(str(folder), torch_dtype=torch.float32)
-    model.config.dflash_config = dict(model.config.dflash_config,
-                                      input_embedding_scale=math.sqrt(model.config.hidden_size))
+    model.config.dflash_config = dict(
+        model.config.dflash_config, input_embedding_scale=math.sqrt(model.config.hidden_size)
+    )
     return model.eval()
 
 
@@ -136,7 +143,8 @@ def train(model, target, steps: int, gen: torch.Generator) -> None:
     block = model.block_size
     seqs, feats = [], []
     prompts = [torch.tensor([p]) for p in PROMPTS] + [
-        torch.randint(5, model.config.vocab_size, (1, 6), generator=gen) for _ in range(3)]
+        torch.randint(5, model.config.vocab_size, (1, 6), generator=gen) for _ in range(3)
+    ]
     with torch.no_grad():
         for prompt in prompts:
             seq = target.generate(prompt, max_new_tokens=50, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -153,10 +161,13 @@ def train(model, target, steps: int, gen: torch.Generator) -> None:
         anchor = int(torch.randint(2, len(seq) - block, (1,), generator=gen))
         ids = torch.full((1, block), model.mask_token_id)
         ids[0, 0] = seq[anchor]
-        hidden = model(target_hidden=feat[:, :anchor], noise_embedding=torch.nn.functional.embedding(ids, embed) * scale,
-                       position_ids=torch.arange(anchor + block)[None])
+        hidden = model(
+            target_hidden=feat[:, :anchor],
+            noise_embedding=torch.nn.functional.embedding(ids, embed) * scale,
+            position_ids=torch.arange(anchor + block)[None],
+        )
         logits = model.compute_logits(hidden[:, 1:], head)
-        loss = torch.nn.functional.cross_entropy(logits[0], seq[anchor + 1:anchor + block])
+        loss = torch.nn.functional.cross_entropy(logits[0], seq[anchor + 1 : anchor + block])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -36,8 +36,7 @@ def _scheme(symmetric: bool, group: int | None = GROUP):
 def weights_json(symmetric: bool, group: int | None) -> dict:
     """A config group's `weights` as compressed-tensors writes it."""
     strategy = {"strategy": "group", "group_size": group} if group else {"strategy": "channel", "group_size": None}
-    return {"num_bits": 4, "type": "int", "symmetric": symmetric, "dynamic": False, "observer": "minmax",
-            **strategy}
+    return {"num_bits": 4, "type": "int", "symmetric": symmetric, "dynamic": False, "observer": "minmax", **strategy}
 
 
 def ct_quantize(weight: torch.Tensor, symmetric: bool, group: int | None = GROUP) -> tuple[dict, torch.Tensor]:
@@ -54,8 +53,9 @@ def ct_quantize(weight: torch.Tensor, symmetric: bool, group: int | None = GROUP
         state["weight_zero_point"] = zero
     packed = PackedQuantizationCompressor.compress(state, scheme)
     # dequantize with the (exactly representable) bf16 scales widened to fp32, as our fp32 run does
-    restored = PackedQuantizationCompressor.decompress(dict(packed, weight_scale=packed["weight_scale"].float()),
-                                                       scheme)["weight"]
+    restored = PackedQuantizationCompressor.decompress(
+        dict(packed, weight_scale=packed["weight_scale"].float()), scheme
+    )["weight"]
     return packed, restored
 
 
@@ -74,13 +74,22 @@ class Recipe:
 
 def default_recipe(symmetric: bool) -> Recipe:
     """One group, targets ["Linear"], group 8; layer 0's dense MLP left in bf16 by an `ignore` pattern."""
-    return Recipe("linear", lambda name: (GROUP, symmetric) if _quantized(name) else None,
-                  {"group_0": {"targets": ["Linear"], "weights": weights_json(symmetric, GROUP)}},
-                  ["lm_head", "re:.*embed_tokens.*", "re:.*router.*", "re:.*vision.*", IGNORED_MLP])
+    return Recipe(
+        "linear",
+        lambda name: (GROUP, symmetric) if _quantized(name) else None,
+        {"group_0": {"targets": ["Linear"], "weights": weights_json(symmetric, GROUP)}},
+        ["lm_head", "re:.*embed_tokens.*", "re:.*router.*", "re:.*vision.*", IGNORED_MLP],
+    )
 
 
-def write_int4_checkpoint(folder: Path, layout: str = "conditional", experts: str = "fused",
-                          symmetric: bool = True, seed: int = 0, recipe: Recipe | None = None):
+def write_int4_checkpoint(
+    folder: Path,
+    layout: str = "conditional",
+    experts: str = "fused",
+    symmetric: bool = True,
+    seed: int = 0,
+    recipe: Recipe | None = None,
+):
     """Write the checkpoint; return the transformers model holding the dequantized weights."""
     folder = Path(folder)
     recipe = recipe or default_recipe(symmetric)
@@ -110,8 +119,11 @@ def write_int4_checkpoint(folder: Path, layout: str = "conditional", experts: st
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"] = {
-        "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-        "config_groups": recipe.config_groups, "ignore": recipe.ignore,
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "quantization_status": "compressed",
+        "config_groups": recipe.config_groups,
+        "ignore": recipe.ignore,
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     reference = build_reference(layout, seed)

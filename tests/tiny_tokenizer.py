@@ -45,11 +45,53 @@ NEWLINE_ID = 107  # "\n" is an ordinary vocabulary token in Gemma 4
 
 # Common words that get their own merged tokens ("▁" marks a leading space).
 _WORDS = (
-    "▁the", "▁and", "▁to", "▁of", "▁a", "▁in", "▁is", "▁it", "▁you", "▁that", "▁for", "▁on",
-    "▁with", "▁are", "▁this", "▁be", "▁at", "▁have", "▁not", "▁answer", "▁think", "▁world",
-    "▁model", "▁user", "▁thought", "▁Hello", "▁The", "▁I", "▁what", "▁can", "▁help", "▁speculative",
-    "Hello", "The", "thought", "model", "user", "system", "answer", "Let", "ing", "ed", "er", "es",
-    "▁café", "café", "▁naïve",
+    "▁the",
+    "▁and",
+    "▁to",
+    "▁of",
+    "▁a",
+    "▁in",
+    "▁is",
+    "▁it",
+    "▁you",
+    "▁that",
+    "▁for",
+    "▁on",
+    "▁with",
+    "▁are",
+    "▁this",
+    "▁be",
+    "▁at",
+    "▁have",
+    "▁not",
+    "▁answer",
+    "▁think",
+    "▁world",
+    "▁model",
+    "▁user",
+    "▁thought",
+    "▁Hello",
+    "▁The",
+    "▁I",
+    "▁what",
+    "▁can",
+    "▁help",
+    "▁speculative",
+    "Hello",
+    "The",
+    "thought",
+    "model",
+    "user",
+    "system",
+    "answer",
+    "Let",
+    "ing",
+    "ed",
+    "er",
+    "es",
+    "▁café",
+    "café",
+    "▁naïve",
 )
 _EXTRA_CHARS = ("é", "ï", "’", "—")
 
@@ -57,13 +99,41 @@ _EXTRA_CHARS = ("é", "ï", "’", "—")
 # straddle two (你好 encodes as "你"[:2] | "你"[2:]+"好"[:1] | "好"[1:]), so decoded tokens begin
 # or end in the middle of a UTF-8 sequence.
 _BYTE_LEVEL_WORDS = (
-    "你".encode()[:2], "你".encode()[2:] + "好".encode()[:1], "好".encode()[1:],
-    "😀".encode()[:2], "😀".encode()[2:] + "😀".encode()[:1], "😀".encode()[1:3],
-) + tuple(w.encode() for w in (
-    " the", " and", " to", " of", " in", " is", " it", " you", " that", " for", " answer",
-    " think", " world", " model", "Hello", "thought", "model", "user", "system", "ing", "ed",
-    "é", "café", " café",
-))
+    "你".encode()[:2],
+    "你".encode()[2:] + "好".encode()[:1],
+    "好".encode()[1:],
+    "😀".encode()[:2],
+    "😀".encode()[2:] + "😀".encode()[:1],
+    "😀".encode()[1:3],
+) + tuple(
+    w.encode()
+    for w in (
+        " the",
+        " and",
+        " to",
+        " of",
+        " in",
+        " is",
+        " it",
+        " you",
+        " that",
+        " for",
+        " answer",
+        " think",
+        " world",
+        " model",
+        "Hello",
+        "thought",
+        "model",
+        "user",
+        "system",
+        "ing",
+        "ed",
+        "é",
+        "café",
+        " café",
+    )
+)
 
 
 def _gpt2_byte_chars() -> list[str]:
@@ -131,17 +201,20 @@ def _byte_level() -> Tokenizer:
     vocab, merges = _vocab_and_merges(chars, words, chars[ord("\n")])
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     # Split words GPT-2 style but keep "\n" its own pre-token, as Gemma keeps it its own token.
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     return tok
 
 
 # Gemma 4's chat format (docs/model.md), shared with the tiny test tokenizer and the demo pair
 CHAT_TEMPLATE = (Path(__file__).resolve().parents[1] / "assets" / "gemma4_chat_template.jinja").read_text(
-    encoding="utf-8")
+    encoding="utf-8"
+)
 
 
 def write_tokenizer(folder: Path, *, byte_level: bool = False) -> None:
@@ -158,8 +231,14 @@ def write_tokenizer(folder: Path, *, byte_level: bool = False) -> None:
     assert tok.get_vocab_size() == TINY_VOCAB
     tok.save(str(folder / "tokenizer.json"))
     added = {
-        str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                 "single_word": False, "special": True}
+        str(i): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
         for i, t in sorted(SPECIAL_TOKENS.items())
     }
     config = {

@@ -45,8 +45,7 @@ class Banner(QFrame):
         self._choices: list = []  # show_choice's callables, one a button
         self.hide()
 
-    def show_text(self, text: str, action: str | None = None, kind: str = "info",
-                  action2: str | None = None) -> None:
+    def show_text(self, text: str, action: str | None = None, kind: str = "info", action2: str | None = None) -> None:
         """Show `text`; the buttons' clicks come out as the `action` and `action2` signals."""
         self._choices = []
         self.kind = kind
@@ -71,5 +70,7 @@ class Banner(QFrame):
     def apply_theme(self) -> None:
         c = theme.colors()
         border = c["error"] if self.kind == "error" else c["muted"]
-        self.setStyleSheet(f"QFrame#{self.objectName()} {{ background: {c['warn_bg']}; "
-                           f"border: 1px solid {border}; border-radius: 6px; }}")
+        self.setStyleSheet(
+            f"QFrame#{self.objectName()} {{ background: {c['warn_bg']}; "
+            f"border: 1px solid {border}; border-radius: 6px; }}"
+        )

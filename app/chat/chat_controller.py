@@ -50,8 +50,13 @@ class ChatController(QObject):
     notice = Signal(str)
     turn_refused = Signal(str, str)  # the user's text given back ("" when none), the engine's reason
 
-    def __init__(self, store: Store, session: EngineSession, energy_mj: Callable[[], int | None] = lambda: None,
-                 parent: QObject | None = None):
+    def __init__(
+        self,
+        store: Store,
+        session: EngineSession,
+        energy_mj: Callable[[], int | None] = lambda: None,
+        parent: QObject | None = None,
+    ):
         super().__init__(parent)
         self.store = store
         self.session = session
@@ -85,8 +90,9 @@ class ChatController(QObject):
     def new_conversation_like(self) -> Conversation:
         """A new conversation with the open one's system prompt and settings."""
         old = self.conversation
-        conv = self.store.create_conversation(NEW_TITLE, old.system_prompt if old else "",
-                                              old.sampling if old else None)
+        conv = self.store.create_conversation(
+            NEW_TITLE, old.system_prompt if old else "", old.sampling if old else None
+        )
         self.conversations_changed.emit()
         self.open(conv.id)
         return conv
@@ -195,15 +201,32 @@ class ChatController(QObject):
             return False
         s = self.sampling()
         info = self.session.info
-        message = self.store.add_message(self.conversation.id, "assistant", "", STREAMING,
-                                         model=info.name if info else None, slot=slot)
+        message = self.store.add_message(
+            self.conversation.id, "assistant", "", STREAMING, model=info.name if info else None, slot=slot
+        )
         rid = uuid.uuid4().hex[:12]
         energy = self.energy_mj() if info and info.device.startswith("cuda") else None
-        self.reply = Reply(rid, message.id, time.monotonic(), energy, requested_max_tokens=int(s["max_tokens"]),
-                           user_message_id=user.id if user else None, user_text=user.content if user else "")
-        request = p.Generate(rid, history, float(s["temperature"]), float(s["top_p"]), int(s["top_k"]), None,
-                             int(s["max_tokens"]), bool(s["thinking"]),
-                             context_policy=policy or s.get("context_policy") or DROP_OLDEST, reuse=self.reuse)
+        self.reply = Reply(
+            rid,
+            message.id,
+            time.monotonic(),
+            energy,
+            requested_max_tokens=int(s["max_tokens"]),
+            user_message_id=user.id if user else None,
+            user_text=user.content if user else "",
+        )
+        request = p.Generate(
+            rid,
+            history,
+            float(s["temperature"]),
+            float(s["top_p"]),
+            int(s["top_k"]),
+            None,
+            int(s["max_tokens"]),
+            bool(s["thinking"]),
+            context_policy=policy or s.get("context_policy") or DROP_OLDEST,
+            reuse=self.reuse,
+        )
         self._unsaved_said = False
         self.reply_started.emit(message)
         self.busy_changed.emit(True)
@@ -274,9 +297,14 @@ class ChatController(QObject):
         r = self.reply
         if r is None:
             return
-        if self._write(lambda: self.store.update_message(r.message_id, content=r.text,
-                                                         thought=r.thought_text if r.thought else None,
-                                                         thought_seconds=r.thought_seconds)):
+        if self._write(
+            lambda: self.store.update_message(
+                r.message_id,
+                content=r.text,
+                thought=r.thought_text if r.thought else None,
+                thought_seconds=r.thought_seconds,
+            )
+        ):
             r.saved_at = time.monotonic()
 
     def _write(self, write: Callable[[], None]) -> bool:
@@ -287,8 +315,10 @@ class ChatController(QObject):
         except sqlite3.Error as exc:
             if not self._unsaved_said:
                 self._unsaved_said = True
-                self.notice.emit(f"The reply could not be saved ({exc}): the window shows it, but it is not kept. "
-                                 "Free some disk space; what was saved before is safe.")
+                self.notice.emit(
+                    f"The reply could not be saved ({exc}): the window shows it, but it is not kept. "
+                    "Free some disk space; what was saved before is safe."
+                )
             return False
 
     def close(self) -> None:
@@ -304,9 +334,16 @@ class ChatController(QObject):
         stats = r.stats()
         if error:
             stats["error"] = error
-        saved = self._write(lambda: self.store.update_message(
-            r.message_id, content=r.text, state=state, thought=r.thought_text if r.thought else None,
-            thought_seconds=r.thought_seconds, stats=stats))
+        saved = self._write(
+            lambda: self.store.update_message(
+                r.message_id,
+                content=r.text,
+                state=state,
+                thought=r.thought_text if r.thought else None,
+                thought_seconds=r.thought_seconds,
+                stats=stats,
+            )
+        )
         self.reply = None
         message = self.store.message(r.message_id)
         if message is not None:

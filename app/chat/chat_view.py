@@ -23,7 +23,7 @@ HIT_MARK_MS = 2500  # how long a search hit's message stays marked
 class _Column(QWidget):
     """The messages' column: the view's width up to column_width, centred."""
 
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+    def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
         side = max(SIDE_MARGIN, (self.width() - column_width(self.font())) // 2)
         self.layout().setContentsMargins(side, END_MARGIN, side, END_MARGIN)

@@ -26,7 +26,7 @@ class PromptEdit(QPlainTextEdit):
         self.document().documentLayout().documentSizeChanged.connect(lambda _size: self._fit())
         self._fit()
 
-    def keyPressEvent(self, event) -> None:  # noqa: N802 - Qt's name
+    def keyPressEvent(self, event) -> None:
         if event.key() == Qt.Key.Key_Escape:
             self.escaped.emit()
             return
@@ -115,8 +115,9 @@ class Composer(QWidget):
     def _update(self) -> None:
         """Send only with something to send (not just spaces) and an engine to take it."""
         self.button.setEnabled(self.busy or (self.can_send and self.has_text()))
-        self.button.setToolTip("Stop the reply (Esc)" if self.busy else "Send (Enter)" if self.can_send
-                               else self.why_not)
+        self.button.setToolTip(
+            "Stop the reply (Esc)" if self.busy else "Send (Enter)" if self.can_send else self.why_not
+        )
 
     def _clicked(self) -> None:
         if self.busy:

@@ -62,21 +62,32 @@ class Count:
         return f"{self.tokens:,} / {self.context_limit:,} tokens"
 
     def tooltip(self, policy: str) -> str:
-        then = ("the engine refuses the turn (Stop and tell me, in Settings)" if policy == STOP else
-                "the oldest turns are left out of the prompt (the system prompt stays)")
-        return (f"The conversation with this message makes a prompt of {self.tokens:,} tokens, of a context of "
-                f"{self.context_limit:,}; {self.room:,} are kept for the reply. Past {self.usable:,}, {then}.")
+        then = (
+            "the engine refuses the turn (Stop and tell me, in Settings)"
+            if policy == STOP
+            else "the oldest turns are left out of the prompt (the system prompt stays)"
+        )
+        return (
+            f"The conversation with this message makes a prompt of {self.tokens:,} tokens, of a context of "
+            f"{self.context_limit:,}; {self.room:,} are kept for the reply. Past {self.usable:,}, {then}."
+        )
 
     def warning(self, policy: str) -> str:
         """What sending this will do, for the banner before it goes."""
-        head = (f"<b>This message takes the conversation past the context.</b> The prompt would be "
-                f"{self.tokens:,} tokens and the reply needs {self.room:,} more, over the {self.context_limit:,} "
-                "tokens of the context. ")
+        head = (
+            f"<b>This message takes the conversation past the context.</b> The prompt would be "
+            f"{self.tokens:,} tokens and the reply needs {self.room:,} more, over the {self.context_limit:,} "
+            "tokens of the context. "
+        )
         if policy == STOP:
-            return head + ("Your setting is to stop: the engine will refuse this turn. Start a new conversation "
-                           "with the same system prompt, or drop the oldest turns this once.")
-        return head + ("The oldest turns will be left out of the prompt to fit (the system prompt stays, and "
-                       "this conversation keeps every message).")
+            return head + (
+                "Your setting is to stop: the engine will refuse this turn. Start a new conversation "
+                "with the same system prompt, or drop the oldest turns this once."
+            )
+        return head + (
+            "The oldest turns will be left out of the prompt to fit (the system prompt stays, and "
+            "this conversation keeps every message)."
+        )
 
 
 def refused_text(reason: str, text_back: bool) -> str:
@@ -88,8 +99,10 @@ def refused_text(reason: str, text_back: bool) -> str:
 def context_full_text(context_limit: int | None) -> str:
     """The banner's words after a reply that filled the context."""
     where = f" ({context_limit:,} tokens)" if context_limit else ""
-    return (f"<b>The context filled up.</b> The reply stopped at the end of the context{where}. Go on with "
-            "the oldest turns left out of the prompt, or start a new conversation that keeps the system prompt.")
+    return (
+        f"<b>The context filled up.</b> The reply stopped at the end of the context{where}. Go on with "
+        "the oldest turns left out of the prompt, or start a new conversation that keeps the system prompt."
+    )
 
 
 class ContextGauge(QObject):
@@ -146,8 +159,12 @@ class ContextGauge(QObject):
         s = self.settings()
         messages = tuple(self.prompt_messages(text))
         last = self.last
-        if (last is not None and last.messages == messages and last.thinking == bool(s["thinking"])
-                and last.max_tokens == int(s["max_tokens"])):
+        if (
+            last is not None
+            and last.messages == messages
+            and last.thinking == bool(s["thinking"])
+            and last.max_tokens == int(s["max_tokens"])
+        ):
             self.send_checked.emit(text, last)
             return
         if self._ask("send", text) is None:

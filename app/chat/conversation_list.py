@@ -14,9 +14,22 @@ import html
 
 from PySide6.QtCore import QRect, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QAbstractTextDocumentLayout, QPalette, QTextDocument
-from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QLabel, QLineEdit, QListView, QListWidget,
-                               QListWidgetItem, QMessageBox, QPushButton, QStyle, QStyledItemDelegate,
-                               QStyleOptionViewItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListView,
+    QListWidget,
+    QListWidgetItem,
+    QMessageBox,
+    QPushButton,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from flashdesk.app.history.store import HIT_END, HIT_START, SearchHit
 
@@ -48,8 +61,12 @@ class _HitDelegate(QStyledItemDelegate):
         doc = self._document(snippet, opt, text.width())
         selected = opt.state & QStyle.StateFlag.State_Selected
         context = QAbstractTextDocumentLayout.PaintContext()
-        context.palette.setColor(QPalette.ColorRole.Text, opt.palette.color(  # quieter than the title
-            QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.PlaceholderText))
+        context.palette.setColor(
+            QPalette.ColorRole.Text,
+            opt.palette.color(  # quieter than the title
+                QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.PlaceholderText
+            ),
+        )
         context.clip = QRectF(0, 0, text.width(), text.height())
         painter.save()
         painter.translate(text.topLeft())
@@ -57,7 +74,7 @@ class _HitDelegate(QStyledItemDelegate):
         doc.documentLayout().draw(painter, context)
         painter.restore()
 
-    def sizeHint(self, option, index) -> QSize:  # noqa: N802 - Qt's name
+    def sizeHint(self, option, index) -> QSize:
         size = super().sizeHint(option, index)
         snippet = index.data(SNIPPET_ROLE)
         if snippet:
@@ -91,7 +108,7 @@ class _List(QListWidget):
 
     delete_pressed = Signal()
 
-    def keyPressEvent(self, event) -> None:  # noqa: N802 - Qt's name
+    def keyPressEvent(self, event) -> None:
         if event.key() == Qt.Key.Key_Delete and self.state() != QAbstractItemView.State.EditingState:
             self.delete_pressed.emit()
             return
@@ -115,8 +132,9 @@ class ConversationList(QWidget):
         self.search.setClearButtonEnabled(True)
         self.list = _List()
         self.list.setObjectName("conversations")
-        self.list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed
-                                  | QAbstractItemView.EditTrigger.DoubleClicked)
+        self.list.setEditTriggers(
+            QAbstractItemView.EditTrigger.EditKeyPressed | QAbstractItemView.EditTrigger.DoubleClicked
+        )
         self.list.setResizeMode(QListView.ResizeMode.Adjust)  # snippets wrap again to a new width
         self.list.setItemDelegate(_HitDelegate(self.list))
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
@@ -179,10 +197,6 @@ class ConversationList(QWidget):
         self.rename_button.setEnabled(has)
         self.delete_button.setEnabled(has)
 
-    def current_id(self) -> int | None:
-        item = self.list.currentItem()
-        return item.data(ID_ROLE) if item else None
-
     def rename_current(self) -> None:
         item = self.list.currentItem()
         if item:
@@ -195,8 +209,9 @@ class ConversationList(QWidget):
             self.deleted.emit(item.data(ID_ROLE))
 
     def _ask(self, title: str) -> bool:
-        answer = QMessageBox.question(self, "Delete conversation",
-                                      f"Delete “{title}” and all its messages? This cannot be undone.")
+        answer = QMessageBox.question(
+            self, "Delete conversation", f"Delete “{title}” and all its messages? This cannot be undone."
+        )
         return answer == QMessageBox.StandardButton.Yes
 
     def _current_changed(self, item: QListWidgetItem | None, _previous) -> None:

@@ -37,7 +37,12 @@ def _fences(lines: list[str]) -> list[tuple[int, int | None]]:
         j = i + 1
         while j < len(lines):
             close = _FENCE.match(lines[j])
-            if close and close.group(2)[0] == fence[0] and len(close.group(2)) >= len(fence) and not close.group(3).strip():
+            if (
+                close
+                and close.group(2)[0] == fence[0]
+                and len(close.group(2)) >= len(fence)
+                and not close.group(3).strip()
+            ):
                 break
             j += 1
         fences.append((i, j if j < len(lines) else None))
@@ -52,7 +57,7 @@ def code_blocks(text: str) -> list[tuple[int, int, str]]:
     blocks = []
     for start, close in _fences(lines):
         end = len(lines) if close is None else close
-        blocks.append((start, min(end + 1, len(lines)), "\n".join(lines[start + 1:end])))
+        blocks.append((start, min(end + 1, len(lines)), "\n".join(lines[start + 1 : end])))
     return blocks
 
 
@@ -95,8 +100,9 @@ def masked_source(text: str) -> str:
         end = len(lines) if close is None else close
         code.update({i: False for i in range(start + 1, end)})
         code.update({i: True for i in (start, close) if i is not None})
-    return "\n".join(_hide(line) if code.get(i) else line if i in code else _mask_line(line)
-                     for i, line in enumerate(lines))
+    return "\n".join(
+        _hide(line) if code.get(i) else line if i in code else _mask_line(line) for i, line in enumerate(lines)
+    )
 
 
 def _draft_flags(length: int, origins: list[list]) -> bytearray:

@@ -13,10 +13,30 @@ import math
 import time
 
 from PySide6.QtCore import QSize, Qt, QUrl, Signal
-from PySide6.QtGui import (QColor, QDesktopServices, QFont, QFontMetrics, QGuiApplication, QTextBlockFormat,
-                           QTextCharFormat, QTextCursor, QTextDocument, QTextFormat)
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy,
-                               QTextBrowser, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtGui import (
+    QColor,
+    QDesktopServices,
+    QFont,
+    QFontMetrics,
+    QGuiApplication,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+    QTextFormat,
+)
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSizePolicy,
+    QTextBrowser,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from flashdesk.app import theme
 from flashdesk.app.chat.markdown import COPY_SCHEME, draft_ranges, with_copy_links
@@ -145,11 +165,11 @@ class TextBlock(QTextBrowser):
         if self.height() != height:
             self.setFixedHeight(height)
 
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+    def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
         self._fit()
 
-    def sizeHint(self) -> QSize:  # noqa: N802
+    def sizeHint(self) -> QSize:
         return QSize(400, self.height())
 
 
@@ -281,8 +301,10 @@ class MessageWidget(QFrame):
         self.versions_row.setVisible(many)
         if many:
             self.version_label.setText(f"{message.version}/{message.versions}")
-            self.version_label.setToolTip(f"Version {message.version} of {message.versions} of this reply: "
-                                          "the one shown is what the next turn sees")
+            self.version_label.setToolTip(
+                f"Version {message.version} of {message.versions} of this reply: "
+                "the one shown is what the next turn sees"
+            )
             self.older.setEnabled(message.version > 1)
             self.newer.setEnabled(message.version < message.versions)
 
@@ -292,13 +314,14 @@ class MessageWidget(QFrame):
             button.setIcon(theme.icon(button.property("iconName")))
         self.setStyleSheet(
             f"QFrame#userMessage {{ background: {c['user_bg']}; border-radius: 10px; }}"
-            f"QFrame[marked=\"true\"] {{ border: 2px solid {c['accent']}; border-radius: 10px; }}"
+            f'QFrame[marked="true"] {{ border: 2px solid {c["accent"]}; border-radius: 10px; }}'
             f"QLabel#muted, QLabel#footer {{ color: {c['muted']}; }}"
             f"QLabel#contextNote {{ color: {c['warn']}; font-style: italic; }}"
             f"QLabel#status {{ color: {c['error']}; }}"
             f"QTextBrowser#thought {{ color: {c['muted']}; border: none; border-left: 3px solid {c['muted']}; "
             "padding-left: 8px; background: transparent; }"
-            f"QToolButton#thoughtToggle {{ color: {c['muted']}; }}")
+            f"QToolButton#thoughtToggle {{ color: {c['muted']}; }}"
+        )
 
     def set_marked(self, on: bool) -> None:
         """Outline the message (a search hit just opened) or stop."""
@@ -330,8 +353,9 @@ class MessageWidget(QFrame):
         self.note.setText(text)
         self.note.setVisible(bool(text))
 
-    def show_stream(self, text: str, thought: str, thought_seconds: float | None, origins: list[list],
-                    thinking: bool) -> None:
+    def show_stream(
+        self, text: str, thought: str, thought_seconds: float | None, origins: list[list], thinking: bool
+    ) -> None:
         """Show a reply while it streams."""
         self.streaming = True
         self._origins = origins

@@ -191,8 +191,9 @@ def footer_text(stats: dict | None) -> str:
         parts.append(f"limit {limit} tokens (capped by the context)")
     if stats.get("mean_acceptance_length") is not None:
         parts.append(f"τ {stats['mean_acceptance_length']:.2f}")
-    parts.append(f"{stats['joules_per_token']:.2f} J/token" if stats.get("joules_per_token") is not None
-                 else "J/token n/a")
+    parts.append(
+        f"{stats['joules_per_token']:.2f} J/token" if stats.get("joules_per_token") is not None else "J/token n/a"
+    )
     return " · ".join(parts)
 
 
@@ -202,8 +203,10 @@ def context_note(stats: dict | None) -> str:
     if not dropped:
         return ""
     what = "message was" if dropped == 1 else f"{dropped} oldest messages were"
-    return (f"{'The oldest ' if dropped == 1 else ''}{what} left out of the prompt to fit the context "
-            "(the system prompt was kept, and this conversation keeps every message).")
+    return (
+        f"{'The oldest ' if dropped == 1 else ''}{what} left out of the prompt to fit the context "
+        "(the system prompt was kept, and this conversation keeps every message)."
+    )
 
 
 def context_filled(stats: dict | None) -> bool:

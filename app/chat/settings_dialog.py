@@ -6,16 +6,35 @@ apps lay out their settings, rather than one long form."""
 from __future__ import annotations
 
 from PySide6.QtGui import QFont
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
-                               QLabel, QPlainTextEdit, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QLabel,
+    QPlainTextEdit,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 DROP_OLDEST, STOP = "drop_oldest", "stop"  # protocol.Generate.context_policy
 CONTEXT_POLICIES = {DROP_OLDEST: "Drop the oldest turns (keep the system prompt)", STOP: "Stop and tell me"}
-DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 0.95, "top_k": 64, "max_tokens": 2048, "thinking": False,
-                    "context_policy": DROP_OLDEST}
+DEFAULT_SAMPLING = {
+    "temperature": 1.0,
+    "top_p": 0.95,
+    "top_k": 64,
+    "max_tokens": 2048,
+    "thinking": False,
+    "context_policy": DROP_OLDEST,
+}
 HEADING_SCALE = 1.15
-MAX_TOKENS_NOTE = ("Capped to what the context leaves: a reply never runs past the end of the context, so "
-                   "late in a long conversation it may get fewer tokens than this (its footer says so).")
+MAX_TOKENS_NOTE = (
+    "Capped to what the context leaves: a reply never runs past the end of the context, so "
+    "late in a long conversation it may get fewer tokens than this (its footer says so)."
+)
 
 
 def sampling_with_defaults(sampling: dict | None, model_defaults: dict | None = None) -> dict:
@@ -24,8 +43,14 @@ def sampling_with_defaults(sampling: dict | None, model_defaults: dict | None = 
 
 
 class ConversationSettings(QDialog):
-    def __init__(self, title: str, system_prompt: str, sampling: dict, parent: QWidget | None = None,
-                 context_limit: int | None = None):
+    def __init__(
+        self,
+        title: str,
+        system_prompt: str,
+        sampling: dict,
+        parent: QWidget | None = None,
+        context_limit: int | None = None,
+    ):
         super().__init__(parent)
         self.setWindowTitle(f"Settings — {title}")
         self.setObjectName("conversationSettings")
@@ -51,8 +76,9 @@ class ConversationSettings(QDialog):
         self.max_tokens.setObjectName("maxTokens")
         self.max_tokens.setRange(1, 262144)
         self.max_tokens.setToolTip(MAX_TOKENS_NOTE)
-        self.max_tokens_note = QLabel(MAX_TOKENS_NOTE + (f" The model's context is {context_limit} tokens."
-                                                         if context_limit else ""))
+        self.max_tokens_note = QLabel(
+            MAX_TOKENS_NOTE + (f" The model's context is {context_limit} tokens." if context_limit else "")
+        )
         self.max_tokens_note.setObjectName("maxTokensNote")
         self.max_tokens_note.setWordWrap(True)
         self.thinking = QCheckBox("Let the model think before answering")
@@ -61,9 +87,11 @@ class ConversationSettings(QDialog):
         self.context_policy.setObjectName("contextPolicy")
         for key, text in CONTEXT_POLICIES.items():
             self.context_policy.addItem(text, key)
-        self.context_policy.setToolTip("Drop the oldest turns: the model no longer sees the start of the "
-                                       "conversation (it stays here). Stop: the turn is refused, and you can "
-                                       "start a new conversation carrying the system prompt.")
+        self.context_policy.setToolTip(
+            "Drop the oldest turns: the model no longer sees the start of the "
+            "conversation (it stays here). Stop: the turn is refused, and you can "
+            "start a new conversation carrying the system prompt."
+        )
 
         s = sampling_with_defaults(sampling)
         self.temperature.setValue(float(s["temperature"]))
@@ -115,6 +143,10 @@ class ConversationSettings(QDialog):
 
     def result_values(self) -> tuple[str, dict]:
         return self.system.toPlainText().strip(), {
-            "temperature": round(self.temperature.value(), 3), "top_p": round(self.top_p.value(), 3),
-            "top_k": self.top_k.value(), "max_tokens": self.max_tokens.value(),
-            "thinking": self.thinking.isChecked(), "context_policy": self.context_policy.currentData()}
+            "temperature": round(self.temperature.value(), 3),
+            "top_p": round(self.top_p.value(), 3),
+            "top_k": self.top_k.value(),
+            "max_tokens": self.max_tokens.value(),
+            "thinking": self.thinking.isChecked(),
+            "context_policy": self.context_policy.currentData(),
+        }

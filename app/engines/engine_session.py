@@ -108,8 +108,16 @@ class EngineSession(QObject):
         self.info = None
         self.ensure_started()
         self._set_state(LOADING)
-        self._send(p.Load(settings["target"], settings.get("draft"), settings.get("device", "auto"),
-                          settings.get("dtype", "auto"), settings.get("kv_dtype", "auto"), settings.get("context")))
+        self._send(
+            p.Load(
+                settings["target"],
+                settings.get("draft"),
+                settings.get("device", "auto"),
+                settings.get("dtype", "auto"),
+                settings.get("kv_dtype", "auto"),
+                settings.get("context"),
+            )
+        )
 
     def restart(self) -> None:
         """A new worker; the last model loaded again."""
@@ -188,14 +196,26 @@ class EngineSession(QObject):
         elif isinstance(msg, p.Unloaded) or (isinstance(msg, p.Error) and msg.during in ("load", "startup")):
             self.info = None
             self._set_state(IDLE)
-        signal = {p.LoadProgress: self.load_progress, p.Loaded: self.loaded, p.Inspected: self.inspected,
-                  p.DemoCreated: self.demo_created, p.Surveyed: self.surveyed, p.PullProgress: self.pull_progress,
-                  p.PullChecked: self.pull_checked, p.Pulled: self.pulled,
-                  p.PullCancelled: self.pull_cancelled, p.Started: self.started, p.Finished: self.finished,
-                  p.TokenCount: self.token_count, p.BenchProgress: self.bench_progress,
-                  p.BenchResult: self.bench_result, p.BenchRuns: self.bench_runs,
-                  p.ServerState: self.server_state, p.ServerTraffic: self.server_traffic,
-                  p.Error: self.error}.get(type(msg))
+        signal = {
+            p.LoadProgress: self.load_progress,
+            p.Loaded: self.loaded,
+            p.Inspected: self.inspected,
+            p.DemoCreated: self.demo_created,
+            p.Surveyed: self.surveyed,
+            p.PullProgress: self.pull_progress,
+            p.PullChecked: self.pull_checked,
+            p.Pulled: self.pulled,
+            p.PullCancelled: self.pull_cancelled,
+            p.Started: self.started,
+            p.Finished: self.finished,
+            p.TokenCount: self.token_count,
+            p.BenchProgress: self.bench_progress,
+            p.BenchResult: self.bench_result,
+            p.BenchRuns: self.bench_runs,
+            p.ServerState: self.server_state,
+            p.ServerTraffic: self.server_traffic,
+            p.Error: self.error,
+        }.get(type(msg))
         if signal is not None:
             signal.emit(msg)
 

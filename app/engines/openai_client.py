@@ -64,7 +64,7 @@ def server_address(text: str) -> ServerAddress:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{text.strip()!r} is not a server address: type it as http://HOST:PORT/v1.")
     try:
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+        parts.port
     except ValueError as exc:
         raise ValueError(f"{text.strip()!r} has a port that is not a number.") from exc
     path = parts.path.rstrip("/")
@@ -76,9 +76,16 @@ def server_address(text: str) -> ServerAddress:
 def chat_body(msg: p.Generate, model: str) -> dict:
     """The streamed chat request for a Generate: sampling as asked, usage on the last chunk, and
     thinking on or off through the chat template (`chat_template_kwargs`, as vLLM and SGLang take it)."""
-    body = {"model": model, "messages": msg.messages, "stream": True, "stream_options": {"include_usage": True},
-            "max_tokens": msg.max_tokens, "temperature": msg.temperature, "top_p": msg.top_p,
-            "chat_template_kwargs": {"enable_thinking": bool(msg.thinking)}}
+    body = {
+        "model": model,
+        "messages": msg.messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": msg.max_tokens,
+        "temperature": msg.temperature,
+        "top_p": msg.top_p,
+        "chat_template_kwargs": {"enable_thinking": bool(msg.thinking)},
+    }
     if msg.top_k > 0:
         body["top_k"] = msg.top_k
     if msg.seed is not None:
@@ -135,8 +142,12 @@ def chunk_parts(chunk: dict) -> ChunkParts:
     content = delta.get("content")
     reasoning = delta.get("reasoning_content") or delta.get("reasoning")
     usage = chunk.get("usage")
-    return ChunkParts(content if isinstance(content, str) else "", reasoning if isinstance(reasoning, str) else "",
-                      choice.get("finish_reason"), usage if isinstance(usage, dict) else None)
+    return ChunkParts(
+        content if isinstance(content, str) else "",
+        reasoning if isinstance(reasoning, str) else "",
+        choice.get("finish_reason"),
+        usage if isinstance(usage, dict) else None,
+    )
 
 
 def server_message(body: str) -> str:
@@ -160,8 +171,7 @@ def server_message(body: str) -> str:
     return " ".join(body.split())[:300]
 
 
-def status_sentence(status: int, body: str, address: ServerAddress, path: str, model: str | None,
-                    has_key: bool) -> str:
+def status_sentence(status: int, body: str, address: ServerAddress, path: str, model: str | None, has_key: bool) -> str:
     """What an HTTP error status means for the user, with the server's own words."""
     said = server_message(body)
     said_part = f": {said}" if said else ""
@@ -174,10 +184,13 @@ def status_sentence(status: int, body: str, address: ServerAddress, path: str, m
         return f"The server at {host} refused access (HTTP 403{said_part}). Check the API key in {SETUP_HINT}."
     if status == 404:
         if model and "model" in said.lower():
-            return (f"The server at {host} has no model {model!r} (HTTP 404{said_part}). Press Check in "
-                    f"{SETUP_HINT} to list the models it serves.")
-        return (f"The server at {host} has no {path} (HTTP 404). Is {address.api} the address of an "
-                "OpenAI-compatible API?")
+            return (
+                f"The server at {host} has no model {model!r} (HTTP 404{said_part}). Press Check in "
+                f"{SETUP_HINT} to list the models it serves."
+            )
+        return (
+            f"The server at {host} has no {path} (HTTP 404). Is {address.api} the address of an OpenAI-compatible API?"
+        )
     if status in (400, 422):
         return f"The server refused the request (HTTP {status}{said_part})."
     if status == 429:
@@ -197,8 +210,10 @@ def connection_sentence(exc: httpx.HTTPError, address: ServerAddress) -> str:
     if isinstance(exc, httpx.ConnectError):
         causes = _causes(exc)
         if any(isinstance(c, ConnectionRefusedError) for c in causes) or "refused" in low:
-            return (f"Could not connect to {host}: the connection was refused. Is the server running, and "
-                    "listening on that port?")
+            return (
+                f"Could not connect to {host}: the connection was refused. Is the server running, and "
+                "listening on that port?"
+            )
         if any(isinstance(c, socket.gaierror) for c in causes) or "name or service not known" in low:
             return f"Could not connect to {host}: the host name {urlsplit(address.root).hostname!r} is unknown."
         return f"Could not connect to {host}: {text or type(exc).__name__}."
@@ -240,14 +255,18 @@ class OpenAIServer:
         except httpx.HTTPError as exc:
             raise ServerError(connection_sentence(exc, self.address)) from exc
         if response.status_code != 200:
-            raise ServerError(status_sentence(response.status_code, response.text, self.address, "/v1/models",
-                                              None, self.has_key), response.status_code)
+            raise ServerError(
+                status_sentence(response.status_code, response.text, self.address, "/v1/models", None, self.has_key),
+                response.status_code,
+            )
         try:
             data = response.json()["data"]
             return [m for m in data if isinstance(m, dict) and m.get("id")]
         except (ValueError, KeyError, TypeError) as exc:
-            raise ServerError(f"The server at {self.address.host} answered /v1/models with something that is "
-                              "not a model list: is it an OpenAI-compatible API?") from exc
+            raise ServerError(
+                f"The server at {self.address.host} answered /v1/models with something that is "
+                "not a model list: is it an OpenAI-compatible API?"
+            ) from exc
 
     async def metrics_text(self) -> str | None:
         """The /metrics page, or None when the server has none (any answer but 200)."""
@@ -261,13 +280,22 @@ class OpenAIServer:
         """The chunks of a streamed chat completion (one ChunkParts for a server that answers whole)."""
         timeout = httpx.Timeout(REQUEST_S, connect=CONNECT_S, read=STREAM_READ_S)
         try:
-            async with self.client.stream("POST", self.address.api + "/chat/completions", json=body,
-                                          timeout=timeout) as response:
+            async with self.client.stream(
+                "POST", self.address.api + "/chat/completions", json=body, timeout=timeout
+            ) as response:
                 if response.status_code != 200:
                     text = (await response.aread()).decode("utf-8", errors="replace")
-                    raise ServerError(status_sentence(response.status_code, text, self.address,
-                                                      "/v1/chat/completions", body.get("model"), self.has_key),
-                                      response.status_code)
+                    raise ServerError(
+                        status_sentence(
+                            response.status_code,
+                            text,
+                            self.address,
+                            "/v1/chat/completions",
+                            body.get("model"),
+                            self.has_key,
+                        ),
+                        response.status_code,
+                    )
                 if "text/event-stream" not in response.headers.get("content-type", ""):
                     yield chunk_parts(self._json(await response.aread()))
                     return
@@ -289,5 +317,6 @@ class OpenAIServer:
         try:
             return json.loads(data)
         except ValueError as exc:
-            raise ServerError(f"The server at {self.address.host} sent something that is not JSON in its "
-                              f"answer: {str(data)[:120]!r}") from exc
+            raise ServerError(
+                f"The server at {self.address.host} sent something that is not JSON in its answer: {str(data)[:120]!r}"
+            ) from exc

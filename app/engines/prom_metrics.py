@@ -121,10 +121,10 @@ def _labels(line: str, pos: int) -> tuple[dict[str, str], int]:
         if not match:
             raise ParseError(f"bad label name at {pos}: {line[:80]!r}")
         key, pos = match.group(), _skip_blanks(line, match.end())
-        if line[pos:pos + 1] != "=":
+        if line[pos : pos + 1] != "=":
             raise ParseError(f"expected = after label {key!r}: {line[:80]!r}")
         pos = _skip_blanks(line, pos + 1)
-        if line[pos:pos + 1] != '"':
+        if line[pos : pos + 1] != '"':
             raise ParseError(f"expected a quoted value for label {key!r}: {line[:80]!r}")
         value, pos = _quoted(line, pos + 1)
         labels[key] = value

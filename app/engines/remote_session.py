@@ -60,8 +60,10 @@ class ServerCheck:
         elif self.speculates:
             metrics = "its /metrics has speculative-decoding figures"
         else:
-            metrics = ("its /metrics has no speculation figures (it does not speculate, or it is not vLLM, SGLang "
-                       "or FlashDesk), so they will show n/a")
+            metrics = (
+                "its /metrics has no speculation figures (it does not speculate, or it is not vLLM, SGLang "
+                "or FlashDesk), so they will show n/a"
+            )
         return f"{name} at {self.address} serves {models}; {metrics}."
 
 
@@ -201,8 +203,13 @@ class RemoteSession(QObject):
             return
         self.settings, self.host = dict(settings), address.host
         self._set_state(LOADING)
-        self._call(self._start_watch, self._number, address, settings.get("api_key") or None,
-                   (settings.get("model") or "").strip())
+        self._call(
+            self._start_watch,
+            self._number,
+            address,
+            settings.get("api_key") or None,
+            (settings.get("model") or "").strip(),
+        )
 
     def reconnect(self) -> None:
         if self.settings:
@@ -213,8 +220,7 @@ class RemoteSession(QObject):
         self._number += 1
         self._flush_steps()
         for request_id in sorted(self._requests):
-            self.error.emit(p.Error(p.CRASH, "Disconnected from the server.", during="generate",
-                                    request_id=request_id))
+            self.error.emit(p.Error(p.CRASH, "Disconnected from the server.", during="generate", request_id=request_id))
         self._requests.clear()
         if self._loop is not None:
             self._call(self._drop_connection)
@@ -301,10 +307,14 @@ class RemoteSession(QObject):
         except ServerError as exc:
             result = ServerCheck(address.host, error=str(exc))
         else:
-            result = ServerCheck(address.host, [m["id"] for m in models],
-                                 {m["id"]: _model_context(m) for m in models if _model_context(m)},
-                                 _server_kind(snapshot, models), snapshot is not None,
-                                 bool(snapshot and snapshot.speculates))
+            result = ServerCheck(
+                address.host,
+                [m["id"] for m in models],
+                {m["id"]: _model_context(m) for m in models if _model_context(m)},
+                _server_kind(snapshot, models),
+                snapshot is not None,
+                bool(snapshot and snapshot.speculates),
+            )
         finally:
             await server.aclose()
         self._send(number, "checked", result)
@@ -319,8 +329,7 @@ class RemoteSession(QObject):
                 raise ServerError(f"The server at {address.host} serves no model.")
             model = model or ids[0]
             if model not in ids:
-                raise ServerError(f"The server at {address.host} does not serve {model!r}; it serves "
-                                  f"{', '.join(ids)}.")
+                raise ServerError(f"The server at {address.host} does not serve {model!r}; it serves {', '.join(ids)}.")
             snapshot = await scrape(server)
         except ServerError as exc:
             await server.aclose()
@@ -333,8 +342,9 @@ class RemoteSession(QObject):
         kind = _server_kind(snapshot, models)
         context = next((_model_context(m) for m in models if m["id"] == model), 0)
         where = f"{SERVER_NAMES.get(kind, 'server')} at {address.host}"
-        info = p.Loaded(address.api, None, model, "remote", where, None, "", "", context, None, 0,
-                        time.monotonic() - started)
+        info = p.Loaded(
+            address.api, None, model, "remote", where, None, "", "", context, None, 0, time.monotonic() - started
+        )
         self._send(number, "connected", (info, kind, conn.has_metrics, bool(snapshot and snapshot.speculates)))
         while conn.has_metrics:
             await asyncio.sleep(self.poll_interval)
@@ -355,8 +365,11 @@ class RemoteSession(QObject):
 
     def _start_chat(self, number: int, msg: p.Generate) -> None:
         if self._conn is None:
-            self._send(number, "error", p.Error(p.CRASH, "Not connected to the server.", during="generate",
-                                                request_id=msg.request_id))
+            self._send(
+                number,
+                "error",
+                p.Error(p.CRASH, "Not connected to the server.", during="generate", request_id=msg.request_id),
+            )
             return
         turn = _Turn(msg, self._conn)
         task = self._tasks[msg.request_id] = self._start(self._chat(number, turn))
@@ -397,8 +410,16 @@ class RemoteSession(QObject):
         if task.cancelled():
             self._send_end(number, turn.steps.finish(time.monotonic(), turn.stats(), reason="cancelled"))
         elif failure := self._failure(task):
-            self._send(number, "error", p.Error(p.CRASH, f"The reply from the server failed: {failure}",
-                                                during="generate", request_id=turn.msg.request_id))
+            self._send(
+                number,
+                "error",
+                p.Error(
+                    p.CRASH,
+                    f"The reply from the server failed: {failure}",
+                    during="generate",
+                    request_id=turn.msg.request_id,
+                ),
+            )
 
     def _send_end(self, number: int, messages: list) -> None:
         for message in messages:

@@ -82,28 +82,41 @@ def _mean_positive(metrics: Metrics, name: str) -> float | None:
 
 
 def read_vllm(metrics: Metrics, now: float) -> Snapshot:
-    per_pos = metrics.by_label("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position") or \
-        metrics.by_label("vllm:spec_decode_num_accepted_tokens_per_pos", "position")
+    per_pos = metrics.by_label("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position") or metrics.by_label(
+        "vllm:spec_decode_num_accepted_tokens_per_pos", "position"
+    )
     positions = sorted((int(k), v) for k, v in per_pos.items() if k.isdigit())
-    return Snapshot(now, VLLM, generation_tokens=_counter(metrics, "vllm:generation_tokens"),
-                    drafts=_counter(metrics, "vllm:spec_decode_num_drafts"),
-                    draft_tokens=_counter(metrics, "vllm:spec_decode_num_draft_tokens"),
-                    accepted_tokens=_counter(metrics, "vllm:spec_decode_num_accepted_tokens"),
-                    accepted_per_position=tuple(v for _, v in positions))
+    return Snapshot(
+        now,
+        VLLM,
+        generation_tokens=_counter(metrics, "vllm:generation_tokens"),
+        drafts=_counter(metrics, "vllm:spec_decode_num_drafts"),
+        draft_tokens=_counter(metrics, "vllm:spec_decode_num_draft_tokens"),
+        accepted_tokens=_counter(metrics, "vllm:spec_decode_num_accepted_tokens"),
+        accepted_per_position=tuple(v for _, v in positions),
+    )
 
 
 def read_sglang(metrics: Metrics, now: float) -> Snapshot:
-    return Snapshot(now, SGLANG, generation_tokens=_counter(metrics, "sglang:generation_tokens"),
-                    accept_length=_mean_positive(metrics, "sglang:spec_accept_length"),
-                    accept_rate=_mean_positive(metrics, "sglang:spec_accept_rate"))
+    return Snapshot(
+        now,
+        SGLANG,
+        generation_tokens=_counter(metrics, "sglang:generation_tokens"),
+        accept_length=_mean_positive(metrics, "sglang:spec_accept_length"),
+        accept_rate=_mean_positive(metrics, "sglang:spec_accept_rate"),
+    )
 
 
 def read_flashdesk(metrics: Metrics, now: float) -> Snapshot:
-    return Snapshot(now, FLASHDESK, generation_tokens=_counter(metrics, "flashdesk_generation_tokens"),
-                    drafts=_counter(metrics, "flashdesk_spec_steps"),
-                    draft_tokens=_counter(metrics, "flashdesk_spec_draft_tokens"),
-                    accepted_tokens=_counter(metrics, "flashdesk_spec_accepted_tokens"),
-                    emitted_tokens=_counter(metrics, "flashdesk_spec_emitted_tokens"))
+    return Snapshot(
+        now,
+        FLASHDESK,
+        generation_tokens=_counter(metrics, "flashdesk_generation_tokens"),
+        drafts=_counter(metrics, "flashdesk_spec_steps"),
+        draft_tokens=_counter(metrics, "flashdesk_spec_draft_tokens"),
+        accepted_tokens=_counter(metrics, "flashdesk_spec_accepted_tokens"),
+        emitted_tokens=_counter(metrics, "flashdesk_spec_emitted_tokens"),
+    )
 
 
 def read_snapshot(metrics: Metrics, now: float) -> Snapshot:
@@ -130,9 +143,15 @@ def spec_between(before: Snapshot | None, after: Snapshot) -> dict | None:
     if after.server == SGLANG:
         if before is not None and before.server == SGLANG and before.generation_tokens == after.generation_tokens:
             return _nothing_drafted(SGLANG)  # its gauges still speak of the requests before
-        return {"source": SGLANG, "drafted": None, "accepted": None, "acceptance_rate": after.accept_rate,
-                "mean_acceptance_length": after.accept_length, "per_position_acceptance": [],
-                "accepted_histogram": []}
+        return {
+            "source": SGLANG,
+            "drafted": None,
+            "accepted": None,
+            "acceptance_rate": after.accept_rate,
+            "mean_acceptance_length": after.accept_length,
+            "per_position_acceptance": [],
+            "accepted_histogram": [],
+        }
     base = before if before is not None and before.server == after.server else None
     drafts = _delta(base and base.drafts, after.drafts) or 0
     drafted = _delta(base and base.draft_tokens, after.draft_tokens) or 0
@@ -144,16 +163,36 @@ def spec_between(before: Snapshot | None, after: Snapshot) -> dict | None:
     else:
         tau = 1 + accepted / drafts if drafts else None
         earlier = base.accepted_per_position if base else ()
-        per_position = [_delta(earlier[i] if i < len(earlier) else None, value) / drafts
-                        for i, value in enumerate(after.accepted_per_position)] if drafts else []
-    return {"source": after.server, "speculative_steps": int(drafts), "drafted": int(drafted),
-            "accepted": int(accepted), "acceptance_rate": accepted / drafted if drafted else None,
-            "mean_acceptance_length": tau, "per_position_acceptance": per_position, "accepted_histogram": []}
+        per_position = (
+            [
+                _delta(earlier[i] if i < len(earlier) else None, value) / drafts
+                for i, value in enumerate(after.accepted_per_position)
+            ]
+            if drafts
+            else []
+        )
+    return {
+        "source": after.server,
+        "speculative_steps": int(drafts),
+        "drafted": int(drafted),
+        "accepted": int(accepted),
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_acceptance_length": tau,
+        "per_position_acceptance": per_position,
+        "accepted_histogram": [],
+    }
 
 
 def _nothing_drafted(server: str) -> dict:
-    return {"source": server, "drafted": None, "accepted": None, "acceptance_rate": None,
-            "mean_acceptance_length": None, "per_position_acceptance": [], "accepted_histogram": []}
+    return {
+        "source": server,
+        "drafted": None,
+        "accepted": None,
+        "acceptance_rate": None,
+        "mean_acceptance_length": None,
+        "per_position_acceptance": [],
+        "accepted_histogram": [],
+    }
 
 
 def tokens_per_second(before: Snapshot | None, after: Snapshot) -> float | None:

@@ -58,8 +58,18 @@ class StreamSteps:
         if self.first_elapsed is None:
             self.first_elapsed = elapsed
         self.last_elapsed = elapsed
-        return p.Step(self.request_id, self.index, [UNKNOWN_ID] * emitted, [], 0, answer, thought,
-                      seconds=elapsed if self.index == 0 else 0.0, elapsed=elapsed, stats=stats)
+        return p.Step(
+            self.request_id,
+            self.index,
+            [UNKNOWN_ID] * emitted,
+            [],
+            0,
+            answer,
+            thought,
+            seconds=elapsed if self.index == 0 else 0.0,
+            elapsed=elapsed,
+            stats=stats,
+        )
 
     def finish(self, now: float, stats: dict | None, reason: str | None = None) -> list:
         """The messages that end the reply: a step with the tokens the usage counts beyond the chunks
@@ -77,9 +87,20 @@ class StreamSteps:
             end["prefill_tokens"] = prompt - int(cached)
         else:
             prompt = 0
-        messages.append(p.Finished(self.request_id, reason or _reason(self.finish_reason), "".join(self.answer),
-                                   "".join(self.thought), [], prompt, self.first_elapsed or 0.0,
-                                   now - self.sent_at, end, max(self.index, 0)))
+        messages.append(
+            p.Finished(
+                self.request_id,
+                reason or _reason(self.finish_reason),
+                "".join(self.answer),
+                "".join(self.thought),
+                [],
+                prompt,
+                self.first_elapsed or 0.0,
+                now - self.sent_at,
+                end,
+                max(self.index, 0),
+            )
+        )
         return messages
 
 

@@ -165,8 +165,10 @@ class WorkerClient(QObject):
 
     def _error(self, error: QProcess.ProcessError) -> None:
         if error == QProcess.ProcessError.FailedToStart and not self._stopping:
-            self.died.emit(f"The engine process could not be started ({sys.executable} -m flashdesk.engine.worker): "
-                           f"{self.proc.errorString() if self.proc else error}")
+            self.died.emit(
+                f"The engine process could not be started ({sys.executable} -m flashdesk.engine.worker): "
+                f"{self.proc.errorString() if self.proc else error}"
+            )
 
     def describe_exit(self, code: int, status: QProcess.ExitStatus) -> str:
         """A sentence for the window: how the worker ended, and the last thing it wrote."""

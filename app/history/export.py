@@ -71,8 +71,16 @@ def _quote(text: str) -> str:
 
 
 def _message_json(m: Message) -> dict:
-    return {"role": m.role, "content": m.content, "thought": m.thought or None, "thought_seconds": m.thought_seconds,
-            "state": m.state, "model": m.model, "created": m.created, "stats": m.stats}
+    return {
+        "role": m.role,
+        "content": m.content,
+        "thought": m.thought or None,
+        "thought_seconds": m.thought_seconds,
+        "state": m.state,
+        "model": m.model,
+        "created": m.created,
+        "stats": m.stats,
+    }
 
 
 def to_json(conv: Conversation, messages: list[Message], versions: dict[int, list[Message]] | None = None) -> str:
@@ -86,9 +94,15 @@ def to_json(conv: Conversation, messages: list[Message], versions: dict[int, lis
             row["versions"] = [_message_json(v) for v in versions[m.id]]
         rows.append(row)
     data = {
-        "format": FORMAT, "version": VERSION,
-        "conversation": {"title": conv.title, "created": conv.created, "updated": conv.updated,
-                         "system_prompt": conv.system_prompt, "sampling": conv.sampling},
+        "format": FORMAT,
+        "version": VERSION,
+        "conversation": {
+            "title": conv.title,
+            "created": conv.created,
+            "updated": conv.updated,
+            "system_prompt": conv.system_prompt,
+            "sampling": conv.sampling,
+        },
         "messages": rows,
     }
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"

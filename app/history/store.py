@@ -95,8 +95,14 @@ def _has_fts5() -> bool:
         db.close()
 
 
-_V2 = (_search_index("message_search", "content", "messages", "messages_search")
-       + _search_index("title_search", "title", "conversations", "conversations_search")) if _has_fts5() else []
+_V2 = (
+    (
+        _search_index("message_search", "content", "messages", "messages_search")
+        + _search_index("title_search", "title", "conversations", "conversations_search")
+    )
+    if _has_fts5()
+    else []
+)
 
 # Reply versions (regenerate keeps the earlier replies): every version of a reply is a message row of
 # one `slot` (the id of the first version); the one shown, and given to the next turn, is the row not
@@ -125,10 +131,16 @@ class DatabaseUnavailable(Exception):
 
 # what keeps a sound database from opening: (SQLite's error names, phrases of its messages, what to tell the user)
 _UNUSABLE = [
-    (("SQLITE_BUSY", "SQLITE_LOCKED"), ("database is locked", "database table is locked"),
-     "is locked by another program (is FlashDesk already running?). Close that program and start FlashDesk again"),
-    (("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM"), ("readonly database", "unable to open"),
-     "is read-only, or in a folder FlashDesk cannot write to. Make both writable and start FlashDesk again"),
+    (
+        ("SQLITE_BUSY", "SQLITE_LOCKED"),
+        ("database is locked", "database table is locked"),
+        "is locked by another program (is FlashDesk already running?). Close that program and start FlashDesk again",
+    ),
+    (
+        ("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM"),
+        ("readonly database", "unable to open"),
+        "is read-only, or in a folder FlashDesk cannot write to. Make both writable and start FlashDesk again",
+    ),
     (("SQLITE_FULL",), ("disk is full",), "is on a full disk. Free some space and start FlashDesk again"),
     (("SQLITE_IOERR",), ("disk i/o error",), "could not be read or written (a disk error)"),
 ]
@@ -223,14 +235,16 @@ class Store:
             aside = self._move_aside("corrupt")
             raise DatabaseMovedAside(
                 f"The database {self.path} could not be read ({exc}). It was moved to {aside.name}, unchanged, "
-                "and a new one was started.") from exc
+                "and a new one was started."
+            ) from exc
         if version > SCHEMA_VERSION:
             db.close()
             aside = self._move_aside(f"newer-v{version}")
             raise DatabaseMovedAside(
                 f"The database {self.path} was written by a newer FlashDesk (schema version {version}; this "
                 f"version knows {SCHEMA_VERSION}). It was moved to {aside.name}, unchanged, and a new one "
-                "was started. Open it with the newer FlashDesk to get those conversations back.")
+                "was started. Open it with the newer FlashDesk to get those conversations back."
+            )
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
@@ -284,8 +298,10 @@ class Store:
         return json.loads(row["value"]) if row else default
 
     def set_setting(self, key: str, value: Any) -> None:
-        self.db.execute("INSERT INTO settings (key, value) VALUES (?, ?) "
-                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, json.dumps(value)))
+        self.db.execute(
+            "INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, json.dumps(value)),
+        )
 
     # -- conversations -------------------------------------------------------------------------------
 
@@ -304,18 +320,28 @@ class Store:
             return [SearchHit(c) for c in self.conversations()]
         if not self.fts or not expression:
             return self._search_like(query.strip())
-        titles = {r[0] for r in self.db.execute("SELECT rowid FROM title_search WHERE title_search MATCH ?",
-                                                (expression,))}
-        first = dict(self.db.execute(
-            "SELECT m.conversation_id, MIN(m.id) FROM message_search s JOIN messages m ON m.id = s.rowid "
-            "WHERE message_search MATCH ? GROUP BY m.conversation_id", (expression,)).fetchall())
-        return [SearchHit(c, self._snippet(expression, first[c.id]) if c.id in first else "", first.get(c.id))
-                for c in self.conversations() if c.id in titles or c.id in first]
+        titles = {
+            r[0] for r in self.db.execute("SELECT rowid FROM title_search WHERE title_search MATCH ?", (expression,))
+        }
+        first = dict(
+            self.db.execute(
+                "SELECT m.conversation_id, MIN(m.id) FROM message_search s JOIN messages m ON m.id = s.rowid "
+                "WHERE message_search MATCH ? GROUP BY m.conversation_id",
+                (expression,),
+            ).fetchall()
+        )
+        return [
+            SearchHit(c, self._snippet(expression, first[c.id]) if c.id in first else "", first.get(c.id))
+            for c in self.conversations()
+            if c.id in titles or c.id in first
+        ]
 
     def _snippet(self, expression: str, message_id: int) -> str:
-        row = self.db.execute(f"SELECT snippet(message_search, 0, ?, ?, '…', {SNIPPET_TOKENS}) FROM message_search "
-                              "WHERE message_search MATCH ? AND rowid = ?",
-                              (HIT_START, HIT_END, expression, message_id)).fetchone()
+        row = self.db.execute(
+            f"SELECT snippet(message_search, 0, ?, ?, '…', {SNIPPET_TOKENS}) FROM message_search "
+            "WHERE message_search MATCH ? AND rowid = ?",
+            (HIT_START, HIT_END, expression, message_id),
+        ).fetchone()
         return " ".join(row[0].split())
 
     def _search_like(self, text: str) -> list[SearchHit]:
@@ -325,27 +351,39 @@ class Store:
             "SELECT c.*, (SELECT MIN(m.id) FROM messages m WHERE m.conversation_id = c.id "
             "AND m.content LIKE :p ESCAPE '\\') AS first_id FROM conversations c "
             "WHERE first_id IS NOT NULL OR c.title LIKE :p ESCAPE '\\' ORDER BY c.updated DESC, c.id DESC",
-            {"p": pattern}).fetchall()
-        return [SearchHit(_conversation(r), _marked(self.message(r["first_id"]).content, text) if r["first_id"] else "",
-                          r["first_id"]) for r in rows]
+            {"p": pattern},
+        ).fetchall()
+        return [
+            SearchHit(
+                _conversation(r),
+                _marked(self.message(r["first_id"]).content, text) if r["first_id"] else "",
+                r["first_id"],
+            )
+            for r in rows
+        ]
 
     def conversation(self, conversation_id: int) -> Conversation | None:
         row = self.db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         return _conversation(row) if row else None
 
-    def create_conversation(self, title: str = "New conversation", system_prompt: str = "",
-                            sampling: dict | None = None) -> Conversation:
+    def create_conversation(
+        self, title: str = "New conversation", system_prompt: str = "", sampling: dict | None = None
+    ) -> Conversation:
         now = time.time()
-        cur = self.db.execute("INSERT INTO conversations (title, created, updated, system_prompt, sampling) "
-                              "VALUES (?, ?, ?, ?, ?)", (title, now, now, system_prompt, json.dumps(sampling or {})))
+        cur = self.db.execute(
+            "INSERT INTO conversations (title, created, updated, system_prompt, sampling) VALUES (?, ?, ?, ?, ?)",
+            (title, now, now, system_prompt, json.dumps(sampling or {})),
+        )
         return self.conversation(cur.lastrowid)
 
     def rename_conversation(self, conversation_id: int, title: str) -> None:
         self.db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
 
     def update_conversation(self, conversation_id: int, system_prompt: str, sampling: dict) -> None:
-        self.db.execute("UPDATE conversations SET system_prompt = ?, sampling = ? WHERE id = ?",
-                        (system_prompt, json.dumps(sampling), conversation_id))
+        self.db.execute(
+            "UPDATE conversations SET system_prompt = ?, sampling = ? WHERE id = ?",
+            (system_prompt, json.dumps(sampling), conversation_id),
+        )
 
     def touch(self, conversation_id: int) -> None:
         self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))
@@ -359,7 +397,9 @@ class Store:
         rows = self.db.execute(
             f"SELECT {_MESSAGE_COLUMNS} FROM messages m "
             "LEFT JOIN thoughts t ON t.message_id = m.id LEFT JOIN message_stats s ON s.message_id = m.id "
-            "WHERE m.conversation_id = ? AND m.hidden = 0 ORDER BY m.id", (conversation_id,))
+            "WHERE m.conversation_id = ? AND m.hidden = 0 ORDER BY m.id",
+            (conversation_id,),
+        )
         return [_message(r) for r in rows]
 
     def versions(self, message_id: int) -> list[Message]:
@@ -368,7 +408,8 @@ class Store:
             f"SELECT {_MESSAGE_COLUMNS} FROM messages m "
             "LEFT JOIN thoughts t ON t.message_id = m.id LEFT JOIN message_stats s ON s.message_id = m.id "
             "WHERE COALESCE(m.slot, m.id) = (SELECT COALESCE(slot, id) FROM messages WHERE id = ?) ORDER BY m.id",
-            (message_id,))
+            (message_id,),
+        )
         return [_message(r) for r in rows]
 
     def set_aside_for_regenerate(self, conversation_id: int, message_id: int) -> int:
@@ -378,8 +419,10 @@ class Store:
         try:
             slot = self.db.execute("SELECT COALESCE(slot, id) FROM messages WHERE id = ?", (message_id,)).fetchone()[0]
             self.db.execute("UPDATE messages SET slot = ?, hidden = 1 WHERE id = ?", (slot, message_id))
-            self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND id > ? AND COALESCE(slot, id) != ?",
-                            (conversation_id, message_id, slot))
+            self.db.execute(
+                "DELETE FROM messages WHERE conversation_id = ? AND id > ? AND COALESCE(slot, id) != ?",
+                (conversation_id, message_id, slot),
+            )
             self.db.execute("COMMIT")
         except BaseException:
             _rollback(self.db)
@@ -401,18 +444,29 @@ class Store:
         row = self.db.execute(
             f"SELECT {_MESSAGE_COLUMNS} FROM messages m "
             "LEFT JOIN thoughts t ON t.message_id = m.id LEFT JOIN message_stats s ON s.message_id = m.id "
-            "WHERE m.id = ?", (message_id,)).fetchone()
+            "WHERE m.id = ?",
+            (message_id,),
+        ).fetchone()
         return _message(row) if row else None
 
-    def add_message(self, conversation_id: int, role: str, content: str = "", state: str = COMPLETE,
-                    model: str | None = None, slot: int | None = None) -> Message:
+    def add_message(
+        self,
+        conversation_id: int,
+        role: str,
+        content: str = "",
+        state: str = COMPLETE,
+        model: str | None = None,
+        slot: int | None = None,
+    ) -> Message:
         """A new message at the end; `slot`: a new version of that reply (set_aside_for_regenerate)."""
         now = time.time()
         self.db.execute("BEGIN")
         try:
-            cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, state, model, created, "
-                                  "updated, slot) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                                  (conversation_id, role, content, state, model, now, now, slot))
+            cur = self.db.execute(
+                "INSERT INTO messages (conversation_id, role, content, state, model, created, "
+                "updated, slot) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, content, state, model, now, now, slot),
+            )
             self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
             self.db.execute("COMMIT")
         except BaseException:
@@ -420,9 +474,16 @@ class Store:
             raise
         return self.message(cur.lastrowid)
 
-    def update_message(self, message_id: int, *, content: str | None = None, state: str | None = None,
-                       thought: str | None = None, thought_seconds: float | None = None,
-                       stats: dict | None = None) -> None:
+    def update_message(
+        self,
+        message_id: int,
+        *,
+        content: str | None = None,
+        state: str | None = None,
+        thought: str | None = None,
+        thought_seconds: float | None = None,
+        stats: dict | None = None,
+    ) -> None:
         """Change what is given, in one transaction."""
         now = time.time()
         self.db.execute("BEGIN")
@@ -432,12 +493,17 @@ class Store:
             if state is not None:
                 self.db.execute("UPDATE messages SET state = ?, updated = ? WHERE id = ?", (state, now, message_id))
             if thought is not None:
-                self.db.execute("INSERT INTO thoughts (message_id, text, seconds) VALUES (?, ?, ?) ON CONFLICT "
-                                "(message_id) DO UPDATE SET text = excluded.text, seconds = excluded.seconds",
-                                (message_id, thought, thought_seconds))
+                self.db.execute(
+                    "INSERT INTO thoughts (message_id, text, seconds) VALUES (?, ?, ?) ON CONFLICT "
+                    "(message_id) DO UPDATE SET text = excluded.text, seconds = excluded.seconds",
+                    (message_id, thought, thought_seconds),
+                )
             if stats is not None:
-                self.db.execute("INSERT INTO message_stats (message_id, data) VALUES (?, ?) ON CONFLICT "
-                                "(message_id) DO UPDATE SET data = excluded.data", (message_id, json.dumps(stats)))
+                self.db.execute(
+                    "INSERT INTO message_stats (message_id, data) VALUES (?, ?) ON CONFLICT "
+                    "(message_id) DO UPDATE SET data = excluded.data",
+                    (message_id, json.dumps(stats)),
+                )
             self.db.execute("COMMIT")
         except BaseException:
             _rollback(self.db)
@@ -451,7 +517,9 @@ class Store:
             self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?", (conversation_id, message_id))
             self.db.execute(
                 "UPDATE messages SET hidden = 0 WHERE id IN (SELECT MAX(id) FROM messages WHERE conversation_id = ? "
-                "GROUP BY COALESCE(slot, id) HAVING SUM(hidden = 0) = 0)", (conversation_id,))
+                "GROUP BY COALESCE(slot, id) HAVING SUM(hidden = 0) = 0)",
+                (conversation_id,),
+            )
             self.db.execute("COMMIT")
         except BaseException:
             _rollback(self.db)
@@ -469,10 +537,17 @@ def _marked(content: str, text: str) -> str:
     """The snippet of the LIKE fallback: `content` around the first `text`, the hit marked."""
     found = re.search(re.escape(text), content, re.IGNORECASE)
     start, end = found.span()
-    before = content[max(0, start - SNIPPET_CHARS):start]
-    after = content[end:end + SNIPPET_CHARS]
-    snippet = (("…" if start > SNIPPET_CHARS else "") + before + HIT_START + content[start:end] + HIT_END + after
-               + ("…" if end + SNIPPET_CHARS < len(content) else ""))
+    before = content[max(0, start - SNIPPET_CHARS) : start]
+    after = content[end : end + SNIPPET_CHARS]
+    snippet = (
+        ("…" if start > SNIPPET_CHARS else "")
+        + before
+        + HIT_START
+        + content[start:end]
+        + HIT_END
+        + after
+        + ("…" if end + SNIPPET_CHARS < len(content) else "")
+    )
     return " ".join(snippet.split())
 
 
@@ -489,7 +564,8 @@ _MESSAGE_COLUMNS = (
     "m.*, t.text AS thought, t.seconds AS thought_seconds, s.data AS stats, "
     "(SELECT COUNT(*) FROM messages v WHERE COALESCE(v.slot, v.id) = COALESCE(m.slot, m.id)) AS versions, "
     "(SELECT COUNT(*) FROM messages v WHERE COALESCE(v.slot, v.id) = COALESCE(m.slot, m.id) AND v.id <= m.id) "
-    "AS version")
+    "AS version"
+)
 
 
 def _message(row: sqlite3.Row) -> Message:
@@ -499,6 +575,18 @@ def _message(row: sqlite3.Row) -> Message:
             stats = json.loads(row["stats"])
         except ValueError:
             stats = None
-    return Message(row["id"], row["conversation_id"], row["role"], row["content"], row["state"], row["created"],
-                   row["updated"], row["model"], row["thought"] or "", row["thought_seconds"], stats,
-                   row["version"], row["versions"])
+    return Message(
+        row["id"],
+        row["conversation_id"],
+        row["role"],
+        row["content"],
+        row["state"],
+        row["created"],
+        row["updated"],
+        row["model"],
+        row["thought"] or "",
+        row["thought_seconds"],
+        stats,
+        row["version"],
+        row["versions"],
+    )

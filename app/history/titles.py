@@ -41,10 +41,10 @@ def shorten(text: str, limit: int) -> str:
     """`text` cut at a word boundary to at most `limit` characters, the cut marked with "…"."""
     if len(text) <= limit:
         return text
-    cut = text[:limit - 1]
+    cut = text[: limit - 1]
     space = cut.rfind(" ")
     if not text[limit - 1].isspace() and space > limit // 2:  # inside a word: back to the space before it,
-        cut = cut[:space]                                        # unless the word is very long
+        cut = cut[:space]  # unless the word is very long
     return cut.rstrip(" ,;:.-–—") + "…"
 
 

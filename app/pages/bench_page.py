@@ -11,9 +11,24 @@ interleaved in one run, kept in the data folder. This page picks what to run, fo
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, QHeaderView,
-                               QLabel, QListWidget, QListWidgetItem, QProgressBar, QPushButton, QSpinBox,
-                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from flashdesk import protocol as p
 from flashdesk.app import theme
@@ -29,10 +44,6 @@ AUTO_COLOUR = "#d95f02"
 FIXED_COLOURS = ("#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b", "#041d42")
 
 
-def mode_label(draft_length) -> str:
-    return "DFlash auto" if draft_length == AUTO else "AR" if not draft_length else f"DFlash K={draft_length}"
-
-
 def _num(value, spec: str, none: str = "–") -> str:
     return none if value is None else format(value, spec)
 
@@ -46,8 +57,10 @@ def summary_text(report: dict) -> str:
     chosen = next((m for m in modes if m.get("draft_length") == best), None)
     if ar is None or chosen is None:
         return "No DFlash mode ran."
-    text = (f"Fastest here over all task types: <b>{chosen['mode']}</b>, "
-            f"<b>{chosen['speedup_over_ar']:.2f}×</b> plain decoding ({ar['tokens_per_second']:.0f} tok/s).")
+    text = (
+        f"Fastest here over all task types: <b>{chosen['mode']}</b>, "
+        f"<b>{chosen['speedup_over_ar']:.2f}×</b> plain decoding ({ar['tokens_per_second']:.0f} tok/s)."
+    )
     fixed = [m for m in modes if m.get("draft_length") not in (0, AUTO)]
     auto = next((m for m in modes if m.get("draft_length") == AUTO), None)
     if auto is not None and best != AUTO and fixed:
@@ -94,9 +107,11 @@ class BenchPage(QWidget):
         head = QHBoxLayout()
         head.addWidget(title, 1)
         head.addWidget(self.back)
-        intro = QLabel("Plain decoding (AR) and DFlash at each draft length, side by side on the loaded model: "
-                       "every prompt runs in every mode, interleaved, so the speedups are measured on this "
-                       "machine in one run. Which draft length pays depends on the card and the kind of text.")
+        intro = QLabel(
+            "Plain decoding (AR) and DFlash at each draft length, side by side on the loaded model: "
+            "every prompt runs in every mode, interleaved, so the speedups are measured on this "
+            "machine in one run. Which draft length pays depends on the card and the kind of text."
+        )
         intro.setWordWrap(True)
         intro.setObjectName("muted")
 
@@ -265,8 +280,9 @@ class BenchPage(QWidget):
             return
         self.running = rid
         self.progress.setRange(0, 0)
-        self.status.setText(f"Running {len(tasks)} task type(s) × {self.per_task.value()} prompt(s) in "
-                            f"{len(lengths) + 1} modes…")
+        self.status.setText(
+            f"Running {len(tasks)} task type(s) × {self.per_task.value()} prompt(s) in {len(lengths) + 1} modes…"
+        )
         self._update_run()
 
     def cancel(self) -> None:
@@ -306,8 +322,11 @@ class BenchPage(QWidget):
         self.report = report
         ours = bool(report) and self.loaded == (report.get("model"), report.get("draft"))
         self.use_best.setEnabled(ours and report.get("best_draft_length") is not None)
-        self.use_best.setToolTip("Set the chat's draft length (or auto) to the fastest mode of this run" if ours
-                                 else "This run is of another model pair than the one loaded")
+        self.use_best.setToolTip(
+            "Set the chat's draft length (or auto) to the fastest mode of this run"
+            if ours
+            else "This run is of another model pair than the one loaded"
+        )
         if not report:
             self.summary.setText("No run yet: pick what to run above and press Run.")
             self.chart.set_groups([], [])
@@ -321,24 +340,41 @@ class BenchPage(QWidget):
         fixed = [m for m in spec if m.get("draft_length") != AUTO]
         series = []
         for m in spec:
-            values = [(m["speedup_over_ar"] if g == "all" else m.get("by_task", {}).get(g, {}).get("speedup_over_ar"))
-                      or 0.0 for g in groups]
-            colour = AUTO_COLOUR if m["draft_length"] == AUTO else FIXED_COLOURS[
-                round(fixed.index(m) * (len(FIXED_COLOURS) - 1) / max(1, len(fixed) - 1)) if len(fixed) > 1 else 3]
+            values = [
+                (m["speedup_over_ar"] if g == "all" else m.get("by_task", {}).get(g, {}).get("speedup_over_ar")) or 0.0
+                for g in groups
+            ]
+            colour = (
+                AUTO_COLOUR
+                if m["draft_length"] == AUTO
+                else FIXED_COLOURS[
+                    round(fixed.index(m) * (len(FIXED_COLOURS) - 1) / max(1, len(fixed) - 1)) if len(fixed) > 1 else 3
+                ]
+            )
             series.append((m["mode"], values, colour))
         self.chart.set_groups(groups, series)
-        rows = [(task, m, m["by_task"][task]) for task in report.get("tasks") or [] for m in modes
-                if task in m.get("by_task", {})]
+        rows = [
+            (task, m, m["by_task"][task])
+            for task in report.get("tasks") or []
+            for m in modes
+            if task in m.get("by_task", {})
+        ]
         rows += [("all tasks", m, m) for m in modes]
         self.table.setRowCount(len(rows))
         for r, (task, m, c) in enumerate(rows):
             ttft = c.get("ttft_seconds")
             speedup = c.get("speedup_over_ar")
-            cells = (task, m["mode"], _num(c.get("tokens_per_second"), ".1f"),
-                     _num(speedup, ".2f") + ("×" if speedup is not None else ""),
-                     _num(None if ttft is None else ttft * 1000, ".1f"), _num(c.get("mean_acceptance_length"), ".2f"),
-                     _num(c.get("acceptance_rate"), ".0%"), _num(c.get("mean_draft_length"), ".1f"),
-                     _num(c.get("joules_per_token"), ".3f", "n/a"))
+            cells = (
+                task,
+                m["mode"],
+                _num(c.get("tokens_per_second"), ".1f"),
+                _num(speedup, ".2f") + ("×" if speedup is not None else ""),
+                _num(None if ttft is None else ttft * 1000, ".1f"),
+                _num(c.get("mean_acceptance_length"), ".2f"),
+                _num(c.get("acceptance_rate"), ".0%"),
+                _num(c.get("mean_draft_length"), ".1f"),
+                _num(c.get("joules_per_token"), ".3f", "n/a"),
+            )
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if col >= 2:
@@ -352,20 +388,25 @@ class BenchPage(QWidget):
             f"{report.get('model_name', '?')} + {report.get('draft_name', '?')} on {report.get('device_name', '?')} "
             f"({report.get('driver', '?')}), {report.get('dtype', '?')}, KV {report.get('kv_dtype', '?')}; "
             f"{report.get('prompts', 0)} prompts × up to {report.get('max_new_tokens', 0)} new tokens, greedy; "
-            f"{str(report.get('date', ''))[:16].replace('T', ' ')}. Energy: {report.get('energy', 'n/a')}.")
+            f"{str(report.get('date', ''))[:16].replace('T', ' ')}. Energy: {report.get('energy', 'n/a')}."
+        )
 
     def _runs(self, msg: p.BenchRuns) -> None:
         self.runs = list(msg.runs)
         self.history.blockSignals(True)
         self.history.clear()
         for run in self.runs:
-            best = next((m for m in run.get("modes", []) if m.get("draft_length") == run.get("best_draft_length")),
-                        None)
+            best = next(
+                (m for m in run.get("modes", []) if m.get("draft_length") == run.get("best_draft_length")), None
+            )
             best_text = f"best {best['mode']} {best['speedup_over_ar']:.2f}×" if best else "no DFlash mode"
-            self.history.addItem(QListWidgetItem(
-                f"{str(run.get('date', '?'))[:16].replace('T', ' ')} · {run.get('device_name', '?')} · "
-                f"{run.get('model_name', '?')} + {run.get('draft_name', '?')} · {run.get('prompts', 0)} prompts · "
-                f"{best_text}"))
+            self.history.addItem(
+                QListWidgetItem(
+                    f"{str(run.get('date', '?'))[:16].replace('T', ' ')} · {run.get('device_name', '?')} · "
+                    f"{run.get('model_name', '?')} + {run.get('draft_name', '?')} · {run.get('prompts', 0)} prompts · "
+                    f"{best_text}"
+                )
+            )
         if self.report is None and self.runs:
             self.history.setCurrentRow(0)
             self._show_report(self.runs[0])

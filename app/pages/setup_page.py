@@ -21,16 +21,32 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFontDatabase
-from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QFrame, QGroupBox, QHBoxLayout, QLabel,
-                               QLineEdit, QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QFrame,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from flashdesk.app import theme
 
-DEMO_TEXT = ("<b>No model yet?</b> The demo copies a tiny Gemma 4 model and DFlash drafter trained for "
-             "FlashDesk (about 6 MB) into FlashDesk's data folder and runs them on the CPU. <b>It is a toy</b>: "
-             "2.4 million parameters trained on Python's source and our docs, it writes text that looks like "
-             "code or English and is rarely right. The demo shows how the app works (streaming, speculation "
-             "statistics, telemetry), not what Gemma can do.")
+DEMO_TEXT = (
+    "<b>No model yet?</b> The demo copies a tiny Gemma 4 model and DFlash drafter trained for "
+    "FlashDesk (about 6 MB) into FlashDesk's data folder and runs them on the CPU. <b>It is a toy</b>: "
+    "2.4 million parameters trained on Python's source and our docs, it writes text that looks like "
+    "code or English and is rarely right. The demo shows how the app works (streaming, speculation "
+    "statistics, telemetry), not what Gemma can do."
+)
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as engine/hub/models.py's REPO_ID
 
 
@@ -65,9 +81,11 @@ class SetupPage(QWidget):
         super().__init__(parent)
         self.setObjectName("setupPage")
         title = QLabel("<h2>Set up a model</h2>")
-        intro = QLabel("FlashDesk runs Gemma 4 (the target) and a DFlash drafter for speculative decoding. "
-                       "Choose their folders, or type their Hugging Face ids (<code>org/name</code>) and "
-                       "press Download if they are not on this computer yet.")
+        intro = QLabel(
+            "FlashDesk runs Gemma 4 (the target) and a DFlash drafter for speculative decoding. "
+            "Choose their folders, or type their Hugging Face ids (<code>org/name</code>) and "
+            "press Download if they are not on this computer yet."
+        )
         intro.setWordWrap(True)
 
         self.target = QLineEdit()
@@ -91,8 +109,9 @@ class SetupPage(QWidget):
 
         self.on_disk = QComboBox()
         self.on_disk.setObjectName("onDisk")
-        self.on_disk.setToolTip("Models already on this computer (as `flashdesk models list` shows them): "
-                                "a pick fills the fields below")
+        self.on_disk.setToolTip(
+            "Models already on this computer (as `flashdesk models list` shows them): a pick fills the fields below"
+        )
         self.on_disk.activated.connect(self._pick_on_disk)
         form = QFormLayout()
         form.addRow("On this computer", self.on_disk)
@@ -109,8 +128,10 @@ class SetupPage(QWidget):
         self.load_button.setDefault(True)
         self.download_button = QPushButton("Download")
         self.download_button.setObjectName("downloadButton")
-        self.download_button.setToolTip("Download the Hugging Face ids above into the Hugging Face cache (an "
-                                        "interrupted download continues; one already complete is only checked)")
+        self.download_button.setToolTip(
+            "Download the Hugging Face ids above into the Hugging Face cache (an "
+            "interrupted download continues; one already complete is only checked)"
+        )
         self.download_button.hide()
         self.cancel_download_button = QPushButton("Cancel download")
         self.cancel_download_button.setObjectName("cancelDownloadButton")
@@ -141,8 +162,9 @@ class SetupPage(QWidget):
 
         recommended = QGroupBox("Recommended for an NVIDIA GPU")
         recommended.setObjectName("recommendedBox")
-        self.recommended_text = QLabel("<b>Gemma 4 26B-A4B</b> (4-bit) and its <b>DFlash drafter</b>: "
-                                       "the pair FlashDesk is built for.")
+        self.recommended_text = QLabel(
+            "<b>Gemma 4 26B-A4B</b> (4-bit) and its <b>DFlash drafter</b>: the pair FlashDesk is built for."
+        )
         self.recommended_text.setWordWrap(True)
         self.fit = QLabel("Checking this computer…")
         self.fit.setObjectName("recommendedFit")
@@ -199,39 +221,49 @@ class SetupPage(QWidget):
         self.cancel_download_button.clicked.connect(self.download_cancel_requested)
         self.target.textChanged.connect(self._update_download)
         self.draft.textChanged.connect(self._update_download)
-        for signal in (self.target.textChanged, self.draft.textChanged, self.device.currentIndexChanged,
-                       self.context.valueChanged, self.kv_dtype.currentIndexChanged):
+        for signal in (
+            self.target.textChanged,
+            self.draft.textChanged,
+            self.device.currentIndexChanged,
+            self.context.valueChanged,
+            self.kv_dtype.currentIndexChanged,
+        ):
             signal.connect(self.clear_check)
 
     def _server_box(self) -> QGroupBox:
         box = QGroupBox("Connect to a server")
         box.setObjectName("serverBox")
-        text = QLabel("Outgrown one card? Run Gemma 4 with DFlash on vLLM or SGLang (or another FlashDesk with "
-                      "<code>flashdesk serve</code>) and chat with it from here: any OpenAI-compatible address.")
+        text = QLabel(
+            "Outgrown one card? Run Gemma 4 with DFlash on vLLM or SGLang (or another FlashDesk with "
+            "<code>flashdesk serve</code>) and chat with it from here: any OpenAI-compatible address."
+        )
         text.setWordWrap(True)
         self.server_url = QLineEdit()
         self.server_url.setObjectName("serverUrl")
-        self.server_url.setPlaceholderText("http://127.0.0.1:8000/v1 (vLLM), …:30000/v1 (SGLang), "
-                                           "…:8719/v1 (FlashDesk)")
+        self.server_url.setPlaceholderText(
+            "http://127.0.0.1:8000/v1 (vLLM), …:30000/v1 (SGLang), …:8719/v1 (FlashDesk)"
+        )
         self.server_key = QLineEdit()
         self.server_key.setObjectName("serverKey")
         self.server_key.setEchoMode(QLineEdit.EchoMode.Password)
         self.server_key.setPlaceholderText("API key, if the server asks for one")
-        self.server_key.setToolTip("Sent as a bearer token. FlashDesk keeps it in its local database on this "
-                                   "computer (in plain text), to connect again at the next start.")
+        self.server_key.setToolTip(
+            "Sent as a bearer token. FlashDesk keeps it in its local database on this "
+            "computer (in plain text), to connect again at the next start."
+        )
         self.server_model = QComboBox()
         self.server_model.setObjectName("serverModel")
         self.server_model.setEditable(True)
-        self.server_model.setToolTip("The model to chat with; Check lists the ones the server serves (empty: "
-                                     "its first)")
+        self.server_model.setToolTip(
+            "The model to chat with; Check lists the ones the server serves (empty: its first)"
+        )
         form = QFormLayout()
         form.addRow("Address", self.server_url)
         form.addRow("API key", self.server_key)
         form.addRow("Model", self.server_model)
         self.server_check_button = QPushButton("Check")
         self.server_check_button.setObjectName("serverCheckButton")
-        self.server_check_button.setToolTip("List the server's models and look for speculation figures in its "
-                                            "/metrics")
+        self.server_check_button.setToolTip("List the server's models and look for speculation figures in its /metrics")
         self.server_connect_button = QPushButton("Connect")
         self.server_connect_button.setObjectName("serverConnectButton")
         self.local_button = QPushButton("Use the local engine")
@@ -253,15 +285,17 @@ class SetupPage(QWidget):
         layout.addLayout(row)
         layout.addWidget(self.server_status)
         self.server_check_button.clicked.connect(lambda: self.server_check_requested.emit(self.server_selection()))
-        self.server_connect_button.clicked.connect(
-            lambda: self.server_connect_requested.emit(self.server_selection()))
+        self.server_connect_button.clicked.connect(lambda: self.server_connect_requested.emit(self.server_selection()))
         self.server_url.returnPressed.connect(lambda: self.server_check_requested.emit(self.server_selection()))
         self.local_button.clicked.connect(self.local_requested)
         return box
 
     def server_selection(self) -> dict:
-        return {"base_url": self.server_url.text().strip(), "api_key": self.server_key.text().strip(),
-                "model": self.server_model.currentText().strip()}
+        return {
+            "base_url": self.server_url.text().strip(),
+            "api_key": self.server_key.text().strip(),
+            "model": self.server_model.currentText().strip(),
+        }
 
     def set_server_selection(self, settings: dict) -> None:
         self.server_url.setText(settings.get("base_url") or "")
@@ -283,8 +317,9 @@ class SetupPage(QWidget):
             limit = check.context.get(model)
             self.server_model.addItem(model)
             if limit:
-                self.server_model.setItemData(self.server_model.count() - 1, f"context {limit:,} tokens",
-                                              Qt.ItemDataRole.ToolTipRole)
+                self.server_model.setItemData(
+                    self.server_model.count() - 1, f"context {limit:,} tokens", Qt.ItemDataRole.ToolTipRole
+                )
         self.server_model.setEditText(chosen if chosen in check.models else (check.models[0] if check.models else ""))
         self.show_server_busy(check.text)
 
@@ -348,30 +383,40 @@ class SetupPage(QWidget):
         """The bytes of `repo_id` on disk out of its total, and the file in flight."""
         if total <= 0:
             self.progress.setRange(0, 0)
-            self.status.setText(f"Downloading {repo_id}: the file list and the small files (config, "
-                                "tokenizer), then the weights…")
+            self.status.setText(
+                f"Downloading {repo_id}: the file list and the small files (config, tokenizer), then the weights…"
+            )
             return
         self.progress.setRange(0, 1000)
         self.progress.setValue(min(1000, done * 1000 // total))
         where = f" · {file}" if file else ""
         warning = f"<br>{html.escape(self.pull_problem)}" if self.pull_problem else ""
-        self.status.setText(f"Downloading {html.escape(repo_id)}: {_size(done)} of {_size(total)}"
-                            f"{html.escape(where)}{warning}")
+        self.status.setText(
+            f"Downloading {html.escape(repo_id)}: {_size(done)} of {_size(total)}{html.escape(where)}{warning}"
+        )
 
     def show_pull_check(self, repo_id: str, lines: list[str], problems: list[str]) -> None:
         """What the engine would make of the model being downloaded, known from its configs and
         weights headers before the weights are in: a refusal shows under the progress at once."""
-        self.plan.setPlainText(f"{repo_id}, checked before its weights are downloaded (configs and "
-                               "safetensors headers only):\n\n" + "\n".join(lines))
+        self.plan.setPlainText(
+            f"{repo_id}, checked before its weights are downloaded (configs and "
+            "safetensors headers only):\n\n" + "\n".join(lines)
+        )
         if problems:
-            self.pull_problem = ("FlashDesk would refuse this model: " + "; ".join(problems)
-                                 + " Cancel to stop the download.")
+            self.pull_problem = (
+                "FlashDesk would refuse this model: " + "; ".join(problems) + " Cancel to stop the download."
+            )
             self.status.setStyleSheet(f"color: {theme.colors()['error']};")
 
     def selection(self) -> dict:
-        return {"target": self.target.text().strip(), "draft": self.draft.text().strip() or None,
-                "device": self.device.currentText(), "context": self.context.value(),
-                "kv_dtype": self.kv_dtype.currentText(), "dtype": "auto"}
+        return {
+            "target": self.target.text().strip(),
+            "draft": self.draft.text().strip() or None,
+            "device": self.device.currentText(),
+            "context": self.context.value(),
+            "kv_dtype": self.kv_dtype.currentText(),
+            "dtype": "auto",
+        }
 
     def set_selection(self, settings: dict) -> None:
         self.target.setText(settings.get("target") or "")
@@ -387,9 +432,11 @@ class SetupPage(QWidget):
         target_id, draft_id = survey["recommended"]
         on_disk = self.pair_on_disk(survey)
         size = f"about {survey['download_bytes'] / 1e9:.0f} GB to download"
-        self.recommended_text.setText(f"<b>Gemma 4 26B-A4B</b> (4-bit) and its <b>DFlash drafter</b>: "
-                                      f"<code>{target_id}</code> and <code>{draft_id}</code>, "
-                                      f"{'already on this computer' if on_disk else size}.")
+        self.recommended_text.setText(
+            f"<b>Gemma 4 26B-A4B</b> (4-bit) and its <b>DFlash drafter</b>: "
+            f"<code>{target_id}</code> and <code>{draft_id}</code>, "
+            f"{'already on this computer' if on_disk else size}."
+        )
         colour = "" if survey["fits"] else f"color: {theme.colors()['error' if survey['device_name'] else 'muted']};"
         self.fit.setStyleSheet(colour)
         self.fit.setText(survey["text"])
@@ -426,8 +473,14 @@ class SetupPage(QWidget):
         if not self.survey or not self.survey["fits"]:
             return
         target_id, draft_id = self.survey["recommended"]
-        sel = {"target": target_id, "draft": draft_id, "device": "auto", "context": self.survey["context"],
-               "kv_dtype": "auto", "dtype": "auto"}
+        sel = {
+            "target": target_id,
+            "draft": draft_id,
+            "device": "auto",
+            "context": self.survey["context"],
+            "kv_dtype": "auto",
+            "dtype": "auto",
+        }
         self.set_selection(sel)
         self.recommended_requested.emit(sel)
 

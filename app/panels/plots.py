@@ -11,11 +11,11 @@ import os
 
 os.environ.setdefault("PYQTGRAPH_QT_LIB", "PySide6")
 
-import pyqtgraph as pg  # noqa: E402
-from PySide6.QtCore import Qt  # noqa: E402
-from PySide6.QtWidgets import QSizePolicy  # noqa: E402
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QSizePolicy
 
-from flashdesk.app import theme  # noqa: E402
+from flashdesk.app import theme
 
 pg.setConfigOptions(antialias=True, useOpenGL=False)
 
@@ -51,8 +51,15 @@ class Plot(pg.PlotWidget):
 class BarPlot(Plot):
     """Bars at integer x; `set_bars(xs, heights)`."""
 
-    def __init__(self, title: str, x_label: str, y_range: tuple[float, float] | None = None, height: int = 120,
-                 color_key: str = "bar", parent=None):
+    def __init__(
+        self,
+        title: str,
+        x_label: str,
+        y_range: tuple[float, float] | None = None,
+        height: int = 120,
+        color_key: str = "bar",
+        parent=None,
+    ):
         super().__init__(title, height, parent)
         self.color_key = color_key
         self.y_range = y_range
@@ -125,8 +132,11 @@ class GroupedBarPlot(Plot):
             self.addItem(bars)
             self.items.append(bars)
         if self.reference is not None and groups:
-            line = pg.InfiniteLine(pos=self.reference, angle=0,
-                                   pen=pg.mkPen(theme.colors()["plot_fg"], width=1, style=Qt.PenStyle.DashLine))
+            line = pg.InfiniteLine(
+                pos=self.reference,
+                angle=0,
+                pen=pg.mkPen(theme.colors()["plot_fg"], width=1, style=Qt.PenStyle.DashLine),
+            )
             self.addItem(line)
             self.items.append(line)
         self.getPlotItem().getAxis("bottom").setTicks([list(enumerate(groups))])

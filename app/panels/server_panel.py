@@ -12,8 +12,19 @@ from __future__ import annotations
 import secrets
 
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import (QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QListWidget,
-                               QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from flashdesk import protocol as p
 from flashdesk.app import theme
@@ -47,8 +58,10 @@ class ServerPanel(QGroupBox):
 
         self.toggle = QCheckBox("Serve the model to other programs")
         self.toggle.setObjectName("serverToggle")
-        self.toggle.setToolTip("An OpenAI-compatible API (chat completions, streamed; /metrics) on the loaded "
-                               "model. Its requests take turns with your own replies")
+        self.toggle.setToolTip(
+            "An OpenAI-compatible API (chat completions, streamed; /metrics) on the loaded "
+            "model. Its requests take turns with your own replies"
+        )
         self.everywhere = QCheckBox("Let other devices connect (needs the API key)")
         self.everywhere.setObjectName("serverEverywhere")
         self.port = QSpinBox()
@@ -146,16 +159,18 @@ class ServerPanel(QGroupBox):
         self.copy.setEnabled(state.running)
         if state.running:
             where = "other devices too" if state.host == EVERY_ADDRESS else "this computer only"
-            self.status.setText(f"Serving {state.model} ({where}"
-                                f"{', API key required' if state.api_key_required else ''}).")
+            self.status.setText(
+                f"Serving {state.model} ({where}{', API key required' if state.api_key_required else ''})."
+            )
         else:
             self.status.setText(f"Not serving: {state.error}" if state.error else "Not serving.")
 
     def add_traffic(self, t: p.ServerTraffic) -> None:
         self.requests += 1
         self.tokens_out += t.completion_tokens
-        self.summary.setText(f"{self.requests} request{'s' if self.requests != 1 else ''}, "
-                             f"{self.tokens_out} tokens generated")
+        self.summary.setText(
+            f"{self.requests} request{'s' if self.requests != 1 else ''}, {self.tokens_out} tokens generated"
+        )
         self.traffic.insertItem(0, traffic_line(t))
         while self.traffic.count() > TRAFFIC_SHOWN:
             self.traffic.takeItem(self.traffic.count() - 1)

@@ -14,8 +14,7 @@ server does not tell (drafts per step, which tokens were drafted) is not shown.
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 from flashdesk.app import theme
 from flashdesk.protocol import AUTO_DRAFT_LENGTH as AUTO
@@ -36,16 +35,20 @@ class SpecPanel(QGroupBox):
         self.block_size: int | None = None
         self.enabled = QCheckBox("Speculate with the DFlash drafter")
         self.enabled.setObjectName("specEnabled")
-        self.enabled.setToolTip("The drafter proposes a block of tokens; the model checks them all in one pass. "
-                                "The text is the same either way, only the speed changes.")
+        self.enabled.setToolTip(
+            "The drafter proposes a block of tokens; the model checks them all in one pass. "
+            "The text is the same either way, only the speed changes."
+        )
         self.length = QSpinBox()
         self.length.setObjectName("draftLength")
         self.length.setRange(0, 15)  # 0 shows as "auto"
         self.length.setSpecialValueText(AUTO)
         self.length.setValue(15)
-        self.length.setToolTip("Tokens drafted per step (1 to block size - 1), or auto (below 1): each step "
-                               "drafts what gives the most tokens per second, from this card's measured step "
-                               "times and the live acceptance. Applies from the next step")
+        self.length.setToolTip(
+            "Tokens drafted per step (1 to block size - 1), or auto (below 1): each step "
+            "drafts what gives the most tokens per second, from this card's measured step "
+            "times and the live acceptance. Applies from the next step"
+        )
         self.length_note = QLabel()
         self.length_note.setObjectName("muted")
         length_row = QHBoxLayout()
@@ -111,8 +114,10 @@ class SpecPanel(QGroupBox):
 
     def apply_theme(self) -> None:
         c = theme.colors()
-        self.legend.setText(f'<span style="background-color:{c["draft_bg"]}; color:{c["draft_fg"]};">'
-                            f'&nbsp;accepted draft&nbsp;</span> &nbsp;plain: chosen by the model')
+        self.legend.setText(
+            f'<span style="background-color:{c["draft_bg"]}; color:{c["draft_fg"]};">'
+            f"&nbsp;accepted draft&nbsp;</span> &nbsp;plain: chosen by the model"
+        )
         self.setStyleSheet(f"QLabel#muted, QLabel#specSource {{ color: {c['muted']}; }}")
         for plot in (self.positions, self.histogram):
             plot.apply_theme()
@@ -154,9 +159,11 @@ class SpecPanel(QGroupBox):
             self.enabled.setEnabled(False)
             self.length.setEnabled(False)
             self.length_note.setText(f"set by {server}")
-            self.length_note.setToolTip("The server's launch sets speculation and the draft length: vLLM's "
-                                        "num_speculative_tokens in --speculative-config, SGLang's "
-                                        "--speculative-num-draft-tokens")
+            self.length_note.setToolTip(
+                "The server's launch sets speculation and the draft length: vLLM's "
+                "num_speculative_tokens in --speculative-config, SGLang's "
+                "--speculative-num-draft-tokens"
+            )
         for w in (self.enabled, self.length):
             w.blockSignals(False)
 

@@ -103,12 +103,17 @@ class Nvml:
             worker = self._worker_vram(worker_pid)
         return GpuReading(
             name=name.decode() if isinstance(name, bytes) else name,
-            vram_used=_int(getattr(mem, "used", None)), vram_total=_int(getattr(mem, "total", None)),
+            vram_used=_int(getattr(mem, "used", None)),
+            vram_total=_int(getattr(mem, "total", None)),
             worker_vram=worker,
             power_w=power / 1000 if isinstance(power, (int, float)) else None,
             power_limit_w=limit / 1000 if isinstance(limit, (int, float)) else None,
-            utilization=_int(getattr(util, "gpu", None)), temperature_c=_int(temp),
-            sm_clock_mhz=_int(sm), mem_clock_mhz=_int(memclk), energy_mj=_int(energy))
+            utilization=_int(getattr(util, "gpu", None)),
+            temperature_c=_int(temp),
+            sm_clock_mhz=_int(sm),
+            mem_clock_mhz=_int(memclk),
+            energy_mj=_int(energy),
+        )
 
     def _worker_vram(self, pid: int | None) -> int | None:
         if pid is None:

@@ -22,7 +22,7 @@ from flashdesk.app.panels.plots import TimePlot
 from flashdesk.app.panels.telemetry import Sample
 
 NA = "n/a"
-GIB = 1024 ** 3
+GIB = 1024**3
 HISTORY_S = 60.0
 NO_GPU_TEXT = "No NVIDIA GPU found: GPU readouts are off."
 GPU_ROWS = ("gpu_name", "vram", "worker_vram", "power", "util", "temp", "clocks")
@@ -30,8 +30,10 @@ REMOTE_PLOT_TITLE = "Power: n/a, the engine's GPU is remote"
 
 
 def remote_text(host: str) -> str:
-    return (f"The engine runs on the server at {host}: its GPU is not measured from here (no VRAM, power or "
-            "clocks). The RAM below is this computer's.")
+    return (
+        f"The engine runs on the server at {host}: its GPU is not measured from here (no VRAM, power or "
+        "clocks). The RAM below is this computer's."
+    )
 
 
 def gib(n: int | None) -> str:
@@ -67,8 +69,9 @@ class TelemetryPanel(QWidget):
         self._row(form, "prefill", "Prefill")
         self._row(form, "energy", "Energy (reply)")
         self._row(form, "tps_server", "Server output")
-        self.values["tps_server"].setToolTip("Tokens per second the server made for all its requests, "
-                                             "from its /metrics")
+        self.values["tps_server"].setToolTip(
+            "Tokens per second the server made for all its requests, from its /metrics"
+        )
         form.setRowVisible(self.values["tps_server"], False)
         self.speed_form = form
 
@@ -193,7 +196,9 @@ class TelemetryPanel(QWidget):
             if gpu.sm_clock_mhz is None and gpu.mem_clock_mhz is None:
                 v["clocks"].setText(NA)
             else:
-                v["clocks"].setText(f"SM {num(gpu.sm_clock_mhz, 'd', ' MHz')}, memory {num(gpu.mem_clock_mhz, 'd', ' MHz')}")
+                v["clocks"].setText(
+                    f"SM {num(gpu.sm_clock_mhz, 'd', ' MHz')}, memory {num(gpu.mem_clock_mhz, 'd', ' MHz')}"
+                )
         self.values["worker_ram"].setText(gib(sample.worker_rss))
         self.values["system_ram"].setText(used_of(sample.ram_used, sample.ram_total))
         self.history.append((sample.time, *self._plotted(sample)))

@@ -21,8 +21,10 @@ def write_chart(report: dict, path: Path) -> None:
     width = 0.8 / max(1, len(modes))
     fixed = [m for m in modes if m["draft_length"] != AUTO]
     for j, m in enumerate(modes):
-        values = [(m["by_task"].get(g, {}).get("speedup_over_ar") if g != "all" else m["speedup_over_ar"]) or 0.0
-                  for g in groups]
+        values = [
+            (m["by_task"].get(g, {}).get("speedup_over_ar") if g != "all" else m["speedup_over_ar"]) or 0.0
+            for g in groups
+        ]
         xs = [i - 0.4 + width * (j + 0.5) for i in range(len(groups))]
         if m["draft_length"] == AUTO:
             color = "#d95f02"
@@ -35,13 +37,21 @@ def write_chart(report: dict, path: Path) -> None:
     ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="AR (1.0)")
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel("decode speedup over AR")
-    ax.set_ylim(0, max([1.2] + [1.15 * (m["speedup_over_ar"] or 0) for m in modes] +
-                       [1.15 * (c.get("speedup_over_ar") or 0) for m in modes for c in m["by_task"].values()]))
+    ax.set_ylim(
+        0,
+        max(
+            [1.2]
+            + [1.15 * (m["speedup_over_ar"] or 0) for m in modes]
+            + [1.15 * (c.get("speedup_over_ar") or 0) for m in modes for c in m["by_task"].values()]
+        ),
+    )
     ax.legend(fontsize=8, ncol=min(len(modes) + 1, 6), loc="upper left")
-    ax.set_title(f"FlashDesk bench: {report['model_name']} + {report['draft_name']}\n"
-                 f"{report['device_name']} ({report['driver']}), "
-                 f"{report['prompts']} prompts x up to {report['max_new_tokens']} tokens, {report['date']}",
-                 fontsize=9)
+    ax.set_title(
+        f"FlashDesk bench: {report['model_name']} + {report['draft_name']}\n"
+        f"{report['device_name']} ({report['driver']}), "
+        f"{report['prompts']} prompts x up to {report['max_new_tokens']} tokens, {report['date']}",
+        fontsize=9,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")

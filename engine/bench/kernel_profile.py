@@ -35,10 +35,16 @@ def summarize(kernels: Iterable[tuple[str, float, float]], top: int = TOP_KERNEL
     span = covered_to - runs[0][0]
     ranked = sorted(by_name.items(), key=lambda item: -item[1][1])[:top]
     total = sum(us for _, us in by_name.values())
-    return {"kernels": len(runs), "span_seconds": span / 1e6, "busy_seconds": busy / 1e6,
-            "idle_fraction": 1 - busy / span if span > 0 else None,
-            "top": [{"name": name, "calls": calls, "seconds": us / 1e6, "share": us / total if total else None}
-                    for name, (calls, us) in ranked]}
+    return {
+        "kernels": len(runs),
+        "span_seconds": span / 1e6,
+        "busy_seconds": busy / 1e6,
+        "idle_fraction": 1 - busy / span if span > 0 else None,
+        "top": [
+            {"name": name, "calls": calls, "seconds": us / 1e6, "share": us / total if total else None}
+            for name, (calls, us) in ranked
+        ],
+    }
 
 
 def profile_step(device: torch.device, fn) -> dict | None:
@@ -54,8 +60,11 @@ def profile_step(device: torch.device, fn) -> dict | None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize(device)
-        kernels = [(event.name, event.time_range.start, event.time_range.end) for event in prof.events()
-                   if event.device_type == DeviceType.CUDA]
+        kernels = [
+            (event.name, event.time_range.start, event.time_range.end)
+            for event in prof.events()
+            if event.device_type == DeviceType.CUDA
+        ]
     except Exception as exc:  # noqa: BLE001 - a diagnostic: say why, keep the timings
         return {"error": f"{type(exc).__name__}: {exc}"}
     return summarize(kernels)
@@ -68,5 +77,7 @@ def describe(profile: dict) -> str:
     if not profile["kernels"]:
         return "no kernels recorded"
     top = ", ".join(f"{row['name'][:40]} x{row['calls']} {100 * row['share']:.0f}%" for row in profile["top"][:3])
-    return (f"{profile['kernels']} kernels, busy {1000 * profile['busy_seconds']:.3f} of "
-            f"{1000 * profile['span_seconds']:.3f} ms (idle {100 * (profile['idle_fraction'] or 0):.0f}%); {top}")
+    return (
+        f"{profile['kernels']} kernels, busy {1000 * profile['busy_seconds']:.3f} of "
+        f"{1000 * profile['span_seconds']:.3f} ms (idle {100 * (profile['idle_fraction'] or 0):.0f}%); {top}"
+    )

@@ -44,12 +44,18 @@ class Cell:
         tps = s["decode_tokens_per_second"]
         joules = self.energy_mj / 1000.0 if self.energy_mj is not None else None
         return {
-            "prompts": self.prompts, "decode_tokens": s["decode_tokens"], "decode_seconds": s["decode_seconds"],
-            "tokens_per_second": tps, "speedup_over_ar": tps / baseline if baseline else None,
+            "prompts": self.prompts,
+            "decode_tokens": s["decode_tokens"],
+            "decode_seconds": s["decode_seconds"],
+            "tokens_per_second": tps,
+            "speedup_over_ar": tps / baseline if baseline else None,
             "ttft_seconds": self.prefill_seconds / self.prompts if self.prompts else None,
-            "acceptance_rate": s["acceptance_rate"], "mean_acceptance_length": s["mean_acceptance_length"],
-            "acceptance_by_position": s["per_position_acceptance"], "accepted_histogram": s["accepted_histogram"],
-            "steps": s["steps"], "speculative_steps": s["speculative_steps"],
+            "acceptance_rate": s["acceptance_rate"],
+            "mean_acceptance_length": s["mean_acceptance_length"],
+            "acceptance_by_position": s["per_position_acceptance"],
+            "accepted_histogram": s["accepted_histogram"],
+            "steps": s["steps"],
+            "speculative_steps": s["speculative_steps"],
             "mean_draft_length": s["drafted"] / s["speculative_steps"] if s["speculative_steps"] else None,
             "tokens_per_step": s["decode_tokens"] / s["steps"] if s["steps"] else None,
             "energy_joules": joules,
@@ -81,9 +87,13 @@ class ModeResult:
         out.update(self.total.as_dict(baseline.tokens_per_second if baseline else None))
         out["per_prompt"] = self.per_prompt
         out["by_task"] = {
-            task: cell.as_dict(baseline.cells[task].stats.summary()["decode_tokens_per_second"]
-                               if baseline and task in baseline.cells else None)
-            for task, cell in self.cells.items()}
+            task: cell.as_dict(
+                baseline.cells[task].stats.summary()["decode_tokens_per_second"]
+                if baseline and task in baseline.cells
+                else None
+            )
+            for task, cell in self.cells.items()
+        }
         return out
 
 
@@ -91,8 +101,15 @@ class BenchCancelled(Exception):
     """The run was stopped between two engine steps (the app's Cancel)."""
 
 
-def run_ours(engine: Engine, ids: list[int], task: str, max_new: int, result: ModeResult,
-             energy=lambda: None, should_stop: Callable[[], bool] = lambda: False) -> list[int]:
+def run_ours(
+    engine: Engine,
+    ids: list[int],
+    task: str,
+    max_new: int,
+    result: ModeResult,
+    energy=lambda: None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> list[int]:
     """Decode one prompt greedily in one mode, from a cold prefill; add its steps to the mode's cell
     for `task` and to its total. Energy is read after the prefill and at the end: decode only."""
     cell = result.cells.setdefault(task, Cell())
@@ -106,8 +123,15 @@ def run_ours(engine: Engine, ids: list[int], task: str, max_new: int, result: Mo
             elif event.index == 0:
                 start = energy()
             else:
-                records.append(StepRecord(tuple(event.draft), event.accepted, tuple(event.emitted),
-                                          event.draft_seconds, event.verify_seconds))
+                records.append(
+                    StepRecord(
+                        tuple(event.draft),
+                        event.accepted,
+                        tuple(event.emitted),
+                        event.draft_seconds,
+                        event.verify_seconds,
+                    )
+                )
             if should_stop():
                 raise BenchCancelled()
     finally:
@@ -121,9 +145,16 @@ def run_ours(engine: Engine, ids: list[int], task: str, max_new: int, result: Mo
         c.prompts += 1
         c.prefill_seconds += s["prefill_seconds"]
         c.energy_mj = c.energy_mj + joules if c.energy_mj is not None and joules is not None else None
-    result.per_prompt.append({"task": task, "tokens": len(finish.token_ids), "ttft_seconds": s["prefill_seconds"],
-                              "decode_tokens_per_second": s["decode_tokens_per_second"],
-                              "acceptance_rate": s["acceptance_rate"], "token_ids": finish.token_ids})
+    result.per_prompt.append(
+        {
+            "task": task,
+            "tokens": len(finish.token_ids),
+            "ttft_seconds": s["prefill_seconds"],
+            "decode_tokens_per_second": s["decode_tokens_per_second"],
+            "acceptance_rate": s["acceptance_rate"],
+            "token_ids": finish.token_ids,
+        }
+    )
     return finish.token_ids
 
 
@@ -160,8 +191,9 @@ def reference_models(model_dir: str, draft_dir: str, device, dtype):
     target = cls.from_pretrained(model_dir, dtype=dtype).to(device).eval()
     drafter = DFlashDraftModel.from_pretrained(draft_dir, dtype=dtype).to(device).eval()
     # dflash's loop embeds without Gemma's sqrt(hidden); tell it, as vLLM and mlx do for Gemma targets
-    drafter.config.dflash_config = dict(getattr(drafter.config, "dflash_config", {}) or {},
-                                        input_embedding_scale=math.sqrt(drafter.config.hidden_size))
+    drafter.config.dflash_config = dict(
+        getattr(drafter.config, "dflash_config", {}) or {}, input_embedding_scale=math.sqrt(drafter.config.hidden_size)
+    )
     return target, drafter
 
 
@@ -183,8 +215,15 @@ def run_reference(target, drafter, ids: list[int], max_new: int, stop: list[int]
     """z-lab's dflash_generate; its own timer starts after the prefill."""
     import dflash.model as dflash_model
 
-    res = dflash_model.dflash_generate(drafter, target, torch.tensor([ids], device=target.device), max_new, stop,
-                                       block_size=result.draft_length + 1, return_stats=True)
+    res = dflash_model.dflash_generate(
+        drafter,
+        target,
+        torch.tensor([ids], device=target.device),
+        max_new,
+        stop,
+        block_size=result.draft_length + 1,
+        return_stats=True,
+    )
     result.decode_tokens += res.num_output_tokens - 1
     result.decode_seconds += res.time_per_output_token * res.num_output_tokens
 
@@ -214,23 +253,31 @@ def check_draft_lengths(engine: Engine, lengths: list[int | str]) -> None:
         raise ValueError(f"--draft-lengths: {bad[0]} is outside 1..{longest} for this drafter")
 
 
-def run_suite(engine: Engine, plan: BenchPlan, model_dir: str | Path, draft_dir: str | Path,
-              progress: Callable[[int, int, str], None] | None = None,
-              should_stop: Callable[[], bool] = lambda: False) -> dict:
+def run_suite(
+    engine: Engine,
+    plan: BenchPlan,
+    model_dir: str | Path,
+    draft_dir: str | Path,
+    progress: Callable[[int, int, str], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> dict:
     """Warm every mode up, then run every prompt in every mode (the order of the modes turns by one
     each prompt); the report of the run. `progress(done, total, what)` follows the runs;
     `should_stop()` is asked after every engine step and ends the run with BenchCancelled."""
     if engine.tokenizer is None:
         raise FlashDeskError(f"{model_dir} has no tokenizer: bench needs one to apply the chat template")
     check_draft_lengths(engine, plan.draft_lengths)
-    prompts = [build_prompt_ids(engine.tokenizer, messages_from(p["prompt"]), enable_thinking=False)
-               for p in plan.items]
+    prompts = [
+        build_prompt_ids(engine.tokenizer, messages_from(p["prompt"]), enable_thinking=False) for p in plan.items
+    ]
     modes = [ModeResult(mode_name(k), k) for k in [0, *plan.draft_lengths]]
     device = DeviceProbe(engine.model.device)
     max_new = plan.max_new_tokens
     try:
-        runs = [(m, lambda ids, task, m: run_ours(engine, ids, task, max_new, m, device.energy_mj, should_stop))
-                for m in modes]
+        runs = [
+            (m, lambda ids, task, m: run_ours(engine, ids, task, max_new, m, device.energy_mj, should_stop))
+            for m in modes
+        ]
         references: list[RefResult] = []
         if plan.compare:
             references, more = _reference_runs(engine, plan, model_dir, draft_dir)
@@ -246,8 +293,11 @@ def run_suite(engine: Engine, plan: BenchPlan, model_dir: str | Path, draft_dir:
         # warm-up into throwaway results: first-call costs (and the automatic mode's one-off
         # measurement of the step costs) stay out of the numbers
         for result, run in runs:
-            throwaway = ModeResult(result.name, result.draft_length) if isinstance(result, ModeResult) \
+            throwaway = (
+                ModeResult(result.name, result.draft_length)
+                if isinstance(result, ModeResult)
                 else RefResult(result.name, result.draft_length)
+            )
             run(prompts[0][:8], "warm-up", throwaway)
             tick(f"warm-up | {result.name}")
         # every mode on one prompt before the next: drift in machine load hits all alike; the order of
@@ -272,37 +322,62 @@ def _reference_runs(engine: Engine, plan: BenchPlan, model_dir, draft_dir):
     stop, max_new = sorted(engine.eos), plan.max_new_tokens
     fixed = [k for k in plan.draft_lengths if k != AUTO]  # z-lab's loop has no automatic draft length
     references = [RefResult("transformers generate (AR)", 0)] + [
-        RefResult(f"z-lab dflash_generate K={k}", k) for k in fixed]
+        RefResult(f"z-lab dflash_generate K={k}", k) for k in fixed
+    ]
     runs = [(references[0], lambda ids, task, m: run_transformers(target, ids, max_new, stop, m))]
-    runs += [(m, lambda ids, task, m: run_reference(target, drafter, ids, max_new, stop, m))
-             for m in references[1:]]
+    runs += [(m, lambda ids, task, m: run_reference(target, drafter, ids, max_new, stop, m)) for m in references[1:]]
     return references, runs
 
 
-def _report(engine: Engine, plan: BenchPlan, model_dir, draft_dir, modes: list[ModeResult],
-            references: list[RefResult], device: DeviceProbe) -> dict:
+def _report(
+    engine: Engine,
+    plan: BenchPlan,
+    model_dir,
+    draft_dir,
+    modes: list[ModeResult],
+    references: list[RefResult],
+    device: DeviceProbe,
+) -> dict:
     ar = modes[0]
     n = len(plan.items)
     report = {
-        "model": str(model_dir), "draft": str(draft_dir), "prompts": n,
-        "categories": [p["task"] for p in plan.items], "max_new_tokens": plan.max_new_tokens,
-        "device": str(engine.model.device), "dtype": str(engine.model.dtype).removeprefix("torch."),
-        "kv_dtype": engine.kv_dtype, "modes": [m.as_dict(ar) for m in modes],
+        "model": str(model_dir),
+        "draft": str(draft_dir),
+        "prompts": n,
+        "categories": [p["task"] for p in plan.items],
+        "max_new_tokens": plan.max_new_tokens,
+        "device": str(engine.model.device),
+        "dtype": str(engine.model.dtype).removeprefix("torch."),
+        "kv_dtype": engine.kv_dtype,
+        "modes": [m.as_dict(ar) for m in modes],
     }
-    report["outputs_identical"] = all(m.per_prompt[i]["token_ids"] == ar.per_prompt[i]["token_ids"]
-                                      for m in modes for i in range(n))
+    report["outputs_identical"] = all(
+        m.per_prompt[i]["token_ids"] == ar.per_prompt[i]["token_ids"] for m in modes for i in range(n)
+    )
     if references:
         ours = {m.draft_length: m.tokens_per_second for m in modes}
         report["compare"] = {
-            ("transformers_ar" if i == 0 else f"zlab_dflash_k{m.draft_length}"):
-                {"tokens_per_second": m.tokens_per_second, "ours_over_it": ours[m.draft_length] / m.tokens_per_second}
-            for i, m in enumerate(references)}
-    report.update({
-        "tasks": plan.tasks, "prompts_per_task": plan.prompts_per_task, "draft_lengths": plan.draft_lengths,
-        "prefix_reuse": False, "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "device_name": device.name, "driver": device.driver, "energy": device.energy_note,
-        "model_name": model_label(model_dir), "draft_name": model_label(draft_dir), "torch": torch.__version__,
-    })
+            ("transformers_ar" if i == 0 else f"zlab_dflash_k{m.draft_length}"): {
+                "tokens_per_second": m.tokens_per_second,
+                "ours_over_it": ours[m.draft_length] / m.tokens_per_second,
+            }
+            for i, m in enumerate(references)
+        }
+    report.update(
+        {
+            "tasks": plan.tasks,
+            "prompts_per_task": plan.prompts_per_task,
+            "draft_lengths": plan.draft_lengths,
+            "prefix_reuse": False,
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "device_name": device.name,
+            "driver": device.driver,
+            "energy": device.energy_note,
+            "model_name": model_label(model_dir),
+            "draft_name": model_label(draft_dir),
+            "torch": torch.__version__,
+        }
+    )
     report["results_key"] = results_key(device.name, device.driver, report["model_name"], report["draft_name"])
     report["best_draft_length"] = best_draft_length(report)
     return report

@@ -29,7 +29,7 @@ def _read_jsonl(path: Path, default_task: str) -> list[dict]:
                 task = item.get("task") or item.get("category") or default_task
                 prompts.append({"prompt": str(item["prompt"]), "task": str(task)})
             except (ValueError, KeyError, AttributeError) as exc:
-                raise FlashDeskError(f"{path}:{number}: not a JSON object with a \"prompt\": {exc}") from exc
+                raise FlashDeskError(f'{path}:{number}: not a JSON object with a "prompt": {exc}') from exc
         else:
             prompts.append({"prompt": line, "task": default_task})
     return prompts
@@ -95,8 +95,10 @@ def parse_draft_lengths(text: str) -> list[int | str]:
             try:
                 value = int(part)
             except ValueError:
-                raise ValueError(f"--draft-lengths: {part!r} is not a draft length; give whole numbers "
-                                 f"(1..the drafter's block size - 1) or {AUTO}, comma-separated") from None
+                raise ValueError(
+                    f"--draft-lengths: {part!r} is not a draft length; give whole numbers "
+                    f"(1..the drafter's block size - 1) or {AUTO}, comma-separated"
+                ) from None
         if value not in lengths:
             lengths.append(value)
     if not lengths:

@@ -4,12 +4,14 @@ runs, newest last; the history of them; and the draft length the kept runs say i
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
-import sys
 from pathlib import Path
 
 from flashdesk.protocol import AUTO_DRAFT_LENGTH as AUTO
+
+log = logging.getLogger(__name__)
 
 KEPT_RUNS = 100  # runs a results file keeps, newest last
 
@@ -54,12 +56,16 @@ def save_run(report: dict, folder: Path) -> tuple[Path, int]:
         except (ValueError, AttributeError) as exc:
             aside = path.with_suffix(".json.bad")
             os.replace(path, aside)
-            print(f"flashdesk bench: {path} was unreadable ({exc}); kept as {aside.name}, starting afresh",
-                  file=sys.stderr)
+            log.warning("flashdesk bench: %s was unreadable (%s); kept as %s, starting afresh", path, exc, aside.name)
             data = None
     if data is None:
-        data = {"device": report["device_name"], "driver": report["driver"], "model": report["model_name"],
-                "drafter": report["draft_name"], "runs": []}
+        data = {
+            "device": report["device_name"],
+            "driver": report["driver"],
+            "model": report["model_name"],
+            "drafter": report["draft_name"],
+            "runs": [],
+        }
     data["runs"] = (data["runs"] + [compact(report)])[-KEPT_RUNS:]
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data), encoding="utf-8")
@@ -92,20 +98,34 @@ def history(folder: Path) -> list[dict]:
             modes = run.get("modes", [])
             spec = [m for m in modes if m.get("draft_length") not in (0, None) and m.get("speedup_over_ar")]
             best = max(spec, key=lambda m: m["speedup_over_ar"], default=None)
-            rows.append({"date": run.get("date"), "prompts": run.get("prompts"), "tasks": run.get("tasks"),
-                         "max_new_tokens": run.get("max_new_tokens"),
-                         "ar_tokens_per_second": modes[0].get("tokens_per_second") if modes else None,
-                         "best_mode": best and best["mode"], "best_speedup": best and best["speedup_over_ar"]})
-        out.append({"file": str(path), "device": data.get("device"), "driver": data.get("driver"),
-                    "model": data.get("model"), "drafter": data.get("drafter"), "runs": rows})
+            rows.append(
+                {
+                    "date": run.get("date"),
+                    "prompts": run.get("prompts"),
+                    "tasks": run.get("tasks"),
+                    "max_new_tokens": run.get("max_new_tokens"),
+                    "ar_tokens_per_second": modes[0].get("tokens_per_second") if modes else None,
+                    "best_mode": best and best["mode"],
+                    "best_speedup": best and best["speedup_over_ar"],
+                }
+            )
+        out.append(
+            {
+                "file": str(path),
+                "device": data.get("device"),
+                "driver": data.get("driver"),
+                "model": data.get("model"),
+                "drafter": data.get("drafter"),
+                "runs": rows,
+            }
+        )
     return out
 
 
 def best_draft_length(report: dict) -> int | str | None:
     """The DFlash mode a run says to use, over all its task types: auto where it was at least as fast
     as the best fixed draft length, else that length; None when no DFlash mode ran."""
-    spec = [m for m in report.get("modes", []) if m.get("draft_length") not in (0, None)
-            and m.get("tokens_per_second")]
+    spec = [m for m in report.get("modes", []) if m.get("draft_length") not in (0, None) and m.get("tokens_per_second")]
     fixed = max((m for m in spec if m["draft_length"] != AUTO), key=lambda m: m["tokens_per_second"], default=None)
     auto = next((m for m in spec if m["draft_length"] == AUTO), None)
     if auto is not None and (fixed is None or auto["tokens_per_second"] >= fixed["tokens_per_second"]):

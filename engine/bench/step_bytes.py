@@ -43,8 +43,11 @@ def draft_kv_bytes(dcfg, context: int, element_size: int) -> int:
     """Context K/V a draft step reads: all of it on full layers, the last window - 1 on sliding ones."""
     total = 0
     for kind in dcfg.layer_kinds:
-        held = context if kind != "sliding_attention" or dcfg.sliding_window is None else \
-            min(context, dcfg.sliding_window - 1)
+        held = (
+            context
+            if kind != "sliding_attention" or dcfg.sliding_window is None
+            else min(context, dcfg.sliding_window - 1)
+        )
         total += held * dcfg.num_kv_heads * dcfg.head_dim * 2 * element_size
     return total
 
@@ -83,8 +86,9 @@ class Bytes:
         return {"weights": self.weights, "experts": self.experts, "head": self.head, "kv": self.kv}
 
 
-def target_step_bytes(model, kv_dtype: str, start: int, t: int, unique_ids: int,
-                      experts_hit: dict[int, int] | None) -> Bytes:
+def target_step_bytes(
+    model, kv_dtype: str, start: int, t: int, unique_ids: int, experts_hit: dict[int, int] | None
+) -> Bytes:
     """Bytes of model.forward over t tokens at start (any logits rows: the head is read whole).
 
     experts_hit: layer index -> number of distinct experts routed to in this step."""
@@ -119,8 +123,11 @@ class RouterRecorder:
     top-k afterwards."""
 
     def __init__(self, model):
-        self.layer_of = {id(layer.experts_gate_up): i for i, layer in enumerate(model.layers)
-                         if getattr(layer, "experts_gate_up", None) is not None}
+        self.layer_of = {
+            id(layer.experts_gate_up): i
+            for i, layer in enumerate(model.layers)
+            if getattr(layer, "experts_gate_up", None) is not None
+        }
         self.moe_layers = sorted(self.layer_of.values())
         self.calls: list[tuple[int | None, torch.Tensor, int]] = []
 

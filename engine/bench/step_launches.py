@@ -64,7 +64,7 @@ class _Storage:
     def __init__(self, model, drafter, cache, ctx):
         self.kind: dict[int, tuple[str, bool]] = {}
         for holder in (model, *model.layers, drafter, *getattr(drafter, "layers", ())):
-            for name, value in (holder.items() if isinstance(holder, dict) else vars(holder).items()):
+            for name, value in holder.items() if isinstance(holder, dict) else vars(holder).items():
                 if name in ("target", "layers", "cfg"):
                     continue
                 for t in _tensors(value):
@@ -139,17 +139,31 @@ def _launch_bytes(launch: dict, storage: _Storage, start: int, expert_share: flo
     return moved, read
 
 
-def _costed(kernels: list[dict], storage: _Storage, start: int, expert_share: float,
-            counts: list[int]) -> list[dict]:
+def _costed(kernels: list[dict], storage: _Storage, start: int, expert_share: float, counts: list[int]) -> list[dict]:
     out = []
     for launch, count in zip(kernels, counts):
         moved, read = _launch_bytes(launch, storage, start, expert_share)
-        entry = {"function": launch["function"], "count": count, "bytes": moved, "read_bytes": read,
-                 "programs": _working_programs(launch, start), "key": None, "pdl": launch.get("pdl", False)}
+        entry = {
+            "function": launch["function"],
+            "count": count,
+            "bytes": moved,
+            "read_bytes": read,
+            "programs": _working_programs(launch, start),
+            "key": None,
+            "pdl": launch.get("pdl", False),
+        }
         if "signature" in launch:  # a Triton launch: the key of the compiled spec it runs
             fn = getattr(__import__(launch["module"], fromlist=[launch["function"]]), launch["function"])
-            entry["key"] = repr(spec_key(fn, launch["signature"], as_on_gpu(launch), launch["num_warps"],
-                                     launch["num_stages"], launch.get("maxnreg")))
+            entry["key"] = repr(
+                spec_key(
+                    fn,
+                    launch["signature"],
+                    as_on_gpu(launch),
+                    launch["num_warps"],
+                    launch["num_stages"],
+                    launch.get("maxnreg"),
+                )
+            )
         out.append(entry)
     return out
 
@@ -196,8 +210,13 @@ def record_step(model, drafter, cache, ctx, step: str, real_layers: bool = True)
 
     rows = {"ar": 1, "verify-16": 16, "draft": DRAFT_K + 1}[step]
     cfg, marks = model.cfg, []
-    with kernels("triton"), recording_pdl(), torch.inference_mode(), launch_list() as launched, \
-            _layer_marks(model, marks, launched):
+    with (
+        kernels("triton"),
+        recording_pdl(),
+        torch.inference_mode(),
+        launch_list() as launched,
+        _layer_marks(model, marks, launched),
+    ):
         if step == "draft":
             drafter.draft_logits(ctx, torch.tensor([7]), DRAFT_K)
         else:
@@ -224,6 +243,13 @@ def record_steps(points=DEFAULT_POINTS, kv_dtype: str = "fp8", draft_quantize: s
         cache, ctx = model.new_cache(capacity, kv_dtype), drafter.new_context(capacity)
         cache.place(length, length)
         ctx.place(length, length)
-        out += [{"step": step, "capacity": capacity, "length": length,
-                 "launches": record_step(model, drafter, cache, ctx, step)} for step in STEPS]
+        out += [
+            {
+                "step": step,
+                "capacity": capacity,
+                "length": length,
+                "launches": record_step(model, drafter, cache, ctx, step),
+            }
+            for step in STEPS
+        ]
     return out

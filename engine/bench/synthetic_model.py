@@ -1,12 +1,12 @@
 """The exact Gemma 4 26B-A4B and z-lab DFlash drafter shapes with random weights, made on the device.
 
 No checkpoint and no download (the GPU machines reach no model hub): the real configs
-(engine/model/known_models.py) are filled with random weights laid out like the real 4-bit checkpoint, int4 group-32 symmetric
-where it is int4 (every attention and MLP linear and the experts), 16-bit where it is not (tied
-embedding / head, routers, norms, scalars). `layers` keeps the first N decoder layers (the last
-kept one is full attention, as the config parser makes it), with the drafter's target_layer_ids
-remapped into range. Used by `bench --synthetic`, gpu_check and the tests that record or count what
-the real shapes launch.
+(engine/model/known_models.py) are filled with random weights laid out like the real 4-bit
+checkpoint, int4 group-32 symmetric where it is int4 (every attention and MLP linear and the
+experts), 16-bit where it is not (tied embedding / head, routers, norms, scalars). `layers` keeps
+the first N decoder layers (the last kept one is full attention, as the config parser makes it),
+with the drafter's target_layer_ids remapped into range. Used by `bench --synthetic`, gpu_check and
+the tests that record or count what the real shapes launch.
 """
 
 from __future__ import annotations
@@ -16,23 +16,23 @@ import math
 import torch
 
 from flashdesk.engine.model import known_models
+from flashdesk.kernels.int4 import Int4Weight
 
 GROUP = known_models.INT4_GROUP
 
 
 # --- random weights on the device -----------------------------------------------------------------
 
+
 def _generator(device, seed: int):
     device = torch.device(device)
     return None if device.type == "meta" else torch.Generator(device=device).manual_seed(seed)
 
 
-def random_int4(shape, device, dtype, gen) -> "Int4Weight":
+def random_int4(shape, device, dtype, gen) -> Int4Weight:
     """Uniform nibbles (q in -8..7), scale 1/sqrt(fan_in)/4: outputs of about the inputs' size."""
-    from flashdesk.kernels.int4 import Int4Weight
-
     *lead, fan_in = shape
-    packed = torch.randint(-2**31, 2**31, (*lead, fan_in // 8), dtype=torch.int32, device=device, generator=gen)
+    packed = torch.randint(-(2**31), 2**31, (*lead, fan_in // 8), dtype=torch.int32, device=device, generator=gen)
     scale = torch.full((*lead, fan_in // GROUP), 0.25 / math.sqrt(fan_in), dtype=dtype, device=device)
     return Int4Weight(packed, scale, None, GROUP)
 
@@ -70,9 +70,14 @@ def random_draft_weights(dcfg, device, dtype, seed: int = 1) -> dict:
     from flashdesk.engine.model.drafter import draft_expected_shapes
 
     gen = _generator(device, seed)
-    return {name: (_randn(shape, 0.05, device, dtype, gen, mean=1.0) if len(shape) == 1 else
-                   _randn(shape, 1 / math.sqrt(shape[-1]), device, dtype, gen))
-            for name, shape in draft_expected_shapes(dcfg).items()}
+    return {
+        name: (
+            _randn(shape, 0.05, device, dtype, gen, mean=1.0)
+            if len(shape) == 1
+            else _randn(shape, 1 / math.sqrt(shape[-1]), device, dtype, gen)
+        )
+        for name, shape in draft_expected_shapes(dcfg).items()
+    }
 
 
 def synthetic_target(layers: int, device, dtype, seed: int = 0, vocab_size: int | None = None):
@@ -98,8 +103,9 @@ def synthetic_drafter(target, seed: int = 1, quantize: str | None = None):
     return Drafter(dcfg, random_draft_weights(dcfg, target.device, target.dtype, seed), target, quantize=quantize)
 
 
-def synthetic_pair(layers: int, device, dtype, seed: int = 0, vocab_size: int | None = None,
-                   quantize: str | None = None):
+def synthetic_pair(
+    layers: int, device, dtype, seed: int = 0, vocab_size: int | None = None, quantize: str | None = None
+):
     """(target, drafter): synthetic_target and its synthetic_drafter (seeded seed + 1)."""
     target = synthetic_target(layers, device, dtype, seed, vocab_size)
     return target, synthetic_drafter(target, seed + 1, quantize)

@@ -22,9 +22,7 @@ def load_tokenizer(model_dir: str | Path) -> Any:
     """Load the folder's tokenizer and chat template from local files only (no hub at runtime)."""
     folder = Path(model_dir)
     if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer.model").is_file():
-        raise ChatError(
-            f"no tokenizer in model folder {folder}: expected tokenizer.json and tokenizer_config.json"
-        )
+        raise ChatError(f"no tokenizer in model folder {folder}: expected tokenizer.json and tokenizer_config.json")
     from transformers import AutoTokenizer  # heavy import, only when a tokenizer is needed
 
     try:

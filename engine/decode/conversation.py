@@ -62,11 +62,20 @@ def check_messages(messages: list[dict]) -> None:
         try:
             content.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise FlashDeskError(f"message {i} is not valid Unicode: a lone surrogate at character {exc.start}") from None
+            raise FlashDeskError(
+                f"message {i} is not valid Unicode: a lone surrogate at character {exc.start}"
+            ) from None
 
 
-def fit_conversation(tokenizer: Any, messages: list[dict], *, thinking: bool, context_limit: int,
-                     max_new_tokens: int, policy: str = DROP_OLDEST) -> FittedPrompt:
+def fit_conversation(
+    tokenizer: Any,
+    messages: list[dict],
+    *,
+    thinking: bool,
+    context_limit: int,
+    max_new_tokens: int,
+    policy: str = DROP_OLDEST,
+) -> FittedPrompt:
     """Build the prompt; when it leaves the reply less than `reply_room`, drop the oldest turns
     (keeping the system prompt and the last user message) until it takes at most half of the rest
     (dropping once per many turns, as llama.cpp's context shift does), or, under STOP, refuse.
@@ -92,14 +101,16 @@ def fit_conversation(tokenizer: Any, messages: list[dict], *, thinking: bool, co
             raise ContextOverflowError(
                 f"the conversation is {len(ids)} tokens and its reply needs {room} more, over the context "
                 f"of {context_limit} tokens: start a new conversation (the system prompt can be kept), "
-                "or choose to drop the oldest turns in Settings")
+                "or choose to drop the oldest turns in Settings"
+            )
         cuts = _turn_starts(messages, first + 1) or [len(messages) - 1]
         shortest = len(build(cuts[-1])[1])
         if shortest > limit:
             raise ContextOverflowError(
                 f"the last message alone makes a prompt of {shortest} tokens, and the reply needs {room} "
                 f"more: over the context of {context_limit} tokens. Shorten the message, or load the model "
-                "with a longer context")
+                "with a longer context"
+            )
         # drop down to half of what fits, so the next turns reuse the cache instead of dropping again
         target = limit // 2 if shortest <= limit // 2 else limit
         lo, hi = 0, len(cuts) - 1  # the fewest turns dropped that reach it: a binary search (each try renders)

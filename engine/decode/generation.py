@@ -6,9 +6,9 @@ The CLI, the worker process, the benchmarks and the tests all drive generation t
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,6 +34,8 @@ from flashdesk.engine.decode.speculative import AUTO, Decoder, SpecControl, Step
 from flashdesk.engine.decode.stats import SpecStats, StepRecord
 from flashdesk.kernels import self_test
 from flashdesk.kernels.backend import describe, fallbacks, pdl_off_reason
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,9 @@ class _TextOutput:
 class Engine:
     """A loaded target model with its tokenizer and stop tokens, ready to generate."""
 
-    def __init__(self, model: Gemma4, tokenizer, eos: set[int], kv_dtype: str, context_limit: int,
-                 drafter: Drafter | None = None):
+    def __init__(
+        self, model: Gemma4, tokenizer, eos: set[int], kv_dtype: str, context_limit: int, drafter: Drafter | None = None
+    ):
         self.model, self.tokenizer, self.eos = model, tokenizer, eos
         self.kv_dtype, self.context_limit, self.drafter = kv_dtype, context_limit, drafter
         self.prefix_budget: int | None = None  # host bytes for kept conversations (None: default_budget())
@@ -141,8 +144,10 @@ class Engine:
         failed = sorted(fallbacks())
         notes = [f"programmatic dependent launch is off: {pdl_off_reason()}"] if pdl_off_reason() else []
         if failed:
-            notes.append(f"{', '.join(failed)} {'runs' if len(failed) == 1 else 'run'} on the slower torch path: "
-                         f"{'it' if len(failed) == 1 else 'they'} failed the kernel self-test on this card")
+            notes.append(
+                f"{', '.join(failed)} {'runs' if len(failed) == 1 else 'run'} on the slower torch path: "
+                f"{'it' if len(failed) == 1 else 'they'} failed the kernel self-test on this card"
+            )
         if not notes:
             return ""
         return "; ".join(notes) + " (replies stay correct; `flashdesk doctor --kernels` shows the errors)"
@@ -180,10 +185,20 @@ class Engine:
         return self._prefix.reusable(list(prompt_ids)) if self._prefix is not None else 0
 
     @classmethod
-    def load(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto", kv_dtype: str = "auto",
-             context_limit: int | None = None, draft_dir: str | Path | None = None,
-             quantize: str | None = None, progress=None, draft_quantize: str | None = "auto",
-             stage=None, draft_default=None) -> "Engine":
+    def load(
+        cls,
+        model_dir: str | Path,
+        device: str = "auto",
+        dtype: str = "auto",
+        kv_dtype: str = "auto",
+        context_limit: int | None = None,
+        draft_dir: str | Path | None = None,
+        quantize: str | None = None,
+        progress=None,
+        draft_quantize: str | None = "auto",
+        stage=None,
+        draft_default=None,
+    ) -> "Engine":
         """Load the target (and drafter) on the device. `progress(fraction)` follows the weights read:
         the target takes 0..0.95 of the way, the drafter the rest. On a GPU the kernels are then
         compiled (compile_kernels), announced through `stage(text)`. `draft_default(device,
@@ -194,19 +209,20 @@ class Engine:
         torch_dtype = resolve_dtype(dtype, dev)
         kv = resolve_kv_dtype(kv_dtype, dev, torch_dtype)
         # before the memory plan: a family that fails on this card runs on torch, which plans otherwise
-        checks = self_test.ensure(dev, announce=lambda: stage and stage("checking the GPU kernels on this card "
-                                                                        "(once per driver and version)"))
+        checks = self_test.ensure(
+            dev, announce=lambda: stage and stage("checking the GPU kernels on this card (once per driver and version)")
+        )
         if dev.type == "cpu":
             torch.set_num_threads(cpu_threads(Path(model_dir)))
         if dev.type == "cuda":  # refuse before loading a byte when it cannot fit; else pick the context
             cfg = load_config(model_dir)
             draft_cfg = load_draft_config(draft_dir) if draft_dir else None
             free, _ = torch.cuda.mem_get_info(dev)
-            context_limit = context_that_fits(model_dir, cfg, draft_cfg, kv, context_limit, quantize, free,
-                                              torch_dtype.itemsize)
+            context_limit = context_that_fits(
+                model_dir, cfg, draft_cfg, kv, context_limit, quantize, free, torch_dtype.itemsize
+            )
         model = load_target(model_dir, dev, torch_dtype, quantize, _share(progress, 0.0, 0.95 if draft_dir else 1.0))
-        drafter = (load_drafter(draft_dir, model, _share(progress, 0.95, 0.05), draft_quantize)
-                   if draft_dir else None)
+        drafter = load_drafter(draft_dir, model, _share(progress, 0.95, 0.05), draft_quantize) if draft_dir else None
         tokenizer = load_tokenizer(model_dir) if _has_tokenizer(Path(model_dir)) else None
         eos = eos_ids(model_dir) or set(model.cfg.eos_token_ids)
         limit = min(context_limit or model.cfg.max_position_embeddings, model.cfg.max_position_embeddings)
@@ -223,8 +239,9 @@ class Engine:
             try:
                 engine.compile_kernels()
             except Exception as exc:  # noqa: BLE001 - they compile at first use instead, and fail there if they must
-                print(f"flashdesk: kernels not compiled ahead ({type(exc).__name__}: {exc}); "
-                      "they compile at first use", file=sys.stderr, flush=True)
+                log.warning(
+                    "flashdesk: kernels not compiled ahead (%s: %s); they compile at first use", type(exc).__name__, exc
+                )
         return engine
 
     def use_draft_default(self, best: int | str | None, note: str) -> None:
@@ -247,14 +264,16 @@ class Engine:
             raise ContextOverflowError(
                 f"the prompt of {prompt_len} tokens plus {max_new_tokens} new tokens needs "
                 f"{prompt_len + max_new_tokens} positions, over the context limit of {self.context_limit}; "
-                "shorten the prompt or lower max new tokens")
+                "shorten the prompt or lower max new tokens"
+            )
         vocab = self.model.cfg.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
 
-    def generate(self, request: GenerationRequest,
-                 control: SpecControl | None = None) -> Iterator[StepEvent | FinishEvent]:
+    def generate(
+        self, request: GenerationRequest, control: SpecControl | None = None
+    ) -> Iterator[StepEvent | FinishEvent]:
         """Prefill, then one event per decode step, then a FinishEvent. Greedy when temperature is 0.
 
         With a drafter loaded, `control` (default: speculation on, full draft length) is read at the
@@ -272,8 +291,19 @@ class Engine:
         sampling = request.sampling  # with the checkpoint's suppressed tokens, greedy or not
         if self.suppress_tokens and not sampling.suppress:
             sampling = replace(sampling, suppress=self.suppress_tokens)
-        decoder = Decoder(self.model, self.drafter, self.context_limit, self.kv_dtype, sampling, eos,
-                          self._cache, self._ctx, self._graphs, self.auto, self.default_draft_length)
+        decoder = Decoder(
+            self.model,
+            self.drafter,
+            self.context_limit,
+            self.kv_dtype,
+            sampling,
+            eos,
+            self._cache,
+            self._ctx,
+            self._graphs,
+            self.auto,
+            self.default_draft_length,
+        )
         text = _TextOutput(self.tokenizer, request.stop_strings)
         tokens: list[int] = []
         stats = SpecStats()
@@ -297,12 +327,28 @@ class Engine:
                     tail_answer, tail_thought = text.finish()
                     answer, thought = answer + tail_answer, thought + tail_thought
                 if index:
-                    stats.add(StepRecord(tuple(result.draft), result.accepted, tuple(result.emitted),
-                                         result.draft_seconds, result.verify_seconds))
+                    stats.add(
+                        StepRecord(
+                            tuple(result.draft),
+                            result.accepted,
+                            tuple(result.emitted),
+                            result.draft_seconds,
+                            result.verify_seconds,
+                        )
+                    )
                 seconds = prefill_seconds if index == 0 else result.draft_seconds + result.verify_seconds
                 whole = True
-                yield StepEvent(index, result.emitted, result.draft, result.accepted, answer, thought, seconds,
-                                result.draft_seconds, result.verify_seconds)
+                yield StepEvent(
+                    index,
+                    result.emitted,
+                    result.draft,
+                    result.accepted,
+                    answer,
+                    thought,
+                    seconds,
+                    result.draft_seconds,
+                    result.verify_seconds,
+                )
                 whole = False
                 if finish:
                     break
@@ -320,11 +366,17 @@ class Engine:
             self._settle(decoder, prompt + tokens[:-1] if whole else None)
             if measuring and self.auto.costs is not None:  # measured by this generation: keep them
                 save_costs(self.costs_path, self.auto.costs)
-        summary = {"prompt_tokens": len(prompt), "reused_tokens": reused, "prefill_tokens": len(prompt) - reused,
-                   "prefill_seconds": prefill_seconds, **stats.summary(),
-                   "kernels": describe(self.model.device), "fallbacks": sorted(fallbacks()),
-                   "cuda_graphs": self.cuda_graphs(),
-                   "pipelined": self.pipelined}
+        summary = {
+            "prompt_tokens": len(prompt),
+            "reused_tokens": reused,
+            "prefill_tokens": len(prompt) - reused,
+            "prefill_seconds": prefill_seconds,
+            **stats.summary(),
+            "kernels": describe(self.model.device),
+            "fallbacks": sorted(fallbacks()),
+            "cuda_graphs": self.cuda_graphs(),
+            "pipelined": self.pipelined,
+        }
         yield FinishEvent(finish, tokens, "".join(text.answer), "".join(text.thought), summary)
 
     @staticmethod
@@ -347,14 +399,23 @@ class Engine:
         self._prefix.finish(held)
 
 
-def _costs_path(device: torch.device, model_dir, draft_dir, dtype: torch.dtype, kv: str,
-                draft_quantize: str | None) -> Path:
+def _costs_path(
+    device: torch.device, model_dir, draft_dir, dtype: torch.dtype, kv: str, draft_quantize: str | None
+) -> Path:
     """The file of this card's measured step costs for this model pair and these settings."""
     from flashdesk.paths import data_dir
 
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu {platform.processor()}"
-    key = (card, str(Path(model_dir).resolve()), str(Path(draft_dir).resolve()), str(dtype), kv,
-           str(draft_quantize), describe(device), torch.__version__)
+    key = (
+        card,
+        str(Path(model_dir).resolve()),
+        str(Path(draft_dir).resolve()),
+        str(dtype),
+        kv,
+        str(draft_quantize),
+        describe(device),
+        torch.__version__,
+    )
     return costs_file(data_dir() / "step_costs", *key)
 
 

@@ -24,8 +24,13 @@ from flashdesk.kernels.compile_ahead import compile_ahead
 
 
 @torch.inference_mode()
-def compile_generation_kernels(model: Gemma4, cache: KVCache, drafter: Drafter | None = None,
-                               ctx: DraftContext | None = None, workers: int | None = None) -> float | None:
+def compile_generation_kernels(
+    model: Gemma4,
+    cache: KVCache,
+    drafter: Drafter | None = None,
+    ctx: DraftContext | None = None,
+    workers: int | None = None,
+) -> float | None:
     """Seconds it took to compile every kernel a generation over `cache` (and `ctx`) launches, or
     None where nothing compiles ahead (the torch kernels, Triton's interpreter): they compile at
     first use. The cache and context must be empty and are left empty."""
@@ -46,7 +51,7 @@ def compile_generation_kernels(model: Gemma4, cache: KVCache, drafter: Drafter |
             features = out.taps
             cache.reset()
             for m in range(1, rows + 1):  # decode (m = 1, last row or all) and verify blocks
-                for logits_rows in (("last", "all") if m == 1 else ("all",)):
+                for logits_rows in ("last", "all") if m == 1 else ("all",):
                     model.compute(ids[:m], cache, taps, logits_rows)
             if drafter is not None:
                 # the context a prompt's chunk, a step's accepted tokens or plain steps' features add

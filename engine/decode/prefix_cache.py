@@ -63,7 +63,7 @@ def _host_copy(buffers: list[tuple[torch.Tensor, bool]], length: int, rings_only
 def _restore(buffers: list[tuple[torch.Tensor, bool]], copies: list[torch.Tensor | None]) -> None:
     for (tensor, _), copy in zip(buffers, copies):
         if copy is not None:
-            tensor[:copy.shape[0]].copy_(copy)
+            tensor[: copy.shape[0]].copy_(copy)
 
 
 def _nbytes(copies) -> int:
@@ -123,8 +123,9 @@ class PrefixCache:
         """Whether rings written up to `high` still hold the window a query at `at` needs."""
         if not all(ring_keeps(at, high[0], s.capacity, s.layout.window) for s in self.cache.layers):
             return False
-        return self.ctx is None or all(ring_keeps(at, high[1], cap, self.ctx.window(i))
-                                       for i, cap in enumerate(self.ctx.capacity))
+        return self.ctx is None or all(
+            ring_keeps(at, high[1], cap, self.ctx.window(i)) for i, cap in enumerate(self.ctx.capacity)
+        )
 
     def _resume(self, seq: Sequence, prompt: list[int]) -> Resume:
         """The furthest start in `seq` for `prompt`: its live end or a snapshot, rolled back to the
@@ -179,7 +180,7 @@ class PrefixCache:
                 self.ctx.rollback(best.start)
         older = [replace(s, valid=min(s.valid, best.start)) for s in (best_seq.snapshots if best_seq else [])]
         older = [s for s in older if s.valid and self._rings_keep(s.valid, s.high)]  # still a way back
-        self.running = Sequence(list(prompt[:best.start]), (0, 0), older)
+        self.running = Sequence(list(prompt[: best.start]), (0, 0), older)
         self._fit_budget()
         return best.start
 
@@ -192,16 +193,24 @@ class PrefixCache:
         """The prompt has been prefilled: keep a copy of the rings here (host memory)."""
         if self.budget <= 0 or self.running is None:
             return
-        snap = Snapshot(self.cache.length, self._highs(), _host_copy(self.cache.buffers(), 0, rings_only=True),
-                        _host_copy(self.ctx.buffers(), 0, rings_only=True) if self.ctx else [], self.cache.length)
+        snap = Snapshot(
+            self.cache.length,
+            self._highs(),
+            _host_copy(self.cache.buffers(), 0, rings_only=True),
+            _host_copy(self.ctx.buffers(), 0, rings_only=True) if self.ctx else [],
+            self.cache.length,
+        )
         self.running = Sequence(list(prompt), (0, 0), (self.running.snapshots + [snap])[-MAX_SNAPSHOTS:])
         self._fit_budget()
 
     def finish(self, tokens: list[int] | None) -> None:
         """The request is over: the device buffers hold `tokens` (None: unknown, after a failure)."""
         running, self.running = self.running, None
-        whole = tokens is not None and self.cache.length == len(tokens) and (
-            self.ctx is None or self.ctx.length == len(tokens))
+        whole = (
+            tokens is not None
+            and self.cache.length == len(tokens)
+            and (self.ctx is None or self.ctx.length == len(tokens))
+        )
         if not whole:
             self.active = None
             return
@@ -225,8 +234,10 @@ class PrefixCache:
         if self.budget <= 0 or not seq.tokens:
             return
         n = len(seq.tokens)
-        seq.kept = (_host_copy(self.cache.buffers(), n, rings_only=False),
-                    _host_copy(self.ctx.buffers(), n, rings_only=False) if self.ctx else [])
+        seq.kept = (
+            _host_copy(self.cache.buffers(), n, rings_only=False),
+            _host_copy(self.ctx.buffers(), n, rings_only=False) if self.ctx else [],
+        )
         self.kept.append(seq)
 
     def _load(self, seq: Sequence) -> None:

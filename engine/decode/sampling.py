@@ -95,8 +95,13 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     return draw(probabilities(logits, params), generator)
 
 
-def verify_draft(draft: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
-                 params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def verify_draft(
+    draft: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept a prefix of draft [k] against target logits [k+1, V]: (accepted, next token) as
     0-dim device tensors, computed without reading anything back to the host.
 

@@ -112,10 +112,20 @@ def _seconds(device: torch.device, fn, arg: int, repeats: int) -> float:
 class Decoder:
     """The state of one generation: target KV cache, drafter context, the token still to be run."""
 
-    def __init__(self, model: Gemma4, drafter: Drafter | None, max_context: int, kv_dtype: str,
-                 sampling: SamplingParams, eos: set[int], cache: KVCache | None = None,
-                 ctx: DraftContext | None = None, graphs=None, auto: AutoDraftLength | None = None,
-                 default_draft_length: int | str | None = None):
+    def __init__(
+        self,
+        model: Gemma4,
+        drafter: Drafter | None,
+        max_context: int,
+        kv_dtype: str,
+        sampling: SamplingParams,
+        eos: set[int],
+        cache: KVCache | None = None,
+        ctx: DraftContext | None = None,
+        graphs=None,
+        auto: AutoDraftLength | None = None,
+        default_draft_length: int | str | None = None,
+    ):
         """`cache`, `ctx`: continue these from where they stand (a prefix cache placed them) instead
         of allocating new ones; `graphs`: a StepGraphs over them, which runs the decode, verify and
         draft passes as CUDA graphs; `auto`: the automatic draft length's state (kept across
@@ -154,7 +164,7 @@ class Decoder:
             raise ValueError(f"prefill from position {start}, but the cache holds {self.cache.length} positions")
         ids = torch.tensor(prompt[start:], dtype=torch.long, device=self.model.device)
         for begin in range(0, len(ids), PREFILL_CHUNK):
-            logits, taps = self._forward(ids[begin:begin + PREFILL_CHUNK], "last")
+            logits, taps = self._forward(ids[begin : begin + PREFILL_CHUNK], "last")
             if taps is not None:
                 self.drafter.add_context(self.ctx, taps)
         self.last = sample(logits[-1:], self.sampling, self.generator)
@@ -194,16 +204,16 @@ class Decoder:
             result = StepResult(values, [], 0, 0.0, clock.seconds(0))
         else:
             *draft_ids, accepted, bonus = values
-            emitted = (draft_ids[:accepted] + [bonus])[:flight.remaining]
+            emitted = (draft_ids[:accepted] + [bonus])[: flight.remaining]
             for i, token in enumerate(emitted):
                 if token in self.eos:
-                    emitted = emitted[:i + 1]
+                    emitted = emitted[: i + 1]
                     break
             self.cache.rollback(flight.start + len(emitted))  # keep the anchor and the accepted drafts
             if flight.ahead:
                 self.ctx.advance(len(emitted))
             else:
-                self.pending.append(flight.taps[:len(emitted)].clone())
+                self.pending.append(flight.taps[: len(emitted)].clone())
             result = StepResult(emitted, draft_ids, accepted, clock.seconds(0), clock.seconds(1))
         if flight.auto:
             self.auto.observe(flight.k, result.accepted, result.draft_seconds, result.verify_seconds)
@@ -234,8 +244,10 @@ class Decoder:
             self._draft_logits(k)
 
         timed = lambda fn, n: _seconds(self.model.device, fn, n, repeats)  # noqa: E731
-        return StepCosts([0.0] + [timed(draft, k) for k in range(1, max_k + 1)],
-                         [0.0] + [timed(verify, m) for m in range(1, max_k + 2)])
+        return StepCosts(
+            [0.0] + [timed(draft, k) for k in range(1, max_k + 1)],
+            [0.0] + [timed(verify, m) for m in range(1, max_k + 2)],
+        )
 
     def _launch_plain(self) -> InFlight:
         clock = _StepClock(self.model.device)

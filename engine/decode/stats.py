@@ -34,8 +34,9 @@ class StepRecord:
         if not 0 <= self.accepted <= len(self.draft):
             raise ValueError(f"accepted={self.accepted} is outside 0..{len(self.draft)} (the draft length)")
         if len(self.emitted) > self.accepted + 1:
-            raise ValueError(f"{len(self.emitted)} ids emitted, but a step emits at most accepted + 1 "
-                             f"= {self.accepted + 1}")
+            raise ValueError(
+                f"{len(self.emitted)} ids emitted, but a step emits at most accepted + 1 = {self.accepted + 1}"
+            )
         if self.draft_seconds < 0 or self.verify_seconds < 0:
             raise ValueError("step times cannot be negative")
 

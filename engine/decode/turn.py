@@ -46,15 +46,32 @@ class ChatTurn:
     """A conversation fitted to the engine's context (raises ContextOverflowError when it cannot be),
     ready to run. `prompt`, `reused` and `fitted` say what will run before anything does."""
 
-    def __init__(self, engine, messages: list[dict], sampling: SamplingParams, max_tokens: int, *,
-                 thinking: bool = False, ignore_eos: bool = False, stop: tuple[str, ...] = (),
-                 policy: str = DROP_OLDEST, reuse: bool = True):
+    def __init__(
+        self,
+        engine,
+        messages: list[dict],
+        sampling: SamplingParams,
+        max_tokens: int,
+        *,
+        thinking: bool = False,
+        ignore_eos: bool = False,
+        stop: tuple[str, ...] = (),
+        policy: str = DROP_OLDEST,
+        reuse: bool = True,
+    ):
         self.engine = engine
-        self.fitted = fit_conversation(engine.tokenizer, messages, thinking=thinking,
-                                       context_limit=engine.context_limit, max_new_tokens=max_tokens, policy=policy)
+        self.fitted = fit_conversation(
+            engine.tokenizer,
+            messages,
+            thinking=thinking,
+            context_limit=engine.context_limit,
+            max_new_tokens=max_tokens,
+            policy=policy,
+        )
         self.prompt = self.fitted.ids
-        self.request = GenerationRequest(self.prompt, self.fitted.max_new_tokens, sampling, ignore_eos, tuple(stop),
-                                         reuse=reuse)
+        self.request = GenerationRequest(
+            self.prompt, self.fitted.max_new_tokens, sampling, ignore_eos, tuple(stop), reuse=reuse
+        )
         self.reused = engine.reusable_tokens(self.prompt) if reuse else 0
         self.stats = SpecStats()
         self.prefill = 0.0  # seconds of the prefill step, once it ran
@@ -62,10 +79,16 @@ class ChatTurn:
     def summary(self, engine_stats: dict | None = None) -> dict:
         """The turn's statistics: the engine's own when it finished (kernels, CUDA graphs, reuse),
         else the count of the steps run and the reuse that was expected."""
-        return {**self.stats.summary(), "prompt_tokens": len(self.prompt), "prefill_seconds": self.prefill,
-                "reused_tokens": self.reused, "prefill_tokens": len(self.prompt) - self.reused,
-                "dropped_messages": self.fitted.dropped, "max_tokens": self.fitted.max_new_tokens,
-                **(engine_stats or {})}
+        return {
+            **self.stats.summary(),
+            "prompt_tokens": len(self.prompt),
+            "prefill_seconds": self.prefill,
+            "reused_tokens": self.reused,
+            "prefill_tokens": len(self.prompt) - self.reused,
+            "dropped_messages": self.fitted.dropped,
+            "max_tokens": self.fitted.max_new_tokens,
+            **(engine_stats or {}),
+        }
 
     def run(self, control=None, should_stop: Callable[[], bool] = lambda: False) -> Iterator[TurnStep | TurnEnd]:
         """Yield a TurnStep per engine step, then one TurnEnd. `should_stop` is asked after each step
@@ -81,22 +104,43 @@ class ChatTurn:
             for event in events:
                 if isinstance(event, FinishEvent):
                     reason = self.fitted.finish_reason(event.finish_reason, len(event.token_ids))
-                    yield TurnEnd(reason, event.text, event.thought, event.token_ids, time.perf_counter() - started,
-                                  self.summary(event.stats), index)
+                    yield TurnEnd(
+                        reason,
+                        event.text,
+                        event.thought,
+                        event.token_ids,
+                        time.perf_counter() - started,
+                        self.summary(event.stats),
+                        index,
+                    )
                     return
                 index = event.index
                 if index == 0:
                     self.prefill = event.seconds
                 else:
-                    self.stats.add(StepRecord(tuple(event.draft), event.accepted, tuple(event.emitted),
-                                              event.draft_seconds, event.verify_seconds))
+                    self.stats.add(
+                        StepRecord(
+                            tuple(event.draft),
+                            event.accepted,
+                            tuple(event.emitted),
+                            event.draft_seconds,
+                            event.verify_seconds,
+                        )
+                    )
                 tokens += event.emitted
                 answer.append(event.answer)
                 thought.append(event.thought)
                 yield TurnStep(event, time.perf_counter() - started, self.stats.summary() if index else None)
                 if should_stop():
-                    yield TurnEnd(CANCELLED, "".join(answer), "".join(thought), tokens, time.perf_counter() - started,
-                                  self.summary(), index)
+                    yield TurnEnd(
+                        CANCELLED,
+                        "".join(answer),
+                        "".join(thought),
+                        tokens,
+                        time.perf_counter() - started,
+                        self.summary(),
+                        index,
+                    )
                     return
         finally:
             events.close()

@@ -54,10 +54,17 @@ def create_demo(folder: str | Path, force: bool = False) -> tuple[Path, Path]:
         if part.exists():
             shutil.rmtree(part)
         shutil.copytree(DEMO_ASSETS / part.name, part)
-    (folder / MARKER).write_text(json.dumps({
-        "version": DEMO_VERSION,
-        "note": "FlashDesk's demo pair: a tiny Gemma 4 and DFlash drafter trained by packaging/train_demo.py",
-    }, indent=2) + "\n", encoding="utf-8")
+    (folder / MARKER).write_text(
+        json.dumps(
+            {
+                "version": DEMO_VERSION,
+                "note": "FlashDesk's demo pair: a tiny Gemma 4 and DFlash drafter trained by packaging/train_demo.py",
+            },
+            indent=2,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     return target, drafter
 
 

@@ -32,7 +32,8 @@ def hub_cache_dir() -> Path:
     if explicit:
         return Path(os.path.expandvars(explicit)).expanduser()
     home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
+    )
     return Path(os.path.expandvars(home)).expanduser() / "hub"
 
 
@@ -49,17 +50,19 @@ def _download_error(repo_id: str, exc: Exception) -> FlashDeskError:
     if isinstance(exc, RepositoryNotFoundError):
         return FlashDeskError(f"{repo_id}: no such model on {hub_endpoint()} (or it is private: set HF_TOKEN)")
     if isinstance(exc, LocalEntryNotFoundError):
-        return FlashDeskError(f"cannot reach {hub_endpoint()} to download {repo_id}: check the connection "
-                              f"(HF_ENDPOINT, proxy settings) ({first})")
-    return FlashDeskError(f"download of {repo_id} stopped: {type(exc).__name__}: {first}. Run the same command "
-                          "again to continue: files already downloaded are kept, and a weights file cut off "
-                          "half-way continues where it stopped")
+        return FlashDeskError(
+            f"cannot reach {hub_endpoint()} to download {repo_id}: check the connection "
+            f"(HF_ENDPOINT, proxy settings) ({first})"
+        )
+    return FlashDeskError(
+        f"download of {repo_id} stopped: {type(exc).__name__}: {first}. Run the same command "
+        "again to continue: files already downloaded are kept, and a weights file cut off "
+        "half-way continues where it stopped"
+    )
 
 
 def _size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
-
-
 
 
 # --- resumable download of the weights ---------------------------------------------------------
@@ -71,16 +74,22 @@ MAX_TRIES = 5  # attempts in a row that bring no new byte before this run gives 
 def _is_resumable(filename: str) -> bool:
     from huggingface_hub.utils import filter_repo_objects
 
-    return bool(list(filter_repo_objects([filename], allow_patterns=RESUMABLE_FILES,
-                                         ignore_patterns=SKIPPED_FILES)))
+    return bool(list(filter_repo_objects([filename], allow_patterns=RESUMABLE_FILES, ignore_patterns=SKIPPED_FILES)))
 
 
 Progress = Callable[[str, int, int], None]  # (file, bytes done, bytes total) of one file
 
 
-def _fetch_resumable(repo_id: str, snapshot: Path, only: list[str] | None = None, replace: bool = False,
-                     fresh: bool = False, show_progress: bool = True,
-                     log: Callable[[str], None] = print, progress: Progress | None = None) -> set[str]:
+def _fetch_resumable(
+    repo_id: str,
+    snapshot: Path,
+    only: list[str] | None = None,
+    replace: bool = False,
+    fresh: bool = False,
+    show_progress: bool = True,
+    log: Callable[[str], None] = print,
+    progress: Progress | None = None,
+) -> set[str]:
     """Download the weights of the snapshot's commit that are not in it yet (or `only` those), continuing
     any partial file an earlier run left. Returns the sha256s verified on the way.
 
@@ -103,8 +112,9 @@ def _fetch_resumable(repo_id: str, snapshot: Path, only: list[str] | None = None
             tree = get_cached_repo_tree(repo_id, revision=commit, cache_dir=hub_cache_dir())
         except (CachedRepoTreeNotFoundError, OSError, ValueError):
             return set()
-        only = list(filter_repo_objects([f.path for f in tree], allow_patterns=RESUMABLE_FILES,
-                                        ignore_patterns=SKIPPED_FILES))
+        only = list(
+            filter_repo_objects([f.path for f in tree], allow_patterns=RESUMABLE_FILES, ignore_patterns=SKIPPED_FILES)
+        )
     todo = [name for name in only if replace or not (snapshot / name).is_file()]
     if not todo:
         return set()
@@ -115,8 +125,9 @@ def _fetch_resumable(repo_id: str, snapshot: Path, only: list[str] | None = None
             url = hf_hub_url(repo_id, name, revision=commit, endpoint=hub_endpoint())
             meta = get_hf_file_metadata(url, endpoint=hub_endpoint())
             if not meta.etag:
-                raise FlashDeskError(f"{hub_endpoint()} sent no ETag for {repo_id}/{name}: is HF_ENDPOINT a "
-                                     "Hugging Face Hub?")
+                raise FlashDeskError(
+                    f"{hub_endpoint()} sent no ETag for {repo_id}/{name}: is HF_ENDPOINT a Hugging Face Hub?"
+                )
             metadata[name] = (url, meta)
         if progress is not None:  # every file's size is known before the first byte: a stable total
             for name, (_, meta) in metadata.items():
@@ -126,8 +137,9 @@ def _fetch_resumable(repo_id: str, snapshot: Path, only: list[str] | None = None
         _remove_stale_partials(storage, keep={meta.etag for _, meta in metadata.values()}, log=log)
         verified = set()
         for name, (url, meta) in metadata.items():
-            if _download_resumable(storage, commit, name, url, meta.etag, meta.size, replace, fresh,
-                                   show_progress, log, progress):
+            if _download_resumable(
+                storage, commit, name, url, meta.etag, meta.size, replace, fresh, show_progress, log, progress
+            ):
                 verified.add(meta.etag)
         return verified
     except (OSError, ValueError, httpx2.HTTPError) as exc:
@@ -156,15 +168,27 @@ def _remove_stale_partials(storage: Path, keep: set[str], log: Callable[[str], N
             with WeakFileLock(_lock_path(storage, etag), timeout=0.5):
                 size = partial.stat().st_size
                 partial.unlink()
-            log(f"Removed an outdated partial download ({_size(size)}, {partial.name}): the file changed on "
-                "the Hub since")
+            log(
+                f"Removed an outdated partial download ({_size(size)}, {partial.name}): the file changed on "
+                "the Hub since"
+            )
         except (Timeout, OSError):
             pass
 
 
-def _download_resumable(storage: Path, commit: str, filename: str, url: str, etag: str, size: int | None,
-                        replace: bool, fresh: bool, show_progress: bool, log: Callable[[str], None],
-                        progress: Progress | None = None) -> bool:
+def _download_resumable(
+    storage: Path,
+    commit: str,
+    filename: str,
+    url: str,
+    etag: str,
+    size: int | None,
+    replace: bool,
+    fresh: bool,
+    show_progress: bool,
+    log: Callable[[str], None],
+    progress: Progress | None = None,
+) -> bool:
     """Download one file into `blobs/{etag}` through `blobs/{etag}.incomplete`, continuing what is
     there, and link it from the snapshot. True when its sha256 was checked and matches the etag."""
     from huggingface_hub.utils import WeakFileLock
@@ -187,8 +211,16 @@ def _download_resumable(storage: Path, commit: str, filename: str, url: str, eta
     return verified
 
 
-def _download_to_partial(url: str, partial: Path, etag: str, size: int | None, filename: str,
-                         show_progress: bool, log: Callable[[str], None], progress: Progress | None = None) -> bool:
+def _download_to_partial(
+    url: str,
+    partial: Path,
+    etag: str,
+    size: int | None,
+    filename: str,
+    show_progress: bool,
+    log: Callable[[str], None],
+    progress: Progress | None = None,
+) -> bool:
     """Bring `partial` to the whole file: an HTTP Range request from its current size, repeated after
     a dropped connection (at most MAX_TRIES times in a row without progress); from zero if it is
     longer than the file, or from the whole body the server sends when it ignores the Range (HTTP
@@ -219,8 +251,15 @@ def _download_to_partial(url: str, partial: Path, etag: str, size: int | None, f
     report = progress or (lambda file, done, total: None)
     report(filename, have, size or 0)
     desc = filename if len(filename) <= 40 else f"(…){filename[-40:]}"
-    with tqdm(total=size, initial=have, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
-              disable=not show_progress or None) as bar:
+    with tqdm(
+        total=size,
+        initial=have,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=desc,
+        disable=not show_progress or None,
+    ) as bar:
 
         def restart(why: str) -> None:
             nonlocal have, sha
@@ -236,25 +275,29 @@ def _download_to_partial(url: str, partial: Path, etag: str, size: int | None, f
                 tries += 1
                 report(filename, have, size or 0)  # also lets the caller stop between attempts
                 if tries > MAX_TRIES:
-                    raise OSError(f"{filename}: no progress after {MAX_TRIES} attempts ({have} of {size} bytes "
-                                  "kept for the next run)")
+                    raise OSError(
+                        f"{filename}: no progress after {MAX_TRIES} attempts ({have} of {size} bytes "
+                        "kept for the next run)"
+                    )
                 headers = build_hf_headers()
                 headers["Accept-Encoding"] = "identity"  # byte offsets must be those of the file itself
                 if have:
                     headers["Range"] = f"bytes={have}-"
                 try:
-                    with get_session().stream("GET", url, headers=headers,
-                                              timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
+                    with get_session().stream(
+                        "GET", url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT
+                    ) as response:
                         if have and response.status_code == 416:
                             restart("the server refused to continue the partial download")
                             continue
                         hf_raise_for_status(response)
                         if have and response.status_code == 200:  # Range ignored: this is the whole file
-                            restart("the server ignored the request to continue at byte "
-                                    f"{have} (HTTP 200, not 206)")
+                            restart(f"the server ignored the request to continue at byte {have} (HTTP 200, not 206)")
                         elif have and not _continues_at(response, have):
-                            restart(f"the server did not continue at byte {have} (HTTP {response.status_code}, "
-                                    f"Content-Range {response.headers.get('Content-Range')!r})")
+                            restart(
+                                f"the server did not continue at byte {have} (HTTP {response.status_code}, "
+                                f"Content-Range {response.headers.get('Content-Range')!r})"
+                            )
                             continue
                         if size is None:
                             length = response.headers.get("Content-Length")
@@ -277,16 +320,17 @@ def _download_to_partial(url: str, partial: Path, etag: str, size: int | None, f
                                 report(filename, have, size or 0)
                         if too_long:
                             partial.unlink()
-                            raise OSError(f"{filename}: the server sent more than the {size} bytes the Hub "
-                                          "listed; the partial download was removed")
+                            raise OSError(
+                                f"{filename}: the server sent more than the {size} bytes the Hub "
+                                "listed; the partial download was removed"
+                            )
                     if size is None:
                         size = have  # no length known: the server's end of the body is the end of the file
                         report(filename, have, size)
                 except httpx2.TransportError as exc:  # refused, reset, cut or timed out
                     if tries >= MAX_TRIES:
                         raise
-                    log(f"{filename}: connection lost at {have} of {size} bytes ({type(exc).__name__}); "
-                        "continuing")
+                    log(f"{filename}: connection lost at {have} of {size} bytes ({type(exc).__name__}); continuing")
                     time.sleep(RETRY_WAIT_S)
             if not check_sha or sha.hexdigest() == etag:
                 return check_sha

@@ -28,21 +28,41 @@ from pathlib import Path
 from typing import Callable
 
 from flashdesk.engine.errors import CheckpointError, FlashDeskError
-from flashdesk.engine.hub.hub_download import (RESUMABLE_FILES, SHA256, SKIPPED_FILES, Progress, _download_error, _fetch_resumable,
-                                           _is_resumable, _size, hub_cache_dir, hub_endpoint)
+from flashdesk.engine.hub.hub_download import (
+    RESUMABLE_FILES,
+    SHA256,
+    SKIPPED_FILES,
+    Progress,
+    _download_error,
+    _fetch_resumable,
+    _is_resumable,
+    _size,
+    hub_cache_dir,
+    hub_endpoint,
+)
 
 DEFAULT_REPOS = ("cyankiwi/gemma-4-26B-A4B-it-AWQ-4bit", "z-lab/gemma-4-26B-A4B-it-DFlash")
 # What the engine reads from a model folder; nothing else is downloaded (no images, READMEs,
 # onnx, gguf, other weight formats). Subfolders are skipped: the engine reads the top level only.
-ENGINE_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
-                "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-                "chat_template.jinja", "chat_template.json"]
+ENGINE_FILES = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+]
 INDEX_FILE, SINGLE_FILE = "model.safetensors.index.json", "model.safetensors"
 TARGET_ARCHS = ("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM")
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 # --- where things are ------------------------------------------------------------------------
+
 
 def registry_path() -> Path:
     """The JSON file listing the model folders the user added (platformdirs' config folder)."""
@@ -67,18 +87,25 @@ def resolve_model_path(name_or_dir: str | Path) -> Path:
 
     cache = hub_cache_dir()
     try:
-        return Path(snapshot_download(name, cache_dir=cache, local_files_only=True,
-                                      allow_patterns=ENGINE_FILES, ignore_patterns=SKIPPED_FILES))
+        return Path(
+            snapshot_download(
+                name, cache_dir=cache, local_files_only=True, allow_patterns=ENGINE_FILES, ignore_patterns=SKIPPED_FILES
+            )
+        )
     except IncompleteSnapshotError:
-        raise FlashDeskError(f"{name} is only partly downloaded in {cache}: run `flashdesk models pull {name}` "
-                             "to finish the download") from None
+        raise FlashDeskError(
+            f"{name} is only partly downloaded in {cache}: run `flashdesk models pull {name}` to finish the download"
+        ) from None
     except (OSError, ValueError):  # LocalEntryNotFoundError, HFValidationError
-        raise FlashDeskError(f"{name}: no such folder, and no Hub model of that name in the cache {cache}; "
-                             f"run `flashdesk models pull {name}` to download it, or give the folder "
-                             "that holds it") from None
+        raise FlashDeskError(
+            f"{name}: no such folder, and no Hub model of that name in the cache {cache}; "
+            f"run `flashdesk models pull {name}` to download it, or give the folder "
+            "that holds it"
+        ) from None
 
 
 # --- the file check --------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -134,8 +161,9 @@ def check_folder(folder: str | Path) -> list[Problem]:
         for missing, what in ((names - header, "lacks"), (header - names, "holds")):
             if missing:
                 where = "the index places in it" if what == "lacks" else "the index does not place in it"
-                problems.append(Problem(shard, f"corrupt: {what} {len(missing)} tensor(s) {where}, "
-                                               f"e.g. {min(missing)}"))
+                problems.append(
+                    Problem(shard, f"corrupt: {what} {len(missing)} tensor(s) {where}, e.g. {min(missing)}")
+                )
     return problems
 
 
@@ -149,8 +177,9 @@ def cache_problems(repo_id: str, snapshot: Path) -> list[Problem]:
         tree = get_cached_repo_tree(repo_id, revision=snapshot.name, cache_dir=hub_cache_dir())
     except (CachedRepoTreeNotFoundError, OSError, ValueError):
         return []
-    wanted = set(filter_repo_objects([f.path for f in tree], allow_patterns=ENGINE_FILES,
-                                     ignore_patterns=SKIPPED_FILES))
+    wanted = set(
+        filter_repo_objects([f.path for f in tree], allow_patterns=ENGINE_FILES, ignore_patterns=SKIPPED_FILES)
+    )
     problems = []
     for entry in tree:
         if entry.path not in wanted:
@@ -159,13 +188,13 @@ def cache_problems(repo_id: str, snapshot: Path) -> list[Problem]:
         if not path.is_file():
             problems.append(Problem(entry.path, "not downloaded"))
         elif entry.size is not None and path.stat().st_size != entry.size:
-            problems.append(Problem(entry.path, f"truncated or damaged: {path.stat().st_size} bytes, "
-                                                f"the Hub lists {entry.size}"))
+            problems.append(
+                Problem(entry.path, f"truncated or damaged: {path.stat().st_size} bytes, the Hub lists {entry.size}")
+            )
     return problems
 
 
-def hash_problems(snapshot: Path, show_progress: bool = True,
-                  verified: frozenset[str] = frozenset()) -> list[Problem]:
+def hash_problems(snapshot: Path, show_progress: bool = True, verified: frozenset[str] = frozenset()) -> list[Problem]:
     """sha256 of every cached file whose blob is named by its sha256 (the Hub's LFS files).
 
     `verified`: sha256s already checked while this run downloaded them (not read a second time).
@@ -175,8 +204,13 @@ def hash_problems(snapshot: Path, show_progress: bool = True,
     files = [(p, Path(os.path.realpath(p)).name) for p in sorted(snapshot.iterdir()) if p.is_file()]
     files = [(p, digest) for p, digest in files if SHA256.fullmatch(digest) and digest not in verified]
     problems = []
-    with tqdm(total=sum(p.stat().st_size for p, _ in files), unit="B", unit_scale=True,
-              desc="Checking sha256", disable=not show_progress or None) as bar:
+    with tqdm(
+        total=sum(p.stat().st_size for p, _ in files),
+        unit="B",
+        unit_scale=True,
+        desc="Checking sha256",
+        disable=not show_progress or None,
+    ) as bar:
         for path, digest in files:
             sha = hashlib.sha256()
             with path.open("rb") as f:
@@ -190,11 +224,12 @@ def hash_problems(snapshot: Path, show_progress: bool = True,
 
 # --- what is here ----------------------------------------------------------------------------
 
+
 @dataclass
 class ModelEntry:
     name: str  # Hub id, or the folder for a user-added folder
     path: Path
-    kind: str  # "target", "drafter" or "?"
+    kind: str  # "target", "drafter", "assistant" or "?"
     size: int
     problems: list[Problem] = field(default_factory=list)
 
@@ -204,7 +239,8 @@ class ModelEntry:
 
 
 def model_kind(folder: Path) -> str:
-    """"target" (Gemma 4), "drafter" (DFlash) or "?" from config.json's architecture."""
+    """ "target" (Gemma 4), "drafter" (DFlash), "assistant" (Gemma 4 MTP) or "?" from config.json's
+    architecture."""
     try:
         raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -212,6 +248,8 @@ def model_kind(folder: Path) -> str:
     arch = (raw.get("architectures") or [""])[0] if isinstance(raw, dict) else ""
     if arch in TARGET_ARCHS or (isinstance(raw, dict) and raw.get("model_type") in ("gemma4", "gemma4_text")):
         return "target"
+    if arch == "Gemma4AssistantForCausalLM" or (isinstance(raw, dict) and raw.get("model_type") == "gemma4_assistant"):
+        return "assistant"
     return "drafter" if arch.startswith("DFlash") else "?"
 
 
@@ -282,8 +320,10 @@ def list_models() -> list[ModelEntry]:
 
 # --- pull ------------------------------------------------------------------------------------
 
-def _fetch(repo_id: str, filename: str | None = None, revision: str | None = None, force: bool = False,
-           skip: list[str] = ()) -> Path:
+
+def _fetch(
+    repo_id: str, filename: str | None = None, revision: str | None = None, force: bool = False, skip: list[str] = ()
+) -> Path:
     """snapshot_download (filename None) or hf_hub_download into the cache; errors as FlashDeskError.
 
     `skip`: more patterns snapshot_download leaves out (the files `_fetch_resumable` downloads).
@@ -294,16 +334,25 @@ def _fetch(repo_id: str, filename: str | None = None, revision: str | None = Non
     common = dict(cache_dir=hub_cache_dir(), endpoint=hub_endpoint(), force_download=force)
     try:
         if filename is None:
-            return Path(snapshot_download(repo_id, allow_patterns=ENGINE_FILES,
-                                          ignore_patterns=SKIPPED_FILES + list(skip), **common))
+            return Path(
+                snapshot_download(
+                    repo_id, allow_patterns=ENGINE_FILES, ignore_patterns=SKIPPED_FILES + list(skip), **common
+                )
+            )
         return Path(hf_hub_download(repo_id, filename, revision=revision, **common))
     except (OSError, ValueError, httpx2.HTTPError) as exc:  # HfHubHTTPError and friends are OSErrors
         raise _download_error(repo_id, exc) from exc
 
 
-def pull(repo_id: str, force: bool = False, repair: Callable[[str, list[Problem]], bool] = lambda r, p: False,
-         show_progress: bool = True, log: Callable[[str], None] = print,
-         progress: Progress | None = None, checked: Callable[[str, Path], None] | None = None) -> ModelEntry:
+def pull(
+    repo_id: str,
+    force: bool = False,
+    repair: Callable[[str, list[Problem]], bool] = lambda r, p: False,
+    show_progress: bool = True,
+    log: Callable[[str], None] = print,
+    progress: Progress | None = None,
+    checked: Callable[[str, Path], None] | None = None,
+) -> ModelEntry:
     """Download `repo_id`'s engine files, check them, and re-download damaged ones if `repair` agrees.
 
     The small files go through huggingface_hub's snapshot_download (which also records the commit
@@ -325,15 +374,23 @@ def pull(repo_id: str, force: bool = False, repair: Callable[[str, list[Problem]
         _report_small_files(repo_id, snapshot, progress)
     if checked is not None:
         checked(repo_id, snapshot)
-    verified = _fetch_resumable(repo_id, snapshot, replace=force, fresh=force, show_progress=show_progress,
-                                log=log, progress=progress)
+    verified = _fetch_resumable(
+        repo_id, snapshot, replace=force, fresh=force, show_progress=show_progress, log=log, progress=progress
+    )
     problems = _check_download(repo_id, snapshot, show_progress, verified)
     if problems and repair(repo_id, problems):
         for p in problems:
             log(f"Re-downloading {repo_id}/{p.file} ({p.message})")
             if _is_resumable(p.file):
-                verified |= _fetch_resumable(repo_id, snapshot, only=[p.file], replace=True,
-                                             show_progress=show_progress, log=log, progress=progress)
+                verified |= _fetch_resumable(
+                    repo_id,
+                    snapshot,
+                    only=[p.file],
+                    replace=True,
+                    show_progress=show_progress,
+                    log=log,
+                    progress=progress,
+                )
             else:
                 path = _fetch(repo_id, p.file, revision=snapshot.name, force=True)
                 if progress is not None:
@@ -357,16 +414,19 @@ def _report_small_files(repo_id: str, snapshot: Path, progress: Progress) -> Non
         listed = {entry.path: entry.size or 0 for entry in tree}
     except (CachedRepoTreeNotFoundError, OSError, ValueError):
         listed = {path.name: 0 for path in snapshot.iterdir()}
-    wanted = sorted(filter_repo_objects(list(listed), allow_patterns=ENGINE_FILES, ignore_patterns=SKIPPED_FILES),
-                    key=lambda name: (not _is_resumable(name), name))
+    wanted = sorted(
+        filter_repo_objects(list(listed), allow_patterns=ENGINE_FILES, ignore_patterns=SKIPPED_FILES),
+        key=lambda name: (not _is_resumable(name), name),
+    )
     for name in wanted:
         path = snapshot / name
         size = path.stat().st_size if path.is_file() else 0
         progress(name, size, max(size, listed[name]))
 
 
-def _check_download(repo_id: str, snapshot: Path, show_progress: bool,
-                    verified: set[str] = frozenset()) -> list[Problem]:
+def _check_download(
+    repo_id: str, snapshot: Path, show_progress: bool, verified: set[str] = frozenset()
+) -> list[Problem]:
     problems = cache_problems(repo_id, snapshot)
     problems += check_folder(snapshot)
     problems += hash_problems(snapshot, show_progress, frozenset(verified))
@@ -379,6 +439,7 @@ def _check_download(repo_id: str, snapshot: Path, show_progress: bool,
 
 
 # --- the CLI ---------------------------------------------------------------------------------
+
 
 def run_models(args, checked: Callable[[str, Path], None] | None = None) -> int:
     """`flashdesk models pull|list|add|remove`: 0 when all is well, 1 when a model is incomplete.
@@ -393,9 +454,22 @@ def run_models(args, checked: Callable[[str, Path], None] | None = None) -> int:
     if args.models_command == "list":
         entries = list_models()
         if args.json:
-            print(json.dumps([{"name": e.name, "path": str(e.path), "kind": e.kind, "size": e.size,
-                               "complete": e.complete, "problems": [str(p) for p in e.problems]}
-                              for e in entries], indent=2))
+            print(
+                json.dumps(
+                    [
+                        {
+                            "name": e.name,
+                            "path": str(e.path),
+                            "kind": e.kind,
+                            "size": e.size,
+                            "complete": e.complete,
+                            "problems": [str(p) for p in e.problems],
+                        }
+                        for e in entries
+                    ],
+                    indent=2,
+                )
+            )
             return 0
         if not entries:
             print(f"no models in {hub_cache_dir()} and no added folders; run `flashdesk models pull`")
@@ -417,18 +491,25 @@ def run_models(args, checked: Callable[[str, Path], None] | None = None) -> int:
     status = 0
     for repo_id in args.repo_ids or DEFAULT_REPOS:
         try:
-            entry = pull(repo_id, force=args.force, repair=ask, log=lambda s: print(s, file=sys.stderr),
-                         checked=checked)
+            entry = pull(
+                repo_id, force=args.force, repair=ask, log=lambda s: print(s, file=sys.stderr), checked=checked
+            )
         except KeyboardInterrupt:
-            print(f"\n{repo_id}: interrupted; run the same command again to continue (finished files are "
-                  "kept, and a weights file cut off half-way continues where it stopped)", file=sys.stderr)
+            print(
+                f"\n{repo_id}: interrupted; run the same command again to continue (finished files are "
+                "kept, and a weights file cut off half-way continues where it stopped)",
+                file=sys.stderr,
+            )
             return 130
         if entry.complete:
             print(f"{repo_id}: complete, {_size(entry.size)} in {entry.path}")
         else:
             for p in entry.problems:
                 print(f"flashdesk models pull: {repo_id}: {p}", file=sys.stderr)
-            print(f"{repo_id}: incomplete; run `flashdesk models pull {repo_id} --yes` to re-download the "
-                  "damaged file(s), or `--force` to re-download everything", file=sys.stderr)
+            print(
+                f"{repo_id}: incomplete; run `flashdesk models pull {repo_id} --yes` to re-download the "
+                "damaged file(s), or `--force` to re-download everything",
+                file=sys.stderr,
+            )
             status = 1
     return status

@@ -73,10 +73,17 @@ def recommended_fit(gpu: tuple[str, int, int] | None) -> dict:
     cfg, weights, draft = real_pair()
     needed = plan_memory(cfg, weights, MIN_CONTEXT, "fp8", draft).total
     if gpu is None:
-        return {"device_name": None, "free_bytes": 0, "total_bytes": 0, "fits": False, "context": 0,
-                "longest_context": 0, "needed_bytes": needed,
-                "text": f"No NVIDIA GPU here: this pair needs one with about {needed / GIB:.0f} GiB free "
-                        "(a 24 GB card). The demo below runs on the CPU."}
+        return {
+            "device_name": None,
+            "free_bytes": 0,
+            "total_bytes": 0,
+            "fits": False,
+            "context": 0,
+            "longest_context": 0,
+            "needed_bytes": needed,
+            "text": f"No NVIDIA GPU here: this pair needs one with about {needed / GIB:.0f} GiB free "
+            "(a 24 GB card). The demo below runs on the CPU.",
+        }
     name, free, total = gpu
     longest = min(longest_context(cfg, weights, "fp8", free, draft), cfg.max_position_embeddings)
     fits = longest >= MIN_CONTEXT
@@ -84,12 +91,20 @@ def recommended_fit(gpu: tuple[str, int, int] | None) -> dict:
     if fits:
         text = f"Fits {where}: context up to {longest:,} tokens with the fp8 KV cache."
     else:
-        advice = ("close what else uses the GPU and check again" if total >= needed * 1.05
-                  else "it needs a card with 24 GB")
+        advice = (
+            "close what else uses the GPU and check again" if total >= needed * 1.05 else "it needs a card with 24 GB"
+        )
         text = f"Does not fit {where}: the pair needs {needed / GIB:.1f} GiB at {MIN_CONTEXT:,} tokens; {advice}."
-    return {"device_name": name, "free_bytes": free, "total_bytes": total, "fits": fits,
-            "context": min(longest, DEFAULT_CONTEXT) if fits else 0, "longest_context": longest,
-            "needed_bytes": needed, "text": text}
+    return {
+        "device_name": name,
+        "free_bytes": free,
+        "total_bytes": total,
+        "fits": fits,
+        "context": min(longest, DEFAULT_CONTEXT) if fits else 0,
+        "longest_context": longest,
+        "needed_bytes": needed,
+        "text": text,
+    }
 
 
 def models_on_disk(demo_folder: Path | None = None) -> list[dict]:
@@ -100,20 +115,36 @@ def models_on_disk(demo_folder: Path | None = None) -> list[dict]:
     found = []
     if demo_folder is not None and is_complete(demo_folder):
         target, draft = demo_paths(demo_folder)
-        found.append({"name": "Demo model (CPU)", "kind": "demo", "target": str(target), "draft": str(draft),
-                      "size": 0, "complete": True})
+        found.append(
+            {
+                "name": "Demo model (CPU)",
+                "kind": "demo",
+                "target": str(target),
+                "draft": str(draft),
+                "size": 0,
+                "complete": True,
+            }
+        )
     try:
         entries = list_models()
     except Exception:  # noqa: BLE001 - an unreadable cache: nothing listed, the rest still works
         entries = []
     for e in entries:
-        found.append({"name": e.name, "kind": e.kind, "target": str(e.path) if e.kind != "drafter" else None,
-                      "draft": str(e.path) if e.kind == "drafter" else None, "size": e.size,
-                      "complete": e.complete})
+        found.append(
+            {
+                "name": e.name,
+                "kind": e.kind,
+                "target": str(e.path) if e.kind not in ("drafter", "assistant") else None,
+                "draft": str(e.path) if e.kind in ("drafter", "assistant") else None,
+                "size": e.size,
+                "complete": e.complete,
+            }
+        )
     return found
 
 
 def survey(demo_folder: Path | None = None) -> Survey:
     fit = recommended_fit(gpu_memory())
-    return Survey(recommended=list(RECOMMENDED), download_bytes=DOWNLOAD_BYTES, models=models_on_disk(demo_folder),
-                  **fit)
+    return Survey(
+        recommended=list(RECOMMENDED), download_bytes=DOWNLOAD_BYTES, models=models_on_disk(demo_folder), **fit
+    )

@@ -38,8 +38,10 @@ class HubHeaders:
         try:
             tree = get_cached_repo_tree(repo_id, revision=snapshot.name, cache_dir=hub_cache_dir())
         except (CachedRepoTreeNotFoundError, OSError, ValueError) as exc:
-            raise FlashDeskError(f"{repo_id}: the file list of its commit is not cached ({exc}); "
-                                 f"run `flashdesk models pull {repo_id}` instead") from exc
+            raise FlashDeskError(
+                f"{repo_id}: the file list of its commit is not cached ({exc}); "
+                f"run `flashdesk models pull {repo_id}` instead"
+            ) from exc
         sizes = {entry.path: entry.size or 0 for entry in tree}
         names = filter_repo_objects(list(sizes), allow_patterns=RESUMABLE_FILES, ignore_patterns=SKIPPED_FILES)
         self.sizes = {name: sizes[name] for name in names}
@@ -63,12 +65,13 @@ class HubHeaders:
         except (OSError, ValueError, httpx2.HTTPError) as exc:
             if isinstance(exc, CheckpointError):
                 raise
-            raise FlashDeskError(f"{where}: cannot read its header from {hub_endpoint()}: "
-                                 f"{type(exc).__name__}: {exc}") from exc
+            raise FlashDeskError(
+                f"{where}: cannot read its header from {hub_endpoint()}: {type(exc).__name__}: {exc}"
+            ) from exc
         if len(raw) < 8 + length:
             raise CheckpointError(f"{where}: truncated safetensors file (the header ends past the file)")
         size = self.sizes.get(name, 0)
-        return parse_header(raw[8:8 + length], size - 8 - length, self.snapshot / name, where)
+        return parse_header(raw[8 : 8 + length], size - 8 - length, self.snapshot / name, where)
 
     def _bytes(self, name: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a file (fewer at its end), by a bounded Range request; from a
@@ -87,7 +90,7 @@ class HubHeaders:
                 got += chunk
                 if len(got) >= skip + end - start:
                     break
-        return got[skip:skip + end - start]
+        return got[skip : skip + end - start]
 
 
 @dataclass
@@ -96,7 +99,7 @@ class Verification:
 
     source: str
     folder: str | None = None
-    kind: str = "?"  # "target", "drafter" or "?"
+    kind: str = "?"  # "target", "drafter", "assistant" or "?"
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     formats: list[dict] = field(default_factory=list)
@@ -111,9 +114,20 @@ class Verification:
         return not self.problems
 
     def as_json(self) -> dict:
-        return {"source": self.source, "folder": self.folder, "kind": self.kind, "ok": self.ok, "checked": self.checked,
-                "problems": self.problems, "formats": self.formats, "kernels": self.kernels, "device": self.device,
-                "memory": self.memory, "gpu": self.gpu, "lines": self.lines}
+        return {
+            "source": self.source,
+            "folder": self.folder,
+            "kind": self.kind,
+            "ok": self.ok,
+            "checked": self.checked,
+            "problems": self.problems,
+            "formats": self.formats,
+            "kernels": self.kernels,
+            "device": self.device,
+            "memory": self.memory,
+            "gpu": self.gpu,
+            "lines": self.lines,
+        }
 
 
 def kernel_plan(formats: list[dict], device: str) -> list[dict]:
@@ -123,26 +137,60 @@ def kernel_plan(formats: list[dict], device: str) -> list[dict]:
 
     def row(family: str, weights: str, fmt: str, modules: int | None, triton: str | None, torch: str) -> dict:
         if device == "cuda" and triton and family not in fallbacks:
-            return {"family": family, "weights": weights, "format": fmt, "modules": modules, "kernel": triton,
-                    "runs_on": "triton"}
+            return {
+                "family": family,
+                "weights": weights,
+                "format": fmt,
+                "modules": modules,
+                "kernel": triton,
+                "runs_on": "triton",
+            }
         why = " (failed its self-test on this card)" if device == "cuda" and family in fallbacks else ""
-        return {"family": family, "weights": weights, "format": fmt, "modules": modules, "kernel": torch + why,
-                "runs_on": "torch"}
+        return {
+            "family": family,
+            "weights": weights,
+            "format": fmt,
+            "modules": modules,
+            "kernel": torch + why,
+            "runs_on": "torch",
+        }
 
     plan = []
     for f in formats:
         int4 = f["format"].startswith("int4")
         if f["weights"] == "linear":
-            plan.append(row("linear", "linear", f["format"], f["modules"],
-                            "W4A16 GEMV, int4 read packed" if int4 else "16-bit GEMV",
-                            "torch matmul, dequantized per call" if int4 else "torch matmul"))
+            plan.append(
+                row(
+                    "linear",
+                    "linear",
+                    f["format"],
+                    f["modules"],
+                    "W4A16 GEMV, int4 read packed" if int4 else "16-bit GEMV",
+                    "torch matmul, dequantized per call" if int4 else "torch matmul",
+                )
+            )
         else:
-            plan.append(row("moe", "experts", f["format"], f["modules"],
-                            "fused int4 experts (router, gate_up, down)" if int4 else None,
-                            "torch experts, dequantized per call" if int4 else "torch experts"))
+            plan.append(
+                row(
+                    "moe",
+                    "experts",
+                    f["format"],
+                    f["modules"],
+                    "fused int4 experts (router, gate_up, down)" if int4 else None,
+                    "torch experts, dequantized per call" if int4 else "torch experts",
+                )
+            )
     kv = "fp8" if device == "cuda" else "float32"
-    plan.append(row("decode_attention", "KV cache", kv, None, "split decode attention, reads the cache in place",
-                    "torch attention"))
+    plan.append(
+        row(
+            "decode_attention",
+            "KV cache",
+            kv,
+            None,
+            "split decode attention, reads the cache in place",
+            "torch attention",
+        )
+    )
     return plan
 
 
@@ -174,13 +222,14 @@ def _source_folder(source: str, log) -> tuple[Path, object]:
     return snapshot, HubHeaders(source, snapshot)
 
 
-def verify(source: str, context: int | None = None, log=lambda text: None,
-           folder: Path | None = None, remote=None) -> Verification:
+def verify(
+    source: str, context: int | None = None, log=lambda text: None, folder: Path | None = None, remote=None
+) -> Verification:
     """Check `source` (a folder or a Hub id) as the loader would, without reading weights. `folder`
     and `remote` skip the lookup (a pull that has the small files already)."""
     from flashdesk.engine.decode.generation import resolve_device
     from flashdesk.engine.hub.models import model_kind
-    from flashdesk.engine.loading.checkpoint import inspect_checkpoint, inspect_drafter
+    from flashdesk.engine.loading.checkpoint import inspect_assistant, inspect_checkpoint, inspect_drafter
 
     result = Verification(source)
     try:
@@ -191,6 +240,8 @@ def verify(source: str, context: int | None = None, log=lambda text: None,
         result.device = resolve_device("auto").type
         if result.kind == "drafter":
             report = inspect_drafter(folder, remote=remote)
+        elif result.kind == "assistant":
+            report = inspect_assistant(folder, remote=remote)
         else:
             report = inspect_checkpoint(folder, context, device=result.device, remote=remote)
     except FlashDeskError as exc:
@@ -220,8 +271,7 @@ def check_snapshot(repo_id: str, snapshot: Path) -> Verification:
     try:
         return verify(repo_id, folder=snapshot, remote=HubHeaders(repo_id, snapshot))
     except Exception as exc:  # noqa: BLE001 - the download goes on without the check
-        return Verification(repo_id, str(snapshot), lines=[f"not checked before the download: {exc}"],
-                            checked=False)
+        return Verification(repo_id, str(snapshot), lines=[f"not checked before the download: {exc}"], checked=False)
 
 
 def print_check(verification: Verification) -> None:

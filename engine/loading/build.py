@@ -10,14 +10,17 @@ from pathlib import Path
 import torch
 
 from flashdesk.engine.loading.quant import assemble, parse_quant_config, plan, quantize_on_load
-from flashdesk.engine.loading.weights import expected_shapes, load_tensors, scan_checkpoint, validate
+from flashdesk.engine.errors import ConfigError
+from flashdesk.engine.loading.weights import TensorSpec, expected_shapes, load_tensors, scan_checkpoint, validate
+from flashdesk.engine.model.assistant import Assistant, assistant_expected_shapes, load_assistant_config
 from flashdesk.engine.model.config import check_pair, load_config, load_draft_config, read_json
 from flashdesk.engine.model.drafter import GROUP_SIZE, Drafter, check_draft_quantize, draft_expected_shapes
 from flashdesk.engine.model.gemma4 import Gemma4
 
 
-def load_target(model_dir: str | Path, device="cpu", dtype=torch.float32, quantize: str | None = None,
-                progress=None) -> Gemma4:
+def load_target(
+    model_dir: str | Path, device="cpu", dtype=torch.float32, quantize: str | None = None, progress=None
+) -> Gemma4:
     """Load bf16 or int4 (compressed-tensors) weights; `quantize="int4"` packs bf16 ones while loading.
     `progress(done_bytes, total_bytes)` follows the bytes read."""
     cfg = load_config(model_dir)
@@ -45,3 +48,31 @@ def load_drafter(draft_dir: str | Path, target: Gemma4, progress=None, quantize:
     transform = quantize_on_load(GROUP_SIZE) if quantize else None
     weights = load_tensors(entries, target.device, target.dtype, transform, progress)
     return Drafter(cfg, weights, target, quantize)
+
+
+def load_assistant(folder: str | Path, target: Gemma4, progress=None) -> Assistant:
+    """Load a Gemma 4 MTP assistant for `target`, in its dtype on its device, after checking that
+    it was made for a target of this shape: its width, vocabulary, and for each layer kind the head
+    geometry of the target's K/V it attends over."""
+    cfg = load_assistant_config(folder)
+    t, a = target.cfg, cfg.text
+    where = f"assistant {folder}"
+    if cfg.backbone_hidden_size != t.hidden_size or a.vocab_size != t.vocab_size:
+        raise ConfigError(
+            f"{where} is for a target of width {cfg.backbone_hidden_size} and {a.vocab_size} tokens; "
+            f"this target has {t.hidden_size} and {t.vocab_size}"
+        )
+    for kind in {layer.kind for layer in a.layers}:
+        mine = next(layer for layer in a.layers if layer.kind == kind)
+        theirs = [layer for layer in t.layers if layer.kind == kind]
+        if not theirs or (theirs[-1].num_kv_heads, theirs[-1].head_dim) != (mine.num_kv_heads, mine.head_dim):
+            raise ConfigError(f"{where}: its {kind} layers attend over K/V the target's {kind} layers do not hold")
+    expected = {
+        name: TensorSpec(shape, "int") if name.endswith("token_ordering") else TensorSpec(shape)
+        for name, shape in assistant_expected_shapes(cfg).items()
+    }
+    entries = scan_checkpoint(folder)
+    validate(entries, expected, "Gemma 4 assistant")
+    return Assistant(
+        cfg, load_tensors(entries, target.device, target.dtype, None, progress), target.device, target.dtype
+    )

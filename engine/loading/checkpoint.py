@@ -17,15 +17,41 @@ from pathlib import Path
 
 import torch
 
-from flashdesk.engine.model.config import DraftConfig, Gemma4Config, check_pair, load_config, load_draft_config, read_json
+from flashdesk.engine.model.config import (
+    DraftConfig,
+    Gemma4Config,
+    check_pair,
+    load_config,
+    load_draft_config,
+    read_json,
+)
 from flashdesk.engine.model.drafter import draft_expected_shapes
 from flashdesk.engine.errors import FlashDeskError
-from flashdesk.engine.loading.memory_plan import (GPU_KV_DTYPE, MemoryPlan, drafter_weight_bytes, format_bytes,
-                                          int4_weight_bytes, kv_cache_bytes, loaded_weight_bytes, longest_context,
-                                          plan_memory, planned_weight_bytes)
+from flashdesk.engine.loading.memory_plan import (
+    GPU_KV_DTYPE,
+    MemoryPlan,
+    drafter_weight_bytes,
+    format_bytes,
+    int4_weight_bytes,
+    kv_cache_bytes,
+    loaded_weight_bytes,
+    longest_context,
+    plan_memory,
+    planned_weight_bytes,
+)
 from flashdesk.engine.loading.quant import parse_quant_config, plan
-from flashdesk.engine.loading.weights import (TOWER_PREFIXES, RemoteHeaders, checkpoint_files, expected_shapes,
-                                              file_header, scan_checkpoint, stored_bytes, validate)
+from flashdesk.engine.model.assistant import assistant_expected_shapes, load_assistant_config
+from flashdesk.engine.loading.weights import (
+    TensorSpec,
+    TOWER_PREFIXES,
+    RemoteHeaders,
+    checkpoint_files,
+    expected_shapes,
+    file_header,
+    scan_checkpoint,
+    stored_bytes,
+    validate,
+)
 
 DEFAULT_CONTEXT = 32768
 
@@ -60,9 +86,14 @@ class CheckpointReport:
         return [f"{label.ljust(width)}  {text}".rstrip() for label, text in self.rows]
 
 
-def inspect_checkpoint(model_dir: str | Path, context: int | None = None,
-                       draft_dir: str | Path | None = None, device: str = "cuda",
-                       flags: bool = True, remote: RemoteHeaders | None = None) -> CheckpointReport:
+def inspect_checkpoint(
+    model_dir: str | Path,
+    context: int | None = None,
+    draft_dir: str | Path | None = None,
+    device: str = "cuda",
+    flags: bool = True,
+    remote: RemoteHeaders | None = None,
+) -> CheckpointReport:
     """Check a model folder (and a drafter) as the loader would, and plan memory at `context` tokens
     on `device` ("cuda": bf16 with fp8 KV in GPU memory; "cpu": float32 in RAM, as the engine runs
     there). `flags=False` leaves out advice phrased as command-line flags (the window's check).
@@ -93,8 +124,9 @@ class CheckpointLines(list):
         self.problems = list(problems)
 
 
-def describe_checkpoint(model_dir: str | Path, context: int | None = None,
-                        draft_dir: str | Path | None = None) -> list[str]:
+def describe_checkpoint(
+    model_dir: str | Path, context: int | None = None, draft_dir: str | Path | None = None
+) -> list[str]:
     """Human-readable lines for `flashdesk doctor --model DIR [--draft DIR] [--context N]`; `.problems`
     on the returned list is empty when the folder holds a complete, supported checkpoint."""
     report = inspect_checkpoint(model_dir, context, draft_dir)
@@ -110,9 +142,14 @@ def _check_config(folder: Path, report: CheckpointReport) -> Gemma4Config | None
     report.config = cfg
     sliding = [layer for layer in cfg.layers if layer.sliding]
     full = [layer for layer in cfg.layers if not layer.sliding]
-    report.rows.append(("config", f"{cfg.architecture}, {cfg.num_layers} layers ({len(sliding)} sliding, "
-                                  f"{len(full)} full), hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
-                                  f"vocab {cfg.vocab_size}"))
+    report.rows.append(
+        (
+            "config",
+            f"{cfg.architecture}, {cfg.num_layers} layers ({len(sliding)} sliding, "
+            f"{len(full)} full), hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
+            f"vocab {cfg.vocab_size}",
+        )
+    )
     parts = []
     if sliding:
         parts.append(f"sliding {_heads(sliding)}, window {cfg.sliding_window}")
@@ -120,8 +157,13 @@ def _check_config(folder: Path, report: CheckpointReport) -> Gemma4Config | None
         parts.append(f"full {_heads(full)}" + (", K = V" if any(layer.k_eq_v for layer in full) else ""))
     report.rows.append(("attention", "; ".join(parts)))
     if cfg.enable_moe:
-        report.rows.append(("experts", f"{cfg.num_experts}, top {cfg.top_k_experts}, expert intermediate "
-                                       f"{cfg.moe_intermediate_size}; dense MLP {cfg.intermediate_size}"))
+        report.rows.append(
+            (
+                "experts",
+                f"{cfg.num_experts}, top {cfg.top_k_experts}, expert intermediate "
+                f"{cfg.moe_intermediate_size}; dense MLP {cfg.intermediate_size}",
+            )
+        )
     else:
         report.rows.append(("experts", f"none; dense MLP {cfg.intermediate_size}"))
     report.rows.append(("context", f"limit {cfg.max_position_embeddings} tokens"))
@@ -138,16 +180,18 @@ def _heads(layers) -> str:
     return ", ".join(f"{kv} KV head{'s' if kv > 1 else ''} x {dim}" for kv, dim in shapes)
 
 
-def _check_weights(folder: Path, cfg: Gemma4Config, report: CheckpointReport, cpu: bool = False,
-                   remote: RemoteHeaders | None = None) -> None:
+def _check_weights(
+    folder: Path, cfg: Gemma4Config, report: CheckpointReport, cpu: bool = False, remote: RemoteHeaders | None = None
+) -> None:
     try:
         quant = parse_quant_config(read_json(folder / "config.json", "model config"))
         entries = scan_checkpoint(folder, remote)
         specs, packed = plan(expected_shapes(cfg), entries, quant)
         validate(entries, specs)
         files = checkpoint_files(folder, remote)
-        towers = [e for path in files for name, e in file_header(path, remote).items()
-                  if name.startswith(TOWER_PREFIXES)]
+        towers = [
+            e for path in files for name, e in file_header(path, remote).items() if name.startswith(TOWER_PREFIXES)
+        ]
     except Exception as exc:  # noqa: BLE001 - the loader's message becomes a problem line
         report.problem(_message(exc))
         return
@@ -160,14 +204,20 @@ def _check_weights(folder: Path, cfg: Gemma4Config, report: CheckpointReport, cp
     dtypes = "+".join(sorted({e.dtype.lower() for e in entries.values()}))
     rest = "float32" if cpu else "bf16"
     form = f"int4 ({len(packed)} packed modules, kept packed) + {rest}" if packed else rest
-    text = (f"complete: {len(entries)} tensors in {len(files)} file(s); {format_bytes(report.disk_bytes)} "
-            f"on disk ({dtypes}), {format_bytes(report.loaded_bytes)} as {form} {'in RAM' if cpu else 'on the GPU'}")
+    text = (
+        f"complete: {len(entries)} tensors in {len(files)} file(s); {format_bytes(report.disk_bytes)} "
+        f"on disk ({dtypes}), {format_bytes(report.loaded_bytes)} as {form} {'in RAM' if cpu else 'on the GPU'}"
+    )
     report.rows.append(("weights", text))
     if packed:
         report.rows.append(("", "; ".join(f"{f['modules']} {f['weights']} {f['format']}" for f in report.formats)))
     if towers:
-        report.rows.append(("", f"vision/audio towers: {len(towers)} tensors, "
-                                f"{format_bytes(report.tower_bytes)} on disk, never loaded"))
+        report.rows.append(
+            (
+                "",
+                f"vision/audio towers: {len(towers)} tensors, {format_bytes(report.tower_bytes)} on disk, never loaded",
+            )
+        )
 
 
 def weight_formats(specs: dict, packed: list) -> list[dict]:
@@ -193,11 +243,13 @@ def weight_formats(specs: dict, packed: list) -> list[dict]:
 def _check_tokenizer(folder: Path, report: CheckpointReport) -> None:
     """A missing tokenizer or chat template is a warning, not a problem: `generate --prompt-ids`
     runs without them; the app and `--prompt` need both."""
-    files = [name for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-             if (folder / name).is_file()]
+    files = [
+        name for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json") if (folder / name).is_file()
+    ]
     if not any(name != "tokenizer_config.json" for name in files):
-        report.rows.append(("tokenizer", "missing (no tokenizer.json): the app and --prompt need it; "
-                                         "--prompt-ids works without"))
+        report.rows.append(
+            ("tokenizer", "missing (no tokenizer.json): the app and --prompt need it; --prompt-ids works without")
+        )
         return
     template = None
     if (folder / "chat_template.jinja").is_file():
@@ -223,8 +275,50 @@ def inspect_drafter(folder: str | Path, remote: RemoteHeaders | None = None) -> 
     return _verdict(report, "a complete DFlash drafter FlashDesk supports (pair it with its target)")
 
 
-def _check_drafter(folder: Path, cfg: Gemma4Config | None, report: CheckpointReport,
-                   cpu: bool = False, remote: RemoteHeaders | None = None) -> DraftConfig | None:
+def inspect_assistant(folder: str | Path, remote: RemoteHeaders | None = None) -> CheckpointReport:
+    """A Gemma 4 MTP assistant folder: its config and every tensor, as the loader checks them."""
+    report = CheckpointReport()
+    folder = Path(folder)
+    try:
+        cfg = load_assistant_config(folder)
+        expected = {
+            name: TensorSpec(shape, "int") if name.endswith("token_ordering") else TensorSpec(shape)
+            for name, shape in assistant_expected_shapes(cfg).items()
+        }
+        entries = scan_checkpoint(folder, remote)
+        validate(entries, expected, "Gemma 4 assistant")
+    except Exception as exc:  # noqa: BLE001 - the loader's message becomes a problem line
+        report.problem(_message(exc))
+        return _verdict(report)
+    text = cfg.text
+    head = (
+        f"ordered embeddings ({cfg.centroid_top_k} of {cfg.num_centroids} centroids)"
+        if cfg.use_ordered_embeddings
+        else "the tied head over the whole vocabulary"
+    )
+    report.rows.append(
+        (
+            "assistant",
+            f"Gemma 4 MTP, {text.num_layers} layers of width {text.hidden_size}, for a target of width "
+            f"{cfg.backbone_hidden_size}; logits from {head}",
+        )
+    )
+    report.tensors = len(entries)
+    report.disk_bytes = sum(stored_bytes(e) for e in entries.values())
+    report.rows.append(("weights", f"complete: {len(entries)} tensors, {format_bytes(report.disk_bytes)} on disk"))
+    report.rows.append(
+        ("", "FlashDesk checks MTP assistants but does not draft with them yet (the DFlash drafter does)")
+    )
+    return _verdict(report, "a complete Gemma 4 MTP assistant")
+
+
+def _check_drafter(
+    folder: Path,
+    cfg: Gemma4Config | None,
+    report: CheckpointReport,
+    cpu: bool = False,
+    remote: RemoteHeaders | None = None,
+) -> DraftConfig | None:
     try:
         draft = load_draft_config(folder)
         if cfg is not None:
@@ -233,10 +327,15 @@ def _check_drafter(folder: Path, cfg: Gemma4Config | None, report: CheckpointRep
     except Exception as exc:  # noqa: BLE001 - the loader's message becomes a problem line
         report.problem(_message(exc))
         return None
-    report.rows.append(("drafter", f"DFlash, {draft.num_layers} layers, block {draft.block_size} (drafts up to "
-                                   f"{draft.block_size - 1}), taps target layers {list(draft.target_layer_ids)}; "
-                                   f"{format_bytes(drafter_weight_bytes(draft, CPU_DTYPE_BYTES if cpu else 2))} "
-                                   f"as {'float32' if cpu else 'bf16'}"))
+    report.rows.append(
+        (
+            "drafter",
+            f"DFlash, {draft.num_layers} layers, block {draft.block_size} (drafts up to "
+            f"{draft.block_size - 1}), taps target layers {list(draft.target_layer_ids)}; "
+            f"{format_bytes(drafter_weight_bytes(draft, CPU_DTYPE_BYTES if cpu else 2))} "
+            f"as {'float32' if cpu else 'bf16'}",
+        )
+    )
     return draft
 
 
@@ -251,8 +350,9 @@ def _context(cfg: Gemma4Config, context: int, report: CheckpointReport, flags: b
     return context, ""
 
 
-def _estimate_cpu_memory(cfg: Gemma4Config, context: int, report: CheckpointReport, draft: DraftConfig | None,
-                         flags: bool = True) -> None:
+def _estimate_cpu_memory(
+    cfg: Gemma4Config, context: int, report: CheckpointReport, draft: DraftConfig | None, flags: bool = True
+) -> None:
     """RAM on the CPU: float32 weights (int4 kept packed), KV and work buffers, as the engine runs there."""
     context, note = _context(cfg, context, report, flags)
     if context is None:
@@ -265,8 +365,9 @@ def _estimate_cpu_memory(cfg: Gemma4Config, context: int, report: CheckpointRepo
     report.rows.append(("", parts))
 
 
-def _estimate_memory(cfg: Gemma4Config, context: int, report: CheckpointReport, draft: DraftConfig | None,
-                     flags: bool = True) -> None:
+def _estimate_memory(
+    cfg: Gemma4Config, context: int, report: CheckpointReport, draft: DraftConfig | None, flags: bool = True
+) -> None:
     context, note = _context(cfg, context, report, flags)
     if context is None:
         return
@@ -274,8 +375,9 @@ def _estimate_memory(cfg: Gemma4Config, context: int, report: CheckpointReport, 
     memory = plan_memory(cfg, weights, context, GPU_KV_DTYPE, draft)
     report.memory = memory
     head, parts = memory.lines()
-    report.rows.append(("memory", f"{head}{note}, fp8 KV (bf16 KV: "
-                                  f"{format_bytes(kv_cache_bytes(cfg, context, 'bfloat16'))})"))
+    report.rows.append(
+        ("memory", f"{head}{note}, fp8 KV (bf16 KV: {format_bytes(kv_cache_bytes(cfg, context, 'bfloat16'))})")
+    )
     report.rows.append(("", parts))
     if not report.quantized and flags:
         int4 = plan_memory(cfg, int4_weight_bytes(cfg), context, GPU_KV_DTYPE, draft)
@@ -286,9 +388,14 @@ def _estimate_memory(cfg: Gemma4Config, context: int, report: CheckpointReport, 
         fits = memory.total <= free_bytes
         longest = longest_context(cfg, weights, GPU_KV_DTYPE, free_bytes, draft)
         report.gpu = {"free_bytes": free_bytes, "total_bytes": total, "fits": fits, "longest_context": longest}
-        report.rows.append(("GPU 0", f"{'fits' if fits else 'does NOT fit'}: {format_bytes(memory.total)} needed, "
-                                     f"{format_bytes(free_bytes)} free of {format_bytes(total)}; longest context "
-                                     f"that fits: {longest} tokens"))
+        report.rows.append(
+            (
+                "GPU 0",
+                f"{'fits' if fits else 'does NOT fit'}: {format_bytes(memory.total)} needed, "
+                f"{format_bytes(free_bytes)} free of {format_bytes(total)}; longest context "
+                f"that fits: {longest} tokens",
+            )
+        )
 
 
 CPU_DTYPE_BYTES = 4  # float32: what the engine computes in on the CPU (bf16 matmuls are slow there)
@@ -304,7 +411,9 @@ def _gpu_free() -> tuple[int, int] | None:
         return None
 
 
-def _verdict(report: CheckpointReport, what: str = "a complete Gemma 4 checkpoint FlashDesk supports") -> CheckpointReport:
+def _verdict(
+    report: CheckpointReport, what: str = "a complete Gemma 4 checkpoint FlashDesk supports"
+) -> CheckpointReport:
     if report.ok:
         report.rows.append(("verdict", f"ok: {what}"))
     else:

@@ -59,8 +59,14 @@ def _is_norm(name: str) -> bool:
     return name.endswith("norm.weight") or "layernorm" in name
 
 
-def workspace_bytes(cfg: Gemma4Config, context: int, chunk: int = PREFILL_CHUNK, dtype_bytes: int = 2,
-                    kv_dtype: str = GPU_KV_DTYPE, triton: bool = True) -> int:
+def workspace_bytes(
+    cfg: Gemma4Config,
+    context: int,
+    chunk: int = PREFILL_CHUNK,
+    dtype_bytes: int = 2,
+    kv_dtype: str = GPU_KV_DTYPE,
+    triton: bool = True,
+) -> int:
     """The activation/workspace allowance at `context` tokens: a fixed 1 GiB plus the attention of
     the worst prefill chunk (`chunk` queries over all `context` keys), on the layer where it peaks.
 
@@ -80,8 +86,11 @@ def workspace_bytes(cfg: Gemma4Config, context: int, chunk: int = PREFILL_CHUNK,
     for layer in cfg.layers:
         keys = min(context, cfg.sliding_window - 1 + chunk) if layer.sliding else context
         rows = min(chunk, query_rows_per_pass(cfg.num_heads, keys))
-        scores = 0 if triton else \
-            int(SCORE_MATRICES_AT_PEAK * cfg.num_heads * rows * keys * 4) + rows * keys * MASK_BYTES_PER_ENTRY
+        scores = (
+            0
+            if triton
+            else int(SCORE_MATRICES_AT_PEAK * cfg.num_heads * rows * keys * 4) + rows * keys * MASK_BYTES_PER_ENTRY
+        )
         read_back = layer.sliding or (converted and not (triton and kv_dtype == "fp8"))  # fp8: read in place
         elements = keys * layer.num_kv_heads * layer.head_dim
         held = 2 * elements * dtype_bytes if read_back else 0
@@ -98,8 +107,6 @@ def format_bytes(n: int | float) -> str:
         if n < div * 1024:
             return f"{n / div:.1f} {unit}"
     return f"{n / 1024**3:.2f} GiB"
-
-
 
 
 class OutOfMemoryPlan(FlashDeskError):
@@ -138,9 +145,12 @@ def int4_weight_bytes(cfg: Gemma4Config, group_size: int = 32, dtype_bytes: int 
     in 16 bits): what `--quantize int4` produces, and the layout of the 4-bit checkpoints."""
     total = 0
     for name, shape in expected_shapes(cfg).items():
-        packable = (name.endswith(".weight") and len(shape) == 2 and not _is_norm(name)
-                    and not name.endswith(("embed_tokens.weight", "router.proj.weight"))) or name.endswith(
-            ("experts.gate_up_proj", "experts.down_proj"))
+        packable = (
+            name.endswith(".weight")
+            and len(shape) == 2
+            and not _is_norm(name)
+            and not name.endswith(("embed_tokens.weight", "router.proj.weight"))
+        ) or name.endswith(("experts.gate_up_proj", "experts.down_proj"))
         if packable and shape[-1] % group_size == 0:
             total += _numel(shape) // 2 + _numel(shape) // group_size * dtype_bytes
         else:
@@ -150,8 +160,9 @@ def int4_weight_bytes(cfg: Gemma4Config, group_size: int = 32, dtype_bytes: int 
 
 def drafter_weight_bytes(cfg: DraftConfig, dtype_bytes: int = 2) -> int:
     d, dh = cfg.hidden_size, cfg.head_dim
-    per_layer = (2 * d + cfg.num_heads * dh * d * 2 + cfg.num_kv_heads * dh * d * 2 + 2 * dh
-                 + 3 * cfg.intermediate_size * d)
+    per_layer = (
+        2 * d + cfg.num_heads * dh * d * 2 + cfg.num_kv_heads * dh * d * 2 + 2 * dh + 3 * cfg.intermediate_size * d
+    )
     return (d * len(cfg.target_layer_ids) * d + 2 * d + cfg.num_layers * per_layer) * dtype_bytes
 
 
@@ -161,8 +172,9 @@ def drafter_context_bytes(cfg: DraftConfig, context: int, dtype_bytes: int = 2) 
     total = 0
     held = context + cfg.block_size
     for kind in cfg.layer_kinds:
-        positions = held if kind != SLIDING or cfg.sliding_window is None else min(held, cfg.sliding_window
-                                                                                   + cfg.block_size)
+        positions = (
+            held if kind != SLIDING or cfg.sliding_window is None else min(held, cfg.sliding_window + cfg.block_size)
+        )
         total += positions * 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
     return total
 
@@ -190,8 +202,15 @@ class MemoryPlan:
         return [f"{g(self.total)} at {self.context} tokens", "= " + " + ".join(parts)]
 
 
-def plan_memory(cfg: Gemma4Config, target_bytes: int, context: int, kv_dtype: str,
-                draft: DraftConfig | None = None, dtype_bytes: int = 2, triton: bool | None = None) -> MemoryPlan:
+def plan_memory(
+    cfg: Gemma4Config,
+    target_bytes: int,
+    context: int,
+    kv_dtype: str,
+    draft: DraftConfig | None = None,
+    dtype_bytes: int = 2,
+    triton: bool | None = None,
+) -> MemoryPlan:
     """Everything the engine holds on the device at `context` tokens, for a compute dtype of
     `dtype_bytes` (bf16 on the GPU) and its kernels (`triton`; by default what a GPU runs here:
     Triton, unless FLASHDESK_KERNELS=torch). Nothing else grows with the context: the drafter's
@@ -210,8 +229,9 @@ def plan_memory(cfg: Gemma4Config, target_bytes: int, context: int, kv_dtype: st
     )
 
 
-def longest_context(cfg: Gemma4Config, target_bytes: int, kv_dtype: str, free: int,
-                    draft: DraftConfig | None = None) -> int:
+def longest_context(
+    cfg: Gemma4Config, target_bytes: int, kv_dtype: str, free: int, draft: DraftConfig | None = None
+) -> int:
     """The largest context (up to the model's limit) whose plan fits in `free` bytes; 0 if none."""
     lo, hi = 0, cfg.max_position_embeddings
     while lo < hi:
@@ -223,8 +243,15 @@ def longest_context(cfg: Gemma4Config, target_bytes: int, kv_dtype: str, free: i
     return lo
 
 
-def check_fits(cfg: Gemma4Config, target_bytes: int, context: int | None, kv_dtype: str, free: int,
-               draft: DraftConfig | None = None, quantized: bool = True) -> int:
+def check_fits(
+    cfg: Gemma4Config,
+    target_bytes: int,
+    context: int | None,
+    kv_dtype: str,
+    free: int,
+    draft: DraftConfig | None = None,
+    quantized: bool = True,
+) -> int:
     """The context to run at: `context` if it fits, else the longest that fits when none was asked.
 
     Raises OutOfMemoryPlan naming what is needed, what is free, and what to change.
@@ -247,7 +274,8 @@ def check_fits(cfg: Gemma4Config, target_bytes: int, context: int | None, kv_dty
     advice.append("closing other programs that use the GPU")
     raise OutOfMemoryPlan(
         f"not enough GPU memory: {g(plan.total)} needed at {want} tokens ({'; '.join(plan.lines()[1:])}), "
-        f"{g(free)} free. Try " + ", or ".join(advice) + ".")
+        f"{g(free)} free. Try " + ", or ".join(advice) + "."
+    )
 
 
 def target_weight_bytes(model_dir, cfg: Gemma4Config, quantize: str | None, dtype_bytes: int = 2) -> tuple[int, bool]:
@@ -259,8 +287,16 @@ def target_weight_bytes(model_dir, cfg: Gemma4Config, quantize: str | None, dtyp
     return planned_weight_bytes(specs, packed, dtype_bytes), bool(packed)
 
 
-def context_that_fits(model_dir, cfg: Gemma4Config, draft: DraftConfig | None, kv_dtype: str,
-                      context: int | None, quantize: str | None, free: int, dtype_bytes: int = 2) -> int:
+def context_that_fits(
+    model_dir,
+    cfg: Gemma4Config,
+    draft: DraftConfig | None,
+    kv_dtype: str,
+    context: int | None,
+    quantize: str | None,
+    free: int,
+    dtype_bytes: int = 2,
+) -> int:
     """Before loading on a GPU: the context to allocate for, or OutOfMemoryPlan with the numbers."""
     weights, quantized = target_weight_bytes(model_dir, cfg, quantize, dtype_bytes)
     return check_fits(cfg, weights, context, kv_dtype, free, draft, quantized)

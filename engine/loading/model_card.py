@@ -26,10 +26,13 @@ def suppress_tokens(folder: Path, vocab: int) -> tuple[int, ...]:
     value = data.get("suppress_tokens") if isinstance(data, dict) else None
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
-                                               for t in value):
-        raise ValueError(f"{folder / 'generation_config.json'}: suppress_tokens must be a list of token ids in "
-                         f"0..{vocab - 1}, got {value!r}")
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in value
+    ):
+        raise ValueError(
+            f"{folder / 'generation_config.json'}: suppress_tokens must be a list of token ids in "
+            f"0..{vocab - 1}, got {value!r}"
+        )
     return tuple(sorted(set(value)))
 
 

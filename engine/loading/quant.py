@@ -46,11 +46,14 @@ class QuantConfig:
         for module in modules:
             scheme = self._scheme_of(module, experts)
             if scheme is None:
-                raise CheckpointError(f"{module} is stored quantized but no quantization_config.config_groups "
-                                      "entry targets it")
+                raise CheckpointError(
+                    f"{module} is stored quantized but no quantization_config.config_groups entry targets it"
+                )
             if found is not None and scheme != found:
-                raise CheckpointError(f"{modules[0]} and {module} are parts of one weight but are quantized "
-                                      f"differently ({_describe(found)} against {_describe(scheme)})")
+                raise CheckpointError(
+                    f"{modules[0]} and {module} are parts of one weight but are quantized "
+                    f"differently ({_describe(found)} against {_describe(scheme)})"
+                )
             found = scheme
         return found
 
@@ -98,8 +101,10 @@ def parse_quant_config(raw: dict, source: str = "config.json") -> QuantConfig | 
         return None
 
     def refuse(what):
-        raise ConfigError(f"{source}: {what} is not supported; FlashDesk loads compressed-tensors "
-                          "pack-quantized int4 weights with 16-bit activations (W4A16)")
+        raise ConfigError(
+            f"{source}: {what} is not supported; FlashDesk loads compressed-tensors "
+            "pack-quantized int4 weights with 16-bit activations (W4A16)"
+        )
 
     method, fmt = qc.get("quant_method"), qc.get("format")
     if method != "compressed-tensors":
@@ -121,8 +126,9 @@ def parse_quant_config(raw: dict, source: str = "config.json") -> QuantConfig | 
         group_size = int(weights["group_size"]) if strategy == "group" else None
         if group_size is not None and group_size % 8:
             refuse(f"config group {name}: group size {group_size} (not a multiple of 8)")
-        schemes.append(Scheme(tuple(group.get("targets") or ["Linear"]), group_size,
-                              bool(weights.get("symmetric", True))))
+        schemes.append(
+            Scheme(tuple(group.get("targets") or ["Linear"]), group_size, bool(weights.get("symmetric", True)))
+        )
     if not schemes:
         raise ConfigError(f"{source}: quantization_config has no config_groups")
     return QuantConfig(tuple(schemes), tuple(qc.get("ignore") or ()))
@@ -140,8 +146,9 @@ class PackedModule:
     symmetric: bool
 
 
-def plan(dense: dict[str, tuple[int, ...]], entries: dict[str, TensorEntry],
-         quant: QuantConfig | None) -> tuple[dict, list[PackedModule]]:
+def plan(
+    dense: dict[str, tuple[int, ...]], entries: dict[str, TensorEntry], quant: QuantConfig | None
+) -> tuple[dict, list[PackedModule]]:
     """The tensors the checkpoint must hold, given which modules its key names say are packed."""
     short, entry = next(iter(entries.items()), ("", None))
     prefix = entry.name.removesuffix(short) if entry else ""  # the layout prefix, e.g. model.language_model.
@@ -205,8 +212,9 @@ def assemble(raw: dict, modules: list[PackedModule]) -> dict:
             packed, scale = raw.pop(stem + "packed"), raw.pop(stem + "scale")
             zero = raw.pop(stem + "zero_point") if not m.symmetric else None
             rows = packed.shape[-2]
-            pieces.append(Int4Weight(packed, scale, None if zero is None else unpack_zero_point(zero, rows),
-                                     m.group_size))
+            pieces.append(
+                Int4Weight(packed, scale, None if zero is None else unpack_zero_point(zero, rows), m.group_size)
+            )
         raw[m.dense_name] = _stack(pieces, m.per_expert)
     return raw
 
@@ -215,15 +223,16 @@ def _stack(pieces: list[Int4Weight], experts: int) -> Int4Weight:
     if len(pieces) == 1:
         return pieces[0]
     per = len(pieces) // experts  # parts per expert (gate and up -> 2)
-    rows = [pieces[e * per:(e + 1) * per] for e in range(experts)]
+    rows = [pieces[e * per : (e + 1) * per] for e in range(experts)]
 
     def stacked(get):
         if get(pieces[0]) is None:
             return None
         return torch.stack([torch.cat([get(p) for p in row]) for row in rows])
 
-    return Int4Weight(stacked(lambda p: p.packed), stacked(lambda p: p.scale), stacked(lambda p: p.zero),
-                      pieces[0].group_size)
+    return Int4Weight(
+        stacked(lambda p: p.packed), stacked(lambda p: p.scale), stacked(lambda p: p.zero), pieces[0].group_size
+    )
 
 
 def unpack_zero_point(packed: torch.Tensor, rows: int) -> torch.Tensor:

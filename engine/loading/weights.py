@@ -24,12 +24,32 @@ SINGLE_FILE = "model.safetensors"
 # Gemma4ForConditionalGeneration keeps the text model under `model.language_model.`; a
 # Gemma4ForCausalLM export under `model.`. The towers below exist in the former and are never loaded.
 TEXT_PREFIXES = ("model.language_model.", "model.")
-TOWER_PREFIXES = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.",
-                  "model.embed_audio.", "model.multi_modal_projector.")
+TOWER_PREFIXES = (
+    "model.vision_tower.",
+    "model.embed_vision.",
+    "model.audio_tower.",
+    "model.embed_audio.",
+    "model.multi_modal_projector.",
+)
 IGNORED_NAMES = ("lm_head.weight",)  # a tied head stored anyway: the embedding is the head
 FLOAT_DTYPES = {"BF16": 2, "F16": 2, "F32": 4}
-DTYPE_SIZES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "I32": 4,
-               "I64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1, "U16": 2, "U32": 4, "U64": 8}
+DTYPE_SIZES = {
+    "BF16": 2,
+    "F16": 2,
+    "F32": 4,
+    "F64": 8,
+    "I8": 1,
+    "U8": 1,
+    "I16": 2,
+    "I32": 4,
+    "I64": 8,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "BOOL": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+}
 
 
 @dataclass(frozen=True)
@@ -75,8 +95,9 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
                 raise CheckpointError(f"{path}: truncated safetensors file (no header)")
             (header_len,) = struct.unpack("<Q", raw_len)
             if header_len > size - 8:
-                raise CheckpointError(f"{path}: truncated safetensors file (header of {header_len} bytes "
-                                      f"in a file of {size})")
+                raise CheckpointError(
+                    f"{path}: truncated safetensors file (header of {header_len} bytes in a file of {size})"
+                )
             raw = f.read(header_len)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read: {exc}") from exc
@@ -101,14 +122,15 @@ def parse_header(raw: bytes, data_size: int, path: Path, where: str | None = Non
         dtype, shape = info.get("dtype"), tuple(info.get("shape", ()))
         start, end = info.get("data_offsets", (0, 0))
         if end > data_size:
-            raise CheckpointError(f"{where}: truncated: tensor {name} ends at byte {end} of the data "
-                                  f"section but the file holds only {data_size}")
+            raise CheckpointError(
+                f"{where}: truncated: tensor {name} ends at byte {end} of the data "
+                f"section but the file holds only {data_size}"
+            )
         numel = 1
         for dim in shape:
             numel *= dim
         if dtype in DTYPE_SIZES and end - start != numel * DTYPE_SIZES[dtype]:
-            raise CheckpointError(f"{where}: tensor {name} has {end - start} bytes for shape "
-                                  f"{list(shape)} of {dtype}")
+            raise CheckpointError(f"{where}: tensor {name} has {end - start} bytes for shape {list(shape)} of {dtype}")
         entries[name] = TensorEntry(name, path, dtype, shape)
     return entries
 
@@ -126,8 +148,9 @@ def checkpoint_files(model_dir: Path, remote: RemoteHeaders | None = None) -> li
         files = sorted(set(weight_map.values()))
         missing = [name for name in files if not (model_dir / name).is_file() and name not in listed]
         if missing:
-            raise CheckpointError(f"{model_dir}: shard file(s) named in {INDEX_FILE} are missing: "
-                                  + ", ".join(missing))
+            raise CheckpointError(
+                f"{model_dir}: shard file(s) named in {INDEX_FILE} are missing: " + ", ".join(missing)
+            )
         return [model_dir / name for name in files]
     if (model_dir / SINGLE_FILE).is_file() or SINGLE_FILE in listed:
         return [model_dir / SINGLE_FILE]
@@ -149,7 +172,7 @@ def scan_checkpoint(model_dir: str | Path, remote: RemoteHeaders | None = None) 
         for name, entry in file_header(path, remote).items():
             if name.startswith(TOWER_PREFIXES) or name in IGNORED_NAMES:
                 continue
-            short = next((name[len(p):] for p in TEXT_PREFIXES if name.startswith(p)), name)
+            short = next((name[len(p) :] for p in TEXT_PREFIXES if name.startswith(p)), name)
             if short in entries:
                 raise CheckpointError(f"tensor {name} appears twice: in {entries[short].file.name} and {path.name}")
             entries[short] = TensorEntry(name, path, entry.dtype, entry.shape)
@@ -160,8 +183,7 @@ def expected_shapes(cfg: Gemma4Config) -> dict[str, tuple[int, ...]]:
     """The name and shape of every text-model tensor the config implies (names without prefix)."""
     d, n_heads = cfg.hidden_size, cfg.num_heads
     shapes = {"embed_tokens.weight": (cfg.vocab_size, d), "norm.weight": (d,)}
-    norms = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-             "post_feedforward_layernorm"]
+    norms = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"]
     if cfg.enable_moe:
         norms += ["post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"]
     for i, layer in enumerate(cfg.layers):
@@ -202,30 +224,41 @@ def validate(entries: dict[str, TensorEntry], expected: dict, what: str = "Gemma
         raise CheckpointError(f"missing tensor {missing[0]}{more}: the checkpoint does not match its config.json")
     for name, entry in entries.items():
         if name not in specs:
-            raise CheckpointError(f"unexpected tensor {entry.name} in {entry.file.name}: not part of the "
-                                  f"{what} this config.json describes; {_unknown_hint(name)}")
+            raise CheckpointError(
+                f"unexpected tensor {entry.name} in {entry.file.name}: not part of the "
+                f"{what} this config.json describes; {_unknown_hint(name)}"
+            )
         spec = specs[name]
         if entry.shape != spec.shape:
-            raise CheckpointError(f"tensor {entry.name} in {entry.file.name} has shape {list(entry.shape)}, "
-                                  f"expected {list(spec.shape)} from config.json")
+            raise CheckpointError(
+                f"tensor {entry.name} in {entry.file.name} has shape {list(entry.shape)}, "
+                f"expected {list(spec.shape)} from config.json"
+            )
         if entry.dtype not in KIND_DTYPES[spec.kind]:
-            raise CheckpointError(f"tensor {entry.name} in {entry.file.name} has dtype {entry.dtype}; "
-                                  f"expected one of {', '.join(KIND_DTYPES[spec.kind])}")
+            raise CheckpointError(
+                f"tensor {entry.name} in {entry.file.name} has dtype {entry.dtype}; "
+                f"expected one of {', '.join(KIND_DTYPES[spec.kind])}"
+            )
 
 
 def _unknown_hint(name: str) -> str:
     """What to do about a tensor no part of the model reads (one clause, for the refusal's line)."""
     if name.endswith("g_idx"):
-        return ("it is a GPTQ activation order (g_idx), which FlashDesk does not read: use an export "
-                "without activation order (compressed-tensors W4A16, group or channel scales)")
+        return (
+            "it is a GPTQ activation order (g_idx), which FlashDesk does not read: use an export "
+            "without activation order (compressed-tensors W4A16, group or channel scales)"
+        )
     if name.endswith(("input_scale", "weight_global_scale", "input_global_scale", "k_scale", "v_scale")):
         return "it belongs to a quantization of activations or the KV cache, which FlashDesk does not read"
-    return ("check that config.json belongs to these weights; if it is an export of a supported model, "
-            "`flashdesk models verify FOLDER --json` gives the details to send with a report")
+    return (
+        "check that config.json belongs to these weights; if it is an export of a supported model, "
+        "`flashdesk models verify FOLDER --json` gives the details to send with a report"
+    )
 
 
-def load_tensors(entries: dict[str, TensorEntry], device: torch.device, dtype: torch.dtype,
-                 transform=None, progress=None) -> dict[str, torch.Tensor]:
+def load_tensors(
+    entries: dict[str, TensorEntry], device: torch.device, dtype: torch.dtype, transform=None, progress=None
+) -> dict[str, torch.Tensor]:
     """Stream validated tensors to `device` one at a time: floats as `dtype`, integers as stored.
 
     `transform(name, tensor)` may replace each tensor as it arrives (on-load quantization), so the
@@ -252,14 +285,6 @@ def load_tensors(entries: dict[str, TensorEntry], device: torch.device, dtype: t
         except Exception as exc:  # safetensors raises its own error types for damaged data
             raise CheckpointError(f"{path}: cannot read tensors: {exc}") from exc
     return weights
-
-
-def load_weights(model_dir: str | Path, expected: dict, device: torch.device, dtype: torch.dtype,
-                 what: str = "Gemma 4 text model", progress=None) -> dict[str, torch.Tensor]:
-    """Validate the whole checkpoint, then stream its tensors to `device` one at a time as `dtype`."""
-    entries = scan_checkpoint(model_dir)
-    validate(entries, expected, what)
-    return load_tensors(entries, device, dtype, progress=progress)
 
 
 def stored_bytes(entry: TensorEntry) -> int:

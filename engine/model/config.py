@@ -118,8 +118,10 @@ def parse_config(raw: dict, source: str = "config.json") -> Gemma4Config:
         text = raw
         arch = arch or "Gemma4ForCausalLM"
     if arch not in ("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"):
-        raise ConfigError(f"{source}: architecture {arch!r} is not a Gemma 4 target "
-                          "(expected Gemma4ForConditionalGeneration or Gemma4ForCausalLM)")
+        raise ConfigError(
+            f"{source}: architecture {arch!r} is not a Gemma 4 target "
+            "(expected Gemma4ForConditionalGeneration or Gemma4ForCausalLM)"
+        )
     if text.get("model_type", "gemma4_text") not in ("gemma4_text", "gemma4"):
         raise ConfigError(f"{source}: model_type {text.get('model_type')!r} is not gemma4_text")
 
@@ -146,9 +148,7 @@ def parse_config(raw: dict, source: str = "config.json") -> Gemma4Config:
     num_layers = int(need("num_hidden_layers"))
     hidden = int(need("hidden_size"))
     num_heads = int(need("num_attention_heads"))
-    layer_types = text.get("layer_types") or [
-        SLIDING if (i + 1) % 6 else FULL for i in range(num_layers)
-    ]
+    layer_types = text.get("layer_types") or [SLIDING if (i + 1) % 6 else FULL for i in range(num_layers)]
     layer_types = list(layer_types)
     if len(layer_types) != num_layers:
         raise ConfigError(f"{source}: layer_types has {len(layer_types)} entries for {num_layers} layers")
@@ -173,8 +173,9 @@ def parse_config(raw: dict, source: str = "config.json") -> Gemma4Config:
             spec.update(full_overrides)
         layer_kv = int(spec["num_key_value_heads"])
         if num_heads % layer_kv:
-            raise ConfigError(f"{source}: layer {i}: {num_heads} attention heads are not a multiple "
-                              f"of {layer_kv} key/value heads")
+            raise ConfigError(
+                f"{source}: layer {i}: {num_heads} attention heads are not a multiple of {layer_kv} key/value heads"
+            )
         layers.append(LayerSpec(kind, int(spec["head_dim"]), layer_kv, k_eq_v and kind == FULL))
 
     rope_params = text.get("rope_parameters") or {
@@ -285,8 +286,14 @@ def parse_draft_config(raw: dict, source: str = "config.json") -> DraftConfig:
 
     arch = (raw.get("architectures") or [None])[0]
     if any(value(name) is not None for name in DFLASH2_FIELDS) or arch == "DFlash2DraftModel":
-        raise ConfigError(f"{source}: DFlash2 drafters (conv and selector fields) are not supported yet; "
-                          "use a DFlash (v1) drafter")
+        raise ConfigError(
+            f"{source}: DFlash2 drafters (conv and selector fields) are not supported yet; use a DFlash (v1) drafter"
+        )
+    if arch == "Gemma4AssistantForCausalLM" or raw.get("model_type") == "gemma4_assistant":
+        raise ConfigError(
+            f"{source}: a Gemma 4 MTP assistant: FlashDesk reads and checks it (`flashdesk models verify`) but "
+            "does not draft with it yet; use the DFlash drafter for speculative decoding"
+        )
     if arch != "DFlashDraftModel":
         raise ConfigError(f"{source}: architecture {arch!r} is not a DFlash drafter (expected DFlashDraftModel)")
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
@@ -360,8 +367,10 @@ def check_pair(target: Gemma4Config, draft: DraftConfig, draft_source: str = "dr
         problems.append(f"num_target_layers {draft.num_target_layers} != target's {target.num_layers} layers")
     bad = [i for i in draft.target_layer_ids if not 0 <= i < target.num_layers]
     if bad:
-        problems.append(f"target_layer_ids {list(draft.target_layer_ids)} name layer {bad[0]}, "
-                        f"but the target has layers 0..{target.num_layers - 1}")
+        problems.append(
+            f"target_layer_ids {list(draft.target_layer_ids)} name layer {bad[0]}, "
+            f"but the target has layers 0..{target.num_layers - 1}"
+        )
     if not 0 <= draft.mask_token_id < target.vocab_size:
         problems.append(f"mask_token_id {draft.mask_token_id} is outside the vocabulary")
     if draft.block_size < 2:

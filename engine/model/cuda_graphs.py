@@ -25,8 +25,14 @@ import torch
 from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import ForwardOutput, Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
-from flashdesk.kernels.backend import (FAULT_VARIABLE, fallbacks, injected_capture_fault, pdl_options, turn_off_pdl,
-                                       use_triton)
+from flashdesk.kernels.backend import (
+    FAULT_VARIABLE,
+    fallbacks,
+    injected_capture_fault,
+    pdl_options,
+    turn_off_pdl,
+    use_triton,
+)
 
 MAX_ROWS = 16  # the anchor and up to 15 drafts: DFlash's block
 
@@ -70,7 +76,7 @@ class _Captured:
 
     def run(self, fn, inputs: torch.Tensor, m: int):
         """fn(static inputs, m) for rows m, replayed from its graph (captured on first use)."""
-        self.inputs[:inputs.shape[0]].copy_(inputs)
+        self.inputs[: inputs.shape[0]].copy_(inputs)
         if m not in self.graphs and self.covers(m):
             try:
                 self.graphs[m] = self._capture(fn, m)
@@ -120,16 +126,21 @@ class StepGraphs:
     drafter blocks of 1..MAX_ROWS - 1 drafts and context updates of 1..MAX_ROWS positions (the
     cache and the context must outlive the graphs)."""
 
-    def __init__(self, model: Gemma4, cache: KVCache, taps: tuple[int, ...], drafter: Drafter | None = None,
-                 ctx: DraftContext | None = None):
+    def __init__(
+        self,
+        model: Gemma4,
+        cache: KVCache,
+        taps: tuple[int, ...],
+        drafter: Drafter | None = None,
+        ctx: DraftContext | None = None,
+    ):
         self.model, self.cache, self.taps, self.drafter, self.ctx = model, cache, taps, drafter, ctx
         pool = torch.cuda.graph_pool_handle()
         ids = lambda: torch.zeros(MAX_ROWS, dtype=torch.long, device=model.device)  # noqa: E731
         self.target = _Captured(ids(), pool, "target")
         self.draft = _Captured(ids(), pool, "draft")
         width = len(taps) * model.cfg.hidden_size
-        self.context = _Captured(torch.zeros(MAX_ROWS, width, dtype=model.dtype, device=model.device), pool,
-                                 "context")
+        self.context = _Captured(torch.zeros(MAX_ROWS, width, dtype=model.dtype, device=model.device), pool, "context")
 
     @property
     def error(self) -> str | None:
@@ -168,8 +179,9 @@ class StepGraphs:
         self.drafter.write_context(self.ctx, taps[:rows])
 
 
-def draft_logits(graphs: StepGraphs | None, drafter: Drafter, ctx: DraftContext, anchor: torch.Tensor,
-                 k: int) -> torch.Tensor:
+def draft_logits(
+    graphs: StepGraphs | None, drafter: Drafter, ctx: DraftContext, anchor: torch.Tensor, k: int
+) -> torch.Tensor:
     """drafter.draft_logits(ctx, anchor, k), replayed from `graphs` where one of its graphs covers
     it (the same context, room for the block), else run eagerly: the decoder and the bench both draft so."""
     if graphs is not None and graphs.covers_draft(ctx, k):

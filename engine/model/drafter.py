@@ -49,18 +49,22 @@ def resolve_draft_quantize(quantize: str | None, device: torch.device) -> str | 
 
 def check_draft_quantize(quantize: str | None) -> None:
     if quantize not in QUANTIZATIONS:
-        raise ValueError(f"unknown drafter quantization {quantize!r}: the choice is int4 "
-                         "(or none for the checkpoint's bf16)")
+        raise ValueError(
+            f"unknown drafter quantization {quantize!r}: the choice is int4 (or none for the checkpoint's bf16)"
+        )
 
 
 def quantize_head(embed: torch.Tensor, group_size: int = GROUP_SIZE) -> Int4Weight:
     """An int4 copy of the (tied) embedding as a head, quantized in row chunks to bound the
     temporary memory (dividing and rounding a 262k vocabulary at once would take gigabytes)."""
     if embed.shape[-1] % group_size:
-        raise ValueError(f"the target's hidden size {embed.shape[-1]} is not a multiple of {group_size}: "
-                         "its head cannot be quantized to int4 for the drafter")
-    parts = [quantize_int4(embed[i:i + HEAD_CHUNK_ROWS], group_size)
-             for i in range(0, embed.shape[0], HEAD_CHUNK_ROWS)]
+        raise ValueError(
+            f"the target's hidden size {embed.shape[-1]} is not a multiple of {group_size}: "
+            "its head cannot be quantized to int4 for the drafter"
+        )
+    parts = [
+        quantize_int4(embed[i : i + HEAD_CHUNK_ROWS], group_size) for i in range(0, embed.shape[0], HEAD_CHUNK_ROWS)
+    ]
     return concat_rows(parts) if len(parts) > 1 else parts[0]
 
 
@@ -69,19 +73,21 @@ def draft_expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     shapes = {"fc.weight": (d, len(cfg.target_layer_ids) * d), "hidden_norm.weight": (d,), "norm.weight": (d,)}
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (d,),
-            p + "post_attention_layernorm.weight": (d,),
-            p + "self_attn.q_proj.weight": (cfg.num_heads * dh, d),
-            p + "self_attn.k_proj.weight": (cfg.num_kv_heads * dh, d),
-            p + "self_attn.v_proj.weight": (cfg.num_kv_heads * dh, d),
-            p + "self_attn.o_proj.weight": (d, cfg.num_heads * dh),
-            p + "self_attn.q_norm.weight": (dh,),
-            p + "self_attn.k_norm.weight": (dh,),
-            p + "mlp.gate_proj.weight": (cfg.intermediate_size, d),
-            p + "mlp.up_proj.weight": (cfg.intermediate_size, d),
-            p + "mlp.down_proj.weight": (d, cfg.intermediate_size),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (d,),
+                p + "post_attention_layernorm.weight": (d,),
+                p + "self_attn.q_proj.weight": (cfg.num_heads * dh, d),
+                p + "self_attn.k_proj.weight": (cfg.num_kv_heads * dh, d),
+                p + "self_attn.v_proj.weight": (cfg.num_kv_heads * dh, d),
+                p + "self_attn.o_proj.weight": (d, cfg.num_heads * dh),
+                p + "self_attn.q_norm.weight": (dh,),
+                p + "self_attn.k_norm.weight": (dh,),
+                p + "mlp.gate_proj.weight": (cfg.intermediate_size, d),
+                p + "mlp.up_proj.weight": (cfg.intermediate_size, d),
+                p + "mlp.down_proj.weight": (d, cfg.intermediate_size),
+            }
+        )
     return shapes
 
 
@@ -98,8 +104,12 @@ class DraftContext:
         self.cfg, self.length = cfg, 0
         self.slack = slack = cfg.block_size if slack is None else slack
         self.max_context = max_context + slack
-        self.capacity = [self.max_context if kind != SLIDING or cfg.sliding_window is None
-                         else min(self.max_context, cfg.sliding_window + slack) for kind in cfg.layer_kinds]
+        self.capacity = [
+            self.max_context
+            if kind != SLIDING or cfg.sliding_window is None
+            else min(self.max_context, cfg.sliding_window + slack)
+            for kind in cfg.layer_kinds
+        ]
         shape = (cfg.num_kv_heads, cfg.head_dim)
         self.k = [torch.zeros((cap, *shape), dtype=dtype, device=device) for cap in self.capacity]
         self.v = [torch.zeros((cap, *shape), dtype=dtype, device=device) for cap in self.capacity]
@@ -119,17 +129,21 @@ class DraftContext:
         query at `length` or later still sees (a ring that has wrapped keeps its window plus t)."""
         end = self.length + t
         return end <= self.max_context and all(
-            end <= cap or t <= cap - (self.window(i) or 0) for i, cap in enumerate(self.capacity))
+            end <= cap or t <= cap - (self.window(i) or 0) for i, cap in enumerate(self.capacity)
+        )
 
     def can_rollback(self, length: int) -> bool:
         return 0 <= length <= self.length and all(
-            ring_keeps(length, self.high, cap, self.window(i)) for i, cap in enumerate(self.capacity))
+            ring_keeps(length, self.high, cap, self.window(i)) for i, cap in enumerate(self.capacity)
+        )
 
     def rollback(self, length: int) -> None:
         """Forget the context from `length` on (a conversation's divergent tail)."""
         if not self.can_rollback(length):
-            raise ValueError(f"cannot roll the drafter context back from {self.length} to {length}: its "
-                             "rings no longer hold that window")
+            raise ValueError(
+                f"cannot roll the drafter context back from {self.length} to {length}: its "
+                "rings no longer hold that window"
+            )
         self.length = length
         self.position.fill_(length)
 
@@ -186,17 +200,22 @@ class Drafter:
         for i in range(cfg.num_layers):
             p = f"layers.{i}."
             get = lambda name: w.pop(p + name)  # noqa: E731
-            self.layers.append({
-                "in_norm": get("input_layernorm.weight"), "post_norm": get("post_attention_layernorm.weight"),
-                "qkv": concat_rows([get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight"),
-                                    get("self_attn.v_proj.weight")]),
-                "q_norm": get("self_attn.q_norm.weight"),
-                "k_norm": get("self_attn.k_norm.weight"), "o": get("self_attn.o_proj.weight"),
-                "gate_up": concat_rows([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
-                "down": get("mlp.down_proj.weight"),
-            })
+            self.layers.append(
+                {
+                    "in_norm": get("input_layernorm.weight"),
+                    "post_norm": get("post_attention_layernorm.weight"),
+                    "qkv": concat_rows(
+                        [get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")]
+                    ),
+                    "q_norm": get("self_attn.q_norm.weight"),
+                    "k_norm": get("self_attn.k_norm.weight"),
+                    "o": get("self_attn.o_proj.weight"),
+                    "gate_up": concat_rows([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]),
+                    "down": get("mlp.down_proj.weight"),
+                }
+            )
         exponents = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim
-        self.rope_freqs = (1.0 / cfg.rope_theta ** exponents).repeat(2).to(self.device)  # rotate-half pairs
+        self.rope_freqs = (1.0 / cfg.rope_theta**exponents).repeat(2).to(self.device)  # rotate-half pairs
         # Gemma targets embed with sqrt(hidden); the drafter was trained on those embeddings
         self.embed_scale = math.sqrt(target.cfg.hidden_size) * cfg.input_embedding_scale
 
@@ -279,25 +298,45 @@ class Drafter:
         host-side shapes); otherwise the context is gathered and joined to the block."""
         cfg, t, eps = self.cfg, qkv.shape[0], self.cfg.rms_norm_eps
         window = ctx.window(i)
-        scale = cfg.head_dim ** -0.5
-        q, kv = qkv[:, :cfg.num_heads], qkv[:, cfg.num_heads:]
+        scale = cfg.head_dim**-0.5
+        q, kv = qkv[:, : cfg.num_heads], qkv[:, cfg.num_heads :]
         if all(use_triton(q, family) for family in STEP_FAMILIES) and ctx.holds_block(t):
             from flashdesk.kernels.attention_triton import decode_attention
 
             q = drafter_store_kv(q, kv, layer["q_norm"], layer["k_norm"], cos, sin, eps, ctx.slots(i))
-            return decode_attention(q, ctx.k[i], ctx.v[i], None, None, ctx.position, window, ctx.capacity[i],
-                                    scale, ctx.max_context, causal=cfg.causal[i])
-        q, kb = drafter_qk_norms(q, kv[:, :cfg.num_kv_heads], layer["q_norm"], layer["k_norm"], cos, sin, eps)
-        vb = kv[:, cfg.num_kv_heads:]
+            return decode_attention(
+                q,
+                ctx.k[i],
+                ctx.v[i],
+                None,
+                None,
+                ctx.position,
+                window,
+                ctx.capacity[i],
+                scale,
+                ctx.max_context,
+                causal=cfg.causal[i],
+            )
+        q, kb = drafter_qk_norms(q, kv[:, : cfg.num_kv_heads], layer["q_norm"], layer["k_norm"], cos, sin, eps)
+        vb = kv[:, cfg.num_kv_heads :]
         start = ctx.length
         kc, vc, pc = ctx.read(i, 0 if window is None else start - window + 1)
-        return attention(q, torch.cat([kc, kb]), torch.cat([vc, vb]), positions, torch.cat([pc, positions]),
-                         window, scale=scale, causal=cfg.causal[i])
+        return attention(
+            q,
+            torch.cat([kc, kb]),
+            torch.cat([vc, vb]),
+            positions,
+            torch.cat([pc, positions]),
+            window,
+            scale=scale,
+            causal=cfg.causal[i],
+        )
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         """h @ head.T; the int4 head in vocab chunks, so a plain-torch dequantization stays small."""
         if use_triton(h, "linear") or not isinstance(self.head, Int4Weight) or self.head.shape[0] <= HEAD_CHUNK_ROWS:
             return linear(h, self.head)
         rows = self.head.shape[0]
-        return torch.cat([linear(h, self.head[i:i + HEAD_CHUNK_ROWS]) for i in range(0, rows, HEAD_CHUNK_ROWS)],
-                         dim=-1)
+        return torch.cat(
+            [linear(h, self.head[i : i + HEAD_CHUNK_ROWS]) for i in range(0, rows, HEAD_CHUNK_ROWS)], dim=-1
+        )

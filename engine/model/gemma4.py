@@ -42,14 +42,21 @@ class _Layer:
         self.o_proj = w.pop(p + "self_attn.o_proj.weight")
         self.gate_up = concat_rows([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
         self.down = w.pop(p + "mlp.down_proj.weight")
-        self.norms = {name: w.pop(p + name + ".weight").float() for name in (
-            "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-            "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm")}
+        self.norms = {
+            name: w.pop(p + name + ".weight").float()
+            for name in (
+                "input_layernorm",
+                "post_attention_layernorm",
+                "pre_feedforward_layernorm",
+                "post_feedforward_layernorm",
+                "self_attn.q_norm",
+                "self_attn.k_norm",
+            )
+        }
         self.layer_scalar = w.pop(p + "layer_scalar")
         self.moe = cfg.enable_moe
         if self.moe:
-            for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
-                         "pre_feedforward_layernorm_2"):
+            for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"):
                 self.norms[name] = w.pop(p + name + ".weight").float()
             self.router = w.pop(p + "router.proj.weight")
             self.router_scale = w.pop(p + "router.scale")
@@ -79,8 +86,10 @@ class Gemma4:
         self.rope_spans = {kind: (end - f.numel(), end) for (kind, f), end in zip(freqs.items(), ends)}
 
     def new_cache(self, max_context: int, kv_dtype: str, slack: int = 16) -> KVCache:
-        layouts = [CacheLayout(s.num_kv_heads, s.head_dim, self.cfg.sliding_window if s.sliding else None)
-                   for s in self.cfg.layers]
+        layouts = [
+            CacheLayout(s.num_kv_heads, s.head_dim, self.cfg.sliding_window if s.sliding else None)
+            for s in self.cfg.layers
+        ]
         return KVCache(layouts, max_context, kv_dtype, self.dtype, self.device, slack)
 
     def _rope_tables(self, positions: torch.Tensor) -> dict:
@@ -94,8 +103,9 @@ class Gemma4:
         return {kind: (cos[:, a:b].contiguous(), sin[:, a:b].contiguous()) for kind, (a, b) in self.rope_spans.items()}
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = (),
-                logits_rows: str = "all") -> ForwardOutput:
+    def forward(
+        self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = (), logits_rows: str = "all"
+    ) -> ForwardOutput:
         """Run ids [T] at positions cache.length.. and commit them to the cache.
 
         logits_rows: "all" for every row (verification), "last" for the last one (prefill/decode).
@@ -104,8 +114,9 @@ class Gemma4:
         cache.advance(ids.shape[0])
         return out
 
-    def compute(self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = (),
-                logits_rows: str = "all") -> ForwardOutput:
+    def compute(
+        self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = (), logits_rows: str = "all"
+    ) -> ForwardOutput:
         """`forward` without committing: writes K/V at cache.length.. and returns the outputs. It
         reads the start position from the device (`cache.position`) and decides nothing from tensor
         values, so a decode or verify block can be captured once as a CUDA graph and replayed."""
@@ -133,23 +144,51 @@ class Gemma4:
         `reader` weight (the next layer's input norm, or the final norm), fused in the last kernel."""
         cfg, eps, n = self.cfg, self.cfg.rms_norm_eps, L.norms
         spec, t = L.spec, h.shape[0]
-        q, k, v = qkv_norms(linear(x, L.qkv), n["self_attn.q_norm"], n["self_attn.k_norm"], *rope, eps,
-                            cfg.num_heads, spec.num_kv_heads, spec.head_dim, spec.k_eq_v, cache.block_slots(i, t))
+        q, k, v = qkv_norms(
+            linear(x, L.qkv),
+            n["self_attn.q_norm"],
+            n["self_attn.k_norm"],
+            *rope,
+            eps,
+            cfg.num_heads,
+            spec.num_kv_heads,
+            spec.head_dim,
+            spec.k_eq_v,
+            cache.block_slots(i, t),
+        )
         a = cache.attend(i, q, k, v, positions, scale=1.0)
         a = linear(a.reshape(t, -1), L.o_proj)
         # h = residual + norm(a); the dense MLP, the experts and the router each read a norm of h
-        router = RouterInput(n["pre_feedforward_layernorm_2"], L.router_scale, cfg.hidden_size ** -0.5) \
-            if L.moe else None
-        h, x, *moe_inputs = attention_out_norms(a, h, eps, n["post_attention_layernorm"],
-                                                n["pre_feedforward_layernorm"], router)
+        router = RouterInput(n["pre_feedforward_layernorm_2"], L.router_scale, cfg.hidden_size**-0.5) if L.moe else None
+        h, x, *moe_inputs = attention_out_norms(
+            a, h, eps, n["post_attention_layernorm"], n["pre_feedforward_layernorm"], router
+        )
         m = linear(glu_linear(x, L.gate_up, "gelu_tanh"), L.down)
         experts = self._moe(L, *moe_inputs) if L.moe else None
-        return mlp_out_norms(m, experts, h, eps, MlpOutWeights(
-            n.get("post_feedforward_layernorm_1"), n.get("post_feedforward_layernorm_2"),
-            n["post_feedforward_layernorm"], L.layer_scalar, reader))
+        return mlp_out_norms(
+            m,
+            experts,
+            h,
+            eps,
+            MlpOutWeights(
+                n.get("post_feedforward_layernorm_1"),
+                n.get("post_feedforward_layernorm_2"),
+                n["post_feedforward_layernorm"],
+                L.layer_scalar,
+                reader,
+            ),
+        )
 
     def _moe(self, L: _Layer, x: torch.Tensor, router_x: torch.Tensor) -> torch.Tensor:
         """The experts on x (pre_feedforward_layernorm_2 of the residual stream), routed on router_x
         (its weightless norm, scaled)."""
-        return routed_moe(x, L.experts_gate_up, L.experts_down, router_x, L.router, self.cfg.top_k_experts,
-                          L.per_expert_scale, summed=False)  # mlp_out_norms sums
+        return routed_moe(
+            x,
+            L.experts_gate_up,
+            L.experts_down,
+            router_x,
+            L.router,
+            self.cfg.top_k_experts,
+            L.per_expert_scale,
+            summed=False,
+        )  # mlp_out_norms sums

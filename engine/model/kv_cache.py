@@ -71,16 +71,22 @@ def dequantize(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dt
 class KVCache:
     """The K/V cache of one sequence across all layers; `length` positions are committed."""
 
-    def __init__(self, layouts: list[CacheLayout], max_context: int, storage: str,
-                 compute_dtype: torch.dtype, device, slack: int = 16):
+    def __init__(
+        self,
+        layouts: list[CacheLayout],
+        max_context: int,
+        storage: str,
+        compute_dtype: torch.dtype,
+        device,
+        slack: int = 16,
+    ):
         if storage not in STORAGE_DTYPES:
             raise ValueError(f"unknown KV storage dtype {storage!r}; choose from {', '.join(STORAGE_DTYPES)}")
         self.max_context, self.storage, self.slack = max_context, storage, slack
         self.compute_dtype = compute_dtype
         dtype = STORAGE_DTYPES[storage]
         self.layers = [
-            _LayerStore(lay, max_context if lay.window is None else min(max_context, lay.window + slack),
-                        dtype, device)
+            _LayerStore(lay, max_context if lay.window is None else min(max_context, lay.window + slack), dtype, device)
             for lay in layouts
         ]
         self.length = 0
@@ -110,8 +116,11 @@ class KVCache:
             positions = torch.arange(0, end, device=k.device)
             if self._in_place(store):
                 return store.k[:end], store.v[:end], positions
-            return (dequantize(store.k[:end], _first(store.k_scale, end), dtype),
-                    dequantize(store.v[:end], _first(store.v_scale, end), dtype), positions)
+            return (
+                dequantize(store.k[:end], _first(store.k_scale, end), dtype),
+                dequantize(store.v[:end], _first(store.v_scale, end), dtype),
+                positions,
+            )
         lo = max(0, start - window + 1)
         old = torch.arange(lo, start, device=k.device)
         slots = old % store.capacity
@@ -142,8 +151,15 @@ class KVCache:
         self._check_write(self.length, t)
         return KVSlots(store.k, store.v, store.k_scale, store.v_scale, self.position, store.capacity)
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-               positions: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        positions: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
         """Store the block's K/V [T, Hkv, Dh] at positions length.. (None: already stored at
         `block_slots`) and attend its queries [T, Hq, Dh] (at `positions`) over every key each may
         see under the layer's window. Returns [T, Hq, Dh]."""
@@ -151,13 +167,32 @@ class KVCache:
         if k is None:
             from flashdesk.kernels.attention_triton import decode_attention
 
-            return decode_attention(q, store.k, store.v, store.k_scale, store.v_scale, self.position,
-                                    store.layout.window, store.capacity, scale, self.max_context)
+            return decode_attention(
+                q,
+                store.k,
+                store.v,
+                store.k_scale,
+                store.v_scale,
+                self.position,
+                store.layout.window,
+                store.capacity,
+                scale,
+                self.max_context,
+            )
         keys, values, key_pos = self.update(layer, self.length, k, v)
         if self._in_place(store):
             end = keys.shape[0]
-            return attention(q, keys, values, positions, key_pos, None, scale, k_scale=store.k_scale[:end],
-                             v_scale=store.v_scale[:end])
+            return attention(
+                q,
+                keys,
+                values,
+                positions,
+                key_pos,
+                None,
+                scale,
+                k_scale=store.k_scale[:end],
+                v_scale=store.v_scale[:end],
+            )
         return attention(q, keys, values, positions, key_pos, store.layout.window, scale)
 
     @staticmethod
@@ -169,8 +204,10 @@ class KVCache:
 
     def _check_write(self, start: int, t: int) -> None:
         if start != self.length or start + t > self.max_context:
-            raise IndexError(f"KV write at {start}..{start + t} does not follow length {self.length} "
-                             f"within the context limit {self.max_context}")
+            raise IndexError(
+                f"KV write at {start}..{start + t} does not follow length {self.length} "
+                f"within the context limit {self.max_context}"
+            )
 
     def advance(self, t: int) -> None:
         """Commit t positions after every layer has been updated for them."""
@@ -187,7 +224,8 @@ class KVCache:
         """Whether every ring still holds the window a query at `length` needs: writes up to `high`
         have overwritten the slots of positions before high - capacity (ring_keeps)."""
         return 0 <= length <= self.length and all(
-            ring_keeps(length, self.high, s.capacity, s.layout.window) for s in self.layers)
+            ring_keeps(length, self.high, s.capacity, s.layout.window) for s in self.layers
+        )
 
     def rollback(self, length: int) -> None:
         """Forget positions >= length (rejected draft tokens, or a conversation's divergent tail).
@@ -195,8 +233,10 @@ class KVCache:
         if length > self.length or length < 0:
             raise ValueError(f"cannot roll back to {length}: cache holds {self.length} positions")
         if not self.can_rollback(length):
-            raise ValueError(f"cannot roll back {self.high - length} positions: sliding rings keep "
-                             f"only {self.slack + 1} beyond the window")
+            raise ValueError(
+                f"cannot roll back {self.high - length} positions: sliding rings keep "
+                f"only {self.slack + 1} beyond the window"
+            )
         self.length = length
         self.position.fill_(length)
 
@@ -221,8 +261,11 @@ class KVCache:
         lo = 0 if window is None else max(0, self.length - window + 1)
         positions = torch.arange(lo, self.length, device=store.k.device)
         slots = positions if window is None else positions % store.capacity
-        return (dequantize(store.k[slots], _at(store.k_scale, slots), self.compute_dtype),
-                dequantize(store.v[slots], _at(store.v_scale, slots), self.compute_dtype), positions)
+        return (
+            dequantize(store.k[slots], _at(store.k_scale, slots), self.compute_dtype),
+            dequantize(store.v[slots], _at(store.v_scale, slots), self.compute_dtype),
+            positions,
+        )
 
 
 def ring_keeps(length: int, high: int, capacity: int, window: int | None) -> bool:

@@ -23,21 +23,27 @@ from flashdesk.engine.serve.bridge import GONE, EventBridge
 from flashdesk.engine.serve.completion import DONE, Completion, event
 from flashdesk.engine.serve.errors import ApiError, BodyLimit, install_error_handlers
 from flashdesk.engine.serve.metrics import CONTENT_TYPE
-from flashdesk.engine.serve.runner import (CLIENT_GONE, STOPPING, Job, JobDelta, JobDone, JobFailed, JobStarted,
-                                           Runner)
+from flashdesk.engine.serve.runner import CLIENT_GONE, STOPPING, Job, JobDelta, JobDone, JobFailed, JobStarted, Runner
 from flashdesk.engine.serve.schema import ChatCompletionRequest
 
 OWNER = "flashdesk"
 MAX_BODY_BYTES = 16 << 20  # far over any context's worth of text; a bigger body gets a 413, not the memory
 
 
-def create_app(runner: Runner, model: str, api_key: str | None = None,
-               sampling_defaults: dict | None = None) -> FastAPI:
+def create_app(
+    runner: Runner, model: str, api_key: str | None = None, sampling_defaults: dict | None = None
+) -> FastAPI:
     """The API for `runner`'s engine, serving it as `model`. `sampling_defaults` (the model's
     generation_config) fill the sampling fields a request leaves out; `api_key`: required on every
     route but /health."""
-    app = FastAPI(title="FlashDesk", docs_url=None, redoc_url=None, openapi_url=None,
-                  strict_content_type=False, max_body_size=MAX_BODY_BYTES)  # no Content-Type: read as JSON
+    app = FastAPI(
+        title="FlashDesk",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        strict_content_type=False,
+        max_body_size=MAX_BODY_BYTES,
+    )  # no Content-Type: read as JSON
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     if api_key:  # the outermost: nothing is read before the key is checked
@@ -46,8 +52,13 @@ def create_app(runner: Runner, model: str, api_key: str | None = None,
     defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, **(sampling_defaults or {})}
 
     def model_card() -> dict:
-        return {"id": model, "object": "model", "created": created, "owned_by": OWNER,
-                "max_model_len": runner.context_limit}
+        return {
+            "id": model,
+            "object": "model",
+            "created": created,
+            "owned_by": OWNER,
+            "max_model_len": runner.context_limit,
+        }
 
     @app.get("/health")
     async def health() -> dict:
@@ -64,26 +75,45 @@ def create_app(runner: Runner, model: str, api_key: str | None = None,
     @app.get("/v1/models/{name:path}")
     async def one_model(name: str) -> dict:
         if name != model:
-            raise ApiError(404, f"the model {name!r} does not exist: this server serves {model!r}", "model",
-                           "model_not_found")
+            raise ApiError(
+                404, f"the model {name!r} does not exist: this server serves {model!r}", "model", "model_not_found"
+            )
         return model_card()
 
     def job_for(body: ChatCompletionRequest) -> Job:
         if body.model is not None and body.model != model:
-            raise ApiError(404, f"the model {body.model!r} does not exist: this server serves {model!r}", "model",
-                           "model_not_found")
+            raise ApiError(
+                404,
+                f"the model {body.model!r} does not exist: this server serves {model!r}",
+                "model",
+                "model_not_found",
+            )
         limit = runner.context_limit
         max_tokens = body.completion_limit
         if max_tokens is not None and max_tokens > limit:
             param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-            raise ApiError(400, f"{param} is {max_tokens}, more than this model's whole context of {limit} tokens",
-                           param, "context_length_exceeded")
+            raise ApiError(
+                400,
+                f"{param} is {max_tokens}, more than this model's whole context of {limit} tokens",
+                param,
+                "context_length_exceeded",
+            )
         top_k = body.top_k if body.top_k is not None else defaults["top_k"]
-        sampling = SamplingParams(body.temperature if body.temperature is not None else defaults["temperature"],
-                                  body.top_p if body.top_p is not None else defaults["top_p"],
-                                  max(0, top_k), body.seed)
-        return Job(body.chat_messages(), sampling, max_tokens or limit, body.thinking, body.stop_strings,
-                   body.ignore_eos, body.stream)
+        sampling = SamplingParams(
+            body.temperature if body.temperature is not None else defaults["temperature"],
+            body.top_p if body.top_p is not None else defaults["top_p"],
+            max(0, top_k),
+            body.seed,
+        )
+        return Job(
+            body.chat_messages(),
+            sampling,
+            max_tokens or limit,
+            body.thinking,
+            body.stop_strings,
+            body.ignore_eos,
+            body.stream,
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -98,8 +128,11 @@ def create_app(runner: Runner, model: str, api_key: str | None = None,
             if isinstance(first, JobStarted) and body.stream:
                 bridge.unwatch()  # from here Starlette watches the client of the stream
                 include_usage = body.stream_options is not None and body.stream_options.include_usage
-                return StreamingResponse(_stream(job, bridge, completion, include_usage),
-                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                return StreamingResponse(
+                    _stream(job, bridge, completion, include_usage),
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache"},
+                )
             return await _whole(job, bridge, first, completion)
         except BaseException:
             job.cancel()  # the server is shutting down (the task was cancelled)

@@ -27,9 +27,11 @@ def is_loopback(host: str) -> bool:
 def check_exposure(host: str, api_key: str | None) -> None:
     """Refuse a non-loopback bind address without an API key (before anything is loaded)."""
     if not api_key and not is_loopback(host):
-        raise ServeError(f"refusing to serve on {host} without an API key: every machine that can reach that address "
-                         "could use the model. Give --api-key KEY (or set FLASHDESK_API_KEY), or serve on "
-                         "127.0.0.1 (the default) for this computer only")
+        raise ServeError(
+            f"refusing to serve on {host} without an API key: every machine that can reach that address "
+            "could use the model. Give --api-key KEY (or set FLASHDESK_API_KEY), or serve on "
+            "127.0.0.1 (the default) for this computer only"
+        )
 
 
 class BearerAuth:
@@ -46,8 +48,11 @@ class BearerAuth:
             header = dict(scope["headers"]).get(b"authorization", b"")
             scheme, _, token = header.partition(b" ")
             if not token:
-                await ApiError(401, "this server needs an API key: send the header Authorization: Bearer KEY",
-                               code="missing_api_key").response()(scope, receive, send)
+                await ApiError(
+                    401,
+                    "this server needs an API key: send the header Authorization: Bearer KEY",
+                    code="missing_api_key",
+                ).response()(scope, receive, send)
                 return
             if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
                 await ApiError(401, "the API key is wrong", code="invalid_api_key").response()(scope, receive, send)

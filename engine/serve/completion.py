@@ -40,24 +40,47 @@ class Completion:
 
     def whole(self, content: str, reasoning: str, reason: str, usage: Usage) -> dict:
         message = {"role": "assistant", "content": content, "reasoning_content": reasoning or None}
-        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "message": message, "logprobs": None,
-                             "finish_reason": FINISH_REASONS[reason]}],
-                "usage": usage_object(usage)}
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": FINISH_REASONS[reason]}],
+            "usage": usage_object(usage),
+        }
 
     def chunk(self, delta: dict, reason: str | None = None, with_usage: bool = False) -> str:
         """A stream chunk; with stream_options.include_usage every chunk has `usage: null` but the last."""
-        body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                             "finish_reason": FINISH_REASONS[reason] if reason else None}]}
+        body = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": FINISH_REASONS[reason] if reason else None,
+                }
+            ],
+        }
         if with_usage:
             body["usage"] = None
         return event(body)
 
     def usage_chunk(self, usage: Usage) -> str:
         """The stream's last chunk when usage was asked for: no choices, the usage."""
-        return event({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                      "choices": [], "usage": usage_object(usage)})
+        return event(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": usage_object(usage),
+            }
+        )
 
 
 def event(body: dict) -> str:

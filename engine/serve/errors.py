@@ -35,8 +35,9 @@ def error_body(message: str, type_: str = INVALID_REQUEST, param: str | None = N
 class ApiError(Exception):
     """A request answered with `status` and OpenAI's error object."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type_: str | None = None):
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None, type_: str | None = None
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type_ or (SERVER_ERROR if status >= 500 else INVALID_REQUEST)
@@ -94,8 +95,11 @@ class BodyLimit:
         if scope["type"] == "http":
             length = dict(scope["headers"]).get(b"content-length", b"")
             if length.isdigit() and int(length) > self.max_bytes:
-                await ApiError(413, f"the request body is {int(length)} bytes, over the limit of {self.max_bytes}",
-                               code="body_too_large").response()(scope, receive, send)
+                await ApiError(
+                    413,
+                    f"the request body is {int(length)} bytes, over the limit of {self.max_bytes}",
+                    code="body_too_large",
+                ).response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -111,10 +115,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        text = {404: f"no such endpoint: {request.method} {request.url.path} (this server has GET /v1/models, "
-                     "POST /v1/chat/completions, GET /health and GET /metrics)",
-                405: f"{request.method} is not allowed on {request.url.path}",
-                413: "the request body is too large"}.get(exc.status_code, str(exc.detail))
+        text = {
+            404: f"no such endpoint: {request.method} {request.url.path} (this server has GET /v1/models, "
+            "POST /v1/chat/completions, GET /health and GET /metrics)",
+            405: f"{request.method} is not allowed on {request.url.path}",
+            413: "the request body is too large",
+        }.get(exc.status_code, str(exc.detail))
         if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # FastAPI's, for
             text = "the request body is not valid JSON: it is not UTF-8 text"  # bytes that do not decode
         return JSONResponse(ApiError(exc.status_code, text).body(), exc.status_code, headers=exc.headers)

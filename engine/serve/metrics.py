@@ -23,8 +23,9 @@ COUNTERS = {
     "flashdesk_spec_steps_total": "Verify passes that checked a draft (speculative steps)",
     "flashdesk_spec_draft_tokens_total": "Tokens drafted by the DFlash drafter",
     "flashdesk_spec_accepted_tokens_total": "Drafted tokens the target accepted",
-    "flashdesk_spec_emitted_tokens_total":
-        "Tokens emitted by speculative steps (accepted drafts plus the target's own)",
+    "flashdesk_spec_emitted_tokens_total": (
+        "Tokens emitted by speculative steps (accepted drafts plus the target's own)"
+    ),
 }
 GAUGES = {
     "flashdesk_requests_running": "Requests on the engine now (0 or 1: one at a time)",
@@ -102,8 +103,12 @@ class ServeMetrics:
                 for name, text in table.items():
                     lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {values[name]}"]
             for name, text, histogram in (
-                    ("flashdesk_step_seconds", "Engine decode step times (draft and verify)", self.step_seconds),
-                    ("flashdesk_time_to_first_token_seconds",
-                     "From a request's arrival (queue wait included) to its first token", self.first_token_seconds)):
+                ("flashdesk_step_seconds", "Engine decode step times (draft and verify)", self.step_seconds),
+                (
+                    "flashdesk_time_to_first_token_seconds",
+                    "From a request's arrival (queue wait included) to its first token",
+                    self.first_token_seconds,
+                ),
+            ):
                 lines += [f"# HELP {name} {text}", f"# TYPE {name} histogram", *histogram.lines(name)]
         return "\n".join(lines) + "\n"

@@ -37,6 +37,7 @@ RECORDS_KEPT = 256  # the newest finished jobs, for the tests and anyone who ask
 
 # -- events, engine thread -> the request's coroutine ----------------------------------------------------
 
+
 @dataclass(frozen=True)
 class JobStarted:
     prompt_tokens: int
@@ -65,8 +66,17 @@ class Usage:
     @classmethod
     def of(cls, end: TurnEnd) -> "Usage":
         s = end.stats
-        return cls(s["prompt_tokens"], len(end.token_ids), s["reused_tokens"], s["speculative_steps"], s["drafted"],
-                   s["accepted"], s["mean_acceptance_length"], s["acceptance_rate"], s["decode_tokens_per_second"])
+        return cls(
+            s["prompt_tokens"],
+            len(end.token_ids),
+            s["reused_tokens"],
+            s["speculative_steps"],
+            s["drafted"],
+            s["accepted"],
+            s["mean_acceptance_length"],
+            s["acceptance_rate"],
+            s["decode_tokens_per_second"],
+        )
 
 
 @dataclass(frozen=True)
@@ -127,8 +137,15 @@ class Runner:
     """Runs Jobs on one engine, in order. `schedule(job)` hands a submitted job to the thread that owns
     the engine, which then calls `execute(job)`; without one, the runner starts that thread itself."""
 
-    def __init__(self, engine, control=None, *, schedule: Callable[[Job], None] | None = None,
-                 on_record: Callable[[JobRecord], None] | None = None, step_delay: float = 0.0):
+    def __init__(
+        self,
+        engine,
+        control=None,
+        *,
+        schedule: Callable[[Job], None] | None = None,
+        on_record: Callable[[JobRecord], None] | None = None,
+        step_delay: float = 0.0,
+    ):
         self.engine, self.control = engine, control
         self.metrics = ServeMetrics()
         self.on_record = on_record
@@ -175,8 +192,7 @@ class Runner:
             self.metrics.move(waiting=-len(pending))
         for job in pending:
             job.cancel(by_server=True)
-            self._finish(job, JobFailed(STOPPING, "the server stopped before this request ran", "server_stopping"),
-                         -1)
+            self._finish(job, JobFailed(STOPPING, "the server stopped before this request ran", "server_stopping"), -1)
         if running is not None:
             running.cancel(by_server=True)
         if self._thread is not None:
@@ -202,8 +218,16 @@ class Runner:
         if job.cancel_event.is_set():  # cancelled while it waited
             return JobDone(CANCELLED, Usage()), -1
         try:
-            turn = ChatTurn(self.engine, job.messages, job.sampling, job.max_tokens, thinking=job.thinking,
-                            ignore_eos=job.ignore_eos, stop=job.stop, policy=STOP)
+            turn = ChatTurn(
+                self.engine,
+                job.messages,
+                job.sampling,
+                job.max_tokens,
+                thinking=job.thinking,
+                ignore_eos=job.ignore_eos,
+                stop=job.stop,
+                policy=STOP,
+            )
         except ContextOverflowError:
             return JobFailed(REFUSED, self._overflow(job), "context_length_exceeded"), -1
         except (FlashDeskError, ValueError, TemplateError) as exc:
@@ -242,9 +266,11 @@ class Runner:
         limit = self.engine.context_limit
         prompt = len(build_prompt_ids(self.engine.tokenizer, job.messages, enable_thinking=job.thinking))
         room = reply_room(limit, job.max_tokens)
-        return (f"the messages make a prompt of {prompt} tokens and the reply needs at least {room} more "
-                f"(max_tokens, up to a quarter of the context), over this model's context of {limit} tokens: "
-                "shorten the messages or lower max_tokens")
+        return (
+            f"the messages make a prompt of {prompt} tokens and the reply needs at least {room} more "
+            f"(max_tokens, up to a quarter of the context), over this model's context of {limit} tokens: "
+            "shorten the messages or lower max_tokens"
+        )
 
     def _finish(self, job: Job, end: JobDone | JobFailed, last_step: int) -> None:
         if isinstance(end, JobDone):
@@ -253,8 +279,17 @@ class Runner:
         else:
             usage, status, message = Usage(), end.status, end.message
             reason = {REFUSED: "refused", STOPPING: CANCELLED}.get(end.status, "failed")
-        record = JobRecord(job.id, status, reason, usage, time.perf_counter() - job.arrived, last_step,
-                           job.cancel_step, job.stream, message)
+        record = JobRecord(
+            job.id,
+            status,
+            reason,
+            usage,
+            time.perf_counter() - job.arrived,
+            last_step,
+            job.cancel_step,
+            job.stream,
+            message,
+        )
         self.records.append(record)
         self.metrics.add(requests=1)
         job.sink(end)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 MAX_STOP_STRINGS = 16
-INT64 = 2 ** 63
+INT64 = 2**63
 
 
 def refuse(param: str, text: str) -> PydanticCustomError:
@@ -33,8 +33,10 @@ def _text(content: Any) -> str:
         for i, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise ValueError(f"part {i} is not a text part ({{\"type\": \"text\", \"text\": ...}}; got {kind!r}): "
-                                 "this server takes text only")
+                raise ValueError(
+                    f'part {i} is not a text part ({{"type": "text", "text": ...}}; got {kind!r}): '
+                    "this server takes text only"
+                )
             texts.append(part["text"])
         return "".join(texts)
     raise ValueError(f"content must be a string or a list of text parts, got {type(content).__name__}")
@@ -120,15 +122,27 @@ class ChatCompletionRequest(BaseModel):
             (self.n != 1, "n", f"only n=1 is supported (one choice per request), got {self.n}"),
             (bool(self.logprobs), "logprobs", "log probabilities are not supported"),
             (bool(self.tools), "tools", "tool calls are not supported by this server"),
-            (self.response_format is not None and self.response_format.get("type", "text") != "text",
-             "response_format", "only the text response format is supported"),
-            (bool(self.presence_penalty), "presence_penalty",
-             "presence_penalty is not supported (give 0 or leave it out)"),
-            (bool(self.frequency_penalty), "frequency_penalty",
-             "frequency_penalty is not supported (give 0 or leave it out)"),
+            (
+                self.response_format is not None and self.response_format.get("type", "text") != "text",
+                "response_format",
+                "only the text response format is supported",
+            ),
+            (
+                bool(self.presence_penalty),
+                "presence_penalty",
+                "presence_penalty is not supported (give 0 or leave it out)",
+            ),
+            (
+                bool(self.frequency_penalty),
+                "frequency_penalty",
+                "frequency_penalty is not supported (give 0 or leave it out)",
+            ),
             (bool(self.logit_bias), "logit_bias", "logit_bias is not supported"),
-            (self.stream_options is not None and not self.stream, "stream_options",
-             "stream_options is only allowed with stream: true"),
+            (
+                self.stream_options is not None and not self.stream,
+                "stream_options",
+                "stream_options is only allowed with stream: true",
+            ),
         ]
         for refused, param, text in refusals:
             if refused:
@@ -136,11 +150,17 @@ class ChatCompletionRequest(BaseModel):
         roles = [m.role for m in self.messages]
         for i, role in enumerate(roles[1:], start=1):
             if role in ("system", "developer"):
-                raise refuse(f"messages[{i}].role", f"a {role} message may only come first (Gemma 4's chat "
-                             f"template has one system turn, at the start); messages[{i}] is one")
+                raise refuse(
+                    f"messages[{i}].role",
+                    f"a {role} message may only come first (Gemma 4's chat "
+                    f"template has one system turn, at the start); messages[{i}] is one",
+                )
         if roles[-1] != "user":
-            raise refuse(f"messages[{len(roles) - 1}].role", f"the last message must be from the user (it is the "
-                         f"{roles[-1]}'s): the model answers the last user message")
+            raise refuse(
+                f"messages[{len(roles) - 1}].role",
+                f"the last message must be from the user (it is the "
+                f"{roles[-1]}'s): the model answers the last user message",
+            )
         return self
 
     @property

@@ -28,8 +28,9 @@ def bind(host: str, port: int) -> socket.socket:
     if not 0 <= port <= 65535:
         raise ServeError(f"port {port} is not a TCP port (0..65535)")
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except socket.gaierror as exc:
         raise ServeError(f"cannot listen on {host}: not an address of this machine ({exc.strerror})") from None
     sock = socket.socket(family, kind, proto)
@@ -60,8 +61,12 @@ def served_name(target: Path) -> str:
 class Server(uvicorn.Server):
     """uvicorn's server, telling us when it listens and when it starts to stop."""
 
-    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None] = lambda: None,
-                 on_stopping: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_started: Callable[[], None] = lambda: None,
+        on_stopping: Callable[[], None] = lambda: None,
+    ):
         super().__init__(config)
         self.on_started, self.on_stopping = on_started, on_stopping
 
@@ -77,8 +82,13 @@ class Server(uvicorn.Server):
 
 def config(app, *, quiet: bool) -> uvicorn.Config:
     """quiet: no logging set up (the worker's stderr is the app's crash report) and no access log."""
-    return uvicorn.Config(app, lifespan="off", timeout_graceful_shutdown=GRACE_SECONDS, server_header=False,
-                          **({"log_config": None, "access_log": False} if quiet else {}))
+    return uvicorn.Config(
+        app,
+        lifespan="off",
+        timeout_graceful_shutdown=GRACE_SECONDS,
+        server_header=False,
+        **({"log_config": None, "access_log": False} if quiet else {}),
+    )
 
 
 class ServerThread:
@@ -104,8 +114,11 @@ class ServerThread:
         self.thread.start()
         if not self._listening.wait(timeout) or not self.server.started:
             self.stop()
-            raise ServeError(f"the HTTP server did not start: {self.error!r}" if self.error else
-                             "the HTTP server did not start in time")
+            raise ServeError(
+                f"the HTTP server did not start: {self.error!r}"
+                if self.error
+                else "the HTTP server did not start in time"
+            )
 
     def stop(self, timeout: float = GRACE_SECONDS + 10) -> None:
         self.server.should_exit = True
@@ -117,9 +130,20 @@ class ServerThread:
 class Serving:
     """A running server of the worker: its runner (jobs go on the worker's queue) and its thread."""
 
-    def __init__(self, engine, control, *, host: str, port: int, api_key: str | None, model: str,
-                 sampling_defaults: dict, schedule: Callable[[Job], None],
-                 on_record: Callable[[JobRecord], None], step_delay: float = 0.0):
+    def __init__(
+        self,
+        engine,
+        control,
+        *,
+        host: str,
+        port: int,
+        api_key: str | None,
+        model: str,
+        sampling_defaults: dict,
+        schedule: Callable[[Job], None],
+        on_record: Callable[[JobRecord], None],
+        step_delay: float = 0.0,
+    ):
         sock = bind(host, port)
         self.runner = Runner(engine, control, schedule=schedule, on_record=on_record, step_delay=step_delay)
         app = create_app(self.runner, model, api_key, sampling_defaults)

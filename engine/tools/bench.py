@@ -15,8 +15,15 @@ from pathlib import Path
 
 from flashdesk import paths
 from flashdesk.engine.bench.measure import BenchPlan, keep_run, run_suite
-from flashdesk.engine.bench.prompts import (DEFAULT_PROMPTS_PER_TASK, TASKS, load_prompts, parse_draft_lengths,
-                                            parse_tasks, select_prompts, task_prompts)
+from flashdesk.engine.bench.prompts import (
+    DEFAULT_PROMPTS_PER_TASK,
+    TASKS,
+    load_prompts,
+    parse_draft_lengths,
+    parse_tasks,
+    select_prompts,
+    task_prompts,
+)
 from flashdesk.engine.bench.report import format_history, format_report
 from flashdesk.engine.bench.results import history
 from flashdesk.engine.decode.generation import Engine
@@ -56,8 +63,9 @@ def plan_from_args(args) -> BenchPlan:
         items = [p for t in tasks for p in task_prompts(t)]
         if per_task is None and not args.full:
             per_task = DEFAULT_PROMPTS_PER_TASK
-    return BenchPlan(select_prompts(items, tasks, per_task), tasks, lengths, args.max_new_tokens, per_task,
-                     bool(args.compare))
+    return BenchPlan(
+        select_prompts(items, tasks, per_task), tasks, lengths, args.max_new_tokens, per_task, bool(args.compare)
+    )
 
 
 def run_bench(args) -> int:
@@ -70,8 +78,15 @@ def run_bench(args) -> int:
         from flashdesk.engine.hub.demo import demo_pair
 
         args.model, args.draft = demo_pair()
-    engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, None, args.draft,
-                         draft_quantize=getattr(args, "draft_quantize", "auto"))
+    engine = Engine.load(
+        args.model,
+        args.device,
+        args.dtype,
+        args.kv_dtype,
+        None,
+        args.draft,
+        draft_quantize=getattr(args, "draft_quantize", "auto"),
+    )
     if engine.fallback_note():  # the bench then measures torch kernels: say so
         print(f"flashdesk: {engine.fallback_note()}", file=sys.stderr, flush=True)
     progress, close = _progress_bar(getattr(args, "no_progress", False))

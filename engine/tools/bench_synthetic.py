@@ -51,6 +51,7 @@ PROFILED = ("ar", "verify-16", "draft", "draft-int4")  # with --profile on a GPU
 
 # --- timing ---------------------------------------------------------------------------------------
 
+
 def _sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -85,15 +86,15 @@ def copy_bandwidth(device, nbytes: int = COPY_BYTES, repeats: int = 5) -> float 
     """Bytes per second of a device-to-device copy (read + written), or None off the GPU."""
     if device.type != "cuda":
         return None
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    seconds = time_step(device, lambda: dst.copy_(src), warmup=2, repeats=repeats)
-    del src, dst
+    buffers = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
+    seconds = time_step(device, lambda: buffers[1].copy_(buffers[0]), warmup=2, repeats=repeats)
+    buffers.clear()
     torch.cuda.empty_cache()
     return 2 * nbytes / seconds
 
 
 # --- the run --------------------------------------------------------------------------------------
+
 
 @dataclass
 class Step:
@@ -109,11 +110,16 @@ class Step:
 
     def as_dict(self, bandwidth: float | None) -> dict:
         floor = self.floor(bandwidth)
-        row = {"name": self.name, "seconds": self.seconds, "bytes": self.bytes.total if self.bytes else None,
-               "floor_seconds": floor, "tokens": self.tokens,
-               "floor_fraction": floor / self.seconds if floor and self.seconds else None,
-               "bytes_by_kind": self.bytes.as_dict() if self.bytes else None,
-               "experts_per_layer": self.bytes.experts_per_layer if self.bytes else None}
+        row = {
+            "name": self.name,
+            "seconds": self.seconds,
+            "bytes": self.bytes.total if self.bytes else None,
+            "floor_seconds": floor,
+            "tokens": self.tokens,
+            "floor_fraction": floor / self.seconds if floor and self.seconds else None,
+            "bytes_by_kind": self.bytes.as_dict() if self.bytes else None,
+            "experts_per_layer": self.bytes.experts_per_layer if self.bytes else None,
+        }
         if self.note:
             row["note"] = self.note
         if self.profile is not None:
@@ -148,15 +154,26 @@ def parse_prefill_lengths(text: str) -> tuple[int, ...]:
     except ValueError:
         raise ValueError(f"--prefill-lengths must be two comma-separated integers, got {text!r}") from None
     if len(lengths) != len(PREFILL_NAMES) or min(lengths) < 1:
-        raise ValueError(f"--prefill-lengths needs {len(PREFILL_NAMES)} positive lengths "
-                         f"(for {', '.join(PREFILL_NAMES)}), got {text!r}")
+        raise ValueError(
+            f"--prefill-lengths needs {len(PREFILL_NAMES)} positive lengths "
+            f"(for {', '.join(PREFILL_NAMES)}), got {text!r}"
+        )
     return lengths
 
 
-def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device: str = "auto",
-                  dtype: str = "auto", kv_dtype: str = "auto", prefill_lengths=(1024, 8192),
-                  repeats: int | None = None, seed: int = 0, log=None, profile: bool = False,
-                  capacity: int | None = None) -> dict:
+def run_synthetic(
+    layers: int = REAL_LAYERS,
+    context: int | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    kv_dtype: str = "auto",
+    prefill_lengths=(1024, 8192),
+    repeats: int | None = None,
+    seed: int = 0,
+    log=None,
+    profile: bool = False,
+    capacity: int | None = None,
+) -> dict:
     """Build the synthetic model on the device, time every step, and return the report dict; with
     `profile`, on a GPU, each PROFILED step's kernels too (kernel_profile.py). `capacity`: the
     cache's and the drafter context's size (default: the context fill and one block), as a long
@@ -182,8 +199,10 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
     cfg, dcfg = model.cfg, drafter.cfg
     taps = tuple(dcfg.target_layer_ids)
     _sync(dev)
-    log(f"synthetic Gemma 4 26B-A4B, {layers} layer(s), {torch_dtype} on {dev}, KV {kv}: "
-        f"built in {time.perf_counter() - t0:.1f} s")
+    log(
+        f"synthetic Gemma 4 26B-A4B, {layers} layer(s), {torch_dtype} on {dev}, KV {kv}: "
+        f"built in {time.perf_counter() - t0:.1f} s"
+    )
     gen = torch.Generator(device=dev).manual_seed(seed + 7)
 
     def tokens(n):
@@ -214,11 +233,17 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
                 holder["cache"] = model.new_cache(length, kv)
                 recorder.reset()
 
-            seconds = time_step(dev, lambda ids=ids: model.forward(ids, holder["cache"], logits_rows="last"),
-                                warmup, prefill_repeats, before=fresh)
+            seconds = time_step(
+                dev,
+                lambda ids=ids: model.forward(ids, holder["cache"], logits_rows="last"),
+                warmup,
+                prefill_repeats,
+                before=fresh,
+            )
             holder.clear()
-            steps.append(Step(name, seconds, target_step_bytes(
-                model, kv, 0, length, _unique(ids), recorder.union()), length))
+            steps.append(
+                Step(name, seconds, target_step_bytes(model, kv, 0, length, _unique(ids), recorder.union()), length)
+            )
             log(f"{name}: {1000 * seconds:.1f} ms")
 
         # the context, once: target cache and drafter context side by side
@@ -245,8 +270,9 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
             seconds = time_step(dev, forward, warmup, repeats)  # eager runs are recorded as they are timed
             read = target_step_bytes(model, kv, context, m, _unique(ids), recorder.union())
             log(f"{name}: {1000 * seconds:.1f} ms")
-            return Step(name, seconds, read, m,
-                        profile=profile_step(dev, forward) if profile and name in PROFILED else None)
+            return Step(
+                name, seconds, read, m, profile=profile_step(dev, forward) if profile and name in PROFILED else None
+            )
 
         steps.append(target_step("ar", 1))
         for m in VERIFY_LENGTHS:
@@ -260,8 +286,13 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
 
         seconds = time_step(dev, draft, warmup, repeats)
         log(f"{name}: {1000 * seconds:.1f} ms")
-        return Step(name, seconds, draft_step_bytes(d, context), DRAFT_K + 1,
-                    profile=profile_step(dev, draft) if profile and name in PROFILED else None)
+        return Step(
+            name,
+            seconds,
+            draft_step_bytes(d, context),
+            DRAFT_K + 1,
+            profile=profile_step(dev, draft) if profile and name in PROFILED else None,
+        )
 
     steps.append(draft_step("draft", drafter, dctx, graphs))
     notes = [compiled] if compiled else []
@@ -278,8 +309,10 @@ def run_synthetic(layers: int = REAL_LAYERS, context: int | None = None, device:
         capture_errors.append(graphs.error)
     if capture_errors:  # as `generate --json` words it
         graphs_note = f"capture failed, steps run eagerly ({capture_errors[0]})"
-    if cfg.enable_moe and any(step.bytes and step.bytes.experts_per_layer is None and step.name.startswith(
-            ("prefill", "ar", "verify")) for step in steps):
+    if cfg.enable_moe and any(
+        step.bytes and step.bytes.experts_per_layer is None and step.name.startswith(("prefill", "ar", "verify"))
+        for step in steps
+    ):
         notes.append("the MoE call was not observed: expert bytes of some steps are missing")
 
     report = _report(dev, layers, context, kv, torch_dtype, bandwidth, steps, notes, describe(dev), graphs_note)
@@ -299,8 +332,11 @@ def _report(dev, layers, context, kv, dtype, bandwidth, steps, notes, kernels, c
 
     ar = by_name["ar"]
     ar_floor = ar.floor(bandwidth)
-    ratios = {"verify16_over_ar": ratio("verify-16", "ar"), "draft_over_ar": ratio("draft", "ar"),
-              "ar_floor_fraction": ar_floor / ar.seconds if ar_floor and ar.seconds else None}
+    ratios = {
+        "verify16_over_ar": ratio("verify-16", "ar"),
+        "draft_over_ar": ratio("draft", "ar"),
+        "ar_floor_fraction": ar_floor / ar.seconds if ar_floor and ar.seconds else None,
+    }
     if "draft-int4" in by_name:
         ratios["draft_int4_over_ar"] = ratio("draft-int4", "ar")
     targets = None
@@ -315,43 +351,62 @@ def _report(dev, layers, context, kv, dtype, bandwidth, steps, notes, kernels, c
         }
     return {
         "device": str(dev) if dev.type != "cuda" else f"cuda ({torch.cuda.get_device_name(dev)})",
-        "layers": layers, "context": context, "dtype": str(dtype).removeprefix("torch."), "kv_dtype": kv,
-        "kernels": kernels, "cuda_graphs": cuda_graphs, "bandwidth_gbps": bandwidth / 1e9 if bandwidth else None,
-        "steps": [step.as_dict(bandwidth) for step in steps], "ratios": ratios, "targets": targets,
+        "layers": layers,
+        "context": context,
+        "dtype": str(dtype).removeprefix("torch."),
+        "kv_dtype": kv,
+        "kernels": kernels,
+        "cuda_graphs": cuda_graphs,
+        "bandwidth_gbps": bandwidth / 1e9 if bandwidth else None,
+        "steps": [step.as_dict(bandwidth) for step in steps],
+        "ratios": ratios,
+        "targets": targets,
         "notes": notes,
     }
 
 
 # --- output ---------------------------------------------------------------------------------------
 
+
 def format_table(report: dict) -> str:
     def num(value, fmt):
         return format(value, fmt) if value is not None else "-"
 
-    lines = [f"synthetic Gemma 4 26B-A4B + DFlash: {report['layers']} layer(s), context {report['context']}, "
-             f"{report['dtype']}, KV {report['kv_dtype']}, kernels {report['kernels']}, {report['device']}",
-             f"CUDA graphs: {report['cuda_graphs']}",
-             "copy bandwidth: " + (f"{report['bandwidth_gbps']:.0f} GB/s" if report["bandwidth_gbps"]
-                                   else "n/a (no floor on the CPU)"),
-             f"{'step':<14}{'ms':>10}{'MB read':>11}{'GB/s':>9}{'of floor':>10}{'experts/layer':>15}"]
+    lines = [
+        f"synthetic Gemma 4 26B-A4B + DFlash: {report['layers']} layer(s), context {report['context']}, "
+        f"{report['dtype']}, KV {report['kv_dtype']}, kernels {report['kernels']}, {report['device']}",
+        f"CUDA graphs: {report['cuda_graphs']}",
+        "copy bandwidth: "
+        + (f"{report['bandwidth_gbps']:.0f} GB/s" if report["bandwidth_gbps"] else "n/a (no floor on the CPU)"),
+        f"{'step':<14}{'ms':>10}{'MB read':>11}{'GB/s':>9}{'of floor':>10}{'experts/layer':>15}",
+    ]
     for row in report["steps"]:
         gbps = row["bytes"] / row["seconds"] / 1e9 if row["bytes"] and row["seconds"] else None
         frac = row["floor_fraction"]
-        lines.append(f"{row['name']:<14}{num(row['seconds'] and 1000 * row['seconds'], '.2f'):>10}"
-                     f"{num(row['bytes'] and row['bytes'] / 1e6, '.1f'):>11}{num(gbps, '.1f'):>9}"
-                     f"{num(frac and 100 * frac, '.0f') + ('%' if frac else ''):>10}"
-                     f"{num(row['experts_per_layer'], '.1f'):>15}" + (f"  ({row['note']})" if row.get("note") else ""))
+        lines.append(
+            f"{row['name']:<14}{num(row['seconds'] and 1000 * row['seconds'], '.2f'):>10}"
+            f"{num(row['bytes'] and row['bytes'] / 1e6, '.1f'):>11}{num(gbps, '.1f'):>9}"
+            f"{num(frac and 100 * frac, '.0f') + ('%' if frac else ''):>10}"
+            f"{num(row['experts_per_layer'], '.1f'):>15}" + (f"  ({row['note']})" if row.get("note") else "")
+        )
     r = report["ratios"]
-    lines.append(f"verify(16) / AR = {num(r['verify16_over_ar'], '.2f')}, draft / AR = {num(r['draft_over_ar'], '.2f')}"
-                 + (f", draft-int4 / AR = {num(r['draft_int4_over_ar'], '.2f')}" if "draft_int4_over_ar" in r else "")
-                 + f", AR at {num(r['ar_floor_fraction'] and 100 * r['ar_floor_fraction'], '.0f')}% of its floor")
+    lines.append(
+        f"verify(16) / AR = {num(r['verify16_over_ar'], '.2f')}, draft / AR = {num(r['draft_over_ar'], '.2f')}"
+        + (f", draft-int4 / AR = {num(r['draft_int4_over_ar'], '.2f')}" if "draft_int4_over_ar" in r else "")
+        + f", AR at {num(r['ar_floor_fraction'] and 100 * r['ar_floor_fraction'], '.0f')}% of its floor"
+    )
     if report["targets"] is not None:
-        for label, key in (("AR >= 70% of floor", "ar_at_least_70pct_of_floor"),
-                           ("verify(16) <= 2x AR", "verify16_at_most_2x_ar"),
-                           ("draft <= 0.35x AR", "draft_at_most_0.35x_ar")):
+        for label, key in (
+            ("AR >= 70% of floor", "ar_at_least_70pct_of_floor"),
+            ("verify(16) <= 2x AR", "verify16_at_most_2x_ar"),
+            ("draft <= 0.35x AR", "draft_at_most_0.35x_ar"),
+        ):
             lines.append(f"target {label}: {'met' if report['targets'][key] else 'not met'}")
-    lines.extend(f"{row['name']}: {describe_profile(row['kernel_profile'])}" for row in report["steps"]
-                 if row.get("kernel_profile"))
+    lines.extend(
+        f"{row['name']}: {describe_profile(row['kernel_profile'])}"
+        for row in report["steps"]
+        if row.get("kernel_profile")
+    )
     lines.extend(f"note: {note}" for note in report["notes"])
     return "\n".join(lines)
 
@@ -361,9 +416,17 @@ def run_synthetic_bench(args) -> int:
     lengths = parse_prefill_lengths(args.prefill_lengths)
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
-    report = run_synthetic(layers=args.layers, context=args.context, device=args.device, dtype=args.dtype,
-                           kv_dtype=args.kv_dtype, prefill_lengths=lengths, repeats=args.repeats,
-                           profile=args.profile, capacity=args.capacity)
+    report = run_synthetic(
+        layers=args.layers,
+        context=args.context,
+        device=args.device,
+        dtype=args.dtype,
+        kv_dtype=args.kv_dtype,
+        prefill_lengths=lengths,
+        repeats=args.repeats,
+        profile=args.profile,
+        capacity=args.capacity,
+    )
     print(format_table(report), flush=True)
     if args.json:
         print(json.dumps(report), flush=True)

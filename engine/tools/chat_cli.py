@@ -56,9 +56,16 @@ class Reply:
     regenerated: bool = False
 
     def to_json(self) -> dict:
-        out = {"prompt_ids": self.prompt_ids, "token_ids": self.token_ids, "text": self.text,
-               "thought": self.thought, "finish_reason": self.finish_reason, "steps": self.steps,
-               "stats": self.stats, "dropped_messages": self.dropped_messages}
+        out = {
+            "prompt_ids": self.prompt_ids,
+            "token_ids": self.token_ids,
+            "text": self.text,
+            "thought": self.thought,
+            "finish_reason": self.finish_reason,
+            "steps": self.steps,
+            "stats": self.stats,
+            "dropped_messages": self.dropped_messages,
+        }
         if self.regenerated:
             out["regenerated"] = True
         return out
@@ -97,15 +104,20 @@ class Totals:
         self.drafted += s["drafted"]
         self.accepted += s["accepted"]
         self.dropped_messages += reply.dropped_messages
-        self.last = {"finish_reason": reply.finish_reason, "dropped_messages": reply.dropped_messages,
-                     "generated_tokens": len(reply.token_ids), **s}
+        self.last = {
+            "finish_reason": reply.finish_reason,
+            "dropped_messages": reply.dropped_messages,
+            "generated_tokens": len(reply.token_ids),
+            **s,
+        }
 
     def summary(self) -> dict:
         out = {k: v for k, v in self.__dict__.items() if k != "last"}
         out["decode_tokens_per_second"] = self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
         out["acceptance_rate"] = self.accepted / self.drafted if self.drafted else None
-        out["mean_acceptance_length"] = (self.speculative_emitted / self.speculative_steps
-                                         if self.speculative_steps else None)
+        out["mean_acceptance_length"] = (
+            self.speculative_emitted / self.speculative_steps if self.speculative_steps else None
+        )
         out["last"] = self.last
         return out
 
@@ -124,12 +136,26 @@ class ChatSession:
     call `send`, `regenerate` and `command`; a turn that fails or is interrupted leaves the history
     as it was."""
 
-    def __init__(self, engine, control, *, system: str | None, thinking: bool, sampling, max_new_tokens: int,
-                 ignore_eos: bool, stop_strings: tuple[str, ...], reuse: bool, policy: str,
-                 model: str | None = None, draft: str | None = None):
+    def __init__(
+        self,
+        engine,
+        control,
+        *,
+        system: str | None,
+        thinking: bool,
+        sampling,
+        max_new_tokens: int,
+        ignore_eos: bool,
+        stop_strings: tuple[str, ...],
+        reuse: bool,
+        policy: str,
+        model: str | None = None,
+        draft: str | None = None,
+    ):
         if engine.tokenizer is None:
-            raise FlashDeskError(f"{model or 'the model folder'} has no tokenizer: chat needs tokenizer.json "
-                                 "and a chat template")
+            raise FlashDeskError(
+                f"{model or 'the model folder'} has no tokenizer: chat needs tokenizer.json and a chat template"
+            )
         if max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
         self.engine, self.control = engine, control
@@ -175,17 +201,26 @@ class ChatSession:
         from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest
 
         try:
-            fitted = fit_conversation(self.engine.tokenizer, self.messages(), thinking=self.thinking,
-                                      context_limit=self.engine.context_limit,
-                                      max_new_tokens=self.max_new_tokens, policy=self.policy)
+            fitted = fit_conversation(
+                self.engine.tokenizer,
+                self.messages(),
+                thinking=self.thinking,
+                context_limit=self.engine.context_limit,
+                max_new_tokens=self.max_new_tokens,
+                policy=self.policy,
+            )
         except ContextOverflowError as exc:
-            hint = ("/clear starts over (the system prompt stays)" if self.policy == "drop_oldest" else
-                    "/clear starts over (the system prompt stays), --context-policy drop_oldest drops old turns")
+            hint = (
+                "/clear starts over (the system prompt stays)"
+                if self.policy == "drop_oldest"
+                else "/clear starts over (the system prompt stays), --context-policy drop_oldest drops old turns"
+            )
             raise ContextOverflowError(f"context full: {exc} [chat: {hint}]") from None
         if on_fit is not None:
             on_fit(fitted)
-        request = GenerationRequest(fitted.ids, fitted.max_new_tokens, self.sampling, self.ignore_eos,
-                                    self.stop_strings, reuse=self.reuse)
+        request = GenerationRequest(
+            fitted.ids, fitted.max_new_tokens, self.sampling, self.ignore_eos, self.stop_strings, reuse=self.reuse
+        )
         steps, finish = [], None
         events = self.engine.generate(request, self.control)
         try:
@@ -203,9 +238,16 @@ class ChatSession:
         finally:
             events.close()
         stats = dict(finish.stats)  # with reused_tokens + prefill_tokens = prompt_tokens
-        reply = Reply(fitted.ids, finish.token_ids, finish.text, finish.thought,
-                      fitted.finish_reason(finish.finish_reason, len(finish.token_ids)), steps, stats,
-                      fitted.dropped)
+        reply = Reply(
+            fitted.ids,
+            finish.token_ids,
+            finish.text,
+            finish.thought,
+            fitted.finish_reason(finish.finish_reason, len(finish.token_ids)),
+            steps,
+            stats,
+            fitted.dropped,
+        )
         first = 1 if self.system else 0  # the history follows the fitted prompt: dropped turns stay dropped
         self.history = fitted.messages[first:] + [{"role": "assistant", "content": finish.text}]
         self.totals.add(reply)
@@ -217,14 +259,27 @@ class ChatSession:
         spec = self.control is not None and self.control.enabled
         draft_length = None
         if self.control is not None:
-            draft_length = (self.control.draft_length or self.engine.default_draft_length
-                            or self.engine.drafter.max_draft_length)
-        return {"model": self.model, "draft": self.draft, "system": self.system, "thinking": self.thinking,
-                "speculation": spec, "draft_length": draft_length, "max_new_tokens": self.max_new_tokens,
-                "ignore_eos": self.ignore_eos, "stop": list(self.stop_strings),
-                "temperature": self.sampling.temperature, "top_p": self.sampling.top_p,
-                "top_k": self.sampling.top_k, "seed": self.sampling.seed,
-                "context_limit": self.engine.context_limit, "context_policy": self.policy, "reuse": self.reuse}
+            draft_length = (
+                self.control.draft_length or self.engine.default_draft_length or self.engine.drafter.max_draft_length
+            )
+        return {
+            "model": self.model,
+            "draft": self.draft,
+            "system": self.system,
+            "thinking": self.thinking,
+            "speculation": spec,
+            "draft_length": draft_length,
+            "max_new_tokens": self.max_new_tokens,
+            "ignore_eos": self.ignore_eos,
+            "stop": list(self.stop_strings),
+            "temperature": self.sampling.temperature,
+            "top_p": self.sampling.top_p,
+            "top_k": self.sampling.top_k,
+            "seed": self.sampling.seed,
+            "context_limit": self.engine.context_limit,
+            "context_policy": self.policy,
+            "reuse": self.reuse,
+        }
 
     def _need_drafter(self, name: str) -> None:
         if self.control is None:
@@ -248,8 +303,11 @@ class ChatSession:
             except ValueError:
                 k = None
             if k is None or (k != AUTO and not 1 <= k <= longest):
-                raise CommandError(f"/k takes a draft length 1..{longest} or auto, got {value!r}" if value is not None
-                                   else f"/k needs a draft length 1..{longest} or auto")
+                raise CommandError(
+                    f"/k takes a draft length 1..{longest} or auto, got {value!r}"
+                    if value is not None
+                    else f"/k needs a draft length 1..{longest} or auto"
+                )
             self.control.draft_length = k
             return {"draft_length": k, "speculation": self.control.enabled}
         if name == "think":
@@ -289,6 +347,7 @@ def _split_command(text: str) -> tuple[str, str | None]:
 
 
 # -- the terminal ---------------------------------------------------------------------------------
+
 
 def _err(text: str) -> None:
     sys.stderr.write(text + "\n")
@@ -334,10 +393,13 @@ class _Stream:
 def stats_line(reply: Reply) -> str:
     s = reply.stats
     tau = s.get("mean_acceptance_length")
-    parts = [f"ttft {s['prefill_seconds']:.2f} s",
-             f"{len(reply.token_ids)} tokens at {s['decode_tokens_per_second']:.1f} tok/s",
-             f"tau {tau:.2f}" if tau is not None else "tau -",
-             f"reused {s['reused_tokens']}", f"prefilled {s['prefill_tokens']}"]
+    parts = [
+        f"ttft {s['prefill_seconds']:.2f} s",
+        f"{len(reply.token_ids)} tokens at {s['decode_tokens_per_second']:.1f} tok/s",
+        f"tau {tau:.2f}" if tau is not None else "tau -",
+        f"reused {s['reused_tokens']}",
+        f"prefilled {s['prefill_tokens']}",
+    ]
     if reply.finish_reason != "stop":
         parts.append(f"finish: {reply.finish_reason}")
     return "[" + ", ".join(parts) + "]"
@@ -346,8 +408,7 @@ def stats_line(reply: Reply) -> str:
 def _describe(name: str, result: dict) -> str:
     name = ALIASES.get(name, name)
     if name == "spec":
-        return (f"speculation on (draft length {result['draft_length']})" if result["speculation"]
-                else "speculation off")
+        return f"speculation on (draft length {result['draft_length']})" if result["speculation"] else "speculation off"
     if name == "k":
         note = "" if result["speculation"] else " (speculation is off: /spec on uses it)"
         return f"draft length {result['draft_length']}{note}"
@@ -363,19 +424,23 @@ def _describe(name: str, result: dict) -> str:
         return "\n".join(result["commands"]) + "\nAnything else is a message to the model."
     if name == "stats":
         tau = result["mean_acceptance_length"]
-        lines = [f"turns {result['turns']} (cancelled {result['cancelled']}), messages {result['messages']}",
-                 f"prompt tokens {result['prompt_tokens']}: reused {result['reused_tokens']}, "
-                 f"prefilled {result['prefill_tokens']} in {result['prefill_seconds']:.2f} s",
-                 f"generated {result['generated_tokens']} tokens, decode {result['decode_tokens_per_second']:.1f} "
-                 f"tok/s, mean tau {'-' if tau is None else f'{tau:.2f}'}",
-                 f"dropped messages {result['dropped_messages']}"]
+        lines = [
+            f"turns {result['turns']} (cancelled {result['cancelled']}), messages {result['messages']}",
+            f"prompt tokens {result['prompt_tokens']}: reused {result['reused_tokens']}, "
+            f"prefilled {result['prefill_tokens']} in {result['prefill_seconds']:.2f} s",
+            f"generated {result['generated_tokens']} tokens, decode {result['decode_tokens_per_second']:.1f} "
+            f"tok/s, mean tau {'-' if tau is None else f'{tau:.2f}'}",
+            f"dropped messages {result['dropped_messages']}",
+        ]
         if result["last"]:
             last = result["last"]
             ltau = last.get("mean_acceptance_length")
-            lines.append(f"last turn: {last['generated_tokens']} tokens, ttft {last['prefill_seconds']:.2f} s, "
-                         f"{last['decode_tokens_per_second']:.1f} tok/s, tau {'-' if ltau is None else f'{ltau:.2f}'}"
-                         f", reused {last['reused_tokens']}, prefilled {last['prefill_tokens']}, "
-                         f"finish {last['finish_reason']}")
+            lines.append(
+                f"last turn: {last['generated_tokens']} tokens, ttft {last['prefill_seconds']:.2f} s, "
+                f"{last['decode_tokens_per_second']:.1f} tok/s, tau {'-' if ltau is None else f'{ltau:.2f}'}"
+                f", reused {last['reused_tokens']}, prefilled {last['prefill_tokens']}, "
+                f"finish {last['finish_reason']}"
+            )
         return "\n".join(lines)
     return "ok"
 
@@ -447,7 +512,7 @@ def _parse_request(line: str) -> tuple[str, object]:
         raise CommandError('"command" must be a command name such as "regenerate" or "k 4"')
     name, inline = _split_command(command)
     if inline is not None and "value" in request:
-        raise CommandError(f"the command {command!r} has both an inline argument and a \"value\"")
+        raise CommandError(f'the command {command!r} has both an inline argument and a "value"')
     return ALIASES.get(name, name), request.get("value", inline)
 
 
@@ -489,8 +554,18 @@ def run_chat(args) -> int:
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     engine, control = load_engine(args)
-    session = ChatSession(engine, control, system=args.system, thinking=args.thinking, sampling=sampling,
-                          max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
-                          stop_strings=tuple(args.stop), reuse=not args.no_reuse, policy=args.context_policy,
-                          model=args.model, draft=args.draft)
+    session = ChatSession(
+        engine,
+        control,
+        system=args.system,
+        thinking=args.thinking,
+        sampling=sampling,
+        max_new_tokens=args.max_new_tokens,
+        ignore_eos=args.ignore_eos,
+        stop_strings=tuple(args.stop),
+        reuse=not args.no_reuse,
+        policy=args.context_policy,
+        model=args.model,
+        draft=args.draft,
+    )
     return _jsonl(session) if args.jsonl else _interactive(session)

@@ -13,9 +13,12 @@ from flashdesk.engine.errors import FlashDeskError
 
 def add_generation_flags(parser: argparse.ArgumentParser, system_help: str) -> None:
     """The flags `generate` and `chat` share: prompt shaping, sampling, device, KV, speculation."""
-    parser.add_argument("--demo", action="store_true",
-                        help="the demo pair instead of --model and --draft (a tiny target and drafter, made in "
-                        "the data folder; seconds on the CPU)")
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="the demo pair instead of --model and --draft (a tiny target and drafter, made in "
+        "the data folder; seconds on the CPU)",
+    )
     parser.add_argument("--system", help=system_help)
     parser.add_argument("--thinking", action="store_true", help="let the model think before answering")
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -31,18 +34,25 @@ def add_generation_flags(parser: argparse.ArgumentParser, system_help: str) -> N
     parser.add_argument("--context", type=positive_int, help="context limit in tokens (default: the model's)")
     parser.add_argument("--quantize", choices=["int4"], help="quantize a bf16 checkpoint to int4 while loading")
     parser.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
-    parser.add_argument("--draft-length", type=draft_length_arg,
-                        help="tokens drafted per step, 1..block_size-1, or auto: each step drafts what gives "
-                        "the most tokens per second on this card (default: what your last `flashdesk bench` "
-                        "of this pair on this card found fastest, else block_size-1)")
+    parser.add_argument(
+        "--draft-length",
+        type=draft_length_arg,
+        help="tokens drafted per step, 1..block_size-1, or auto: each step drafts what gives "
+        "the most tokens per second on this card (default: what your last `flashdesk bench` "
+        "of this pair on this card found fastest, else block_size-1)",
+    )
     parser.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
     add_draft_quantize(parser)
 
 
 def add_draft_quantize(parser) -> None:
-    parser.add_argument("--draft-quantize", choices=["auto", "int4", "none"], default="auto",
-                        help="the drafter's weights: int4 weights and an int4 copy of the head, or the "
-                        "checkpoint's bf16 (none); auto: int4 on a GPU, none on the CPU. Output is unchanged")
+    parser.add_argument(
+        "--draft-quantize",
+        choices=["auto", "int4", "none"],
+        default="auto",
+        help="the drafter's weights: int4 weights and an int4 copy of the head, or the "
+        "checkpoint's bf16 (none); auto: int4 on a GPU, none on the CPU. Output is unchanged",
+    )
 
 
 def load_engine(args):
@@ -55,8 +65,17 @@ def load_engine(args):
         raise ValueError("--draft-length and --no-speculate need --draft")
     if args.draft_quantize not in (None, "auto") and not args.draft:
         raise ValueError("--draft-quantize needs --draft")
-    engine = Engine.load(args.model, args.device, args.dtype, args.kv_dtype, args.context, args.draft,
-                         args.quantize, draft_quantize=args.draft_quantize, draft_default=benched_default)
+    engine = Engine.load(
+        args.model,
+        args.device,
+        args.dtype,
+        args.kv_dtype,
+        args.context,
+        args.draft,
+        args.quantize,
+        draft_quantize=args.draft_quantize,
+        draft_default=benched_default,
+    )
     if engine.fallback_note():
         print(f"flashdesk: {engine.fallback_note()}", file=sys.stderr, flush=True)
     control = None
@@ -89,10 +108,14 @@ def model_folder(name: str, what: str) -> Path:
     if path.is_dir():
         return path
     if path.exists():
-        raise FlashDeskError(f"{what} path is a file, not a folder: {path.absolute()} (give the folder "
-                             "holding config.json and the weights)")
-    raise FlashDeskError(f"{what} folder not found: {path.absolute()} (give a folder holding config.json and "
-                         "the weights, or a Hub id such as org/name that `flashdesk models pull` downloaded)")
+        raise FlashDeskError(
+            f"{what} path is a file, not a folder: {path.absolute()} (give the folder "
+            "holding config.json and the weights)"
+        )
+    raise FlashDeskError(
+        f"{what} folder not found: {path.absolute()} (give a folder holding config.json and "
+        "the weights, or a Hub id such as org/name that `flashdesk models pull` downloaded)"
+    )
 
 
 def positive_int(text: str, alternative: str = "") -> int:

@@ -35,7 +35,7 @@ def _probe(label: str, fn: Callable[[], list[Row] | str]) -> list[Row]:
     """Run one probe; any exception becomes the row's text."""
     try:
         out = fn()
-    except BaseException as exc:  # noqa: BLE001 - a probe must never take the report down
+    except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
         return [(label, f"error ({_err(exc)})")]
@@ -219,8 +219,10 @@ def _prefix_cache() -> str:
     budget = default_budget()
     if budget <= 0:
         return "off (FLASHDESK_PREFIX_CACHE_MB=0): only the conversation on the device is reused"
-    return (f"earlier turns and conversations kept in up to {format_bytes(budget)} of host memory "
-            "(FLASHDESK_PREFIX_CACHE_MB sets it)")
+    return (
+        f"earlier turns and conversations kept in up to {format_bytes(budget)} of host memory "
+        "(FLASHDESK_PREFIX_CACHE_MB sets it)"
+    )
 
 
 def environment_report() -> list[Row]:
@@ -269,8 +271,13 @@ def _gpu0() -> Gpu | None:
 
 def machine_verdict(gpu: Gpu | None) -> str:
     """What this machine runs: the real model fits where its memory plan leaves a useful context."""
-    from flashdesk.engine.loading.memory_plan import (GPU_KV_DTYPE, MIN_USEFUL_CONTEXT, format_bytes,
-                                                      longest_context, plan_memory)
+    from flashdesk.engine.loading.memory_plan import (
+        GPU_KV_DTYPE,
+        MIN_USEFUL_CONTEXT,
+        format_bytes,
+        longest_context,
+        plan_memory,
+    )
 
     from flashdesk.engine.hub.recommended import real_pair
 
@@ -292,8 +299,9 @@ def model_verdict(report: CheckpointReport, gpu: Gpu | None, draft_dir: str | No
 
     if not report.ok:
         more = len(report.problems) - 1
-        return (f"the model is NOT usable: {report.problems[0].splitlines()[0]}"
-                + (f" (and {more} more problem{'s' if more > 1 else ''} above)" if more else ""))
+        return f"the model is NOT usable: {report.problems[0].splitlines()[0]}" + (
+            f" (and {more} more problem{'s' if more > 1 else ''} above)" if more else ""
+        )
     plan = report.memory
     need = f"{format_bytes(plan.total)} at {plan.context} tokens"
     if gpu is None:
@@ -353,19 +361,35 @@ def run_kernel_checks(as_json: bool = False) -> int:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if not backend.use_triton(device):
-        note = ("the Triton kernels do not run here, so there is nothing to test (the torch kernels run on the CPU; "
-                "FLASHDESK_KERNELS=triton with TRITON_INTERPRET=1 interprets the Triton ones)")
-        print(json.dumps({"device": str(device), "note": note, "kernels": []}) if as_json
-              else f"kernel self-tests: {note}")
+        note = (
+            "the Triton kernels do not run here, so there is nothing to test (the torch kernels run on the CPU; "
+            "FLASHDESK_KERNELS=triton with TRITON_INTERPRET=1 interprets the Triton ones)"
+        )
+        print(
+            json.dumps({"device": str(device), "note": note, "kernels": []})
+            if as_json
+            else f"kernel self-tests: {note}"
+        )
         return 0
     results, pdl = self_test.run_and_keep(device)
     failed = [r.name for r in results if not r.ok]
     if as_json:
-        print(json.dumps({"device": str(device), "kernels_backend": backend.describe(device), "pdl": pdl,
-                          "kernels": [asdict(r) for r in results], "failed": failed}))
+        print(
+            json.dumps(
+                {
+                    "device": str(device),
+                    "kernels_backend": backend.describe(device),
+                    "pdl": pdl,
+                    "kernels": [asdict(r) for r in results],
+                    "failed": failed,
+                }
+            )
+        )
     else:
-        print(f"Kernel self-tests on {backend.describe(device)} ({device}): each family against its torch "
-              "reference; error relative to the reference's largest value")
+        print(
+            f"Kernel self-tests on {backend.describe(device)} ({device}): each family against its torch "
+            "reference; error relative to the reference's largest value"
+        )
         for r in results:
             invariant = {True: "batch invariant", False: "NOT batch invariant", None: ""}[r.batch_invariant]
             measure = "-" if r.max_error is None else f"{r.max_error:.2e} (tolerance {r.tolerance:g})"
@@ -374,6 +398,8 @@ def run_kernel_checks(as_json: bool = False) -> int:
                 print(f"       {self_test.why(r)}")
         if not pdl:
             print(f"  programmatic dependent launch: off ({self_test.PDL_OFF})")
-        print(f"verdict: {len(results) - len(failed)} of {len(results)} kernel families pass"
-              + (f"; {', '.join(failed)} will run on the slower torch path" if failed else ""))
+        print(
+            f"verdict: {len(results) - len(failed)} of {len(results)} kernel families pass"
+            + (f"; {', '.join(failed)} will run on the slower torch path" if failed else "")
+        )
     return 1 if failed else 0

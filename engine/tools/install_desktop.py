@@ -52,29 +52,31 @@ def _quote(argument: str) -> str:
     `%` doubled (field codes); then every backslash doubled again, the escape of any string value,
     which the spec applies before the quoting rule."""
     argument = argument.replace("%", "%%")
-    if any(c in argument for c in ' \t\n"\'\\><~|&;$*?#()`'):
+    if any(c in argument for c in " \t\n\"'\\><~|&;$*?#()`"):
         argument = '"' + "".join("\\" + c if c in '"`$\\' else c for c in argument) + '"'
     return argument.replace("\\", "\\\\")
 
 
 def desktop_entry(command: list[str]) -> str:
     """The entry's text (Desktop Entry Specification 1.5)."""
-    return "\n".join([
-        "[Desktop Entry]",
-        "Type=Application",
-        "Version=1.5",
-        "Name=FlashDesk",
-        "GenericName=Local AI chat",
-        "Comment=Chat with Gemma 4 on your own graphics card, with speculative decoding you can watch",
-        "Exec=" + " ".join(_quote(part) for part in command),
-        f"Icon={DESKTOP_ID}",
-        "Terminal=false",
-        "Categories=Utility;Development;",
-        "Keywords=LLM;AI;chat;Gemma;GPU;",
-        "StartupNotify=true",
-        f"StartupWMClass={DESKTOP_ID}",
-        "",
-    ])
+    return "\n".join(
+        [
+            "[Desktop Entry]",
+            "Type=Application",
+            "Version=1.5",
+            "Name=FlashDesk",
+            "GenericName=Local AI chat",
+            "Comment=Chat with Gemma 4 on your own graphics card, with speculative decoding you can watch",
+            "Exec=" + " ".join(_quote(part) for part in command),
+            f"Icon={DESKTOP_ID}",
+            "Terminal=false",
+            "Categories=Utility;Development;",
+            "Keywords=LLM;AI;chat;Gemma;GPU;",
+            "StartupNotify=true",
+            f"StartupWMClass={DESKTOP_ID}",
+            "",
+        ]
+    )
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -119,16 +121,20 @@ def uninstall(home: Path | None = None) -> list[Path]:
 
 def run_install_desktop(args) -> int:
     if not sys.platform.startswith(("linux", "freebsd", "openbsd", "netbsd")):
-        raise FlashDeskError("install-desktop writes a freedesktop.org menu entry, which Linux and BSD desktops "
-                             f"read; this system is {sys.platform}")
+        raise FlashDeskError(
+            "install-desktop writes a freedesktop.org menu entry, which Linux and BSD desktops "
+            f"read; this system is {sys.platform}"
+        )
     if args.uninstall:
         removed = uninstall()
-        print("removed " + ", ".join(map(str, removed)) if removed else "nothing to remove: no FlashDesk entry "
-              f"under {data_home()}")
+        print(
+            "removed " + ", ".join(map(str, removed))
+            if removed
+            else f"nothing to remove: no FlashDesk entry under {data_home()}"
+        )
         return 0
     entry, icon = install()
-    print(f"wrote {entry}\nwrote {icon}\nFlashDesk is in the application menu (it starts "
-          f"{' '.join(launcher())}).")
+    print(f"wrote {entry}\nwrote {icon}\nFlashDesk is in the application menu (it starts {' '.join(launcher())}).")
     refresh = shutil.which("update-desktop-database")  # for menus that cache the entries
     if refresh:
         subprocess.run([refresh, "-q", str(entry.parent)], capture_output=True, check=False, timeout=60)

@@ -26,8 +26,14 @@ def log_error(kind: str, during: str, message: str) -> None:
     message) to the data folder's error log; never raises."""
     try:
         where = paths.data_dir() / ERRORS_FILE
-        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "kind": kind, "during": during,
-                           "message": message.splitlines()[0][:MESSAGE_CHARS] if message else ""})
+        line = json.dumps(
+            {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "kind": kind,
+                "during": during,
+                "message": message.splitlines()[0][:MESSAGE_CHARS] if message else "",
+            }
+        )
         with where.open("a", encoding="utf-8") as out:
             out.write(line + "\n")
         lines = where.read_text(encoding="utf-8").splitlines()
@@ -40,8 +46,9 @@ def log_error(kind: str, during: str, message: str) -> None:
 def record_load(facts: dict) -> None:
     """Keep the last load's facts (model folders, device, context, memory planned and allocated)."""
     try:
-        (paths.data_dir() / LAST_LOAD_FILE).write_text(json.dumps(dict(facts, time=time.strftime(
-            "%Y-%m-%dT%H:%M:%S")), indent=1), encoding="utf-8")
+        (paths.data_dir() / LAST_LOAD_FILE).write_text(
+            json.dumps(dict(facts, time=time.strftime("%Y-%m-%dT%H:%M:%S")), indent=1), encoding="utf-8"
+        )
     except OSError:
         pass
 
@@ -79,8 +86,10 @@ def _self_tests() -> dict:
             return {"device": str(device), "note": "the Triton kernels do not run here"}
         kept = self_test.kept_results(device)
         if kept is None:
-            return {"device": str(device),
-                    "note": "not run yet for this driver and version: flashdesk doctor --kernels"}
+            return {
+                "device": str(device),
+                "note": "not run yet for this driver and version: flashdesk doctor --kernels",
+            }
         results, pdl = kept
         return {"device": str(device), "pdl": pdl, "kernels": [vars(r) for r in results]}
     except Exception as exc:  # noqa: BLE001 - the report must never fail
@@ -96,8 +105,10 @@ def build_report() -> dict:
         "environment": [f"{label}: {value}" for label, value in environment_report()],
         "kernel_self_tests": _self_tests(),
         "last_load": _json_file(paths.data_dir() / LAST_LOAD_FILE),
-        "step_costs": [dict(_json_file(path) or {}, file=path.name)
-                       for path in sorted((paths.data_dir() / "step_costs").glob("*.json"))],
+        "step_costs": [
+            dict(_json_file(path) or {}, file=path.name)
+            for path in sorted((paths.data_dir() / "step_costs").glob("*.json"))
+        ],
         "errors": _errors(),
     }
 
@@ -109,8 +120,11 @@ def write_report(where: str | None) -> str:
     if where == "-":
         print(text)
         return "stdout"
-    path = Path(where).expanduser() if where else (
-        paths.data_dir() / "reports" / f"flashdesk-report-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    path = (
+        Path(where).expanduser()
+        if where
+        else (paths.data_dir() / "reports" / f"flashdesk-report-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text + "\n", encoding="utf-8")
     return str(path)

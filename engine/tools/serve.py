@@ -27,23 +27,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--model", help="folder (or pulled Hub id) of the Gemma 4 target (required unless --demo)")
     parser.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
-    parser.add_argument("--demo", action="store_true",
-                        help="serve the demo pair (a tiny target and drafter, made in the data folder)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default 127.0.0.1: this computer only; any other needs --api-key)")
-    parser.add_argument("--port", type=_port, default=DEFAULT_PORT,
-                        help=f"TCP port (default {DEFAULT_PORT}; 0: a free one)")
-    parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on every route but /health "
-                        f"(default: the {KEY_VARIABLE} environment variable)")
+    parser.add_argument(
+        "--demo", action="store_true", help="serve the demo pair (a tiny target and drafter, made in the data folder)"
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this computer only; any other needs --api-key)",
+    )
+    parser.add_argument(
+        "--port", type=_port, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0: a free one)"
+    )
+    parser.add_argument(
+        "--api-key",
+        help=f"require 'Authorization: Bearer KEY' on every route but /health "
+        f"(default: the {KEY_VARIABLE} environment variable)",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16", "float32", "fp8"])
-    parser.add_argument("--context", type=positive_int, help="context limit in tokens (default: the model's, or "
-                        "what fits the GPU)")
+    parser.add_argument(
+        "--context", type=positive_int, help="context limit in tokens (default: the model's, or what fits the GPU)"
+    )
     parser.add_argument("--quantize", choices=["int4"], help="quantize a bf16 checkpoint to int4 while loading")
-    parser.add_argument("--draft-length", type=draft_length_arg,
-                        help="tokens drafted per step, 1..block_size-1, or auto (default: what your last "
-                        "`flashdesk bench` of this pair on this card found fastest, else block_size-1)")
+    parser.add_argument(
+        "--draft-length",
+        type=draft_length_arg,
+        help="tokens drafted per step, 1..block_size-1, or auto (default: what your last "
+        "`flashdesk bench` of this pair on this card found fastest, else block_size-1)",
+    )
     parser.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
     add_draft_quantize(parser)
 
@@ -89,15 +101,19 @@ def _serve(args, key: str | None) -> int:
     try:
         engine, control = load_engine(args)
         if engine.tokenizer is None:
-            raise FlashDeskError(f"{args.model} has no tokenizer (tokenizer.json and a chat template): the API takes "
-                                 "chat messages")
+            raise FlashDeskError(
+                f"{args.model} has no tokenizer (tokenizer.json and a chat template): the API takes chat messages"
+            )
         name = served_name(Path(args.model))
         runner = Runner(engine, control)
         address = url(args.host, sock.getsockname()[1])
 
         def listening() -> None:
-            print(f"flashdesk serve: {name} at {address}/v1 (OpenAI-compatible"
-                  f"{', API key required' if key else ''}; Ctrl-C stops)", flush=True)
+            print(
+                f"flashdesk serve: {name} at {address}/v1 (OpenAI-compatible"
+                f"{', API key required' if key else ''}; Ctrl-C stops)",
+                flush=True,
+            )
 
         app = create_app(runner, name, key, sampling_defaults(Path(args.model)))
         server = Server(config(app, quiet=False), on_started=listening, on_stopping=runner.close)

@@ -14,18 +14,25 @@ from pathlib import Path
 from .recipe import ROOT, STDLIB
 
 
-VERBS = set("""return get set create make compute convert check add remove delete read write parse find build load
+VERBS = set(
+    """return get set create make compute convert check add remove delete read write parse find build load
 save format print run call open close update initialize generate encode decode split join copy move sort count
 test validate register send receive start stop wait reset clear apply append insert extend replace strip escape
 quote unquote normalize resolve search match compile execute fetch emit raise yield handle process construct
 determine calculate compare show display draw render list iterate collect merge filter map wrap unwrap
-translate tokenize decorate install import export""".split())
+translate tokenize decorate install import export""".split()
+)
 
 HELD_OUT = 1600  # requests kept out of the target's training: the drafter's data are its replies to them
 
 
-SYSTEM_PROMPTS = ("You are a helpful assistant.", "Be brief.", "You are terse.", "Answer concisely.",
-                  "You are a Python expert.")
+SYSTEM_PROMPTS = (
+    "You are a helpful assistant.",
+    "Be brief.",
+    "You are terse.",
+    "Answer concisely.",
+    "You are a Python expert.",
+)
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "encodings", "__pycache__", "lib2to3"}
 
@@ -45,19 +52,29 @@ def doc_texts(revision: str, extra: list[Path]) -> list[tuple[str, str]]:
     `git show`, so edits in the working tree do not change the weights), or as they are now with
     revision "worktree"; then the Markdown under each --docs folder."""
     if revision == "worktree":
-        found = [(str(f.relative_to(ROOT)), read(f)) for f in [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
-                 if f.is_file()]
+        found = [
+            (str(f.relative_to(ROOT)), read(f))
+            for f in [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+            if f.is_file()
+        ]
     else:
+
         def git(*args: str) -> str:
             try:
-                return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True,
-                                      text=True, encoding="utf-8").stdout
+                return subprocess.run(
+                    ["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True, encoding="utf-8"
+                ).stdout
             except (OSError, subprocess.CalledProcessError) as exc:
-                raise SystemExit(f"train_demo: cannot read our docs at git revision {revision} ({exc}); "
-                                 "give --docs-revision worktree to use the files as they are") from None
+                raise SystemExit(
+                    f"train_demo: cannot read our docs at git revision {revision} ({exc}); "
+                    "give --docs-revision worktree to use the files as they are"
+                ) from None
 
-        names = [n for n in git("ls-tree", "-r", "--name-only", revision, "--", "README.md", "docs").splitlines()
-                 if n.endswith(".md")]
+        names = [
+            n
+            for n in git("ls-tree", "-r", "--name-only", revision, "--", "README.md", "docs").splitlines()
+            if n.endswith(".md")
+        ]
         found = [(n, clean(git("show", f"{revision}:{n}"))) for n in sorted(names)]
     for folder in extra:
         found += [(str(f), read(f)) for f in sorted(Path(folder).rglob("*.md"))]
@@ -91,14 +108,24 @@ def _request_for(name: str, signature: str, summary: str, pick: int, kind: str) 
     bare = lowered.rstrip(".")
     imperative = bare.split(" ")[0] in VERBS
     if kind == "class":
-        options = [f"Write a Python class {name}: {summary}", f"Implement a class {name} in Python. {summary}",
-                   f"Show me a Python class that works like this: {summary}"]
+        options = [
+            f"Write a Python class {name}: {summary}",
+            f"Implement a class {name} in Python. {summary}",
+            f"Show me a Python class that works like this: {summary}",
+        ]
     elif imperative:
-        options = [f"Write a Python function to {bare}.", f"Write a Python function {name}{signature} to {bare}.",
-                   f"Implement {name}{signature} in Python: {summary}", f"How do I {bare} in Python?"]
+        options = [
+            f"Write a Python function to {bare}.",
+            f"Write a Python function {name}{signature} to {bare}.",
+            f"Implement {name}{signature} in Python: {summary}",
+            f"How do I {bare} in Python?",
+        ]
     else:
-        options = [f"Write a Python function {name}{signature}. {summary}",
-                   f"Implement {name} in Python. {summary}", f"Write a Python function: {summary}"]
+        options = [
+            f"Write a Python function {name}{signature}. {summary}",
+            f"Implement {name} in Python. {summary}",
+            f"Write a Python function: {summary}",
+        ]
     return options[pick % len(options)]
 
 
@@ -119,8 +146,9 @@ def stdlib_examples(path: Path, text: str) -> list[tuple[str, str]]:
     doc = ast.get_docstring(tree)
     if doc and len(doc) > 80:
         answer = textwrap.dedent(doc).strip()[:1200]
-        pairs.append((f"What does the Python module {mod} do?" if len(pairs) % 2 == 0 else
-                      f"Describe the {mod} module.", answer))
+        pairs.append(
+            (f"What does the Python module {mod} do?" if len(pairs) % 2 == 0 else f"Describe the {mod} module.", answer)
+        )
     nodes = [(n, None) for n in tree.body]
     nodes += [(m, n.name) for n in tree.body if isinstance(n, ast.ClassDef) for m in n.body]
     for node, owner in nodes:
@@ -129,7 +157,7 @@ def stdlib_examples(path: Path, text: str) -> list[tuple[str, str]]:
         doc = ast.get_docstring(node)
         if not doc or node.name.startswith("__") or node.end_lineno - node.lineno > 60:
             continue
-        code = "\n".join(lines[node.lineno - 1:node.end_lineno])
+        code = "\n".join(lines[node.lineno - 1 : node.end_lineno])
         summary = first_sentence(doc)
         if len(summary) < 12 or len(summary) > 200:
             continue
@@ -158,8 +186,12 @@ def doc_examples(text: str) -> list[tuple[str, str]]:
         if len(body) < 80 or not heading:
             continue
         pick = int(hashlib.sha256(heading.encode()).hexdigest(), 16)
-        request = [f"Explain {heading}.", f"Tell me about {heading}.", f"What is {heading}?",
-                   f"Summarize the section \"{heading}\"."][pick % 4]
+        request = [
+            f"Explain {heading}.",
+            f"Tell me about {heading}.",
+            f"What is {heading}?",
+            f'Summarize the section "{heading}".',
+        ][pick % 4]
         pairs.append((request, body[:1500]))
     return pairs
 
@@ -198,6 +230,6 @@ def build_corpus(docs_revision: str, extra_docs: list[Path]) -> dict:
     while i < len(pairs):
         turns = 2 if rng.random() < 0.1 else 1
         system = rng.choice(SYSTEM_PROMPTS) if rng.random() < 0.2 else None
-        chats.append(chat_text(pairs[i:i + turns], system))
+        chats.append(chat_text(pairs[i : i + turns], system))
         i += turns
     return {"plain": plain, "chats": chats, "held_out": held_out, "manifest": manifest}

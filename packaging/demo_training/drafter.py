@@ -48,8 +48,13 @@ def draft_forward(drafter, features, embed, ids, anchors, masks, scale):
     rope = drafter.rotary_emb(noise, positions)
     h = noise
     for layer, mask in zip(drafter.layers, masks):
-        h = layer(hidden_states=h, target_hidden=context, attention_mask=mask, position_ids=positions,
-                  position_embeddings=rope)
+        h = layer(
+            hidden_states=h,
+            target_hidden=context,
+            attention_mask=mask,
+            position_ids=positions,
+            position_embeddings=rope,
+        )
     return drafter.norm(h)
 
 
@@ -67,17 +72,26 @@ def tapped_features(target, seqs: list[list[int]], batch: int) -> list[torch.Ten
 
     feats = []
     for b in range(0, len(seqs), batch):
-        group = seqs[b:b + batch]
+        group = seqs[b : b + batch]
         width = max(map(len, group))
         ids = torch.tensor([s + [0] * (width - len(s)) for s in group])
         hidden = target(input_ids=ids, output_hidden_states=True).hidden_states
         tapped = extract_context_feature(hidden, TAP_LAYERS)
-        feats += [tapped[i, :len(s)].to(torch.bfloat16) for i, s in enumerate(group)]
+        feats += [tapped[i, : len(s)].to(torch.bfloat16) for i, s in enumerate(group)]
     return feats
 
 
-def train_drafter(drafter, target, data: list[tuple[list[int], int]], steps: int, batch: int, blocks: int,
-                  seed: int, peak_lr: float = 3e-3, gamma: float = 7.0) -> float:
+def train_drafter(
+    drafter,
+    target,
+    data: list[tuple[list[int], int]],
+    steps: int,
+    batch: int,
+    blocks: int,
+    seed: int,
+    peak_lr: float = 3e-3,
+    gamma: float = 7.0,
+) -> float:
     log("drafter: the target's hidden states of the replies")
     seqs = [s for s, _ in data]
     feats = tapped_features(target, seqs, 16)
@@ -100,7 +114,7 @@ def train_drafter(drafter, target, data: list[tuple[list[int], int]], steps: int
         anchors, ids, labels, valid = [], [], [], []
         for row, i in enumerate(picks):
             seq, plen = data[i]
-            features[row, :len(seq)] = feats[i].float()
+            features[row, : len(seq)] = feats[i].float()
             # anchors where drafting starts: a reply token, the prompt's features before it as context
             choices = torch.arange(plen, len(seq) - 1)
             chosen = choices[torch.randperm(len(choices), generator=gen)[:blocks]]
@@ -131,8 +145,10 @@ def train_drafter(drafter, target, data: list[tuple[list[int], int]], steps: int
         smooth = loss.item() if smooth is None else 0.95 * smooth + 0.05 * loss.item()
         acc = right if acc is None else 0.95 * acc + 0.05 * right
         if step % 25 == 0 or step == steps - 1:
-            log(f"drafter step {step + 1}/{steps}  loss {smooth:.3f}  accepted per block {acc:.2f}  "
-                f"{(step + 1) / (time.time() - start):.2f} steps/s")
+            log(
+                f"drafter step {step + 1}/{steps}  loss {smooth:.3f}  accepted per block {acc:.2f}  "
+                f"{(step + 1) / (time.time() - start):.2f} steps/s"
+            )
     drafter.eval()
     return acc
 
@@ -141,7 +157,8 @@ def save_drafter(drafter, folder: Path) -> None:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in drafter.state_dict().items()
-               if "rotary_emb" not in k}
+    tensors = {
+        k: v.detach().to(torch.bfloat16).contiguous() for k, v in drafter.state_dict().items() if "rotary_emb" not in k
+    }
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     write_json(folder / "config.json", DRAFT_CONFIG)

@@ -23,10 +23,25 @@ DOCS_REVISION = "5a0d5002352b22be81377db7fefaf4982828c2d1"
 # same training time the model reads three times the text and keeps three times as much in view.
 VOCAB = 4096
 
-SPECIAL_TOKENS = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 4: "<mask>", 46: "<|tool>", 47: "<tool|>",
-                  48: "<|tool_call>", 49: "<tool_call|>", 50: "<|tool_response>", 51: "<tool_response|>",
-                  52: '<|"|>', 98: "<|think|>", 100: "<|channel>", 101: "<channel|>", 105: "<|turn>",
-                  106: "<turn|>"}
+SPECIAL_TOKENS = {
+    0: "<pad>",
+    1: "<eos>",
+    2: "<bos>",
+    3: "<unk>",
+    4: "<mask>",
+    46: "<|tool>",
+    47: "<tool|>",
+    48: "<|tool_call>",
+    49: "<tool_call|>",
+    50: "<|tool_response>",
+    51: "<tool_response|>",
+    52: '<|"|>',
+    98: "<|think|>",
+    100: "<|channel>",
+    101: "<channel|>",
+    105: "<|turn>",
+    106: "<turn|>",
+}
 
 
 NEWLINE_ID = 107

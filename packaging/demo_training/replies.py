@@ -21,23 +21,29 @@ def greedy_replies(model, prompts: list[list[int]], new_tokens: int, batch: int)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     start = time.time()
     for b in range(0, len(order), batch):
-        group = [prompts[i] for i in order[b:b + batch]]
+        group = [prompts[i] for i in order[b : b + batch]]
         width = max(map(len, group))
         ids = torch.tensor([[0] * (width - len(p)) + p for p in group])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
-        seq = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
+        seq = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
         for row, prompt in zip(seq, group):
             reply = row[width:].tolist()
             for j, t in enumerate(reply):
                 if t in (EOS, TURN_END):
-                    reply = reply[:j + 1]
+                    reply = reply[: j + 1]
                     break
             out.append((prompt + reply, len(prompt)))
         log(f"replies {len(out)}/{len(prompts)}  {(time.time() - start):.0f} s")
     checked, kept = [], 0
     for b in range(0, len(out), batch):  # right-padded: padding after a sequence cannot change it
-        group = out[b:b + batch]
+        group = out[b : b + batch]
         width = max(len(s) for s, _ in group)
         ids = torch.tensor([s + [0] * (width - len(s)) for s, _ in group])
         argmax = model(input_ids=ids).logits.argmax(-1)
@@ -76,17 +82,20 @@ def open_requests(held_out: list[tuple[str, str]], count: int, rng: random.Rando
     out = []
     for i in range(count):
         request, reply = held_out[i % len(held_out)]
-        code = _short_code(reply[reply.index("```"):]) if "```" in reply else None
+        code = _short_code(reply[reply.index("```") :]) if "```" in reply else None
         style = rng.randrange(4)
         if style == 0 and code:
             out.append(rng.choice(ASKS_ABOUT_CODE).format(code=code))
         elif style == 1 and request.startswith("Write a Python "):
-            out.append(f"In {rng.choice(LANGUAGES)}, write a {request[len('Write a Python '):]}")
+            out.append(f"In {rng.choice(LANGUAGES)}, write a {request[len('Write a Python ') :]}")
         elif style == 2:
             out.append(f"{request} Keep it short and include an example.")
         else:
-            out.append(f"{request} Include type hints and a short docstring." if code else
-                       f"{request} Explain it simply, in a few sentences.")
+            out.append(
+                f"{request} Include type hints and a short docstring."
+                if code
+                else f"{request} Explain it simply, in a few sentences."
+            )
     return out
 
 
@@ -109,11 +118,11 @@ def reply_prompts(tok, corpus: dict, plain: list[list[int]], count: int) -> list
     chat_count = count * 7 // 10
     held = [r for r, _ in corpus["held_out"]][:chat_count]
     reworded = open_requests(corpus["held_out"], min(len(held), chat_count - len(held)), rng)
-    seen = [c[c.index("<|turn>user\n") + 13:c.index("<turn|>\n<|turn>model")] for c in corpus["chats"]]
+    seen = [c[c.index("<|turn>user\n") + 13 : c.index("<turn|>\n<|turn>model")] for c in corpus["chats"]]
     requests = held + reworded + rng.sample(seen, chat_count - len(held) - len(reworded))
     prompts = [tok.encode(chat_prompt(r), add_special_tokens=False).ids[-200:] for r in requests]
     while len(prompts) < count:
         doc = plain[rng.randrange(len(plain))]
         start = rng.randrange(max(1, len(doc) - 64))
-        prompts.append([BOS] + doc[start:start + rng.randint(8, 48)])
+        prompts.append([BOS] + doc[start : start + rng.randint(8, 48)])
     return prompts

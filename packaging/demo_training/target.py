@@ -35,7 +35,7 @@ class Windows:
         for _ in range(size):
             stream = self.streams[int(torch.rand((), generator=self.gen) < self.share)]
             start = int(torch.randint(0, len(stream) - self.length - 1, (), generator=self.gen))
-            rows.append(stream[start:start + self.length + 1])
+            rows.append(stream[start : start + self.length + 1])
         return torch.stack(rows)
 
 
@@ -51,12 +51,16 @@ def train_target(model, windows: Windows, steps: int, batch: int, peak_lr: float
     from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRouter
 
     routed = []
-    hooks = [m.register_forward_hook(lambda _m, _i, out: routed.append(out)) for m in model.modules()
-             if isinstance(m, Gemma4TextRouter)]
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: routed.append(out))
+        for m in model.modules()
+        if isinstance(m, Gemma4TextRouter)
+    ]
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     rest = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                                  lr=peak_lr, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=peak_lr, betas=(0.9, 0.95)
+    )
     model.train()
     start, smooth = time.time(), None
     experts = TARGET_CONFIG["num_experts"]
@@ -90,8 +94,11 @@ def save_target(model, folder: Path) -> None:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()
-               if not k.startswith("lm_head.")}
+    tensors = {
+        k: v.detach().to(torch.bfloat16).contiguous()
+        for k, v in model.state_dict().items()
+        if not k.startswith("lm_head.")
+    }
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     write_json(folder / "config.json", TARGET_CONFIG)
     write_json(folder / "generation_config.json", GENERATION_CONFIG)

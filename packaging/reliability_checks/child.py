@@ -78,8 +78,9 @@ def main(argv: list[str]) -> int:
         say("ready", worker=session.pid, notice=store.notice)
         newest = store.conversations()
         controller.open(newest[0].id) if newest else controller.new_conversation()
-        controller.update_settings("", {"temperature": 0.0, "top_p": 1.0, "top_k": 0,
-                                        "max_tokens": args.max_tokens, "thinking": False})
+        controller.update_settings(
+            "", {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": args.max_tokens, "thinking": False}
+        )
         controller.reply_started.connect(lambda message: say("reply", message=message.id))
         controller.reply_progress.connect(lambda reply: say("shown", tokens=reply.tokens, text=reply.text))
         controller.notice.connect(lambda text: say("notice", text=text))

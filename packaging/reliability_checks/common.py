@@ -32,9 +32,13 @@ class WorkerProcess:
     """`python -m flashdesk.engine.worker` with a reader thread, so that every wait has a deadline."""
 
     def __init__(self, env: dict[str, str] | None = None):
-        self.proc = subprocess.Popen([sys.executable, "-m", "flashdesk.engine.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flashdesk.engine.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+        )
         self.events: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         ready = self.until(p.Ready, START_S)[-1]
@@ -69,8 +73,9 @@ class WorkerProcess:
             except queue.Empty:
                 raise WorkerGone(f"no {_names(kinds)} from the engine within {timeout:.0f} s") from None
             if msg is None:
-                raise WorkerGone(f"the engine process ended (exit code {self.proc.wait()}) "
-                                 f"while waiting for {_names(kinds)}")
+                raise WorkerGone(
+                    f"the engine process ended (exit code {self.proc.wait()}) while waiting for {_names(kinds)}"
+                )
             if isinstance(msg, Exception):
                 raise WorkerGone(f"the engine wrote a line that is not a message: {msg}")
             seen.append(msg)

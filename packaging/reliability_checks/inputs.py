@@ -93,6 +93,7 @@ class Lab:
 
 # -- what a case checks ------------------------------------------------------------------------------
 
+
 def refusal(end, phrase: str) -> str | None:
     """None when `end` is a bad-input Error that says `phrase`; else what it was."""
     if not isinstance(end, p.Error):
@@ -149,6 +150,7 @@ def line_refused(lab: Lab, line: bytes, phrase: str) -> str | None:
 
 # -- breaking copies of the demo pair --------------------------------------------------------------------
 
+
 def edit_json(path: Path, change: Callable[[dict], None]) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     change(data)
@@ -188,18 +190,27 @@ def tensor_renamed(tensors: dict) -> None:
 def _long_talk(turns: int) -> list[dict]:
     talk = []
     for i in range(turns):
-        talk += [{"role": "user", "content": f"Question {i}: " + "tell me about the weather at sea. " * 6},
-                 {"role": "assistant", "content": f"Answer {i}: " + "calm and grey. " * 6}]
+        talk += [
+            {"role": "user", "content": f"Question {i}: " + "tell me about the weather at sea. " * 6},
+            {"role": "assistant", "content": f"Answer {i}: " + "calm and grey. " * 6},
+        ]
     return talk + [{"role": "user", "content": "And tomorrow?"}]
 
 
 def _raw_generate(rid: str, content: bytes) -> bytes:
     """A Generate line whose user content is the bytes given, as they are (escapes, invalid UTF-8)."""
-    return (f'{{"type":"generate","request_id":"{rid}","max_tokens":4,"ignore_eos":true,'
-            '"messages":[{"role":"user","content":').encode() + content + b"}]}"
+    return (
+        (
+            f'{{"type":"generate","request_id":"{rid}","max_tokens":4,"ignore_eos":true,'
+            '"messages":[{"role":"user","content":'
+        ).encode()
+        + content
+        + b"}]}"
+    )
 
 
 # -- the engine's cases --------------------------------------------------------------------------------
+
 
 def engine_cases(lab: Lab) -> list[Case]:
     t, d = lab.target, lab.drafter
@@ -209,6 +220,7 @@ def engine_cases(lab: Lab) -> list[Case]:
             folder = lab.copy(name, "target")
             breaker(folder)
             return load_refused(lab, folder, d, phrase, doctor)
+
         return Case(name, f"load refused: {phrase!r}", run, engine=True)
 
     def drafter_case(name: str, phrase: str, breaker: Callable[[Path], None]) -> Case:
@@ -216,6 +228,7 @@ def engine_cases(lab: Lab) -> list[Case]:
             folder = lab.copy(name, "drafter")
             breaker(folder)
             return load_refused(lab, t, folder, phrase)
+
         return Case(name, f"load refused: {phrase!r}", run, engine=True)
 
     def config(change: Callable[[dict], None]) -> Callable[[Path], None]:
@@ -235,94 +248,206 @@ def engine_cases(lab: Lab) -> list[Case]:
 
     missing = lab.folder / "no-such-model"
     gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128}
-    fp8 = {"quant_method": "compressed-tensors", "format": "pack-quantized",
-           "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"},
-                                         "input_activations": {"num_bits": 8, "type": "float"}}}}
-    int8 = {"quant_method": "compressed-tensors", "format": "pack-quantized",
-            "config_groups": {"group_0": {"targets": ["Linear"],
-                                          "weights": {"num_bits": 8, "type": "int", "group_size": 32}}}}
+    fp8 = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float"},
+                "input_activations": {"num_bits": 8, "type": "float"},
+            }
+        },
+    }
+    int8 = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "group_size": 32}}
+        },
+    }
     return [
         # safetensors files
         target_case("safetensors_truncated", "truncated", lambda f: truncate(f / "model.safetensors")),
         drafter_case("drafter_safetensors_truncated", "truncated", lambda f: truncate(f / "model.safetensors")),
-        target_case("safetensors_corrupt_header", "corrupt safetensors header",
-                    lambda f: scribble_header(f / "model.safetensors")),
-        target_case("safetensors_header_longer_than_file", "truncated safetensors file (header of",
-                    lambda f: overstate_header(f / "model.safetensors")),
-        target_case("safetensors_misnamed_file", "no model.safetensors.index.json and no model.safetensors",
-                    lambda f: (f / "model.safetensors").rename(f / "model.safetensor")),
+        target_case(
+            "safetensors_corrupt_header",
+            "corrupt safetensors header",
+            lambda f: scribble_header(f / "model.safetensors"),
+        ),
+        target_case(
+            "safetensors_header_longer_than_file",
+            "truncated safetensors file (header of",
+            lambda f: overstate_header(f / "model.safetensors"),
+        ),
+        target_case(
+            "safetensors_misnamed_file",
+            "no model.safetensors.index.json and no model.safetensors",
+            lambda f: (f / "model.safetensors").rename(f / "model.safetensor"),
+        ),
         target_case("safetensors_misnamed_tensor", "missing tensor norm.weight", tensors(tensor_renamed)),
-        target_case("tensor_wrong_shape", "has shape [16, 128], expected [64, 128]", tensors(lambda ts: ts.update(
-            {"model.layers.2.self_attn.k_proj.weight": ts["model.norm.weight"].new_zeros(16, 128)}))),
-        target_case("tensor_wrong_dtype", "has dtype I32", tensors(
-            lambda ts: ts.update({"model.norm.weight": ts["model.norm.weight"].int()}))),
+        target_case(
+            "tensor_wrong_shape",
+            "has shape [16, 128], expected [64, 128]",
+            tensors(
+                lambda ts: ts.update(
+                    {"model.layers.2.self_attn.k_proj.weight": ts["model.norm.weight"].new_zeros(16, 128)}
+                )
+            ),
+        ),
+        target_case(
+            "tensor_wrong_dtype",
+            "has dtype I32",
+            tensors(lambda ts: ts.update({"model.norm.weight": ts["model.norm.weight"].int()})),
+        ),
         # configs
         target_case("config_not_json", "is not valid JSON", lambda f: (f / "config.json").write_text("{not json")),
         target_case("config_missing", "model config not found", lambda f: (f / "config.json").unlink()),
         target_case("config_missing_field", "'hidden_size' is missing", config(lambda c: c.pop("hidden_size"))),
-        target_case("config_unknown_architecture", "is not a Gemma 4 target",
-                    config(lambda c: c.update(architectures=["LlamaForCausalLM"]))),
-        target_case("config_unknown_rope_type", "rope_type 'yarn'",
-                    config(lambda c: c["rope_parameters"]["full_attention"].update(rope_type="yarn"))),
-        target_case("config_unsupported_activation", "activation 'silu'",
-                    config(lambda c: c.update(hidden_activation="silu"))),
+        target_case(
+            "config_unknown_architecture",
+            "is not a Gemma 4 target",
+            config(lambda c: c.update(architectures=["LlamaForCausalLM"])),
+        ),
+        target_case(
+            "config_unknown_rope_type",
+            "rope_type 'yarn'",
+            config(lambda c: c["rope_parameters"]["full_attention"].update(rope_type="yarn")),
+        ),
+        target_case(
+            "config_unsupported_activation", "activation 'silu'", config(lambda c: c.update(hidden_activation="silu"))
+        ),
         target_case("config_unsupported_kv_sharing", "KV sharing", config(lambda c: c.update(num_kv_shared_layers=2))),
-        Case("config_unknown_extra_field", "loads: fields it does not know are ignored, as transformers does",
-             extra_field_loads, engine=True),
+        Case(
+            "config_unknown_extra_field",
+            "loads: fields it does not know are ignored, as transformers does",
+            extra_field_loads,
+            engine=True,
+        ),
         # drafters that do not belong to this target
-        drafter_case("drafter_other_hidden_size", "does not match the target model: hidden size 256",
-                     config(lambda c: c.update(hidden_size=256))),
+        drafter_case(
+            "drafter_other_hidden_size",
+            "does not match the target model: hidden size 256",
+            config(lambda c: c.update(hidden_size=256)),
+        ),
         drafter_case("drafter_other_vocabulary", "vocabulary 8192", config(lambda c: c.update(vocab_size=8192))),
-        drafter_case("drafter_taps_missing_layer", "name layer 9",
-                     config(lambda c: c["dflash_config"].update(target_layer_ids=[1, 3, 9]))),
-        drafter_case("drafter_dflash2", "DFlash2 drafters",
-                     config(lambda c: c.update(architectures=["DFlash2DraftModel"]))),
-        drafter_case("drafter_not_a_drafter", "is not a DFlash drafter",
-                     config(lambda c: c.update(architectures=["Qwen3ForCausalLM"]))),
+        drafter_case(
+            "drafter_taps_missing_layer",
+            "name layer 9",
+            config(lambda c: c["dflash_config"].update(target_layer_ids=[1, 3, 9])),
+        ),
+        drafter_case(
+            "drafter_dflash2", "DFlash2 drafters", config(lambda c: c.update(architectures=["DFlash2DraftModel"]))
+        ),
+        drafter_case(
+            "drafter_not_a_drafter",
+            "is not a DFlash drafter",
+            config(lambda c: c.update(architectures=["Qwen3ForCausalLM"])),
+        ),
         # quantization
-        target_case("quantization_gptq", "quant_method 'gptq' is not supported",
-                    config(lambda c: c.update(quantization_config=gptq))),
+        target_case(
+            "quantization_gptq",
+            "quant_method 'gptq' is not supported",
+            config(lambda c: c.update(quantization_config=gptq)),
+        ),
         target_case("quantization_fp8_activations", "activations", config(lambda c: c.update(quantization_config=fp8))),
         target_case("quantization_int8", "8-bit weights", config(lambda c: c.update(quantization_config=int8))),
         # folders
         # (the doctor only warns of this: `generate --prompt-ids` runs without a tokenizer)
         target_case("tokenizer_missing", "has no tokenizer", lambda f: (f / "tokenizer.json").unlink(), doctor=False),
-        Case("model_folder_missing", "load refused: 'model config not found' (the doctor: 'is not a folder')",
-             lambda: load_refused(lab, missing, None, "model config not found", "is not a folder"), engine=True),
-        Case("model_hub_id_not_downloaded", "load refused: 'no Hub model of that name'",
-             lambda: load_refused(lab, Path("nobody-here/no-such-model"), None, "no Hub model of that name"),
-             engine=True),
+        Case(
+            "model_folder_missing",
+            "load refused: 'model config not found' (the doctor: 'is not a folder')",
+            lambda: load_refused(lab, missing, None, "model config not found", "is not a folder"),
+            engine=True,
+        ),
+        Case(
+            "model_hub_id_not_downloaded",
+            "load refused: 'no Hub model of that name'",
+            lambda: load_refused(lab, Path("nobody-here/no-such-model"), None, "no Hub model of that name"),
+            engine=True,
+        ),
         # prompts
-        Case("context_overflow", "refused under the 'stop' policy: 'over the context of 512 tokens'",
-             lambda: generate_refused(lab, p.Generate("overflow", _long_talk(8), max_tokens=40, context_policy="stop"),
-                                      f"over the context of {CONTEXT} tokens"), engine=True),
-        Case("message_longer_than_context", "refused: 'Shorten the message'",
-             lambda: generate_refused(lab, p.Generate("long", [{"role": "user", "content": "word " * 2000}],
-                                                      max_tokens=8), "Shorten the message"), engine=True),
-        Case("prompt_control_characters", "answered: NUL, escape, bell and DEL are text like any other",
-             lambda: generate_answered(lab, p.Generate("ctrl", [{"role": "user", "content":
-                                                                  "hi\x00 \x1b[31mred\x1b[0m \x07\x7f\x08 \r\n end"}],
-                                                       max_tokens=4, ignore_eos=True)), engine=True),
-        Case("prompt_invalid_utf8", "answered: bytes that are not UTF-8 arrive as U+FFFD",
-             lambda: generate_answered(lab, _raw_generate("utf8", b'"caf\xc3 \xff\xfe bytes"')), engine=True),
-        Case("prompt_lone_surrogate", "refused: 'not valid Unicode'",
-             lambda: generate_refused(lab, _raw_generate("surrogate", b'"half a pair: \\ud800"'), "not valid Unicode"),
-             engine=True),
-        Case("sampling_negative_temperature", "refused: 'temperature must be >= 0'",
-             lambda: generate_refused(lab, p.Generate("temp", [{"role": "user", "content": "hi"}], temperature=-1.0),
-                                      "temperature must be >= 0"), engine=True),
-        Case("sampling_zero_max_tokens", "refused: 'at least 1'",
-             lambda: generate_refused(lab, p.Generate("zero", [{"role": "user", "content": "hi"}], max_tokens=0),
-                                      "at least 1"), engine=True),
-        Case("unknown_context_policy", "refused: 'unknown context policy'",
-             lambda: generate_refused(lab, p.Generate("policy", [{"role": "user", "content": "hi"}],
-                                                      context_policy="sideways"), "unknown context policy"),
-             engine=True),
+        Case(
+            "context_overflow",
+            "refused under the 'stop' policy: 'over the context of 512 tokens'",
+            lambda: generate_refused(
+                lab,
+                p.Generate("overflow", _long_talk(8), max_tokens=40, context_policy="stop"),
+                f"over the context of {CONTEXT} tokens",
+            ),
+            engine=True,
+        ),
+        Case(
+            "message_longer_than_context",
+            "refused: 'Shorten the message'",
+            lambda: generate_refused(
+                lab,
+                p.Generate("long", [{"role": "user", "content": "word " * 2000}], max_tokens=8),
+                "Shorten the message",
+            ),
+            engine=True,
+        ),
+        Case(
+            "prompt_control_characters",
+            "answered: NUL, escape, bell and DEL are text like any other",
+            lambda: generate_answered(
+                lab,
+                p.Generate(
+                    "ctrl",
+                    [{"role": "user", "content": "hi\x00 \x1b[31mred\x1b[0m \x07\x7f\x08 \r\n end"}],
+                    max_tokens=4,
+                    ignore_eos=True,
+                ),
+            ),
+            engine=True,
+        ),
+        Case(
+            "prompt_invalid_utf8",
+            "answered: bytes that are not UTF-8 arrive as U+FFFD",
+            lambda: generate_answered(lab, _raw_generate("utf8", b'"caf\xc3 \xff\xfe bytes"')),
+            engine=True,
+        ),
+        Case(
+            "prompt_lone_surrogate",
+            "refused: 'not valid Unicode'",
+            lambda: generate_refused(lab, _raw_generate("surrogate", b'"half a pair: \\ud800"'), "not valid Unicode"),
+            engine=True,
+        ),
+        Case(
+            "sampling_negative_temperature",
+            "refused: 'temperature must be >= 0'",
+            lambda: generate_refused(
+                lab,
+                p.Generate("temp", [{"role": "user", "content": "hi"}], temperature=-1.0),
+                "temperature must be >= 0",
+            ),
+            engine=True,
+        ),
+        Case(
+            "sampling_zero_max_tokens",
+            "refused: 'at least 1'",
+            lambda: generate_refused(
+                lab, p.Generate("zero", [{"role": "user", "content": "hi"}], max_tokens=0), "at least 1"
+            ),
+            engine=True,
+        ),
+        Case(
+            "unknown_context_policy",
+            "refused: 'unknown context policy'",
+            lambda: generate_refused(
+                lab,
+                p.Generate("policy", [{"role": "user", "content": "hi"}], context_policy="sideways"),
+                "unknown context policy",
+            ),
+            engine=True,
+        ),
     ] + protocol_cases(lab)
 
 
 def protocol_cases(lab: Lab) -> list[Case]:
     """Lines on the worker's input that the app never writes: each refused as a bad request."""
+
     def line(name: str, raw: bytes, phrase: str) -> Case:
         return Case(name, f"refused: {phrase!r}", lambda: line_refused(lab, raw, phrase), engine=True)
 
@@ -335,21 +460,33 @@ def protocol_cases(lab: Lab) -> list[Case]:
         line("protocol_unknown_type", b'{"type":"teleport"}', "unknown message"),
         line("protocol_event_as_request", p.encode(p.Unloaded()).encode(), "does not take unloaded"),
         line("protocol_missing_field", b'{"type":"cancel"}', "lacks request_id"),
-        line("protocol_messages_not_a_list", b'{"type":"generate","request_id":"m","messages":"hello"}',
-             "messages must be"),
-        line("protocol_max_tokens_not_a_number",
-             f'{{"type":"generate","request_id":"t","messages":{hello},"max_tokens":"ten"}}'.encode(),
-             "max_tokens must be"),
-        line("protocol_message_content_not_text",
-             b'{"type":"generate","request_id":"c","messages":[{"role":"user","content":5}]}', "content"),
-        line("protocol_draft_length_not_a_number", b'{"type":"set_speculation","enabled":true,"draft_length":"many"}',
-             "draft_length"),
+        line(
+            "protocol_messages_not_a_list",
+            b'{"type":"generate","request_id":"m","messages":"hello"}',
+            "messages must be",
+        ),
+        line(
+            "protocol_max_tokens_not_a_number",
+            f'{{"type":"generate","request_id":"t","messages":{hello},"max_tokens":"ten"}}'.encode(),
+            "max_tokens must be",
+        ),
+        line(
+            "protocol_message_content_not_text",
+            b'{"type":"generate","request_id":"c","messages":[{"role":"user","content":5}]}',
+            "content",
+        ),
+        line(
+            "protocol_draft_length_not_a_number",
+            b'{"type":"set_speculation","enabled":true,"draft_length":"many"}',
+            "draft_length",
+        ),
         line("protocol_request_id_not_text", b'{"type":"cancel","request_id":["x"]}', "request_id must be"),
         line("protocol_deeply_nested", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
     ]
 
 
 # -- running the catalogue ------------------------------------------------------------------------------
+
 
 def run_catalogue(cases: list[Case], lab: Lab, log) -> CatalogueFigures:
     figures = CatalogueFigures()

@@ -58,8 +58,12 @@ class KillFigures:
             self.survived += 1
 
     def as_dict(self) -> dict:
-        return {"injected": self.injected, "survived": self.survived, "tokens_lost": self.tokens_lost,
-                "failures": self.failures}
+        return {
+            "injected": self.injected,
+            "survived": self.survived,
+            "tokens_lost": self.tokens_lost,
+            "failures": self.failures,
+        }
 
 
 def tokens_lost(shown: list[tuple[int, str]], stored: str) -> int:
@@ -71,6 +75,7 @@ def tokens_lost(shown: list[tuple[int, str]], stored: str) -> int:
 
 
 # -- the engine killed --------------------------------------------------------------------------------
+
 
 def engine_kills(demo: tuple[Path, Path], folder: Path, count: int, rng: random.Random, log) -> KillFigures:
     from flashdesk.app.chat.chat_controller import ChatController
@@ -109,8 +114,16 @@ def _kill_engine_once(number, pump, store, session, controller, rng) -> tuple[li
     from flashdesk.app.history.store import COMPLETE, INTERRUPTED
 
     session.set_speculation(rng.random() < 0.8, rng.choice(DRAFT_LENGTHS))
-    controller.update_settings("", {"temperature": rng.choice([0.0, 0.8]), "top_p": 1.0, "top_k": 0,
-                                    "max_tokens": REPLY_TOKENS, "thinking": False})
+    controller.update_settings(
+        "",
+        {
+            "temperature": rng.choice([0.0, 0.8]),
+            "top_p": 1.0,
+            "top_k": 0,
+            "max_tokens": REPLY_TOKENS,
+            "thinking": False,
+        },
+    )
     kill_after = rng.randint(0, MOST_STEPS_BEFORE_KILL)
     shown: list[tuple[int, str]] = []  # (tokens, text) on screen after each batch, up to the kill
     seen = {"steps": 0, "killed": False}
@@ -159,15 +172,17 @@ def _kill_engine_once(number, pump, store, session, controller, rng) -> tuple[li
 
     session.restart()
     pump.until(lambda: session.state == READY, START_S, "the restarted engine loads the pair")
-    controller.update_settings("", {"temperature": 0.0, "top_p": 1.0, "top_k": 0,
-                                    "max_tokens": FOLLOW_UP_TOKENS, "thinking": False})
+    controller.update_settings(
+        "", {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": FOLLOW_UP_TOKENS, "thinking": False}
+    )
     if not controller.send("And after that?"):
         return problems + [f"the restarted engine took no message (engine {session.state})"], lost
     pump.until(lambda: not controller.busy, ANSWER_S, "the next reply ends")
     follow_up = store.messages(controller.conversation.id)[-1]
     if follow_up.state != COMPLETE or (follow_up.stats or {}).get("tokens") != FOLLOW_UP_TOKENS:
-        problems.append(f"the next reply after the restart is {follow_up.state} with "
-                        f"{(follow_up.stats or {}).get('tokens')} tokens")
+        problems.append(
+            f"the next reply after the restart is {follow_up.state} with {(follow_up.stats or {}).get('tokens')} tokens"
+        )
     if store.message(message_id).content != stored.content:
         problems.append("the interrupted reply changed after the restart")
     return problems, lost
@@ -175,12 +190,27 @@ def _kill_engine_once(number, pump, store, session, controller, rng) -> tuple[li
 
 # -- the app killed ----------------------------------------------------------------------------------
 
+
 def run_child(db: Path, demo: tuple[Path, Path], log_path: Path, *extra: str) -> subprocess.Popen:
     """The app side (reliability_checks/child.py) on `db`, its stderr kept in `log_path`."""
     with open(log_path, "ab") as stderr:
-        return subprocess.Popen([sys.executable, str(SCRIPT), "--child-app", str(db), "--target", str(demo[0]),
-                                 "--draft", str(demo[1]), *extra], stdout=subprocess.PIPE, stderr=stderr,
-                                text=True, encoding="utf-8")
+        return subprocess.Popen(
+            [
+                sys.executable,
+                str(SCRIPT),
+                "--child-app",
+                str(db),
+                "--target",
+                str(demo[0]),
+                "--draft",
+                str(demo[1]),
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            encoding="utf-8",
+        )
 
 
 class ChildEvents:
@@ -236,8 +266,15 @@ def _kill_app_once(number: int, demo, db: Path, log_path: Path, rng: random.Rand
     from flashdesk.app.history.store import INTERRUPTED, Store
 
     kill_after = rng.randint(1, MOST_BATCHES_BEFORE_KILL)
-    child = run_child(db, demo, log_path, "--max-tokens", str(REPLY_TOKENS), "--prompt",
-                      f"Question {number}: how do I read a file line by line?")
+    child = run_child(
+        db,
+        demo,
+        log_path,
+        "--max-tokens",
+        str(REPLY_TOKENS),
+        "--prompt",
+        f"Question {number}: how do I read a file line by line?",
+    )
     events = ChildEvents(child)
     batches, worker = 0, None
     try:

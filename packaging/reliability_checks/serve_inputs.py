@@ -19,23 +19,34 @@ MALFORMED = [
     ("serve_body_not_an_object", b"[1, 2, 3]", 400, "must be a JSON object"),
     ("serve_body_not_utf8", b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, "not valid JSON"),
     ("serve_unknown_model", {"messages": USER, "model": "gpt-4o"}, 404, "does not exist"),
-    ("serve_max_tokens_over_context", {"messages": USER, "max_tokens": 10 ** 9}, 400, "whole context"),
+    ("serve_max_tokens_over_context", {"messages": USER, "max_tokens": 10**9}, 400, "whole context"),
     ("serve_messages_empty", {"messages": []}, 400, "messages is empty"),
     ("serve_messages_missing", {}, 400, "messages is required"),
     ("serve_messages_not_a_list", {"messages": "hello"}, 400, "messages"),
     ("serve_unknown_role", {"messages": [{"role": "tool", "content": "x"}]}, 400, "role"),
     ("serve_content_not_text", {"messages": [{"role": "user", "content": 42}]}, 400, "content must be a string"),
-    ("serve_image_content", {"messages": [{"role": "user", "content": [{"type": "image_url",
-                                                                        "image_url": {"url": "x"}}]}]},
-     400, "text only"),
-    ("serve_last_message_not_user", {"messages": USER + [{"role": "assistant", "content": "ok"}]}, 400,
-     "the last message must be from the user"),
+    (
+        "serve_image_content",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        400,
+        "text only",
+    ),
+    (
+        "serve_last_message_not_user",
+        {"messages": USER + [{"role": "assistant", "content": "ok"}]},
+        400,
+        "the last message must be from the user",
+    ),
     ("serve_temperature_out_of_range", {"messages": USER, "temperature": -0.5}, 400, "temperature"),
     ("serve_temperature_not_a_number", {"messages": USER, "temperature": "hot"}, 400, "temperature"),
     ("serve_several_choices", {"messages": USER, "n": 3}, 400, "only n=1"),
     ("serve_stop_not_text", {"messages": USER, "stop": 7}, 400, "stop must be"),
-    ("serve_prompt_over_context", {"messages": [{"role": "user", "content": "tell me a story " * 600}],
-                                   "max_tokens": CONTEXT // 2}, 400, "context"),
+    (
+        "serve_prompt_over_context",
+        {"messages": [{"role": "user", "content": "tell me a story " * 600}], "max_tokens": CONTEXT // 2},
+        400,
+        "context",
+    ),
 ]
 
 
@@ -89,7 +100,15 @@ def _still_serves(lab: Lab) -> str | None:
 
 
 def serve_cases(lab: Lab) -> list[Case]:
-    cases = [Case(name, f"{status}: {phrase!r}", lambda b=body, s=status, ph=phrase: _request(lab, b, s, ph),
-                  engine=True) for name, body, status, phrase in MALFORMED]
-    return cases + [Case("serve_well_formed_after_all", "200: a reply, after every malformed request",
-                         lambda: _still_serves(lab), engine=True)]
+    cases = [
+        Case(name, f"{status}: {phrase!r}", lambda b=body, s=status, ph=phrase: _request(lab, b, s, ph), engine=True)
+        for name, body, status, phrase in MALFORMED
+    ]
+    return cases + [
+        Case(
+            "serve_well_formed_after_all",
+            "200: a reply, after every malformed request",
+            lambda: _still_serves(lab),
+            engine=True,
+        )
+    ]

@@ -26,8 +26,16 @@ PREFIX_CACHE_MB = "8"
 RSS_TOLERANCE = 0.05
 # (speculation on, draft length) in turn between generations: off, fixed lengths, the longest, auto
 SPECULATION = [(True, None), (False, None), (True, 1), (True, 4), (True, "auto"), (False, 7), (True, 15), (True, 9)]
-QUESTIONS = ["What is a list?", "How do I open a file?", "Explain a dictionary.", "What does yield do?",
-             "Sort a list of tuples.", "What is a set?", "Write a loop.", "What is a class?"]
+QUESTIONS = [
+    "What is a list?",
+    "How do I open a file?",
+    "Explain a dictionary.",
+    "What does yield do?",
+    "Sort a list of tuples.",
+    "What is a set?",
+    "Write a loop.",
+    "What is a class?",
+]
 MB = 1 << 20
 
 
@@ -45,10 +53,16 @@ class SoakFigures:
         return not self.failures
 
     def as_dict(self) -> dict:
-        return {"generations": self.generations, "rss_start_mb": round(self.rss_start_mb, 1),
-                "rss_end_mb": round(self.rss_end_mb, 1), "open_files_start": self.open_files[0],
-                "open_files_end": self.open_files[1], "threads_start": self.threads[0],
-                "threads_end": self.threads[1], "failures": self.failures}
+        return {
+            "generations": self.generations,
+            "rss_start_mb": round(self.rss_start_mb, 1),
+            "rss_end_mb": round(self.rss_end_mb, 1),
+            "open_files_start": self.open_files[0],
+            "open_files_end": self.open_files[1],
+            "threads_start": self.threads[0],
+            "threads_end": self.threads[1],
+            "failures": self.failures,
+        }
 
 
 def _conversation(i: int, rng: random.Random) -> list[dict]:
@@ -77,8 +91,16 @@ def soak(demo, generations: int, rng: random.Random, log) -> SoakFigures:
             worker.send(p.SetSpeculation(*SPECULATION[i % len(SPECULATION)]))
             tokens = rng.randint(2, 8)
             temperature = 0.8 if i % 3 == 2 else 0.0
-            worker.send(p.Generate(f"soak-{i}", _conversation(i, rng), temperature=temperature, seed=i,
-                                   max_tokens=tokens, ignore_eos=True))
+            worker.send(
+                p.Generate(
+                    f"soak-{i}",
+                    _conversation(i, rng),
+                    temperature=temperature,
+                    seed=i,
+                    max_tokens=tokens,
+                    ignore_eos=True,
+                )
+            )
             end = worker.until((p.Finished, p.Error))[-1]
             if isinstance(end, p.Error) or len(end.token_ids) != tokens:
                 what = end.message if isinstance(end, p.Error) else f"{len(end.token_ids)} tokens of {tokens}"
@@ -97,8 +119,10 @@ def soak(demo, generations: int, rng: random.Random, log) -> SoakFigures:
     figures.rss_start_mb, figures.rss_end_mb = start[0] / MB, end_sample[0] / MB
     figures.open_files, figures.threads = (start[1], end_sample[1]), (start[2], end_sample[2])
     if abs(end_sample[0] - start[0]) > RSS_TOLERANCE * start[0]:
-        figures.failures.append(f"resident memory went from {figures.rss_start_mb:.1f} MB after "
-                                f"{baseline_after} generations to {figures.rss_end_mb:.1f} MB (over 5%)")
+        figures.failures.append(
+            f"resident memory went from {figures.rss_start_mb:.1f} MB after "
+            f"{baseline_after} generations to {figures.rss_end_mb:.1f} MB (over 5%)"
+        )
     if end_sample[1] > start[1]:
         figures.failures.append(f"open files grew from {start[1]} to {end_sample[1]}")
     if end_sample[2] > start[2]:

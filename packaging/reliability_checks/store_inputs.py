@@ -31,8 +31,10 @@ def rows(path: Path) -> list[tuple]:
     """Every conversation and message the database at `path` holds, in a plain connection."""
     db = sqlite3.connect(path, timeout=10)
     try:
-        return (db.execute("SELECT id, title FROM conversations ORDER BY id").fetchall()
-                + db.execute("SELECT id, role, content, state FROM messages ORDER BY id").fetchall())
+        return (
+            db.execute("SELECT id, title FROM conversations ORDER BY id").fetchall()
+            + db.execute("SELECT id, role, content, state FROM messages ORDER BY id").fetchall()
+        )
     finally:
         db.close()
 
@@ -57,8 +59,12 @@ def can_mount() -> bool:
     probe = Path(os.environ.get("TMPDIR", "/tmp")) / f"flashdesk-mount-probe-{os.getpid()}"
     probe.mkdir(exist_ok=True)
     try:
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)],
-                          capture_output=True).returncode != 0:
+        if (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)], capture_output=True
+            ).returncode
+            != 0
+        ):
             return False
         subprocess.run(["umount", str(probe)], check=True, capture_output=True)
         return True
@@ -69,8 +75,9 @@ def can_mount() -> bool:
 @contextlib.contextmanager
 def tmpfs(folder: Path, size: str):
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True, capture_output=True
+    )
     try:
         yield folder
     finally:
@@ -85,8 +92,11 @@ def _moved_aside(path: Path, kind: str, phrase: str, before: bytes) -> str | Non
     try:
         if not store.notice or phrase.lower() not in store.notice.lower():
             return f"the notice does not say {phrase!r}: {store.notice!r}"
-        aside = [f for f in path.parent.iterdir() if f.name.startswith(f"{path.name}.{kind}")
-                 and not f.name.endswith(("-wal", "-shm"))]
+        aside = [
+            f
+            for f in path.parent.iterdir()
+            if f.name.startswith(f"{path.name}.{kind}") and not f.name.endswith(("-wal", "-shm"))
+        ]
         if len(aside) != 1 or aside[0].read_bytes() != before:
             return f"the database was not kept as it was: {[f.name for f in aside]}"
         store.create_conversation("after")
@@ -126,7 +136,7 @@ def store_cases(folder: Path, demo: tuple[Path, Path], mountable: bool) -> list[
         path = case_path("damaged")
         populated(path)
         data = bytearray(path.read_bytes())
-        data[4096:4096 + 64] = b"\xff" * 64  # the b-tree header of the second page
+        data[4096 : 4096 + 64] = b"\xff" * 64  # the b-tree header of the second page
         path.write_bytes(bytes(data))
         return _moved_aside(path, "corrupt", "could not be read", bytes(data))
 
@@ -204,8 +214,11 @@ def store_cases(folder: Path, demo: tuple[Path, Path], mountable: bool) -> list[
         Case("database_newer", "moved aside unchanged: 'newer FlashDesk'", newer),
         Case("database_locked", "refused, left alone: 'locked by another program'", locked),
         Case("database_read_only", "refused, left alone: 'read-only'", read_only),
-        Case("database_full_disk_while_saving", "said once ('could not be saved'), the reply ends, earlier rows "
-             "intact, integrity ok", full_disk),
+        Case(
+            "database_full_disk_while_saving",
+            "said once ('could not be saved'), the reply ends, earlier rows intact, integrity ok",
+            full_disk,
+        ),
         Case("database_control_characters", "stored and read back unchanged, found by search", control_characters),
     ]
 
@@ -217,8 +230,9 @@ def _full_disk_while_saving(db: Path, demo, folder: Path, how: str, phrase: str)
     from flashdesk.app.history.store import Store
 
     before = populated(db, conversations=3)
-    child = run_child(db, demo, folder / "full-disk.log", "--max-tokens", "600",
-                      "--disk-room", str(DISK_ROOM), "--disk-limit", how)
+    child = run_child(
+        db, demo, folder / "full-disk.log", "--max-tokens", "600", "--disk-room", str(DISK_ROOM), "--disk-limit", how
+    )
     events = ChildEvents(child)
     try:
         events.next(START_S)

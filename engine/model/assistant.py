@@ -1,0 +1,204 @@
+"""Gemma 4's MTP assistant (`gemma4_assistant`): a small dense Gemma 4 whose layers compute queries
+only and attend over the K/V the target already holds, drafting one token a step from one position.
+
+One draft step, as transformers' Gemma4AssistantForCausalLM computes it (docs/model.md):
+- the input is the target's embedding of the last token (scaled, as the target embeds) beside a
+  hidden state of the target's width, projected to the assistant's (`pre_projection`);
+- each layer: its input norm, q_proj, q_norm, RoPE at the step's position, attention over the
+  target's K/V of the layer's kind (full layers: every position given; sliding layers: the last
+  `sliding_window` + 1 of those given, as transformers' flipped bidirectional window mask has
+  it), o_proj, and the Gemma 4 norms, dense MLP and layer scalar;
+- the final norm; logits from the tied embedding, no softcap (with ordered embeddings: only over
+  the tokens of the top centroids, the others at the smallest of those logits minus one);
+- `post_projection` maps the normed state back to the target's width: the next step's hidden state.
+
+The rounds around it (which K/V, which hidden state, which position) belong to the decode loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from flashdesk.engine.errors import ConfigError
+from flashdesk.engine.model.config import SLIDING, Gemma4Config, parse_config, read_json
+from flashdesk.kernels.attention import attention
+from flashdesk.kernels.linear import concat_rows, glu_linear, linear
+from flashdesk.kernels.norm import apply_rope, rms_norm
+
+MODEL_TYPE = "gemma4_assistant"
+
+
+@dataclass(frozen=True)
+class AssistantConfig:
+    """The assistant's own layers (`text`, a Gemma 4 text config whose every layer reuses the
+    target's K/V) and how it meets the target."""
+
+    text: Gemma4Config
+    backbone_hidden_size: int  # the target's hidden size
+    use_ordered_embeddings: bool
+    num_centroids: int
+    centroid_top_k: int
+
+    @property
+    def tokens_per_centroid(self) -> int:
+        return self.text.vocab_size // self.num_centroids
+
+
+def is_assistant_config(raw: dict) -> bool:
+    return raw.get("model_type") == MODEL_TYPE or "Gemma4AssistantForCausalLM" in (raw.get("architectures") or [])
+
+
+def parse_assistant_config(raw: dict, source: str = "config.json") -> AssistantConfig:
+    """Validate a gemma4_assistant config.json (refusing what transformers' own validation refuses)."""
+    if not is_assistant_config(raw):
+        raise ConfigError(f"{source}: model_type {raw.get('model_type')!r} is not a Gemma 4 assistant ({MODEL_TYPE})")
+    text = dict(raw.get("text_config") or {})
+    if not text:
+        raise ConfigError(f"{source}: a Gemma 4 assistant config needs its text_config")
+    layers = text.get("num_hidden_layers")
+    if text.get("enable_moe_block"):
+        raise ConfigError(f"{source}: an assistant with MoE layers is not a Gemma 4 assistant")
+    if text.get("num_kv_shared_layers") not in (None, 0, layers):
+        raise ConfigError(
+            f"{source}: every assistant layer must reuse the target's K/V "
+            f"(num_kv_shared_layers {text.get('num_kv_shared_layers')} of {layers})"
+        )
+    # the layers' own K/V projections do not exist: parse the geometry as for a target
+    cfg = parse_config(dict(text, num_kv_shared_layers=0, tie_word_embeddings=True), source)
+    ordered = bool(raw.get("use_ordered_embeddings", False))
+    centroids = int(raw.get("num_centroids", 2048))
+    top_k = int(raw.get("centroid_intermediate_top_k", 32))
+    if ordered and (centroids < 1 or cfg.vocab_size % centroids or not 0 < top_k <= centroids):
+        raise ConfigError(
+            f"{source}: {centroids} centroids with top {top_k} do not split a vocabulary of {cfg.vocab_size}"
+        )
+    return AssistantConfig(cfg, int(raw.get("backbone_hidden_size", 1536)), ordered, centroids, top_k)
+
+
+def load_assistant_config(folder: str | Path) -> AssistantConfig:
+    path = Path(folder) / "config.json"
+    return parse_assistant_config(read_json(path, "assistant config"), str(path))
+
+
+def assistant_expected_shapes(cfg: AssistantConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of an assistant checkpoint (names without the `model.` prefix) -> its shape
+    (`masked_embedding.token_ordering` holds integers)."""
+    text, d = cfg.text, cfg.text.hidden_size
+    shapes: dict = {
+        "embed_tokens.weight": (text.vocab_size, d),
+        "norm.weight": (d,),
+        "pre_projection.weight": (d, 2 * cfg.backbone_hidden_size),
+        "post_projection.weight": (cfg.backbone_hidden_size, d),
+    }
+    for i, layer in enumerate(text.layers):
+        p = f"layers.{i}."
+        for norm in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ):
+            shapes[p + norm + ".weight"] = (d,)
+        shapes[p + "self_attn.q_proj.weight"] = (text.num_heads * layer.head_dim, d)
+        shapes[p + "self_attn.q_norm.weight"] = (layer.head_dim,)
+        shapes[p + "self_attn.o_proj.weight"] = (d, text.num_heads * layer.head_dim)
+        shapes[p + "mlp.gate_proj.weight"] = (text.intermediate_size, d)
+        shapes[p + "mlp.up_proj.weight"] = (text.intermediate_size, d)
+        shapes[p + "mlp.down_proj.weight"] = (d, text.intermediate_size)
+        shapes[p + "layer_scalar"] = (1,)
+    if cfg.use_ordered_embeddings:
+        shapes["masked_embedding.centroids.weight"] = (cfg.num_centroids, d)
+        shapes["masked_embedding.token_ordering"] = (text.vocab_size,)
+    return shapes
+
+
+class Assistant:
+    """The assistant's weights and its one draft step."""
+
+    def __init__(self, cfg: AssistantConfig, weights: dict[str, torch.Tensor], device, dtype: torch.dtype):
+        """Takes ownership of `weights` and empties it."""
+        self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
+        w = weights
+        self.embed = w.pop("embed_tokens.weight")  # the tied head
+        self.final_norm = w.pop("norm.weight").float()
+        self.pre_projection = w.pop("pre_projection.weight")
+        self.post_projection = w.pop("post_projection.weight")
+        self.layers = []
+        for i, spec in enumerate(cfg.text.layers):
+            p = f"layers.{i}."
+            norms = {
+                name: w.pop(p + name + ".weight").float()
+                for name in (
+                    "input_layernorm",
+                    "post_attention_layernorm",
+                    "pre_feedforward_layernorm",
+                    "post_feedforward_layernorm",
+                    "self_attn.q_norm",
+                )
+            }
+            self.layers.append(
+                {
+                    "spec": spec,
+                    "norms": norms,
+                    "q": w.pop(p + "self_attn.q_proj.weight"),
+                    "o": w.pop(p + "self_attn.o_proj.weight"),
+                    "gate_up": concat_rows([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")]),
+                    "down": w.pop(p + "mlp.down_proj.weight"),
+                    "scalar": w.pop(p + "layer_scalar"),
+                }
+            )
+        self.centroids = w.pop("masked_embedding.centroids.weight", None)
+        ordering = w.pop("masked_embedding.token_ordering", None)
+        self.token_ordering = None if ordering is None else ordering.long().view(cfg.num_centroids, -1)
+        if w:
+            raise ValueError(f"unused assistant weights: {sorted(w)[:5]}")
+        self.inv_freq = {kind: spec.inv_freq().repeat(2).to(self.device) for kind, spec in cfg.text.rope.items()}
+
+    def _rope(self, kind: str, position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [1, head_dim] at `position` (fp32 angles, rounded once, as the target's)."""
+        angles = position.view(1, 1) * self.inv_freq[kind]
+        return torch.cos(angles).to(self.dtype), torch.sin(angles).to(self.dtype)
+
+    @torch.inference_mode()
+    def step(self, token_embedding: torch.Tensor, hidden: torch.Tensor, shared_kv: dict, position) -> tuple:
+        """One draft step: token_embedding and hidden [1, backbone] (the target's scaled embedding of
+        the last token, and a hidden state of the target's width), shared_kv {SLIDING: (k, v), FULL:
+        (k, v)} each [positions, kv heads, head dim] in order (the target's K/V of its last layer of
+        that kind), the query's position -> (logits [1, vocab] fp32, next hidden [1, backbone])."""
+        cfg, eps = self.cfg.text, self.cfg.text.rms_norm_eps
+        position = torch.as_tensor(position, device=self.device)
+        h = linear(torch.cat([token_embedding, hidden], dim=-1).to(self.dtype), self.pre_projection)
+        ropes = {kind: self._rope(kind, position) for kind in self.inv_freq}
+        for layer in self.layers:
+            spec, n = layer["spec"], layer["norms"]
+            k, v = shared_kv[spec.kind]
+            if spec.kind == SLIDING and cfg.sliding_window is not None:
+                # transformers' bidirectional window mask, flipped to look back, lets the query see the
+                # last window + 1 entries
+                k, v = k[-(cfg.sliding_window + 1) :], v[-(cfg.sliding_window + 1) :]
+            x = rms_norm(h, n["input_layernorm"], eps)
+            q = linear(x, layer["q"]).view(1, cfg.num_heads, spec.head_dim)
+            q = apply_rope(rms_norm(q, n["self_attn.q_norm"], eps), *ropes[spec.kind])
+            seen = torch.zeros(k.shape[0], dtype=torch.long, device=self.device)
+            a = attention(q, k.to(self.dtype), v.to(self.dtype), seen[:1], seen, None, 1.0, causal=False)
+            h = h + rms_norm(linear(a.reshape(1, -1), layer["o"]), n["post_attention_layernorm"], eps)
+            x = rms_norm(h, n["pre_feedforward_layernorm"], eps)
+            m = linear(glu_linear(x, layer["gate_up"], "gelu_tanh"), layer["down"])
+            h = (h + rms_norm(m, n["post_feedforward_layernorm"], eps)) * layer["scalar"]
+        h = rms_norm(h, self.final_norm, eps)
+        return self._logits(h), linear(h, self.post_projection)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[1, vocab] fp32: the tied head, or with ordered embeddings only the top centroids' tokens."""
+        if self.token_ordering is None:
+            return linear(h, self.embed).float()
+        top = torch.topk(linear(h, self.centroids), self.cfg.centroid_top_k, dim=-1).indices[0]
+        tokens = self.token_ordering[top].reshape(-1)  # the canonical ids of those centroids' tokens
+        picked = F.linear(h, self.embed[tokens])
+        logits = torch.full((1, self.cfg.text.vocab_size), 0.0, dtype=h.dtype, device=h.device)
+        logits.fill_(picked.min() - 1.0)
+        return logits.scatter_(1, tokens.view(1, -1), picked).float()
