@@ -13,7 +13,7 @@ from flashdesk.engine.errors import ConfigError
 from flashdesk.engine.loading.build import load_assistant, load_target
 from flashdesk.engine.model.assistant import parse_assistant_config
 from flashdesk.engine.model.config import FULL, SLIDING
-from tiny_assistant import write_assistant
+from tiny_assistant import write_assistant, write_echo_assistant
 from tiny_checkpoints import write_checkpoint
 
 pytest.importorskip("transformers.models.gemma4_assistant")
@@ -118,3 +118,65 @@ def test_an_assistant_as_the_drafter_is_refused_with_what_works_instead(assistan
     write_checkpoint(target, "causal", seed=3, tokenizer=False, enable_moe_block=False)
     with pytest.raises(ConfigError, match="MTP assistant: FlashDesk reads and checks it .* use the DFlash drafter"):
         Engine.load(target, device="cpu", draft_dir=assistant[0])
+
+
+# --- rounds: the assistant's drafts and the accepted counts, as transformers' assisted decoding ----------
+
+
+def _their_rounds(reference_target, reference_assistant, prompt, new_tokens, k):
+    """transformers' greedy assisted generation with the assistant drafting k tokens a round: the
+    tokens, and each round's drafts (recorded from the candidate generator)."""
+    from transformers.generation import candidate_generator
+
+    drafted = []
+    real = candidate_generator.SinglePositionMultiTokenCandidateGenerator.get_candidates
+
+    def record(self, input_ids, *args, **kwargs):
+        ids, logits = real(self, input_ids, *args, **kwargs)
+        if logits is not None:
+            drafted.append((input_ids.shape[1], ids[0, input_ids.shape[1] :].tolist()))
+        return ids, logits
+
+    reference_assistant.generation_config.num_assistant_tokens = k
+    reference_assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    candidate_generator.SinglePositionMultiTokenCandidateGenerator.get_candidates = record
+    try:
+        with torch.no_grad():
+            seq = reference_target.generate(
+                torch.tensor([prompt]),
+                assistant_model=reference_assistant,
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0].tolist()
+    finally:
+        candidate_generator.SinglePositionMultiTokenCandidateGenerator.get_candidates = real
+    return seq[len(prompt) :], drafted
+
+
+@pytest.fixture(scope="module")
+def moe_pair(tmp_path_factory):
+    """A tiny MoE target (as the real one) and an assistant for it, ours and transformers'."""
+    folder, assistant_folder = tmp_path_factory.mktemp("moe-target"), tmp_path_factory.mktemp("moe-assistant")
+    reference = write_checkpoint(folder, "causal", seed=5, tokenizer=False)
+    their_assistant = write_echo_assistant(assistant_folder, reference, seed=11)
+    target = load_target(folder)
+    return target, load_assistant(assistant_folder, target), reference, their_assistant
+
+
+@pytest.mark.parametrize("k", [3, 6])
+def test_rounds_match_transformers_assisted_decoding_and_plain_greedy(moe_pair, k):
+    from flashdesk.engine.decode.mtp import mtp_greedy
+
+    target, assistant, reference, their_assistant = moe_pair
+    prompt = [2, 17, 91, 33, 250, 7, 7, 64, 301, 12, 5, 88]  # longer than the sliding window of 8
+    tokens, their_rounds = _their_rounds(reference, their_assistant, prompt, 24, k)
+    ours = mtp_greedy(target, assistant, prompt, 24, k)
+    with torch.no_grad():
+        plain = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
+        )[0, len(prompt) :].tolist()
+    assert ours.tokens == tokens == plain
+    assert [r.drafts for r in ours.rounds] == [drafts for _, drafts in their_rounds]
+    assert sum(r.accepted for r in ours.rounds) > 0  # the random assistant guesses some: the test can tell

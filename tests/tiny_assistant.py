@@ -13,14 +13,16 @@ from tiny_checkpoints import TINY_TEXT_CONFIG, randomize
 ASSISTANT_HIDDEN = 48
 
 
-def build_assistant(seed: int = 0, ordered: bool = False, centroids: int = 16, top_k: int = 4):
+def build_assistant(
+    seed: int = 0, ordered: bool = False, centroids: int = 16, top_k: int = 4, hidden: int = ASSISTANT_HIDDEN
+):
     """A randomized assistant for the tiny target: two layers (sliding, full) whose query heads attend
     over the target's K/V geometry of each kind; with `ordered`, a random token ordering."""
     from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4TextConfig
 
     text = dict(
         TINY_TEXT_CONFIG,
-        hidden_size=ASSISTANT_HIDDEN,
+        hidden_size=hidden,
         intermediate_size=64,
         num_hidden_layers=2,
         layer_types=["sliding_attention", "full_attention"],
@@ -47,5 +49,22 @@ def build_assistant(seed: int = 0, ordered: bool = False, centroids: int = 16, t
 def write_assistant(folder: Path, seed: int = 0, ordered: bool = False):
     """Save the assistant as its checkpoint would be; return the transformers model."""
     model = build_assistant(seed, ordered)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+def write_echo_assistant(folder: Path, target, seed: int = 0):
+    """An assistant that mostly proposes the last token again (the target's width, its embedding as
+    the head, the token's embedding passed through, small attention and MLP outputs on top): random
+    tiny targets repeat tokens, so some drafts are accepted and every path of a round runs."""
+    model = build_assistant(seed, hidden=TINY_TEXT_CONFIG["hidden_size"])
+    d = TINY_TEXT_CONFIG["hidden_size"]
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+        model.pre_projection.weight.zero_()
+        model.pre_projection.weight[:, :d].copy_(torch.eye(d))
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.05)
+            layer.mlp.down_proj.weight.mul_(0.05)
     model.save_pretrained(folder, safe_serialization=True)
     return model

@@ -26,6 +26,7 @@ from flashdesk.kernels.norm import qkv_norms, rms_norm
 class ForwardOutput:
     logits: torch.Tensor  # [rows, vocab] fp32, after the softcap
     taps: torch.Tensor | None  # [T, len(taps) * hidden] hidden states after the tapped layers
+    hidden: torch.Tensor | None = None  # [rows, hidden] the final norm's output (what the head reads)
 
 
 class _Layer:
@@ -137,7 +138,7 @@ class Gemma4:
         if cfg.final_logit_softcapping:
             cap = cfg.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
-        return ForwardOutput(logits, torch.cat([tapped[t] for t in taps], dim=-1) if taps else None)
+        return ForwardOutput(logits, torch.cat([tapped[t] for t in taps], dim=-1) if taps else None, x)
 
     def _layer(self, i: int, L: _Layer, h, x, reader: torch.Tensor, positions, rope, cache: KVCache):
         """The residual stream h and its input norm x -> the layer's output and its norm by the

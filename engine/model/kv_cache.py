@@ -267,6 +267,17 @@ class KVCache:
             positions,
         )
 
+    def read(self, layer: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V [hi - lo, Hkv, Dh] of positions lo..hi-1 as written (committed or not: a verify
+        block's rejected keys too, while their slots were not reused), in the compute dtype."""
+        store = self.layers[layer]
+        positions = torch.arange(lo, hi, device=store.k.device)
+        slots = positions if store.layout.window is None else positions % store.capacity
+        return (
+            dequantize(store.k[slots], _at(store.k_scale, slots), self.compute_dtype),
+            dequantize(store.v[slots], _at(store.v_scale, slots), self.compute_dtype),
+        )
+
 
 def ring_keeps(length: int, high: int, capacity: int, window: int | None) -> bool:
     """Whether a ring of `capacity` slots, written up to position `high`, still holds the keys a
