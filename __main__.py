@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
         from flashdesk.app.main import run_app
 
         return run_app()
-    from flashdesk.engine.tools.cli import main as engine_main
+    from flashdesk.engine.cli.main import main as engine_main
 
     return engine_main(argv)
 

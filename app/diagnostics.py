@@ -1,7 +1,7 @@
 """Help > Copy diagnostics: `flashdesk doctor --report -` run in a child process (the window never
 loads torch), its report put on the clipboard for the user to paste into a question. The report
 holds versions, the GPU and driver, the kernel self-tests, the last load and the last errors, and
-no prompts or replies (engine/tools/report.py)."""
+no prompts or replies (engine/cli/report.py)."""
 
 from __future__ import annotations
 

@@ -38,14 +38,14 @@ from flashdesk.app.history import export
 from flashdesk.app.chat.banner import Banner
 from flashdesk.app.diagnostics import DiagnosticsCopier
 from flashdesk.app.chat.chat_controller import ChatController
-from flashdesk.app.engines.chat_engine import ChatEngine
+from flashdesk.app.backends.chat_engine import ChatEngine
 from flashdesk.app.chat.chat_view import ChatView
 from flashdesk.app.chat.composer import Composer
 from flashdesk.app.chat.context_gauge import ContextGauge, context_full_text, refused_text
 from flashdesk.app.chat.conversation_list import ConversationList
-from flashdesk.app.engines.engine_session import DEAD, IDLE, LOADING, READY, STARTING, STOPPED, EngineSession
+from flashdesk.app.backends.engine_session import DEAD, IDLE, LOADING, READY, STARTING, STOPPED, EngineSession
 from flashdesk.app.model_setup_flow import ModelSetupFlow
-from flashdesk.app.engines.remote_session import RemoteSession
+from flashdesk.app.backends.remote_session import RemoteSession
 from flashdesk.app.chat.reply import context_filled
 from flashdesk.app.chat.settings_dialog import DROP_OLDEST, STOP, ConversationSettings
 from flashdesk.app.pages.bench_page import BenchPage

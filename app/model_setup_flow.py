@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from flashdesk import protocol as p
 from flashdesk import paths
-from flashdesk.app.engines.engine_session import LOADING, READY, STOPPED
-from flashdesk.app.engines.openai_client import server_address
-from flashdesk.app.engines.remote_session import ServerReading
-from flashdesk.app.engines.server_metrics import SERVER_NAMES
+from flashdesk.app.backends.engine_session import LOADING, READY, STOPPED
+from flashdesk.app.backends.openai_client import server_address
+from flashdesk.app.backends.remote_session import ServerReading
+from flashdesk.app.backends.server_metrics import SERVER_NAMES
 
 
 class ModelSetupFlow:

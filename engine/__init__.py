@@ -4,7 +4,7 @@ The Python API is `flashdesk.engine.Engine` (load a model, then `generate` a req
 events), with its request, events and controls:
 
     from flashdesk.engine import Engine, FinishEvent, GenerationRequest, SpecControl
-    from flashdesk.engine.decode.chat import build_prompt_ids, messages_from
+    from flashdesk.engine.decode.chat_format import build_prompt_ids, messages_from
 
     engine = Engine.load("cyankiwi/gemma-4-26B-A4B-it-AWQ-4bit", draft_dir="z-lab/gemma-4-26B-A4B-it-DFlash")
     ids = build_prompt_ids(engine.tokenizer, messages_from("Why is the sky blue?"), enable_thinking=False)

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from flashdesk import protocol as p
 from flashdesk.engine.loading.model_card import model_name, sampling_defaults
-from flashdesk.engine.tools.report import log_error, record_load
+from flashdesk.engine.cli.report import log_error, record_load
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class OriginTracker:
     """
 
     def __init__(self, tokenizer, eos: set[int]):
-        from flashdesk.engine.decode.chat import ANSWER, ChannelSplitter
+        from flashdesk.engine.decode.chat_format import ANSWER, ChannelSplitter
 
         self.answer_channel = ANSWER
         self.splitter = ChannelSplitter(tokenizer)
@@ -188,7 +188,7 @@ class Worker:
         if engine is None or engine.tokenizer is None:
             self.send(p.TokenCount(msg.request_id, -1, 0))
             return
-        from flashdesk.engine.decode.chat import build_prompt_ids
+        from flashdesk.engine.decode.chat_format import build_prompt_ids
 
         try:
             if self._counter is None or self._counter[0]() is not engine:

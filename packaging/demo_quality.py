@@ -35,7 +35,7 @@ def stutters(text: str) -> bool:
 
 def judge(folder: Path, show: bool) -> dict:
     from flashdesk.engine.bench.prompts import TASKS, task_prompts
-    from flashdesk.engine.decode.chat import build_prompt_ids, messages_from
+    from flashdesk.engine.decode.chat_format import build_prompt_ids, messages_from
     from flashdesk.engine.decode.generation import Engine, GenerationRequest
 
     engine = Engine.load(folder / "target", device="cpu")

@@ -510,7 +510,7 @@ def section_synthetic_bench(device, smoke: bool, profile: bool = False):
     import torch
 
     from flashdesk.engine.model.known_models import shapes as synthetic_shapes
-    from flashdesk.engine.tools.cli import main as cli_main
+    from flashdesk.engine.cli.main import main as cli_main
 
     gc.collect()
     if device.type == "cuda":

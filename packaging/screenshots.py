@@ -101,7 +101,7 @@ class Shooter:
 
     def window(self, delay: str | None = None):
         from flashdesk import paths
-        from flashdesk.app.engines.engine_session import EngineSession
+        from flashdesk.app.backends.engine_session import EngineSession
         from flashdesk.app.main_window import MainWindow
         from flashdesk.app.history.store import Store
 

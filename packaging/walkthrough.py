@@ -32,7 +32,7 @@ def main() -> int:
     app = QApplication(sys.argv)
     from flashdesk import paths
     from flashdesk.app import theme
-    from flashdesk.app.engines.engine_session import EngineSession
+    from flashdesk.app.backends.engine_session import EngineSession
     from flashdesk.app.main_window import MainWindow
     from flashdesk.app.history.store import Store
 

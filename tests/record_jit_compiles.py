@@ -22,7 +22,7 @@ def main() -> None:
 
     from flashdesk.engine.decode.generation import Engine
     from flashdesk.engine.bench.synthetic_model import synthetic_drafter, synthetic_target
-    from flashdesk.engine.tools.bench_synthetic import run_synthetic
+    from flashdesk.engine.cli.bench_synthetic import run_synthetic
     from flashdesk.kernels.launch_log import record_compiles, save
 
     with record_compiles() as launches:

@@ -158,7 +158,7 @@ def test_worker_pull_unreachable_hub_says_so(tmp_path) -> None:
 @pytest.fixture
 def open_window(qtbot, monkeypatch, tmp_path):
     """open_window(endpoint) -> a shown MainWindow on the setup page, its worker downloading from `endpoint`."""
-    from flashdesk.app.engines.engine_session import EngineSession
+    from flashdesk.app.backends.engine_session import EngineSession
     from flashdesk.app.main_window import MainWindow
     from flashdesk.app.history.store import Store
     from flashdesk.app.panels.telemetry import TelemetrySampler

@@ -43,7 +43,7 @@ def hub(pair_files):
 @pytest.fixture
 def open_setup(qtbot, monkeypatch, tmp_path):
     """open_setup(endpoint, gpu) -> a window on the setup page; `gpu` "NAME,FREE_GIB,TOTAL_GIB" or None."""
-    from flashdesk.app.engines.engine_session import EngineSession
+    from flashdesk.app.backends.engine_session import EngineSession
     from flashdesk.app.main_window import MainWindow
     from flashdesk.app.history.store import Store
     from flashdesk.app.panels.telemetry import TelemetrySampler

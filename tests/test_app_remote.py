@@ -15,9 +15,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 
 from fake_openai_server import MODEL, REPLY, THOUGHT, FakeOpenAIServer, words
-from flashdesk.app.engines.engine_session import EngineSession
+from flashdesk.app.backends.engine_session import EngineSession
 from flashdesk.app.main_window import MainWindow
-from flashdesk.app.engines.remote_session import RemoteSession
+from flashdesk.app.backends.remote_session import RemoteSession
 from flashdesk.app.history.store import CANCELLED, COMPLETE, FAILED, Store
 from flashdesk.app.panels.telemetry import TelemetrySampler
 from flashdesk.app.panels.telemetry_panel import REMOTE_PLOT_TITLE

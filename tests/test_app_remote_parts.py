@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from flashdesk import protocol as p
-from flashdesk.app.engines.openai_client import (
+from flashdesk.app.backends.openai_client import (
     ChunkParts,
     SseEvents,
     chat_body,
@@ -20,8 +20,8 @@ from flashdesk.app.engines.openai_client import (
     server_message,
     status_sentence,
 )
-from flashdesk.app.engines.prom_metrics import parse, parse_line
-from flashdesk.app.engines.server_metrics import (
+from flashdesk.app.backends.prom_metrics import parse, parse_line
+from flashdesk.app.backends.server_metrics import (
     FLASHDESK,
     SGLANG,
     VLLM,
@@ -30,7 +30,7 @@ from flashdesk.app.engines.server_metrics import (
     spec_between,
     tokens_per_second,
 )
-from flashdesk.app.engines.stream_steps import StreamSteps
+from flashdesk.app.backends.stream_steps import StreamSteps
 
 # A vLLM 2-engine (data parallel) scrape, in prometheus_client's exposition: counters end in _total,
 # each with a _created sample beside it.
@@ -343,7 +343,7 @@ def test_a_server_that_answers_whole_gives_one_chunk() -> None:
     """A server that ignores stream=true and sends the whole completion as JSON still gives its reply."""
     import asyncio
 
-    from flashdesk.app.engines.openai_client import OpenAIServer
+    from flashdesk.app.backends.openai_client import OpenAIServer
 
     def answer(request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/v1/chat/completions" and request.headers["authorization"] == "Bearer k"

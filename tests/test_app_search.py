@@ -9,7 +9,7 @@ from __future__ import annotations
 from PySide6.QtCore import QPoint, Qt
 
 from flashdesk.app.chat.conversation_list import HIT_ROLE
-from flashdesk.app.engines.engine_session import EngineSession
+from flashdesk.app.backends.engine_session import EngineSession
 from flashdesk.app.main_window import MainWindow
 from flashdesk.app.history.store import Store
 from flashdesk.app.panels.telemetry import TelemetrySampler

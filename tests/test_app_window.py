@@ -20,7 +20,7 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 
 from flashdesk import protocol as p
-from flashdesk.app.engines.engine_session import EngineSession
+from flashdesk.app.backends.engine_session import EngineSession
 from flashdesk.app.main_window import MainWindow
 from flashdesk.app.history.store import CANCELLED, COMPLETE, INTERRUPTED, Store
 from flashdesk.app.panels.telemetry import TelemetrySampler

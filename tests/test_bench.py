@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from flashdesk.engine.tools.cli import main
+from flashdesk.engine.cli.main import main
 
 
 def test_bench_compares_modes_and_references(spec_pair, tmp_path, capsys):

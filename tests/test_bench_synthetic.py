@@ -10,7 +10,7 @@ from flashdesk.engine.bench import step_bytes as sb
 from flashdesk.engine.bench.synthetic_model import synthetic_pair
 from flashdesk.engine.model import known_models as sm
 from flashdesk.engine.model.config import parse_config, parse_draft_config
-from flashdesk.engine.tools.cli import main
+from flashdesk.engine.cli.main import main
 from flashdesk.kernels.int4 import Int4Weight
 
 # The real configs, shrunk so the CPU runs the whole CLI in seconds (the real shapes are checked
@@ -238,7 +238,7 @@ def test_on_a_gpu_the_steps_timed_are_graph_replays(capsys, monkeypatch, fail):
     """Timed eagerly, an AR step on a GPU would measure Python launching ~400 kernels, not the step
     the engine replays from its CUDA graph: the bench times (and with --profile, profiles) the
     replays, and says when capture failed and the steps ran eagerly."""
-    from flashdesk.engine.tools import bench_synthetic as bs
+    from flashdesk.engine.cli import bench_synthetic as bs
 
     from flashdesk.engine.bench.kernel_profile import summarize
 

@@ -1,4 +1,4 @@
-"""engine/decode/chat.py against the tiny Gemma-4-shaped tokenizer: template, detokenizer, channels, stops."""
+"""engine/decode/chat_format.py against the tiny Gemma-4-shaped tokenizer: template, detokenizer, channels, stops."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from flashdesk.engine.decode.chat import (
+from flashdesk.engine.decode.chat_format import (
     ANSWER,
     THOUGHT,
     ChannelSplitter,

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from flashdesk.engine.decode.chat import build_prompt_ids, load_tokenizer
-from flashdesk.engine.tools.cli import main
+from flashdesk.engine.decode.chat_format import build_prompt_ids, load_tokenizer
+from flashdesk.engine.cli.main import main
 
 SYSTEM = "Be brief."
 TURNS = [
@@ -306,7 +306,7 @@ def test_interactive_streams_replies_and_runs_commands(folders, tmp_path):
 
 
 def test_interactive_ctrl_c_cancels_a_reply_and_a_full_context_drops_turns(folders, monkeypatch):
-    from flashdesk.engine.tools import chat_cli
+    from flashdesk.engine.cli import chat as chat_cli
 
     step, calls = chat_cli._Stream.step, []
 
@@ -347,7 +347,7 @@ def test_a_cancelled_reply_leaves_the_history_and_the_cache_usable(folders):
     from flashdesk.engine.decode.generation import Engine
     from flashdesk.engine.decode.sampling import SamplingParams
     from flashdesk.engine.decode.speculative import SpecControl
-    from flashdesk.engine.tools.chat_cli import ChatSession
+    from flashdesk.engine.cli.chat import ChatSession
 
     target_dir, draft_dir = folders
     engine = Engine.load(target_dir, device="cpu", draft_dir=draft_dir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashdesk.engine.decode.chat import build_prompt_ids, load_tokenizer
+from flashdesk.engine.decode.chat_format import build_prompt_ids, load_tokenizer
 from flashdesk.engine.decode.conversation import DROP_OLDEST, STOP, fit_conversation, reply_room
 from flashdesk.engine.errors import ContextOverflowError
 from tiny_tokenizer import write_tokenizer

@@ -52,7 +52,7 @@ def engine(tmp_path_factory):
 
 
 def _ids(engine, prompt: str) -> list[int]:
-    from flashdesk.engine.decode.chat import build_prompt_ids, messages_from
+    from flashdesk.engine.decode.chat_format import build_prompt_ids, messages_from
 
     return build_prompt_ids(engine.tokenizer, messages_from(prompt), enable_thinking=False)
 

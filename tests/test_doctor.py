@@ -26,10 +26,10 @@ from flashdesk.engine.loading.memory_plan import (
     workspace_bytes,
 )
 from flashdesk.engine.decode.speculative import PREFILL_CHUNK
-from flashdesk.engine.tools import doctor as doctor_tool
+from flashdesk.engine.cli import doctor as doctor_tool
 from flashdesk.engine.model import known_models
 from flashdesk.engine.model.known_models import draft_raw
-from flashdesk.engine.tools.cli import main
+from flashdesk.engine.cli.main import main
 from flashdesk.engine.model.config import parse_config, parse_draft_config
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.loading.weights import TOWER_PREFIXES

@@ -9,7 +9,7 @@ from flashdesk.engine.loading.build import load_drafter, load_target
 from flashdesk.engine.decode.generation import Engine, GenerationRequest, StepEvent
 from flashdesk.engine.decode.speculative import SpecControl
 from flashdesk.engine.model.drafter import Drafter
-from flashdesk.engine.tools.cli import main
+from flashdesk.engine.cli.main import main
 from flashdesk.kernels.int4 import Int4Weight
 from tiny_drafter import PROMPTS
 
@@ -156,7 +156,7 @@ def test_the_drafter_is_int4_by_default_on_a_gpu_and_bf16_on_the_cpu():
         assert resolve_draft_quantize("none", torch.device(device)) is None
         assert resolve_draft_quantize(None, torch.device(device)) is None
         assert resolve_draft_quantize("int4", torch.device(device)) == "int4"
-    from flashdesk.engine.tools.cli import _parser
+    from flashdesk.engine.cli.main import _parser
 
     args = _parser().parse_args(["generate", "--model", "m", "--prompt", "p"])
     assert args.draft_quantize == "auto"

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from flashdesk.engine.tools.cli import main
+from flashdesk.engine.cli.main import main
 from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest, StepEvent
 from tiny_checkpoints import write_checkpoint
 

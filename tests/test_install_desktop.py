@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flashdesk.__main__ import main
-from flashdesk.engine.tools import install_desktop as desk
+from flashdesk.engine.cli import install_desktop as desk
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="freedesktop entries: Linux")

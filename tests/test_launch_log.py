@@ -81,7 +81,7 @@ def test_every_launch_at_the_real_shapes_is_one_kernels_check_compiles():
     from flashdesk.engine.decode.sampling import SamplingParams
     from flashdesk.engine.bench.synthetic_model import synthetic_drafter, synthetic_target
     from flashdesk.engine.decode.speculative import Decoder, SpecControl
-    from flashdesk.engine.tools.bench_synthetic import run_synthetic
+    from flashdesk.engine.cli.bench_synthetic import run_synthetic
     from flashdesk.kernels.launch_log import unlisted
 
     with kernels("triton"), record_launches(execute=False) as launches:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flashdesk.engine.loading.build import load_target
-from flashdesk.engine.tools.cli import main
+from flashdesk.engine.cli.main import main
 from flashdesk.engine.model.config import parse_draft_config
 from flashdesk.engine.loading.memory_plan import (
     MIN_USEFUL_CONTEXT,

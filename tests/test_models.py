@@ -25,7 +25,7 @@ import pytest
 from fake_hub import FakeHub
 
 from flashdesk.engine.hub import hub_download, models
-from flashdesk.engine.tools.cli import main
+from flashdesk.engine.cli.main import main
 from flashdesk.engine.errors import FlashDeskError
 
 TARGET, DRAFT = models.DEFAULT_REPOS

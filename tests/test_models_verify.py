@@ -18,7 +18,7 @@ from flashdesk.engine.loading.weights import expected_shapes
 from flashdesk.engine.model.config import parse_config
 from flashdesk.engine.model.drafter import draft_expected_shapes
 from flashdesk.engine.model.config import parse_draft_config
-from flashdesk.engine.tools.cli import main
+from flashdesk.engine.cli.main import main
 from tiny_int4 import weights_json, write_int4_checkpoint
 
 pytest.importorskip("compressed_tensors")

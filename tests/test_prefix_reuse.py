@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flashdesk.engine.decode import speculative
-from flashdesk.engine.decode.chat import build_prompt_ids
+from flashdesk.engine.decode.chat_format import build_prompt_ids
 from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest
 from flashdesk.engine.decode.prefix_cache import PrefixCache, common_prefix
 from flashdesk.engine.decode.speculative import SpecControl

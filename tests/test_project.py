@@ -148,7 +148,7 @@ def test_engine_modules_do_not_load_qt(tmp_path: Path) -> None:
 
 
 def test_environment_report_rows() -> None:
-    from flashdesk.engine.tools.doctor import environment_report, format_report
+    from flashdesk.engine.cli.doctor import environment_report, format_report
 
     rows = environment_report()
     labels = [label for label, _ in rows]
@@ -163,7 +163,7 @@ def test_environment_report_rows() -> None:
 
 
 def test_environment_report_names_the_prefix_cache_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flashdesk.engine.tools.doctor import environment_report
+    from flashdesk.engine.cli.doctor import environment_report
 
     monkeypatch.setenv("FLASHDESK_PREFIX_CACHE_MB", "1536")
     assert "up to 1.50 GiB of host memory" in dict(environment_report())["prefix cache"]
@@ -175,7 +175,7 @@ def test_environment_report_survives_broken_probes(monkeypatch: pytest.MonkeyPat
     """A missing pynvml, a broken triton and a GPU whose memory query fails are text, not errors."""
     import torch
 
-    from flashdesk.engine.tools import doctor
+    from flashdesk.engine.cli import doctor
 
     real_import = doctor._import
 
@@ -212,7 +212,7 @@ def test_environment_report_survives_broken_probes(monkeypatch: pytest.MonkeyPat
 
 
 def test_environment_report_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flashdesk.engine.tools import doctor
+    from flashdesk.engine.cli import doctor
 
     real_import = doctor._import
 

@@ -1,10 +1,10 @@
-"""`flashdesk doctor --report` (engine/tools/report.py): one file with the machine, the kernel
+"""`flashdesk doctor --report` (engine/cli/report.py): one file with the machine, the kernel
 self-tests, the last load and the last errors, and no prompts or replies."""
 
 import json
 
-from flashdesk.engine.tools import report
-from flashdesk.engine.tools.cli import main
+from flashdesk.engine.cli import report
+from flashdesk.engine.cli.main import main
 
 
 def test_the_report_holds_the_machine_the_last_load_and_the_last_errors(tmp_path, monkeypatch, capsys):

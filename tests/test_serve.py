@@ -77,7 +77,7 @@ def _record(runner, job_id: str, timeout: float = 60):
 
 
 def test_streamed_reply_is_flashdesk_generate_and_reports_speculation(served, client, demo, capsys) -> None:
-    from flashdesk.engine.tools.cli import main
+    from flashdesk.engine.cli.main import main
 
     assert (
         main(
@@ -220,7 +220,8 @@ def test_stop_strings_end_the_reply(client) -> None:
 def test_an_exposed_address_without_a_key_is_refused_before_loading(monkeypatch, capsys) -> None:
     from flashdesk.engine.serve.auth import check_exposure
     from flashdesk.engine.serve.errors import ServeError
-    from flashdesk.engine.tools import cli, cli_args
+    from flashdesk.engine.cli import cli_args
+    from flashdesk.engine.cli import main as cli
 
     def no_load(args):
         raise AssertionError("the model was loaded")
@@ -241,7 +242,8 @@ def test_an_exposed_address_without_a_key_is_refused_before_loading(monkeypatch,
 def test_a_busy_port_is_refused_before_loading(monkeypatch, capsys) -> None:
     import socket
 
-    from flashdesk.engine.tools import cli, cli_args
+    from flashdesk.engine.cli import cli_args
+    from flashdesk.engine.cli import main as cli
 
     def no_load(args):
         raise AssertionError("the model was loaded")

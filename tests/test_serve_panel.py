@@ -8,7 +8,7 @@ import openai
 import pytest
 from PySide6.QtWidgets import QApplication
 
-from flashdesk.app.engines.engine_session import EngineSession
+from flashdesk.app.backends.engine_session import EngineSession
 from flashdesk.app.panels.server_panel import ServerPanel
 from test_telemetry import until
 

@@ -106,7 +106,7 @@ def test_block_shrinks_at_max_tokens_and_nothing_leaks(spec_pair):
 
 
 def cli_json(capsys, *argv):
-    from flashdesk.engine.tools.cli import main
+    from flashdesk.engine.cli.main import main
 
     assert main(["generate", *map(str, argv), "--json"]) == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -155,7 +155,7 @@ def test_cli_reports_drafts_and_acceptance(spec_pair, capsys):
 
 
 def test_cli_refuses_bad_draft_options(spec_pair, capsys):
-    from flashdesk.engine.tools.cli import main
+    from flashdesk.engine.cli.main import main
 
     target_dir, draft_dir = spec_pair[1]
     assert (

@@ -99,7 +99,7 @@ def test_demo_model_is_a_complete_checkpoint_pair(demo, tmp_path: Path) -> None:
 def test_demo_drafter_is_accepted(demo) -> None:
     """The demo's drafter was trained against its target (DFlash's recipe), so its drafts are
     accepted, and the output is the same as without speculation."""
-    from flashdesk.engine.decode.chat import build_prompt_ids
+    from flashdesk.engine.decode.chat_format import build_prompt_ids
     from flashdesk.engine.decode.generation import Engine, GenerationRequest
     from flashdesk.engine.decode.speculative import SpecControl
 
@@ -209,7 +209,7 @@ def test_inspect_load_generate(worker: WorkerProcess, demo) -> None:
     assert done.stats["mean_acceptance_length"] == steps[-1].stats["mean_acceptance_length"]
 
     # the same as the engine's own generate, token for token
-    from flashdesk.engine.decode.chat import build_prompt_ids
+    from flashdesk.engine.decode.chat_format import build_prompt_ids
     from flashdesk.engine.decode.generation import Engine, GenerationRequest
 
     engine = Engine.load(demo[0], device="cpu")
@@ -353,8 +353,8 @@ def _count(w: WorkerProcess, rid: str, messages: list[dict], thinking: bool = Fa
 
 
 def test_follow_ups_reuse_the_prefix_and_token_counts(worker: WorkerProcess, demo) -> None:
-    from flashdesk.engine.decode.chat import build_prompt_ids
-    from flashdesk.engine.decode.chat import load_tokenizer
+    from flashdesk.engine.decode.chat_format import build_prompt_ids
+    from flashdesk.engine.decode.chat_format import load_tokenizer
 
     assert _count(worker, "none", HELLO).tokens == -1  # no model: the gauge shows nothing
     info = _load(worker, demo)

@@ -27,7 +27,7 @@ from typing import Callable
 from PySide6.QtCore import QObject, Signal
 
 from flashdesk import protocol as p
-from flashdesk.app.engines.engine_session import EngineSession
+from flashdesk.app.backends.engine_session import EngineSession
 from flashdesk.app.chat.reply import Reply
 from flashdesk.app.chat.settings_dialog import DROP_OLDEST, sampling_with_defaults
 from flashdesk.app.history.store import CANCELLED, COMPLETE, FAILED, INTERRUPTED, STREAMING, Conversation, Store

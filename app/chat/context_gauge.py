@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from flashdesk.app.engines.engine_session import READY, EngineSession
+from flashdesk.app.backends.engine_session import READY, EngineSession
 from flashdesk.app.chat.settings_dialog import STOP
 
 DEBOUNCE_MS = 250

@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
 
 from flashdesk import protocol as p
 from flashdesk.app import theme
-from flashdesk.app.engines.engine_session import READY, EngineSession
+from flashdesk.app.backends.engine_session import READY, EngineSession
 from flashdesk.app.panels.plots import GroupedBarPlot
 
 AUTO = p.AUTO_DRAFT_LENGTH

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 
 from flashdesk import protocol as p
 from flashdesk.app import theme
-from flashdesk.app.engines.engine_session import READY, EngineSession
+from flashdesk.app.backends.engine_session import READY, EngineSession
 
 LOOPBACK, EVERY_ADDRESS = "127.0.0.1", "0.0.0.0"
 DEFAULT_PORT = 8719

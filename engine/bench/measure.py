@@ -23,7 +23,7 @@ from flashdesk.engine.bench.device import DeviceProbe
 from flashdesk.engine.bench.prompts import AUTO, mode_name
 from flashdesk.engine.bench.chart import write_chart
 from flashdesk.engine.bench.results import best_draft_length, model_label, results_key, save_run
-from flashdesk.engine.decode.chat import build_prompt_ids, messages_from
+from flashdesk.engine.decode.chat_format import build_prompt_ids, messages_from
 from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest
 from flashdesk.engine.decode.speculative import SpecControl
 from flashdesk.engine.decode.stats import SpecStats, StepRecord

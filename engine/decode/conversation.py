@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flashdesk.engine.decode.chat import build_prompt_ids
+from flashdesk.engine.decode.chat_format import build_prompt_ids
 from flashdesk.engine.errors import ContextOverflowError, FlashDeskError
 
 DROP_OLDEST = "drop_oldest"  # the default: forget the oldest turns, keep the system prompt

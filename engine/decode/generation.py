@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 
 from flashdesk.engine.loading.build import load_drafter, load_target
-from flashdesk.engine.decode.chat import ANSWER, ChannelSplitter, StopStrings, eos_ids, load_tokenizer
+from flashdesk.engine.decode.chat_format import ANSWER, ChannelSplitter, StopStrings, eos_ids, load_tokenizer
 from flashdesk.engine.loading.model_card import suppress_tokens
 from flashdesk.engine.model.config import load_config, load_draft_config
 from flashdesk.engine.errors import ContextOverflowError

@@ -23,7 +23,7 @@ from typing import Callable
 
 from jinja2 import TemplateError
 
-from flashdesk.engine.decode.chat import build_prompt_ids
+from flashdesk.engine.decode.chat_format import build_prompt_ids
 from flashdesk.engine.decode.conversation import STOP, reply_room
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.turn import CANCELLED, ChatTurn, TurnEnd

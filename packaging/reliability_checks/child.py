@@ -64,7 +64,7 @@ def leave_room(db: Path, room: int, how: str) -> None:
 def main(argv: list[str]) -> int:
     args = parse(argv)
     from flashdesk.app.chat.chat_controller import ChatController
-    from flashdesk.app.engines.engine_session import READY, EngineSession
+    from flashdesk.app.backends.engine_session import READY, EngineSession
     from flashdesk.app.history.store import Store
 
     replies_run_to_max_tokens()

@@ -79,7 +79,7 @@ def tokens_lost(shown: list[tuple[int, str]], stored: str) -> int:
 
 def engine_kills(demo: tuple[Path, Path], folder: Path, count: int, rng: random.Random, log) -> KillFigures:
     from flashdesk.app.chat.chat_controller import ChatController
-    from flashdesk.app.engines.engine_session import READY, EngineSession
+    from flashdesk.app.backends.engine_session import READY, EngineSession
     from flashdesk.app.history.store import Store
 
     replies_run_to_max_tokens()
@@ -110,7 +110,7 @@ def engine_kills(demo: tuple[Path, Path], folder: Path, count: int, rng: random.
 
 
 def _kill_engine_once(number, pump, store, session, controller, rng) -> tuple[list[str], int]:
-    from flashdesk.app.engines.engine_session import DEAD, READY
+    from flashdesk.app.backends.engine_session import DEAD, READY
     from flashdesk.app.history.store import COMPLETE, INTERRUPTED
 
     session.set_speculation(rng.random() < 0.8, rng.choice(DRAFT_LENGTHS))

@@ -97,7 +97,7 @@ def _self_tests() -> dict:
 
 
 def build_report() -> dict:
-    from flashdesk.engine.tools.doctor import environment_report
+    from flashdesk.engine.cli.doctor import environment_report
 
     return {
         "flashdesk": __version__,

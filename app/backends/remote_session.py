@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
 from flashdesk import protocol as p
-from flashdesk.app.engines.engine_session import LOADING, READY, STOPPED
-from flashdesk.app.engines.openai_client import OpenAIServer, ServerAddress, ServerError, chat_body, server_address
-from flashdesk.app.engines.prom_metrics import parse
-from flashdesk.app.engines.server_metrics import SERVER_NAMES, Snapshot, read_snapshot, spec_between, tokens_per_second
-from flashdesk.app.engines.stream_steps import StreamSteps
+from flashdesk.app.backends.engine_session import LOADING, READY, STOPPED
+from flashdesk.app.backends.openai_client import OpenAIServer, ServerAddress, ServerError, chat_body, server_address
+from flashdesk.app.backends.prom_metrics import parse
+from flashdesk.app.backends.server_metrics import SERVER_NAMES, Snapshot, read_snapshot, spec_between, tokens_per_second
+from flashdesk.app.backends.stream_steps import StreamSteps
 
 POLL_S = 1.0
 FLUSH_HZ = 30  # as the worker client: steps reach the window at most this often

@@ -14,7 +14,7 @@ Qt-free.
 from __future__ import annotations
 
 from flashdesk import protocol as p
-from flashdesk.app.engines.openai_client import ChunkParts
+from flashdesk.app.backends.openai_client import ChunkParts
 
 UNKNOWN_ID = -1  # a token the server counted but did not name
 

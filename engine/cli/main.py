@@ -9,7 +9,7 @@ import sys
 
 from flashdesk import __version__
 from flashdesk.engine.errors import FlashDeskError
-from flashdesk.engine.tools.cli_args import (
+from flashdesk.engine.cli.cli_args import (
     add_draft_quantize,
     add_generation_flags,
     load_engine,
@@ -145,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
         help="serve the model to other programs: an OpenAI-compatible API on "
         "http://127.0.0.1:8719/v1 (chat completions, streamed; /metrics)",
     )
-    from flashdesk.engine.tools.serve import add_arguments
+    from flashdesk.engine.cli.serve import add_arguments
 
     add_arguments(serve)
 
@@ -217,7 +217,7 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def run_generate(args) -> int:
-    from flashdesk.engine.decode.chat import build_prompt_ids, messages_from
+    from flashdesk.engine.decode.chat_format import build_prompt_ids, messages_from
     from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest
     from flashdesk.engine.decode.sampling import SamplingParams
 
@@ -305,42 +305,42 @@ def main(argv: list[str] | None = None) -> int:
                 return run_verify(args)
             return run_models(args, checked=lambda repo_id, snapshot: print_check(check_snapshot(repo_id, snapshot)))
         if args.command == "install-desktop":
-            from flashdesk.engine.tools.install_desktop import run_install_desktop
+            from flashdesk.engine.cli.install_desktop import run_install_desktop
 
             return run_install_desktop(args)
         if args.command == "serve":  # its address rule comes before the models are looked for
-            from flashdesk.engine.tools.serve import run_serve
+            from flashdesk.engine.cli.serve import run_serve
 
             return run_serve(args)
         resolve_models(args)
         if args.command == "generate":
             return run_generate(args)
         if args.command == "chat":
-            from flashdesk.engine.tools.chat_cli import run_chat
+            from flashdesk.engine.cli.chat import run_chat
 
             return run_chat(args)
         if args.command == "bench" and args.synthetic:
-            from flashdesk.engine.tools.bench_synthetic import run_synthetic_bench
+            from flashdesk.engine.cli.bench_synthetic import run_synthetic_bench
 
             return run_synthetic_bench(args)
         if args.command == "bench":
-            from flashdesk.engine.tools.bench import run_bench
+            from flashdesk.engine.cli.bench import run_bench
 
             return run_bench(args)
         if args.report is not None:
-            from flashdesk.engine.tools.report import write_report
+            from flashdesk.engine.cli.report import write_report
 
             where = write_report(args.report or None)
             if where != "stdout":
                 print(f"wrote {where}: send it with your question (it holds no prompts or replies)")
             return 0
         if args.kernels:
-            from flashdesk.engine.tools.doctor import run_kernel_checks
+            from flashdesk.engine.cli.doctor import run_kernel_checks
 
             return run_kernel_checks(args.json)
         if args.json:
             raise ValueError("--json goes with --kernels")
-        from flashdesk.engine.tools.doctor import run_doctor
+        from flashdesk.engine.cli.doctor import run_doctor
 
         return run_doctor(args.model, args.context, args.draft)
     except (FlashDeskError, ValueError) as exc:

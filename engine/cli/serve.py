@@ -23,7 +23,7 @@ DEFAULT_PORT = 8719
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from flashdesk.engine.tools.cli_args import add_draft_quantize, draft_length_arg, positive_int
+    from flashdesk.engine.cli.cli_args import add_draft_quantize, draft_length_arg, positive_int
 
     parser.add_argument("--model", help="folder (or pulled Hub id) of the Gemma 4 target (required unless --demo)")
     parser.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
@@ -84,7 +84,7 @@ def run_serve(args) -> int:
 
         args.model, args.draft = demo_pair()
     else:
-        from flashdesk.engine.tools.cli_args import resolve_models
+        from flashdesk.engine.cli.cli_args import resolve_models
 
         resolve_models(args)
     return _serve(args, key)
@@ -94,7 +94,7 @@ def _serve(args, key: str | None) -> int:
     from flashdesk.engine.serve.app import create_app
     from flashdesk.engine.serve.runner import Runner
     from flashdesk.engine.serve.server import Server, bind, config, served_name, url
-    from flashdesk.engine.tools.cli_args import load_engine
+    from flashdesk.engine.cli.cli_args import load_engine
     from flashdesk.engine.loading.model_card import sampling_defaults
 
     sock = bind(args.host, args.port)  # a busy port fails now, not after the load

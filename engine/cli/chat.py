@@ -548,7 +548,7 @@ def _jsonl(session: ChatSession) -> int:
 
 def run_chat(args) -> int:
     from flashdesk.engine.decode.sampling import SamplingParams
-    from flashdesk.engine.tools.cli_args import load_engine
+    from flashdesk.engine.cli.cli_args import load_engine
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")

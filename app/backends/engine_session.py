@@ -13,7 +13,7 @@ import uuid
 from PySide6.QtCore import QObject, Signal
 
 from flashdesk import protocol as p
-from flashdesk.app.engines.worker_client import WorkerClient
+from flashdesk.app.backends.worker_client import WorkerClient
 
 STOPPED, STARTING, IDLE, LOADING, READY, DEAD = "stopped", "starting", "idle", "loading", "ready", "dead"
 

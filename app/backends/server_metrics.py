@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flashdesk.app.engines.prom_metrics import Metrics
+from flashdesk.app.backends.prom_metrics import Metrics
 
 VLLM, SGLANG, FLASHDESK = "vllm", "sglang", "flashdesk"
 SERVER_NAMES = {VLLM: "vLLM", SGLANG: "SGLang", FLASHDESK: "FlashDesk"}
