@@ -90,3 +90,14 @@ def attention(q, k, v, q_pos, k_pos, window, scale, causal=True, k_scale=None, v
         k = (k.float() * k_scale.unsqueeze(-1)).to(q.dtype)
         v = (v.float() * v_scale.unsqueeze(-1)).to(q.dtype)
     return attention_reference(q, k, v, q_pos, k_pos, window, scale, causal)
+
+
+def attention_in_place(q, cache_k, cache_v, k_scale, v_scale, start, window, capacity, scale, max_context, causal=True):
+    """Attention of a decode or verify block whose K/V a norm kernel already wrote into the cache,
+    over the cache where it lies (`attention_triton.decode_attention`). The Triton path alone has
+    this form: callers check backend.STEP_FAMILIES first and take `attention` otherwise."""
+    from flashdesk.kernels.attention_triton import decode_attention
+
+    return decode_attention(
+        q, cache_k, cache_v, k_scale, v_scale, start, window, capacity, scale, max_context, causal=causal
+    )

@@ -133,3 +133,17 @@ def test_the_engine_api_is_exported_and_loads_torch_only_when_used():
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
+
+
+def test_the_engine_reaches_kernels_only_through_their_dispatchers():
+    """Each operation is dispatched in one place (kernels/<op>.py picks Triton or torch): no engine
+    module imports a kernels/*_triton module itself."""
+    graph = import_graph()
+    direct = sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        if a.startswith("engine.")
+        for b in targets
+        if b.startswith("kernels.") and b.endswith("_triton")
+    )
+    assert direct == [], direct

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from flashdesk.engine.model.config import SLIDING, DraftConfig
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import ring_keeps
-from flashdesk.kernels.attention import attention
+from flashdesk.kernels.attention import attention, attention_in_place
 from flashdesk.kernels.backend import STEP_FAMILIES, use_triton
 from flashdesk.kernels.int4 import Int4Weight, quantize_int4, weight_nbytes
 from flashdesk.kernels.kv_write import KVSlots
@@ -301,10 +301,8 @@ class Drafter:
         scale = cfg.head_dim**-0.5
         q, kv = qkv[:, : cfg.num_heads], qkv[:, cfg.num_heads :]
         if all(use_triton(q, family) for family in STEP_FAMILIES) and ctx.holds_block(t):
-            from flashdesk.kernels.attention_triton import decode_attention
-
             q = drafter_store_kv(q, kv, layer["q_norm"], layer["k_norm"], cos, sin, eps, ctx.slots(i))
-            return decode_attention(
+            return attention_in_place(
                 q,
                 ctx.k[i],
                 ctx.v[i],

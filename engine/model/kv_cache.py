@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashdesk.kernels.attention import DECODE_QUERIES, attention
+from flashdesk.kernels.attention import DECODE_QUERIES, attention, attention_in_place
 from flashdesk.kernels.backend import STEP_FAMILIES, use_triton
 from flashdesk.kernels.kv_write import FP8, FP8_MAX, KVSlots  # noqa: F401 (FP8_MAX re-exported)
 from flashdesk.kernels.kv_write import quantize_reference as quantize
@@ -165,9 +165,7 @@ class KVCache:
         see under the layer's window. Returns [T, Hq, Dh]."""
         store = self.layers[layer]
         if k is None:
-            from flashdesk.kernels.attention_triton import decode_attention
-
-            return decode_attention(
+            return attention_in_place(
                 q,
                 store.k,
                 store.v,
