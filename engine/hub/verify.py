@@ -5,7 +5,7 @@ headers alone.
 Why its own module: the answer is wanted before a download of many gigabytes, from a Hub id as well
 as from a folder, so no weights byte is read. For a repository the small files come as a pull
 brings them (config, tokenizer, index, into the Hugging Face cache) and each weights file's header
-by one HTTP Range request (`HubHeaders`). The checks are the loader's own
+by one or two bounded HTTP Range requests (`HubHeaders`). The checks are the loader's own
 (`checkpoint.inspect_checkpoint`: config, quantization scheme, every tensor's name, shape and dtype,
 the memory plan), so a checkpoint that passes here is one the engine loads.
 """
@@ -25,7 +25,7 @@ HEADER_PROBE = 1 << 16  # the first request's bytes: a shard's whole header, mos
 
 
 class HubHeaders:
-    """The safetensors headers of a Hub repository's commit, one Range request per file, for the
+    """The safetensors headers of a Hub repository's commit, read by bounded Range requests, for the
     files not in `snapshot` yet (`weights.RemoteHeaders`). The file list and sizes are those the
     snapshot's download cached."""
 
