@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from flashdesk.engine.model.assistant import Assistant
-from flashdesk.engine.model.config import FULL, SLIDING
+from flashdesk.engine.model.config import FULL
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
 
@@ -105,7 +105,7 @@ def _draft(target, assistant, cache, seen, token: int, hidden, length: int, k: i
     drafts = []
     for _ in range(max(0, k)):
         embedding = F.embedding(torch.tensor([token], device=target.device), target.embed) * target.embed_scale
-        logits, hidden = assistant.step(embedding, hidden, {SLIDING: kv.get(SLIDING), FULL: kv.get(FULL)}, length - 1)
+        logits, hidden = assistant.step(embedding, hidden, kv, length - 1)
         token = int(logits[0].argmax())
         drafts.append(token)
     return drafts
