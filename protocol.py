@@ -23,6 +23,8 @@ BAD_INPUT = "bad_input"  # a folder, setting or prompt the engine refuses, with 
 CRASH = "crash"  # anything else: a bug or a driver fault
 
 AUTO_DRAFT_LENGTH = "auto"  # SetSpeculation.draft_length: chosen each step by the engine
+# the speculative methods (Loaded.method), as the window names them
+METHOD_NAMES = {"dflash": "DFlash", "mtp": "MTP"}
 BENCH_RUNS_SHOWN = 50  # BenchRuns holds at most this many
 
 # Origins of answer text (Step.spans): an accepted draft token, or a token the target chose.
@@ -141,11 +143,12 @@ class CreateDemo:
 @dataclass
 class Load:
     target: str
-    draft: str | None = None
+    draft: str | None = None  # a DFlash drafter or Gemma 4's MTP assistant (told apart by its config)
     device: str = "auto"
     dtype: str = "auto"
     kv_dtype: str = "auto"
     context: int | None = None
+    assistant: str | None = None  # Gemma 4's MTP assistant beside a DFlash drafter in `draft`
 
 
 @message("generate")
@@ -188,11 +191,13 @@ class Cancel:
 @message("set_speculation")
 @dataclass
 class SetSpeculation:
-    """Speculation on/off and the draft length (None: block_size - 1; "auto": chosen each step for
-    the most tokens per second); applies from the next step."""
+    """Speculation on/off, the draft length (None: the method's default; "auto": chosen each step for
+    the most tokens per second) and the method ("dflash", "mtp", "auto": each step the method and
+    length expected fastest; None: the loaded default); applies from the next step."""
 
     enabled: bool
     draft_length: int | str | None = None
+    method: str | None = None
 
 
 @message("pull")
@@ -217,15 +222,17 @@ class CancelPull:
 @message("bench")
 @dataclass
 class Bench:
-    """Benchmark the loaded pair (engine/bench/, as `flashdesk bench`): the built-in prompts of `tasks`,
-    AR and DFlash at each of `draft_lengths` (whole numbers and "auto"), interleaved. Answered by
-    BenchProgress events, then BenchResult; Cancel(request_id) stops it within one engine step."""
+    """Benchmark the loaded models (engine/bench/, as `flashdesk bench`): the built-in prompts of
+    `tasks`, AR and each of `methods` (empty: every loaded one, and "auto" with two) at each of
+    `draft_lengths` (whole numbers and "auto"), interleaved. Answered by BenchProgress events, then
+    BenchResult; Cancel(request_id) stops it within one engine step."""
 
     request_id: str
     tasks: list[str]
     draft_lengths: list
     prompts_per_task: int = 4
     max_new_tokens: int = 128
+    methods: list[str] = field(default_factory=list)
 
 
 @message("bench_history")
@@ -344,7 +351,7 @@ class Loaded:
     dtype: str
     kv_dtype: str
     context_limit: int
-    block_size: int | None  # the drafter's; None without one
+    block_size: int | None  # the longest draft plus one (a DFlash drafter's block); None without a draft model
     memory_bytes: int  # what the load allocated on the device (CUDA) or the worker's RSS (CPU)
     seconds: float
     layers: int = 0
@@ -356,6 +363,8 @@ class Loaded:
     default_note: str = ""
     # kernel families that failed their self-test on this card and run on torch, in one line ('' if none)
     kernel_note: str = ""
+    method: str | None = None  # the default speculative method: "dflash", "mtp", or None without a draft model
+    methods: list[str] = field(default_factory=list)  # every loaded method (both: the app offers a choice)
 
 
 @message("pull_progress")
@@ -449,6 +458,7 @@ class Step:
     verify_seconds: float = 0.0
     elapsed: float = 0.0  # seconds since the worker started this request, when the step ended
     stats: dict | None = None  # running speculation statistics (engine/decode/stats.py summary)
+    method: str | None = None  # the draft model that drafted this step ("dflash", "mtp"; None: none did)
 
 
 @message("finished")

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from flashdesk import protocol as p
 from flashdesk import paths
+from flashdesk.protocol import METHOD_NAMES
 from flashdesk.app.history import export
 from flashdesk.app.chat.banner import Banner
 from flashdesk.app.diagnostics import DiagnosticsCopier
@@ -423,9 +424,10 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         demo = bool((self.session.load_settings or {}).get("demo"))
         name = "Demo model" if demo else info.name
         where = info.device_name if info.device.startswith("cuda") else "CPU"
-        self.model_label.setText(f"{name}{' + DFlash' if info.block_size else ''} · {where}")
+        method = METHOD_NAMES.get(info.method or "dflash") if info.block_size else None
+        self.model_label.setText(f"{name}{f' + {method}' if method else ''} · {where}")
         self.model_label.setToolTip(
-            f"{info.target}\n{info.draft or 'no drafter'}\n{info.dtype}, KV {info.kv_dtype}, "
+            f"{info.target}\n{info.draft or 'no draft model'}\n{info.dtype}, KV {info.kv_dtype}, "
             f"context {info.context_limit} tokens, loaded in {info.seconds:.1f} s"
         )
         self.engine_label.setText(f"{name} ready on {where} · context {info.context_limit} tokens")
@@ -434,6 +436,7 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         else:
             self.demo_banner.hide()
         enabled, length = self.session.speculation
+        self.spec.set_method(info.method)
         self.spec.set_block_size(info.block_size, enabled, length or info.default_draft_length)
         self.spec.length_note.setToolTip(info.default_note or self.spec.length_note.toolTip())
         self.bench.set_model(info)

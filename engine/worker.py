@@ -210,10 +210,12 @@ class Worker:
             raise ValueError(f"set_speculation: draft_length must be a whole number, {AUTO!r} or null, got {length!r}")
         if length is not None and length != AUTO:
             length = max(1, int(length))
-            drafter = self.engine.drafter if self.engine is not None else None
-            if drafter is not None:
-                length = min(length, drafter.max_draft_length)
+            if self.engine is not None and self.engine.method is not None:
+                length = min(length, self.engine.max_draft_length)
+        if msg.method not in (None, AUTO, "dflash", "mtp"):
+            raise ValueError(f"set_speculation: method must be dflash, mtp, {AUTO!r} or null, got {msg.method!r}")
         self.control.draft_length = length
+        self.control.method = msg.method
         self.control.enabled = bool(msg.enabled)
 
     # -- the main loop ----------------------------------------------------------------------------
@@ -423,7 +425,9 @@ class Worker:
         self.send(p.LoadProgress("resolve", 0.05, "finding the model files"))
         target = self._resolve(msg.target)
         draft = self._resolve(msg.draft) if msg.draft else None
-        text = f"loading {model_name(target)}" + (" and its drafter" if draft else "")
+        assistant = self._resolve(msg.assistant) if msg.assistant else None
+        drafts = " and its draft models" if draft and assistant else " and its draft model" if draft else ""
+        text = f"loading {model_name(target)}{drafts}"
         self.send(p.LoadProgress("weights", 0.05, text))
         last = [0.0]
 
@@ -443,6 +447,7 @@ class Worker:
             progress=progress,
             stage=lambda text: self.send(p.LoadProgress("kernels", -1, text)),
             draft_default=benched_default,
+            assistant_dir=assistant,
         )
         if engine.tokenizer is None:
             raise FlashDeskError(
@@ -460,7 +465,7 @@ class Worker:
             device_name = props.name
             uuid = f"GPU-{props.uuid}" if getattr(props, "uuid", None) else None
             memory = int(torch.cuda.memory_allocated(device))
-        block = engine.drafter.cfg.block_size if engine.drafter is not None else None
+        block = engine.max_draft_length + 1 if engine.method is not None else None
         record_load(_load_facts(engine, target, draft, memory))  # for `flashdesk doctor --report`
         self.send(
             p.Loaded(
@@ -479,9 +484,11 @@ class Worker:
                 layers=model.cfg.num_layers,
                 vocab=model.cfg.vocab_size,
                 sampling_defaults=sampling_defaults(target),
-                default_draft_length=engine.default_draft_length,
+                default_draft_length=engine.default_draft_length or engine.method_draft_length,
                 default_note=engine.default_note,
                 kernel_note=engine.fallback_note(),
+                method=engine.method,
+                methods=list(engine.methods),
             )
         )
 
@@ -491,19 +498,29 @@ class Worker:
         The engine's default draft length follows the new run."""
         from flashdesk import paths
         from flashdesk.engine.bench.measure import BenchCancelled, BenchPlan, keep_run, run_suite
-        from flashdesk.engine.bench.prompts import TASKS, parse_draft_lengths, parse_tasks, select_prompts, task_prompts
+        from flashdesk.engine.bench.prompts import (
+            TASKS,
+            parse_draft_lengths,
+            parse_methods,
+            parse_tasks,
+            select_prompts,
+            task_prompts,
+        )
         from flashdesk.engine.bench.results import benched_default, compact
         from flashdesk.engine.errors import FlashDeskError
 
         engine, rid = self.engine, msg.request_id
-        if engine is None or engine.drafter is None:
-            raise FlashDeskError("the benchmark compares plain decoding with DFlash: load a model with its drafter")
+        if engine is None or engine.method is None:
+            raise FlashDeskError(
+                "the benchmark compares plain decoding with speculation: load a model with a draft model"
+            )
         if not 1 <= msg.max_new_tokens <= 4096 or not 1 <= msg.prompts_per_task <= 100:
             raise FlashDeskError("the benchmark takes 1..100 prompts per task type and 1..4096 new tokens")
         tasks = parse_tasks(",".join(msg.tasks), list(TASKS))
         lengths = parse_draft_lengths(",".join(str(k) for k in msg.draft_lengths))
         items = select_prompts([q for t in tasks for q in task_prompts(t)], tasks, msg.prompts_per_task)
-        plan = BenchPlan(items, tasks, lengths, msg.max_new_tokens, msg.prompts_per_task)
+        methods = parse_methods(",".join(msg.methods), list(engine.methods))
+        plan = BenchPlan(items, tasks, lengths, msg.max_new_tokens, msg.prompts_per_task, methods=methods)
         last = [0.0]
 
         def progress(done: int, total: int, text: str) -> None:
@@ -692,6 +709,7 @@ class Worker:
                         event.verify_seconds,
                         item.elapsed,
                         item.stats,
+                        event.method,
                     )
                 )
                 with self.state_lock:
@@ -734,7 +752,7 @@ def _load_facts(engine, target: Path, draft: Path | None, memory: int) -> dict:
                 weights,
                 engine.context_limit,
                 engine.kv_dtype,
-                engine.drafter.cfg if engine.drafter else None,
+                engine.drafter.cfg if engine.drafter else engine.mtp.assistant.cfg if engine.mtp else None,
                 model.dtype.itemsize,
             )
             facts.update(planned_bytes=plan.total, plan=plan.lines())

@@ -4,6 +4,7 @@ Qt runs offscreen in the tests: no display is needed and no window pops up on a 
 This must happen before pytest-qt creates the QApplication.
 """
 
+import inspect
 import os
 import tempfile
 
@@ -38,6 +39,7 @@ SLOW_TESTS = (
     "test_perf_model.py::test_a_recorded_step_reads_what_step_bytes_counts",
     "test_memory_plan.py::test_the_plan_matches_what_a_full_context_allocates[fp8-triton]",
     "test_self_test.py::test_some_kernels_on_torch_give_the_torch_paths_output",
+    "test_assistant.py::test_the_triton_path_with_fp8_kv_drafts_without_changing_the_output",
 )
 DEFAULT_TIER = (
     "test_triton_path.py::test_triton_path_equals_transformers_and_the_torch_path[conditional-per_expert-False]",
@@ -101,3 +103,48 @@ def spec_pair(tmp_path_factory):
     write_drafter(draft_dir, seed=2, target=reference)
     engine = Engine.load(target_dir, device="cpu", draft_dir=draft_dir)
     return engine, (target_dir, draft_dir), reference, load_reference_drafter(draft_dir)
+
+
+READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+def _from_triton() -> bool:
+    """Triton's interpreter copies tensors to the host to run a kernel: that is the CPU stand-in for
+    a launch, not a read by the engine."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").split(".")[0] == "triton":
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.fixture
+def forbid_reads(monkeypatch):
+    """Inside a step, any device-to-host read but the step's one `read_to_host` raises."""
+    import torch
+
+    from flashdesk.engine.decode import speculative
+
+    state = {"armed": False, "allowed": False, "reads": 0}
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def guarded(self, *args, _original=original, _name=name, **kwargs):
+            if state["armed"] and not state["allowed"] and not _from_triton():
+                raise AssertionError(f"Tensor.{_name} inside a decode step (a host sync)")
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, guarded)
+    original_read = speculative.read_to_host
+
+    def counted(t):
+        state["reads"] += 1
+        state["allowed"] = True
+        try:
+            return original_read(t)
+        finally:
+            state["allowed"] = False
+
+    monkeypatch.setattr(speculative, "read_to_host", counted)
+    return state

@@ -111,15 +111,6 @@ def test_models_verify_reads_an_assistant_and_names_what_is_missing(assistant, t
     assert not result.ok and "missing tensor pre_projection.weight" in result.problems[0]
 
 
-def test_an_assistant_as_the_drafter_is_refused_with_what_works_instead(assistant, tmp_path):
-    from flashdesk.engine.decode.generation import Engine
-
-    target = tmp_path / "t"
-    write_checkpoint(target, "causal", seed=3, tokenizer=False, enable_moe_block=False)
-    with pytest.raises(ConfigError, match="MTP assistant: FlashDesk reads and checks it .* use the DFlash drafter"):
-        Engine.load(target, device="cpu", draft_dir=assistant[0])
-
-
 # --- rounds: the assistant's drafts and the accepted counts, as transformers' assisted decoding ----------
 
 
@@ -157,26 +148,253 @@ def _their_rounds(reference_target, reference_assistant, prompt, new_tokens, k):
 
 @pytest.fixture(scope="module")
 def moe_pair(tmp_path_factory):
-    """A tiny MoE target (as the real one) and an assistant for it, ours and transformers'."""
+    """A tiny MoE target (as the real one) and an assistant for it, as folders, and transformers' models."""
     folder, assistant_folder = tmp_path_factory.mktemp("moe-target"), tmp_path_factory.mktemp("moe-assistant")
     reference = write_checkpoint(folder, "causal", seed=5, tokenizer=False)
     their_assistant = write_echo_assistant(assistant_folder, reference, seed=11)
-    target = load_target(folder)
-    return target, load_assistant(assistant_folder, target), reference, their_assistant
+    return folder, assistant_folder, reference, their_assistant
+
+
+PROMPT = [2, 17, 91, 33, 250, 7, 7, 64, 301, 12, 5, 88]  # longer than the sliding window of 8
+
+
+def _plain_greedy(reference, prompt, new_tokens):
+    with torch.no_grad():
+        out = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def _generate_json(capsys, *args) -> dict:
+    from flashdesk.engine.cli.main import main
+
+    assert main(["generate", "--device", "cpu", "--ignore-eos", "--json", *map(str, args)]) == 0
+    return json.loads(capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("k", [3, 6])
-def test_rounds_match_transformers_assisted_decoding_and_plain_greedy(moe_pair, k):
-    from flashdesk.engine.decode.mtp import mtp_greedy
+def test_generate_with_the_assistant_drafts_as_transformers_round_by_round(moe_pair, k, capsys):
+    """`generate --draft ASSISTANT --draft-length K --json`: the tokens of plain greedy decoding, and
+    each step's drafts and accepted count those of transformers' assisted generation."""
+    folder, assistant_folder, reference, their_assistant = moe_pair
+    tokens, their_rounds = _their_rounds(reference, their_assistant, PROMPT, 24, k)
+    ours = _generate_json(
+        capsys, "--model", folder, "--draft", assistant_folder, "--draft-length", k,
+        "--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", 24,
+    )  # fmt: skip
+    assert ours["token_ids"] == tokens == _plain_greedy(reference, PROMPT, 24)
+    rounds = [s for s in ours["steps"] if s["draft"]]
+    assert [s["draft"] for s in rounds] == [drafts for _, drafts in their_rounds]
+    # their accepted count: how much of each round's drafts the next round's input kept
+    lengths = [n for n, _ in their_rounds] + [len(PROMPT) + 24]
+    their_accepted = [min(lengths[i + 1] - lengths[i] - 1, len(d)) for i, (_, d) in enumerate(their_rounds)]
+    assert [s["accepted"] for s in rounds][: len(their_rounds) - 1] == their_accepted[:-1]
+    assert sum(s["accepted"] for s in rounds) > 0  # the random assistant guesses some: the test can tell
+    assert ours["stats"]["method"] == "mtp"
 
-    target, assistant, reference, their_assistant = moe_pair
-    prompt = [2, 17, 91, 33, 250, 7, 7, 64, 301, 12, 5, 88]  # longer than the sliding window of 8
-    tokens, their_rounds = _their_rounds(reference, their_assistant, prompt, 24, k)
-    ours = mtp_greedy(target, assistant, prompt, 24, k)
-    with torch.no_grad():
-        plain = reference.generate(
-            torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
-        )[0, len(prompt) :].tolist()
-    assert ours.tokens == tokens == plain
-    assert [r.drafts for r in ours.rounds] == [drafts for _, drafts in their_rounds]
-    assert sum(r.accepted for r in ours.rounds) > 0  # the random assistant guesses some: the test can tell
+
+# --- the engine's MTP method beyond greedy rounds: the Triton path, controls, sampling, one read a step ------
+
+
+def _tokens(engine, prompt, n, control, sampling=None):
+    from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest
+    from flashdesk.engine.decode.sampling import SamplingParams
+
+    request = GenerationRequest(prompt, n, sampling or SamplingParams(), ignore_eos=True)
+    events = list(engine.generate(request, control))
+    assert isinstance(events[-1], FinishEvent)
+    return events[-1]
+
+
+@pytest.fixture(scope="module")
+def mtp_engine(moe_pair):
+    from flashdesk.engine.decode.generation import Engine
+
+    return Engine.load(moe_pair[0], device="cpu", kv_dtype="fp8", draft_dir=moe_pair[1])
+
+
+def test_the_triton_path_with_fp8_kv_drafts_without_changing_the_output(mtp_engine):
+    from flashdesk.engine.decode.speculative import SpecControl
+    from flashdesk.kernels.backend import kernels
+
+    pytest.importorskip("triton")
+    with kernels("triton"):
+        plain = _tokens(mtp_engine, PROMPT, 12, SpecControl(False))
+        assert plain.stats["kernels"] == "triton (interpreter)"
+        accepted = 0
+        for k in (3, 6):
+            spec = _tokens(mtp_engine, PROMPT, 12, SpecControl(True, k))
+            assert spec.token_ids == plain.token_ids, f"MTP changed the output at K={k}"
+            accepted += spec.stats["accepted"]
+    assert accepted > 0
+
+
+def test_toggling_and_changing_k_mid_generation_stays_exact(mtp_engine):
+    """Plain steps between rounds hand the next round their hidden state and window."""
+    from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest
+    from flashdesk.engine.decode.speculative import SpecControl
+
+    plain = _tokens(mtp_engine, PROMPT, 40, SpecControl(False)).token_ids
+    control = SpecControl(True, 2)
+    schedule = {2: (False, 2), 4: (True, 6), 6: (True, 1), 8: (False, 1), 10: (True, 15)}
+    tokens, drafted = [], []
+    for event in mtp_engine.generate(GenerationRequest(PROMPT, 40, ignore_eos=True), control):
+        if isinstance(event, FinishEvent):
+            break
+        tokens += event.emitted
+        drafted.append(len(event.draft))
+        if event.index in schedule:
+            control.enabled, control.draft_length = schedule[event.index]
+    assert tokens == plain
+    assert 0 in drafted[1:] and max(drafted) > 6  # plain steps and long rounds both ran
+
+
+def test_sampling_with_the_assistant_is_seeded_and_complete(mtp_engine):
+    from flashdesk.engine.decode.sampling import SamplingParams
+    from flashdesk.engine.decode.speculative import SpecControl
+
+    sampling = SamplingParams(temperature=0.9, top_k=40, seed=7)
+    first = _tokens(mtp_engine, PROMPT, 20, SpecControl(True, 4), sampling)
+    again = _tokens(mtp_engine, PROMPT, 20, SpecControl(True, 4), sampling)
+    assert first.token_ids == again.token_ids and len(first.token_ids) == 20
+    assert first.stats["drafted"] > 0
+
+
+def test_an_abandoned_round_restores_what_the_next_one_drafts_from(mtp_engine):
+    """A step launched ahead and undone (a stop string, a cancel) puts the round's state back, and
+    the steps after it emit what they would have. (Their drafts may differ: the undone verify
+    overwrote the rejected draft's K/V that transformers' rounds attend over. In the engine an
+    undone step ends the generation, and the next one starts from its prefill.)"""
+    from flashdesk.engine.decode.sampling import SamplingParams
+    from flashdesk.engine.decode.speculative import Decoder, SpecControl
+
+    def run(abandon_first: bool):
+        engine = mtp_engine
+        decoder = Decoder(engine.model, None, 64, "fp8", SamplingParams(), set(), mtp=engine.mtp)
+        decoder.prefill(PROMPT)
+        decoder.step(32, SpecControl(True, 3))
+        if abandon_first:
+            before = decoder.mtp.state
+            decoder.abandon(decoder.launch(32, SpecControl(True, 5)))
+            assert decoder.mtp.state is before
+        return [token for _ in range(4) for token in decoder.step(32, SpecControl(True, 4)).emitted]
+
+    with_undo, without = run(True), run(False)
+    assert with_undo[: len(without)] == without[: len(with_undo)]
+
+
+def test_a_round_reads_back_only_its_tokens(mtp_engine, forbid_reads):
+    from flashdesk.engine.decode.sampling import SamplingParams
+    from flashdesk.engine.decode.speculative import Decoder, SpecControl
+
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=1)):
+        decoder = Decoder(mtp_engine.model, None, 64, "fp8", sampling, set(), mtp=mtp_engine.mtp)
+        decoder.prefill(PROMPT)
+        forbid_reads["armed"] = True
+        for control in (SpecControl(False), SpecControl(True, 3), SpecControl(True, 6)):
+            before = forbid_reads["reads"]
+            assert decoder.step(32, control).emitted
+            assert forbid_reads["reads"] - before == 1
+        forbid_reads["armed"] = False
+
+
+# --- both draft models loaded: each step drafts with the method the control names ------------------------
+
+
+@pytest.fixture(scope="module")
+def both(spec_pair, tmp_path_factory):
+    """The trained DFlash pair's target with its drafter and an assistant beside it."""
+    from flashdesk.engine.decode.generation import Engine
+
+    engine, (target_dir, draft_dir), reference, _ = spec_pair
+    assistant_dir = tmp_path_factory.mktemp("spec-assistant")
+    write_echo_assistant(assistant_dir, reference, seed=4)
+    return Engine.load(target_dir, device="cpu", draft_dir=draft_dir, assistant_dir=assistant_dir), engine
+
+
+def test_switching_methods_mid_generation_stays_exact(both):
+    from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest
+    from flashdesk.engine.decode.speculative import SpecControl
+    from tiny_drafter import PROMPTS
+
+    engine, dflash_only = both
+    assert engine.methods.keys() == {"dflash", "mtp"} and engine.method == "dflash"
+    plain = _tokens(dflash_only, PROMPTS[0], 60, SpecControl(False)).token_ids
+    control = SpecControl(True, 4, method="mtp")
+    schedule = {2: ("dflash", 7, True), 4: ("mtp", 3, True), 6: ("mtp", 3, False), 8: ("dflash", 15, True)}
+    tokens, methods = [], []
+    for event in engine.generate(GenerationRequest(PROMPTS[0], 60, ignore_eos=True), control):
+        if isinstance(event, FinishEvent):
+            break
+        tokens += event.emitted
+        methods.append(event.method)
+        if event.index in schedule:
+            control.method, control.draft_length, control.enabled = schedule[event.index]
+    assert tokens == plain
+    assert {"dflash", "mtp", None} <= set(methods[1:])
+    by_method = event.stats["by_method"]
+    assert by_method.keys() == {"dflash", "mtp"} and by_method["dflash"]["accepted"] > 0
+
+
+def test_the_automatic_method_measures_both_and_keeps_the_output(both):
+    from flashdesk.engine.decode.speculative import AUTO, SpecControl
+    from tiny_drafter import PROMPTS
+
+    engine, dflash_only = both
+    plain = _tokens(dflash_only, PROMPTS[1], 40, SpecControl(False)).token_ids
+    finish = _tokens(engine, PROMPTS[1], 40, SpecControl(True, method=AUTO))
+    assert finish.token_ids == plain
+    assert all(engine.autos[m].costs is not None for m in ("dflash", "mtp"))  # each method's step costs
+    assert finish.stats["speculative_steps"] > 0
+
+
+def test_a_method_whose_draft_model_is_not_loaded_is_refused_by_name(both, mtp_engine):
+    with pytest.raises(ValueError, match="no dflash draft model is loaded \\(loaded: mtp\\)"):
+        mtp_engine.use_method("dflash")
+    assert both[1].methods.keys() == {"dflash"}
+
+
+def test_the_assistant_flag_loads_beside_the_drafter_from_the_command_line(both, spec_pair, capsys, tmp_path):
+    from tiny_drafter import PROMPTS
+
+    target_dir, draft_dir = spec_pair[1]
+    assistant_dir = tmp_path / "a"
+    write_echo_assistant(assistant_dir, spec_pair[2], seed=4)
+    prompt = ",".join(map(str, PROMPTS[0]))
+    common = ["--model", target_dir, "--draft", draft_dir, "--assistant", assistant_dir, "--prompt-ids", prompt]
+    mtp = _generate_json(capsys, *common, "--method", "mtp", "--draft-length", 3, "--max-new-tokens", 16)
+    dflash = _generate_json(capsys, *common, "--max-new-tokens", 16)
+    assert mtp["token_ids"] == dflash["token_ids"]
+    assert {s.get("method") for s in mtp["steps"] if s["draft"]} == {"mtp"}
+    assert {s.get("method") for s in dflash["steps"] if s["draft"]} == {"dflash"}
+    from flashdesk.engine.cli.main import main
+
+    assert main(["generate", "--model", str(target_dir), "--assistant", str(assistant_dir), "--prompt-ids", "2"]) == 2
+    assert "--assistant goes beside a DFlash drafter in --draft" in capsys.readouterr().err
+    assert main(["generate", *map(str, common[:4]), "--assistant", str(draft_dir), "--prompt-ids", "2"]) == 2
+    assert "is not a Gemma 4 MTP assistant" in capsys.readouterr().err
+
+
+def test_the_bench_runs_both_methods_side_by_side(spec_pair, both, capsys, tmp_path):
+    """`flashdesk bench --assistant`: AR, DFlash and MTP at each draft length and the automatic
+    method, interleaved in one run, with the same output in every mode."""
+    from flashdesk.engine.cli.main import main
+
+    target_dir, draft_dir = spec_pair[1]
+    assistant_dir = tmp_path / "a"
+    write_echo_assistant(assistant_dir, spec_pair[2], seed=4)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"task": "code", "prompt": "Write hello world"}\n{"task": "chat", "prompt": "Hi"}\n')
+    args = ["bench", "--model", target_dir, "--draft", draft_dir, "--assistant", assistant_dir, "--prompts", prompts]
+    args += ["--max-new-tokens", 10, "--draft-lengths", "2,auto", "--no-progress", "--device", "cpu", "--json"]
+    assert main(list(map(str, args))) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    names = ["AR", "DFlash K=2", "DFlash auto", "MTP K=2", "MTP auto", "auto method"]
+    assert [m["mode"] for m in report["modes"]] == names
+    assert [m["method"] for m in report["modes"]] == [None, "dflash", "dflash", "mtp", "mtp", "auto"]
+    assert report["outputs_identical"] is True and report["methods"] == ["dflash", "mtp"]
+    for mode in report["modes"][1:]:
+        assert set(mode["by_task"]) == {"code", "chat"} and mode["speedup_over_ar"] > 0
+    assert main(list(map(str, args[:5] + ["--methods", "mtp"]))) == 2
+    assert "--methods: mtp needs its draft model loaded (loaded: dflash)" in capsys.readouterr().err

@@ -49,7 +49,7 @@ def test_bench_refuses_bad_input(spec_pair, tmp_path, capsys):
     target_dir, draft_dir = spec_pair[1]
     base = ["bench", "--model", str(target_dir), "--draft", str(draft_dir)]
     assert main(base + ["--draft-lengths", "0,4"]) == 2
-    assert "--draft-lengths: 0 is outside 1..15" in capsys.readouterr().err
+    assert "--draft-lengths: 0 is outside 1..15 for the dflash draft model" in capsys.readouterr().err
     assert main(base + ["--prompts", str(tmp_path / "missing.jsonl")]) == 2
     assert "prompts file not found" in capsys.readouterr().err
 

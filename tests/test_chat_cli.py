@@ -386,7 +386,7 @@ def test_a_cancelled_reply_leaves_the_history_and_the_cache_usable(folders):
 def test_bad_flags_exit_2(folders, capsys):
     target_dir, _ = folders
     assert main(["chat", "--model", str(target_dir), "--draft-length", "3"]) == 2
-    assert "flashdesk chat: error: --draft-length and --no-speculate need --draft" in capsys.readouterr().err
+    assert "flashdesk chat: error: --draft-length, --method and --no-speculate need --draft" in capsys.readouterr().err
     assert main(["chat", "--model", str(target_dir), "--max-new-tokens", "0"]) == 2
     assert "flashdesk chat: error: --max-new-tokens must be at least 1" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:

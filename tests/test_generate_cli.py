@@ -142,7 +142,7 @@ def test_a_missing_model_folder_is_named_as_such(model_dir, tmp_path, capsys, mo
             "pull` downloaded)" in err
         ), err
     assert main(["generate", "--model", str(folder), "--draft", str(tmp_path / "nope"), "--prompt", "hi"]) == 2
-    assert f"drafter folder not found: {tmp_path / 'nope'}" in capsys.readouterr().err
+    assert f"draft model folder not found: {tmp_path / 'nope'}" in capsys.readouterr().err
 
 
 def test_a_hub_id_not_in_the_cache_keeps_the_hub_advice(tmp_path, capsys, monkeypatch):

@@ -5,6 +5,7 @@ import pytest
 from flashdesk.engine.decode.stats import SpecStats, StepRecord, summarize
 
 KEYS = {
+    "by_method",
     "steps",
     "decode_tokens",
     "decode_seconds",
@@ -237,3 +238,19 @@ def test_records_are_immutable_tuples():
 def test_impossible_records_are_refused(args, message):
     with pytest.raises(ValueError, match=message):
         StepRecord(*args)
+
+
+def test_each_named_method_gets_its_own_figures():
+    """Steps drafted by DFlash and by MTP in one generation: each method's acceptance from its own steps."""
+    steps = [
+        StepRecord((1, 2, 3), 3, (1, 2, 3, 4), 0.1, 0.1, "dflash"),
+        StepRecord((5, 6), 0, (7,), 0.1, 0.1, "mtp"),
+        StepRecord((), 0, (8,), 0.0, 0.1),
+        StepRecord((9, 9), 1, (9, 10), 0.1, 0.1, "mtp"),
+    ]
+    s = summarize(steps)
+    assert s["drafted"] == 7 and s["accepted"] == 4
+    assert set(s["by_method"]) == {"dflash", "mtp"}
+    assert s["by_method"]["dflash"]["acceptance_rate"] == 1.0
+    assert s["by_method"]["mtp"]["acceptance_rate"] == 0.25
+    assert s["by_method"]["mtp"]["speculative_steps"] == 2 and s["by_method"]["mtp"]["decode_tokens"] == 3

@@ -2,12 +2,9 @@
 as the torch path and as transformers, speculation on equals off, and a step reads nothing back to
 the host but its tokens."""
 
-import inspect
-
 import pytest
 import torch
 
-from flashdesk.engine.decode import speculative
 from flashdesk.engine.decode.generation import Engine, GenerationRequest
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.speculative import Decoder, SpecControl
@@ -79,47 +76,6 @@ def test_kernels_are_named_for_each_choice():
     with kernels("triton"):
         assert describe("cpu") == "triton (interpreter)"
     assert describe("cpu") == "torch"  # the CPU default
-
-
-READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
-
-
-def _from_triton() -> bool:
-    """Triton's interpreter copies tensors to the host to run a kernel: that is the CPU stand-in for
-    a launch, not a read by the engine."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        if frame.f_globals.get("__name__", "").split(".")[0] == "triton":
-            return True
-        frame = frame.f_back
-    return False
-
-
-@pytest.fixture
-def forbid_reads(monkeypatch):
-    """Inside a step, any device-to-host read but the step's one `read_to_host` raises."""
-    state = {"armed": False, "allowed": False, "reads": 0}
-    for name in READS:
-        original = getattr(torch.Tensor, name)
-
-        def guarded(self, *args, _original=original, _name=name, **kwargs):
-            if state["armed"] and not state["allowed"] and not _from_triton():
-                raise AssertionError(f"Tensor.{_name} inside a decode step (a host sync)")
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, guarded)
-    original_read = speculative.read_to_host
-
-    def counted(t):
-        state["reads"] += 1
-        state["allowed"] = True
-        try:
-            return original_read(t)
-        finally:
-            state["allowed"] = False
-
-    monkeypatch.setattr(speculative, "read_to_host", counted)
-    return state
 
 
 @pytest.mark.parametrize("choice", ["torch", "triton"])

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, QL
 
 from flashdesk.app import theme
 from flashdesk.protocol import AUTO_DRAFT_LENGTH as AUTO
+from flashdesk.protocol import METHOD_NAMES
 from flashdesk.app.panels.plots import BarPlot
 
 
@@ -122,6 +123,16 @@ class SpecPanel(QGroupBox):
         for plot in (self.positions, self.histogram):
             plot.apply_theme()
 
+    def set_method(self, method: str | None) -> None:
+        """Name the loaded draft model's method (None: none is loaded) in the on/off switch."""
+        name = METHOD_NAMES.get(method or "", "")
+        what = {"dflash": "the DFlash drafter", "mtp": "the Gemma 4 MTP assistant"}.get(method or "", "a draft model")
+        self.enabled.setText(f"Speculate with {what}")
+        self.enabled.setToolTip(
+            (f"{name}: " if name else "") + "the draft model proposes tokens; the model checks them all in one pass. "
+            "The text is the same either way, only the speed changes."
+        )
+
     def set_block_size(self, block_size: int | None, enabled: bool = True, length: int | None = None) -> None:
         """A drafter with this block size is loaded (None: none is)."""
         self.block_size = block_size
@@ -133,7 +144,7 @@ class SpecPanel(QGroupBox):
             self.length.setRange(0, longest)
             self.length.setValue(0 if length == AUTO else min(length or longest, longest))
             self.length_note.setText(f"max {longest}")
-            self.length_note.setToolTip(f"The drafter's block size is {block_size}: it drafts up to {longest} tokens")
+            self.length_note.setToolTip(f"The draft model drafts up to {longest} tokens a step")
             self.enabled.setChecked(enabled)
         else:
             self.enabled.setChecked(False)

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from flashdesk.engine.bench.device import DeviceProbe
-from flashdesk.engine.bench.prompts import AUTO, mode_name
+from flashdesk.engine.bench.prompts import AUTO, mode_name, parse_methods
 from flashdesk.engine.bench.chart import write_chart
 from flashdesk.engine.bench.results import best_draft_length, model_label, results_key, save_run
 from flashdesk.engine.decode.chat_format import build_prompt_ids, messages_from
@@ -65,16 +65,18 @@ class Cell:
 
 @dataclass
 class ModeResult:
-    """One of our modes: AR (draft length 0), DFlash at a fixed K, or DFlash auto; per task and in all."""
+    """One of our modes: AR (draft length 0), a method (DFlash, MTP) at a fixed K or auto, or the
+    automatic method; per task and in all."""
 
     name: str
     draft_length: int | str = 0
     total: Cell = field(default_factory=Cell)
     cells: dict = field(default_factory=dict)  # task type -> Cell
     per_prompt: list = field(default_factory=list)
+    method: str | None = None  # "dflash", "mtp", AUTO; None for AR
 
     def control(self) -> SpecControl:
-        return SpecControl(enabled=self.draft_length != 0, draft_length=self.draft_length or None)
+        return SpecControl(self.draft_length != 0, self.draft_length or None, self.method)
 
     @property
     def tokens_per_second(self) -> float:
@@ -83,7 +85,7 @@ class ModeResult:
     def as_dict(self, baseline: "ModeResult | None") -> dict:
         """Today's fields (mode, draft_length, decode_tokens, ... per_prompt), the per-cell statistics
         over all prompts, and `by_task`: the same per task type, speedup against AR's on that type."""
-        out = {"mode": self.name, "draft_length": self.draft_length}
+        out = {"mode": self.name, "draft_length": self.draft_length, "method": self.method}
         out.update(self.total.as_dict(baseline.tokens_per_second if baseline else None))
         out["per_prompt"] = self.per_prompt
         out["by_task"] = {
@@ -130,6 +132,7 @@ def run_ours(
                         tuple(event.emitted),
                         event.draft_seconds,
                         event.verify_seconds,
+                        event.method,
                     )
                 )
             if should_stop():
@@ -233,8 +236,9 @@ def run_reference(target, drafter, ids: list[int], max_new: int, stop: list[int]
 
 @dataclass
 class BenchPlan:
-    """What to run: the prompts ({"prompt", "task"}, in running order), the task types, the DFlash
-    draft lengths (and auto; AR always runs), the reply length, and whether to time the references."""
+    """What to run: the prompts ({"prompt", "task"}, in running order), the task types, the draft
+    lengths (and auto; AR always runs) of each method (None: every loaded one, and the automatic
+    method with two), the reply length, and whether to time the references."""
 
     items: list[dict]
     tasks: list[str]
@@ -242,15 +246,26 @@ class BenchPlan:
     max_new_tokens: int = 128
     prompts_per_task: int | None = None
     compare: bool = False
+    methods: list[str] | None = None
 
 
 def check_draft_lengths(engine: Engine, lengths: list[int | str]) -> None:
-    if engine.drafter is None:
-        raise FlashDeskError("the bench compares AR with DFlash: load a drafter with the model")
-    longest = engine.drafter.max_draft_length
-    bad = [k for k in lengths if k != AUTO and not 1 <= k <= longest]
-    if bad:
-        raise ValueError(f"--draft-lengths: {bad[0]} is outside 1..{longest} for this drafter")
+    if engine.method is None:
+        raise FlashDeskError("the bench compares AR with speculation: load a draft model with the model")
+    for method, drafts in engine.methods.items():
+        longest = drafts.max_draft_length
+        bad = [k for k in lengths if k != AUTO and not 1 <= k <= longest]
+        if bad:
+            raise ValueError(f"--draft-lengths: {bad[0]} is outside 1..{longest} for the {method} draft model")
+
+
+def plan_modes(engine: Engine, plan: BenchPlan) -> list[ModeResult]:
+    """AR, then each method at each draft length (the automatic method once)."""
+    modes = [ModeResult(mode_name(0), 0)]
+    for method in plan.methods or parse_methods(None, list(engine.methods)):
+        lengths = [AUTO] if method == AUTO else plan.draft_lengths
+        modes += [ModeResult(mode_name(k, method), k, method=method) for k in lengths]
+    return modes
 
 
 def run_suite(
@@ -270,7 +285,7 @@ def run_suite(
     prompts = [
         build_prompt_ids(engine.tokenizer, messages_from(p["prompt"]), enable_thinking=False) for p in plan.items
     ]
-    modes = [ModeResult(mode_name(k), k) for k in [0, *plan.draft_lengths]]
+    modes = plan_modes(engine, plan)
     device = DeviceProbe(engine.model.device)
     max_new = plan.max_new_tokens
     try:
@@ -294,7 +309,7 @@ def run_suite(
         # measurement of the step costs) stay out of the numbers
         for result, run in runs:
             throwaway = (
-                ModeResult(result.name, result.draft_length)
+                ModeResult(result.name, result.draft_length, method=result.method)
                 if isinstance(result, ModeResult)
                 else RefResult(result.name, result.draft_length)
             )
@@ -314,6 +329,8 @@ def run_suite(
 
 def _reference_runs(engine: Engine, plan: BenchPlan, model_dir, draft_dir):
     """transformers' generate and z-lab's loop at each fixed draft length, as runs beside ours."""
+    if engine.drafter is None:
+        raise FlashDeskError("--compare times z-lab's DFlash loop: it needs a DFlash drafter as --draft")
     target, drafter = reference_models(model_dir, draft_dir, engine.model.device, engine.model.dtype)
     if engine.model.device.type != "cuda":
         import dflash.model as dflash_model
@@ -350,12 +367,14 @@ def _report(
         "dtype": str(engine.model.dtype).removeprefix("torch."),
         "kv_dtype": engine.kv_dtype,
         "modes": [m.as_dict(ar) for m in modes],
+        "method": engine.method,  # the default method, whose best mode becomes the default draft length
+        "methods": list(engine.methods),
     }
     report["outputs_identical"] = all(
         m.per_prompt[i]["token_ids"] == ar.per_prompt[i]["token_ids"] for m in modes for i in range(n)
     )
     if references:
-        ours = {m.draft_length: m.tokens_per_second for m in modes}
+        ours = {m.draft_length: m.tokens_per_second for m in modes if m.method in (None, "dflash")}
         report["compare"] = {
             ("transformers_ar" if i == 0 else f"zlab_dflash_k{m.draft_length}"): {
                 "tokens_per_second": m.tokens_per_second,

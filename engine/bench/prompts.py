@@ -1,5 +1,5 @@
 """The prompt sets by task type (assets/prompts/, written by us) and the bench's choices: which task
-types, how many prompts of each, which draft lengths."""
+types, how many prompts of each, which methods and draft lengths."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ from pathlib import Path
 from flashdesk import paths
 from flashdesk.engine.errors import FlashDeskError
 from flashdesk.protocol import AUTO_DRAFT_LENGTH as AUTO
+from flashdesk.protocol import METHOD_NAMES
 
 TASKS = ("code", "math", "reasoning", "chat", "summarization", "translation")
 PROMPTS_DIR = paths.assets_dir() / "prompts"  # one JSON-lines file per task type, {"task", "prompt"}
 DEFAULT_PROMPTS_PER_TASK = 4  # keeps a run short (a CPU demo run: seconds); --full takes them all
 AUTO_MODE = "DFlash auto"
+AUTO_METHOD_MODE = "auto method"  # each step the method and draft length expected fastest
+METHODS = ("dflash", "mtp", AUTO)
 
 
 def _read_jsonl(path: Path, default_task: str) -> list[dict]:
@@ -106,7 +109,28 @@ def parse_draft_lengths(text: str) -> list[int | str]:
     return lengths
 
 
-def mode_name(draft_length: int | str) -> str:
-    if draft_length == AUTO:
-        return AUTO_MODE
-    return "AR" if draft_length == 0 else f"DFlash K={draft_length}"
+def mode_name(draft_length: int | str, method: str = "dflash") -> str:
+    """AR, "DFlash K=8", "MTP auto", or the automatic method's mode."""
+    if draft_length == 0:
+        return "AR"
+    if method == AUTO:
+        return AUTO_METHOD_MODE
+    name = METHOD_NAMES.get(method, method)
+    return f"{name} auto" if draft_length == AUTO else f"{name} K={draft_length}"
+
+
+def parse_methods(text: str | None, loaded: list[str]) -> list[str]:
+    """--methods: dflash, mtp and auto, comma-separated (default: every loaded method, and auto with two)."""
+    if not text:
+        return list(loaded) + ([AUTO] if len(loaded) > 1 else [])
+    methods = list(dict.fromkeys(m.strip().lower() for m in text.split(",") if m.strip()))
+    for method in methods:
+        if method not in METHODS:
+            raise ValueError(f"--methods: unknown method {method!r}; choose from {', '.join(METHODS)}")
+        if method != AUTO and method not in loaded:
+            raise ValueError(
+                f"--methods: {method} needs its draft model loaded (loaded: {', '.join(loaded) or 'none'})"
+            )
+    if not methods:
+        raise ValueError("--methods is empty")
+    return methods

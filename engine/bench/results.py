@@ -123,9 +123,17 @@ def history(folder: Path) -> list[dict]:
 
 
 def best_draft_length(report: dict) -> int | str | None:
-    """The DFlash mode a run says to use, over all its task types: auto where it was at least as fast
-    as the best fixed draft length, else that length; None when no DFlash mode ran."""
-    spec = [m for m in report.get("modes", []) if m.get("draft_length") not in (0, None) and m.get("tokens_per_second")]
+    """The draft length a run says to use with its default method (DFlash in runs before there were
+    two), over all its task types: auto where it was at least as fast as the best fixed draft
+    length, else that length; None when no mode of that method ran."""
+    method = report.get("method") or "dflash"
+    spec = [
+        m
+        for m in report.get("modes", [])
+        if m.get("draft_length") not in (0, None)
+        and m.get("tokens_per_second")
+        and (m.get("method") or "dflash") == method
+    ]
     fixed = max((m for m in spec if m["draft_length"] != AUTO), key=lambda m: m["tokens_per_second"], default=None)
     auto = next((m for m in spec if m["draft_length"] == AUTO), None)
     if auto is not None and (fixed is None or auto["tokens_per_second"] >= fixed["tokens_per_second"]):

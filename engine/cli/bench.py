@@ -1,4 +1,5 @@
-"""`flashdesk bench`: AR and DFlash (several draft lengths, and automatic) by task type, in one run.
+"""`flashdesk bench`: AR against DFlash and MTP (several draft lengths, and automatic) by task type,
+in one interleaved run.
 
 The measuring lives in engine/bench/ (the app's Benchmark page runs the same through the worker);
 this is the command line around it: arguments, a progress bar on stderr, the report or one JSON
@@ -20,6 +21,7 @@ from flashdesk.engine.bench.prompts import (
     TASKS,
     load_prompts,
     parse_draft_lengths,
+    parse_methods,
     parse_tasks,
     select_prompts,
     task_prompts,
@@ -86,7 +88,9 @@ def run_bench(args) -> int:
         None,
         args.draft,
         draft_quantize=getattr(args, "draft_quantize", "auto"),
+        assistant_dir=getattr(args, "assistant", None),
     )
+    plan.methods = parse_methods(getattr(args, "methods", None), list(engine.methods))
     if engine.fallback_note():  # the bench then measures torch kernels: say so
         print(f"flashdesk: {engine.fallback_note()}", file=sys.stderr, flush=True)
     progress, close = _progress_bar(getattr(args, "no_progress", False))

@@ -23,7 +23,7 @@ from flashdesk.engine.errors import ContextOverflowError, FlashDeskError
 
 COMMANDS = {
     "spec": "/spec on|off        speculative decoding on or off (needs --draft)",
-    "k": "/k N|auto           draft length, 1..the drafter's block size - 1, or chosen each step (needs --draft)",
+    "k": "/k N|auto           draft length, 1..the draft model's longest, or chosen each step (needs --draft)",
     "think": "/think on|off       let the model think before answering",
     "system": "/system TEXT        set or replace the system prompt (/system alone clears it)",
     "regenerate": "/regenerate         drop the last reply and answer the last message again",
@@ -260,7 +260,7 @@ class ChatSession:
         draft_length = None
         if self.control is not None:
             draft_length = (
-                self.control.draft_length or self.engine.default_draft_length or self.engine.drafter.max_draft_length
+                self.control.draft_length or self.engine.default_draft_length or self.engine.method_draft_length
             )
         return {
             "model": self.model,
@@ -283,7 +283,7 @@ class ChatSession:
 
     def _need_drafter(self, name: str) -> None:
         if self.control is None:
-            raise CommandError(f"/{name} needs a drafter: start the chat with --draft DIR")
+            raise CommandError(f"/{name} needs a draft model: start the chat with --draft DIR")
 
     def command(self, name: str, value=None) -> dict:
         """Run a command other than /regenerate; return what it did, for both front ends."""
@@ -294,7 +294,7 @@ class ChatSession:
             return {"speculation": self.control.enabled, "draft_length": self.settings()["draft_length"]}
         if name == "k":
             self._need_drafter(name)
-            longest = self.engine.drafter.max_draft_length
+            longest = self.engine.max_draft_length
             try:
                 if isinstance(value, bool):
                     raise ValueError

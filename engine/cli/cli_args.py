@@ -33,13 +33,33 @@ def add_generation_flags(parser: argparse.ArgumentParser, system_help: str) -> N
     parser.add_argument("--kv-dtype", default="auto", choices=["auto", "bfloat16", "float32", "fp8"])
     parser.add_argument("--context", type=positive_int, help="context limit in tokens (default: the model's)")
     parser.add_argument("--quantize", choices=["int4"], help="quantize a bf16 checkpoint to int4 while loading")
-    parser.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
+    add_speculation_flags(parser)
+
+
+def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
+    """The draft models and how they draft: `generate`, `chat` and `serve`."""
+    parser.add_argument(
+        "--draft",
+        help="folder (or pulled Hub id) of a draft model for speculative decoding: a DFlash drafter or "
+        "Gemma 4's MTP assistant (told apart by its config)",
+    )
+    parser.add_argument(
+        "--assistant",
+        help="folder (or pulled Hub id) of Gemma 4's MTP assistant, beside a DFlash drafter in --draft: "
+        "both load, and --method picks (the app can switch between them)",
+    )
+    parser.add_argument(
+        "--method",
+        choices=["dflash", "mtp", "auto"],
+        help="which draft model drafts when both are loaded; auto: each step the method and length with "
+        "the most expected tokens per second on this card (default: dflash)",
+    )
     parser.add_argument(
         "--draft-length",
         type=draft_length_arg,
-        help="tokens drafted per step, 1..block_size-1, or auto: each step drafts what gives "
-        "the most tokens per second on this card (default: what your last `flashdesk bench` "
-        "of this pair on this card found fastest, else block_size-1)",
+        help="tokens drafted per step, 1..the draft model's longest (DFlash: block_size - 1; MTP: 15), or "
+        "auto: each step drafts what gives the most tokens per second on this card (default: what your "
+        "last `flashdesk bench` of this pair on this card found fastest, else DFlash's whole block or 4 MTP steps)",
     )
     parser.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
     add_draft_quantize(parser)
@@ -61,10 +81,13 @@ def load_engine(args):
     from flashdesk.engine.decode.generation import Engine
     from flashdesk.engine.decode.speculative import SpecControl
 
-    if (args.draft_length is not None or args.no_speculate) and not args.draft:
-        raise ValueError("--draft-length and --no-speculate need --draft")
+    assistant, method = getattr(args, "assistant", None), getattr(args, "method", None)
+    if (args.draft_length is not None or args.no_speculate or method) and not args.draft:
+        raise ValueError("--draft-length, --method and --no-speculate need --draft")
     if args.draft_quantize not in (None, "auto") and not args.draft:
         raise ValueError("--draft-quantize needs --draft")
+    if assistant and not args.draft:
+        raise ValueError("--assistant goes beside a DFlash drafter in --draft (an assistant alone: --draft ASSISTANT)")
     engine = Engine.load(
         args.model,
         args.device,
@@ -75,21 +98,24 @@ def load_engine(args):
         args.quantize,
         draft_quantize=args.draft_quantize,
         draft_default=benched_default,
+        assistant_dir=assistant,
     )
+    if method not in (None, "auto"):
+        engine.use_method(method)  # refuses a method whose draft model is not loaded
     if engine.fallback_note():
         print(f"flashdesk: {engine.fallback_note()}", file=sys.stderr, flush=True)
     control = None
-    if engine.drafter is not None:
-        longest = engine.drafter.max_draft_length
+    if engine.method is not None:
+        longest = engine.max_draft_length
         if args.draft_length not in (None, "auto") and args.draft_length > longest:
-            raise ValueError(f"--draft-length must be 1..{longest} for this drafter, got {args.draft_length}")
-        control = SpecControl(enabled=not args.no_speculate, draft_length=args.draft_length)
+            raise ValueError(f"--draft-length must be 1..{longest} for this draft model, got {args.draft_length}")
+        control = SpecControl(enabled=not args.no_speculate, draft_length=args.draft_length, method=method)
     return engine, control
 
 
 def resolve_models(args) -> None:
     """--model / --draft as folders (a pulled Hub id becomes its cached folder; disk only)."""
-    for attr, what in (("model", "model"), ("draft", "drafter")):
+    for attr, what in (("model", "model"), ("draft", "draft model"), ("assistant", "assistant")):
         if getattr(args, attr, None):
             try:
                 setattr(args, attr, str(model_folder(getattr(args, attr), what)))

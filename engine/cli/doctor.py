@@ -295,7 +295,7 @@ def machine_verdict(gpu: Gpu | None) -> str:
 def model_verdict(report: CheckpointReport, gpu: Gpu | None, draft_dir: str | None) -> str:
     """What the checked folder can do here: its first problem, or whether its memory plan fits GPU 0."""
     from flashdesk.engine.loading.memory_plan import GPU_KV_DTYPE, format_bytes, longest_context
-    from flashdesk.engine.model.config import load_draft_config
+    from flashdesk.engine.loading.build import load_draft_model_config
 
     if not report.ok:
         more = len(report.problems) - 1
@@ -309,7 +309,7 @@ def model_verdict(report: CheckpointReport, gpu: Gpu | None, draft_dir: str | No
     free = f"{format_bytes(gpu.free)} free on {gpu.name}"
     if plan.total <= gpu.free:
         return f"the model is complete and fits: {need}, {free}"
-    draft = load_draft_config(draft_dir) if draft_dir else None
+    draft = load_draft_model_config(draft_dir) if draft_dir else None
     longest = longest_context(report.config, plan.target_bytes, GPU_KV_DTYPE, gpu.free, draft)
     if longest:
         return f"the model is complete but needs {need}, {free}; it fits with --context {longest}"

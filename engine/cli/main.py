@@ -60,7 +60,18 @@ def _parser() -> argparse.ArgumentParser:
         "--synthetic: full-size step timings vs bytes read, random weights, no files",
     )
     bench.add_argument("--model", help="folder of the Gemma 4 target (required unless --demo or --synthetic)")
-    bench.add_argument("--draft", help="folder of the DFlash drafter (required unless --demo or --synthetic)")
+    bench.add_argument(
+        "--draft",
+        help="folder of the draft model, a DFlash drafter or an MTP assistant (required unless --demo or --synthetic)",
+    )
+    bench.add_argument(
+        "--assistant", help="Gemma 4's MTP assistant beside a DFlash drafter in --draft: both methods run"
+    )
+    bench.add_argument(
+        "--methods",
+        help="comma-separated: dflash, mtp, auto (each step's method and length chosen); default: every "
+        "loaded method, and auto when there are two",
+    )
     bench.add_argument(
         "--demo",
         action="store_true",
@@ -86,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--draft-lengths",
         default="4,8,15,auto",
-        help="DFlash modes: draft lengths and 'auto' (the engine picks K each step); AR always runs",
+        help="each method's modes: draft lengths and 'auto' (the engine picks K each step); AR always runs",
     )
     add_draft_quantize(bench)
     bench.add_argument(
@@ -151,7 +162,7 @@ def _parser() -> argparse.ArgumentParser:
 
     doc = sub.add_parser("doctor", help="check this machine (and a model folder) for FlashDesk")
     doc.add_argument("--model", help="also check this checkpoint folder")
-    doc.add_argument("--draft", help="and this DFlash drafter folder (the memory plan includes it)")
+    doc.add_argument("--draft", help="and this draft model folder, DFlash or MTP (the memory plan includes it)")
     doc.add_argument("--context", type=positive_int, default=32768, help="context for the memory estimate")
     doc.add_argument(
         "--kernels",
@@ -238,7 +249,8 @@ def run_generate(args) -> int:
         if isinstance(event, FinishEvent):
             break
         if event.index > 0:
-            steps.append({"emitted": event.emitted, "draft": event.draft, "accepted": event.accepted})
+            step = {"emitted": event.emitted, "draft": event.draft, "accepted": event.accepted}
+            steps.append(step | ({"method": event.method} if event.method else {}))
         if not args.json:
             if event.thought:
                 if not thinking_shown:
@@ -283,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command in ("generate", "chat"):
-        if args.demo and (args.model or args.draft):
+        if args.demo and (args.model or args.draft or getattr(args, "assistant", None)):
             parser.error(f"{args.command}: --demo runs the demo pair; leave out --model and --draft")
         if not args.demo and not args.model:
             parser.error(f"{args.command}: the following arguments are required: --model (or use --demo)")

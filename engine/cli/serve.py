@@ -23,10 +23,9 @@ DEFAULT_PORT = 8719
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from flashdesk.engine.cli.cli_args import add_draft_quantize, draft_length_arg, positive_int
+    from flashdesk.engine.cli.cli_args import add_speculation_flags, positive_int
 
     parser.add_argument("--model", help="folder (or pulled Hub id) of the Gemma 4 target (required unless --demo)")
-    parser.add_argument("--draft", help="folder of a DFlash drafter: speculative decoding")
     parser.add_argument(
         "--demo", action="store_true", help="serve the demo pair (a tiny target and drafter, made in the data folder)"
     )
@@ -50,14 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--context", type=positive_int, help="context limit in tokens (default: the model's, or what fits the GPU)"
     )
     parser.add_argument("--quantize", choices=["int4"], help="quantize a bf16 checkpoint to int4 while loading")
-    parser.add_argument(
-        "--draft-length",
-        type=draft_length_arg,
-        help="tokens drafted per step, 1..block_size-1, or auto (default: what your last "
-        "`flashdesk bench` of this pair on this card found fastest, else block_size-1)",
-    )
-    parser.add_argument("--no-speculate", action="store_true", help="load --draft but decode without it")
-    add_draft_quantize(parser)
+    add_speculation_flags(parser)
 
 
 def _port(text: str) -> int:
@@ -75,8 +67,8 @@ def run_serve(args) -> int:
 
     key = args.api_key or os.environ.get(KEY_VARIABLE) or None
     check_exposure(args.host, key)  # before anything is loaded
-    if args.demo and (args.model or args.draft):
-        raise FlashDeskError("--demo serves the demo pair; leave out --model and --draft")
+    if args.demo and (args.model or args.draft or args.assistant):
+        raise FlashDeskError("--demo serves the demo pair; leave out --model, --draft and --assistant")
     if not args.demo and not args.model:
         raise FlashDeskError("give --model DIR (and --draft DIR for speculative decoding), or --demo")
     if args.demo:

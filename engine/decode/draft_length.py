@@ -84,13 +84,17 @@ class AutoDraftLength:
             total += run
         return total
 
+    def rate(self, k: int) -> float:
+        """Expected tokens per second of a step with k drafts."""
+        return self.expected_tokens(k) / self.costs.step(k)
+
     def choose(self, limit: int) -> int:
         """The draft length (0: a plain step) with the most expected tokens per second, at most
         `limit` (the tokens still wanted, and the drafter's block)."""
         if self.costs is None:
             raise RuntimeError("the automatic draft length needs step costs: calibrate first")
         top = max(0, min(limit, self.max_k))
-        return max(range(top + 1), key=lambda k: (self.expected_tokens(k) / self.costs.step(k), -k))
+        return max(range(top + 1), key=lambda k: (self.rate(k), -k))
 
     def observe(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         """Fold in one step: drafts 1..accepted were accepted, draft accepted + 1 (if any) was not;

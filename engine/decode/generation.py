@@ -16,11 +16,13 @@ from typing import Iterator
 
 import torch
 
-from flashdesk.engine.loading.build import load_drafter, load_target
+from flashdesk.engine.loading.build import load_assistant, load_draft_model_config, load_drafter, load_target
 from flashdesk.engine.decode.chat_format import ANSWER, ChannelSplitter, StopStrings, eos_ids, load_tokenizer
 from flashdesk.engine.loading.model_card import suppress_tokens
-from flashdesk.engine.model.config import load_config, load_draft_config
-from flashdesk.engine.errors import ContextOverflowError
+from flashdesk.engine.model.assistant import is_assistant_folder
+from flashdesk.engine.model.config import load_config
+from flashdesk.engine.decode.mtp import MtpDrafter
+from flashdesk.engine.errors import ConfigError, ContextOverflowError
 from flashdesk.engine.model.cuda_graphs import StepGraphs, graphs_wanted
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
@@ -61,6 +63,7 @@ class StepEvent:
     seconds: float
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    method: str | None = None  # the draft model that drafted ("dflash", "mtp"; None: a plain step)
 
 
 @dataclass(frozen=True)
@@ -110,13 +113,21 @@ class _TextOutput:
 
 
 class Engine:
-    """A loaded target model with its tokenizer and stop tokens, ready to generate."""
+    """A loaded target model with its tokenizer and stop tokens, ready to generate; with a DFlash
+    drafter, Gemma 4's MTP assistant (`mtp`) or both, each step's speculative method."""
 
     def __init__(
-        self, model: Gemma4, tokenizer, eos: set[int], kv_dtype: str, context_limit: int, drafter: Drafter | None = None
+        self,
+        model: Gemma4,
+        tokenizer,
+        eos: set[int],
+        kv_dtype: str,
+        context_limit: int,
+        drafter: Drafter | None = None,
+        mtp: MtpDrafter | None = None,
     ):
         self.model, self.tokenizer, self.eos = model, tokenizer, eos
-        self.kv_dtype, self.context_limit, self.drafter = kv_dtype, context_limit, drafter
+        self.kv_dtype, self.context_limit, self.drafter, self.mtp = kv_dtype, context_limit, drafter, mtp
         self.prefix_budget: int | None = None  # host bytes for kept conversations (None: default_budget())
         self.graphs_on, self.graphs_note = graphs_wanted(model.device)
         # launch each decode step before handing on the previous one's tokens, so the host's work on
@@ -127,15 +138,56 @@ class Engine:
         self._ctx: DraftContext | None = None  # for every generation (allocated at the first)
         self._graphs: StepGraphs | None = None
         self._prefix: PrefixCache | None = None
-        # the automatic draft length's costs and acceptance, kept from one generation to the next
-        self.auto = AutoDraftLength(drafter.max_draft_length) if drafter is not None else None
-        self.costs_path: Path | None = None  # where this card's measured step costs are kept (load sets it)
-        # what speculation drafts when no draft length is asked for: the fastest of the user's own
-        # bench on this card (auto where it was at least as fast as the best fixed K), else the longest
+        self.methods = {d.method: d for d in (drafter, mtp) if d is not None}  # "dflash", "mtp"
+        self.default_method: str | None = next(iter(self.methods), None)  # what a control names no method drafts
+        # each method's automatic draft length: its costs and acceptance, kept from one generation to the next
+        self.autos = {name: AutoDraftLength(d.max_draft_length) for name, d in self.methods.items()}
+        self.costs_paths: dict[str, Path] = {}  # where this card's measured step costs are kept (load sets them)
+        # what the default method drafts when no draft length is asked for: the fastest of the user's
+        # own bench on this card (auto where it was at least as fast as the best fixed K), else the
+        # method's own default
         self.default_draft_length: int | str | None = None
         self.default_note = ""  # why, in words (empty: no bench of this pair on this card yet)
         self.kernel_checks: list = []  # the kernel self-tests' results at load (kernels/self_test.py)
         self.suppress_tokens: tuple[int, ...] = ()  # generation_config.json's: never emitted
+
+    @property
+    def method(self) -> str | None:
+        """The default speculative method: "dflash", "mtp", or None (plain decoding only)."""
+        return self.default_method
+
+    @property
+    def max_draft_length(self) -> int:
+        """The most tokens a step of any loaded method may draft (0: no draft model)."""
+        return max((d.max_draft_length for d in self.methods.values()), default=0)
+
+    @property
+    def method_draft_length(self) -> int | None:
+        """The default method's own default draft length (a DFlash drafter's whole block, a few MTP
+        steps); None without a draft model."""
+        return self.methods[self.default_method].default_draft_length if self.default_method else None
+
+    @property
+    def auto(self) -> AutoDraftLength | None:
+        """The default method's automatic draft length."""
+        return self.autos.get(self.default_method) if self.default_method else None
+
+    @auto.setter
+    def auto(self, value: AutoDraftLength) -> None:
+        self.autos[self.default_method] = value
+
+    @property
+    def costs_path(self) -> Path | None:
+        """The default method's file of measured step costs."""
+        return self.costs_paths.get(self.default_method) if self.default_method else None
+
+    def use_method(self, method: str) -> None:
+        """Make `method` ("dflash" or "mtp", loaded) the default; the default length is its own again."""
+        if method not in self.methods:
+            loaded = " and ".join(self.methods) or "none"
+            raise ValueError(f"no {method} draft model is loaded (loaded: {loaded})")
+        if method != self.default_method:
+            self.default_method, self.default_draft_length, self.default_note = method, None, ""
 
     @staticmethod
     def fallback_note() -> str:
@@ -178,7 +230,8 @@ class Engine:
         ahead (the torch kernels, the interpreter). Allocates the step state (the memory plan
         counts it); before the first generation only (the cache must be empty)."""
         self._step_state()
-        return compile_generation_kernels(self.model, self._cache, self.drafter, self._ctx)
+        rows = self.max_draft_length + 1
+        return compile_generation_kernels(self.model, self._cache, self.drafter, self._ctx, block_rows=rows)
 
     def reusable_tokens(self, prompt_ids: list[int]) -> int:
         """How many of the prompt's tokens the next generation would take from earlier ones."""
@@ -198,12 +251,18 @@ class Engine:
         draft_quantize: str | None = "auto",
         stage=None,
         draft_default=None,
+        assistant_dir: str | Path | None = None,
     ) -> "Engine":
-        """Load the target (and drafter) on the device. `progress(fraction)` follows the weights read:
-        the target takes 0..0.95 of the way, the drafter the rest. On a GPU the kernels are then
+        """Load the target (and draft models) on the device. `progress(fraction)` follows the weights
+        read: the target takes 0..0.95 of the way, the draft models the rest. On a GPU the kernels are then
         compiled (compile_kernels), announced through `stage(text)`. `draft_default(device,
         model_dir, draft_dir)` -> (length, note), when given, sets the default draft length
-        (use_draft_default; the app and the CLI pass bench/results.benched_default)."""
+        (use_draft_default; the app and the CLI pass bench/results.benched_default).
+
+        `draft_dir` holds a DFlash drafter or a Gemma 4 MTP assistant, told apart by its config;
+        `assistant_dir` an MTP assistant beside a drafter in `draft_dir` (both load; each step picks
+        one: SpecControl.method). `draft_quantize` applies to a drafter (an assistant is small and
+        stays in the model's dtype). The default method is the drafter's where one is loaded."""
         dev = resolve_device(device)
         draft_quantize = resolve_draft_quantize(draft_quantize, dev)
         torch_dtype = resolve_dtype(dtype, dev)
@@ -214,25 +273,32 @@ class Engine:
         )
         if dev.type == "cpu":
             torch.set_num_threads(cpu_threads(Path(model_dir)))
+        folders = draft_folders(draft_dir, assistant_dir)  # method -> folder
         if dev.type == "cuda":  # refuse before loading a byte when it cannot fit; else pick the context
             cfg = load_config(model_dir)
-            draft_cfg = load_draft_config(draft_dir) if draft_dir else None
+            draft_cfgs = tuple(load_draft_model_config(folder) for folder in folders.values())
             free, _ = torch.cuda.mem_get_info(dev)
             context_limit = context_that_fits(
-                model_dir, cfg, draft_cfg, kv, context_limit, quantize, free, torch_dtype.itemsize
+                model_dir, cfg, draft_cfgs or None, kv, context_limit, quantize, free, torch_dtype.itemsize
             )
-        model = load_target(model_dir, dev, torch_dtype, quantize, _share(progress, 0.0, 0.95 if draft_dir else 1.0))
-        drafter = load_drafter(draft_dir, model, _share(progress, 0.95, 0.05), draft_quantize) if draft_dir else None
+        model = load_target(model_dir, dev, torch_dtype, quantize, _share(progress, 0.0, 0.95 if folders else 1.0))
+        drafter, mtp = None, None
+        share = 0.05 / max(1, len(folders))
+        if "dflash" in folders:
+            drafter = load_drafter(folders["dflash"], model, _share(progress, 0.95, share), draft_quantize)
+        if "mtp" in folders:
+            mtp = MtpDrafter(model, load_assistant(folders["mtp"], model, _share(progress, 1.0 - share, share)))
         tokenizer = load_tokenizer(model_dir) if _has_tokenizer(Path(model_dir)) else None
         eos = eos_ids(model_dir) or set(model.cfg.eos_token_ids)
         limit = min(context_limit or model.cfg.max_position_embeddings, model.cfg.max_position_embeddings)
-        engine = cls(model, tokenizer, eos, kv, limit, drafter)
+        engine = cls(model, tokenizer, eos, kv, limit, drafter, mtp)
         engine.kernel_checks = checks
         engine.suppress_tokens = suppress_tokens(Path(model_dir), model.cfg.vocab_size)
-        if drafter is not None:
-            engine.costs_path = _costs_path(dev, model_dir, draft_dir, torch_dtype, kv, draft_quantize)
-            if draft_default is not None:
-                engine.use_draft_default(*draft_default(dev, model_dir, draft_dir))
+        for method, folder in folders.items():
+            quantized = draft_quantize if method == "dflash" else None
+            engine.costs_paths[method] = _costs_path(dev, model_dir, folder, torch_dtype, kv, quantized)
+        if engine.method is not None and draft_default is not None:
+            engine.use_draft_default(*draft_default(dev, model_dir, folders[engine.method]))
         if dev.type == "cuda":
             if stage is not None:
                 stage("compiling the GPU kernels (the first load on this machine takes longest)")
@@ -248,9 +314,9 @@ class Engine:
         """Draft `best` tokens (or auto) when a control names no length, `note` saying why in words
         (bench/results.benched_default: the fastest mode of the newest kept bench of this pair on
         this card); a value this drafter cannot draft is ignored."""
-        if self.drafter is None:
+        if self.method is None:
             return
-        if best == AUTO or (isinstance(best, int) and 1 <= best <= self.drafter.max_draft_length):
+        if best == AUTO or (isinstance(best, int) and 1 <= best <= self.max_draft_length):
             self.default_draft_length, self.default_note = best, note
 
     def check_request(self, prompt: list[int], max_new_tokens: int) -> None:
@@ -282,10 +348,12 @@ class Engine:
         prompt = list(request.prompt_ids)
         self.check_request(prompt, request.max_new_tokens)
         eos = set() if request.ignore_eos else self.eos
-        measuring = self.auto is not None and self.auto.costs is None and self.costs_path is not None
-        if measuring:
-            self.auto.costs = load_costs(self.costs_path, self.auto.max_k)  # else the first auto step measures
-            measuring = self.auto.costs is None
+        measuring = []  # the methods whose costs this generation measures, if it drafts automatically
+        for method, auto in self.autos.items():
+            if auto.costs is None and method in self.costs_paths:
+                auto.costs = load_costs(self.costs_paths[method], auto.max_k)  # else the first auto step measures
+                if auto.costs is None:
+                    measuring.append(method)
         prefix = self._step_state()
         reused = prefix.start(prompt, request.reuse)
         sampling = request.sampling  # with the checkpoint's suppressed tokens, greedy or not
@@ -301,8 +369,10 @@ class Engine:
             self._cache,
             self._ctx,
             self._graphs,
-            self.auto,
+            self.autos,
             self.default_draft_length,
+            self.mtp,
+            self.default_method,
         )
         text = _TextOutput(self.tokenizer, request.stop_strings)
         tokens: list[int] = []
@@ -334,6 +404,7 @@ class Engine:
                             tuple(result.emitted),
                             result.draft_seconds,
                             result.verify_seconds,
+                            result.method,
                         )
                     )
                 seconds = prefill_seconds if index == 0 else result.draft_seconds + result.verify_seconds
@@ -348,6 +419,7 @@ class Engine:
                     seconds,
                     result.draft_seconds,
                     result.verify_seconds,
+                    result.method,
                 )
                 whole = False
                 if finish:
@@ -364,8 +436,9 @@ class Engine:
             if flight is not None:  # a stop string or a cancel ended it before the step launched ahead
                 whole = whole and self._abandon(decoder, flight)
             self._settle(decoder, prompt + tokens[:-1] if whole else None)
-            if measuring and self.auto.costs is not None:  # measured by this generation: keep them
-                save_costs(self.costs_path, self.auto.costs)
+            for method in measuring:
+                if self.autos[method].costs is not None:  # measured by this generation: keep them
+                    save_costs(self.costs_paths[method], self.autos[method].costs)
         summary = {
             "prompt_tokens": len(prompt),
             "reused_tokens": reused,
@@ -376,6 +449,7 @@ class Engine:
             "fallbacks": sorted(fallbacks()),
             "cuda_graphs": self.cuda_graphs(),
             "pipelined": self.pipelined,
+            "method": self.method,  # the default; each step's is in stats' by_method
         }
         yield FinishEvent(finish, tokens, "".join(text.answer), "".join(text.thought), summary)
 
@@ -397,6 +471,21 @@ class Engine:
             except Exception:  # noqa: BLE001 - the state is unknown; the next request starts afresh
                 held = None
         self._prefix.finish(held)
+
+
+def draft_folders(draft_dir: str | Path | None, assistant_dir: str | Path | None = None) -> dict[str, Path]:
+    """{"dflash": folder, "mtp": folder} of what to load: `draft_dir` either kind (by its config),
+    `assistant_dir` an MTP assistant beside a drafter."""
+    folders: dict[str, Path] = {}
+    if draft_dir:
+        folders["mtp" if is_assistant_folder(draft_dir) else "dflash"] = Path(draft_dir)
+    if assistant_dir:
+        if not is_assistant_folder(assistant_dir):
+            raise ConfigError(f"{assistant_dir} is not a Gemma 4 MTP assistant (its config.json says otherwise)")
+        if "mtp" in folders:
+            raise ConfigError("two MTP assistants: give a DFlash drafter as the draft model, the assistant beside it")
+        folders["mtp"] = Path(assistant_dir)
+    return folders
 
 
 def _costs_path(

@@ -30,17 +30,19 @@ def compile_generation_kernels(
     drafter: Drafter | None = None,
     ctx: DraftContext | None = None,
     workers: int | None = None,
+    block_rows: int | None = None,
 ) -> float | None:
     """Seconds it took to compile every kernel a generation over `cache` (and `ctx`) launches, or
     None where nothing compiles ahead (the torch kernels, Triton's interpreter): they compile at
-    first use. The cache and context must be empty and are left empty."""
+    first use. The cache and context must be empty and are left empty. `block_rows`: the longest
+    verify block without a drafter (an MTP assistant's last token and drafts)."""
     if cache.length or (ctx is not None and ctx.length):
         raise ValueError("kernels compile ahead on an empty cache and drafter context only")
     if not use_triton(model.device) or fallbacks():  # a torch kernel would run for real, on garbage
         return None
     began = time.perf_counter()
     taps = drafter.cfg.target_layer_ids if drafter is not None else ()
-    rows = drafter.cfg.block_size if drafter is not None else 1  # the anchor and up to block - 1 drafts
+    rows = drafter.cfg.block_size if drafter is not None else block_rows or 1  # the anchor and the drafts
     chunk = min(PREFILL_CHUNK, cache.max_context, ctx.max_context if ctx is not None else PREFILL_CHUNK)
     ids = torch.zeros(chunk, dtype=torch.long, device=model.device)  # a token every vocabulary has
     try:

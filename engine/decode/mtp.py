@@ -1,7 +1,8 @@
-"""MTP rounds with Gemma 4's assistant, greedy, on the torch path: the reference-shaped loop that the
-engine's decode loop will run (it is not wired into `Engine.generate` yet).
+"""MTP drafts with Gemma 4's assistant: the state a generation keeps between rounds and one
+round's drafts, as transformers' SinglePositionMultiTokenCandidateGenerator and assisted decoding
+run them (the decode loop, speculative.py, verifies them as it verifies DFlash's).
 
-A round, as transformers' SinglePositionMultiTokenCandidateGenerator and assisted decoding run it:
+A round:
 - the assistant drafts K tokens one step at a time from one query position (the sequence's length
   minus one), starting from the last emitted token and the target's final-normed hidden state of
   the row that emitted it (the prompt's last row after the prefill);
@@ -9,49 +10,54 @@ A round, as transformers' SinglePositionMultiTokenCandidateGenerator and assiste
   to the sequence's length: for a full layer every position up to the sequence's end (after a
   rejection that includes the rejected draft's K/V at the bonus token's position), for a sliding
   layer the window the forward saw (the `window - 1` before the block and the block itself, rejected
-  drafts included), of which the assistant's mask keeps the last `window + 1`;
-- the target verifies [last token, drafts] in one forward; the longest prefix of drafts equal to its
-  greedy tokens is accepted, plus its own next token.
+  drafts included; after a prefill, the whole prompt), of which the assistant's mask keeps the last
+  `window + 1`;
+- the target verifies [last token, drafts] in one forward.
+
+Nothing here reads the device: the drafted tokens stay device tensors until the step's one read.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from flashdesk.engine.decode.sampling import SamplingParams, draw, probabilities
 from flashdesk.engine.model.assistant import Assistant
 from flashdesk.engine.model.config import FULL
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
 
+MTP_MAX_DRAFT = 15  # the rings' slack (16) holds a verify block of up to 16 rows
+# each draft token costs one assistant step, and a long draft is rarely all accepted: a moderate
+# default until the automatic length or the user's own bench says better for this card
+MTP_DEFAULT_DRAFT = 4
 
-@dataclass
-class MtpRound:
-    drafts: list[int]
-    accepted: int
 
-
-@dataclass
-class _Seen:
-    """What the target's last forward saw: its first and end positions."""
+@dataclass(frozen=True)
+class Seen:
+    """The positions the target's last forward ran: [start, end)."""
 
     start: int
     end: int
 
 
-@dataclass
-class MtpResult:
-    tokens: list[int]
-    rounds: list[MtpRound] = field(default_factory=list)
+@dataclass(frozen=True)
+class RoundState:
+    """What the next round drafts from: the target's hidden state [1, D] of the row that emitted
+    the last token, and what its last forward ran."""
+
+    hidden: torch.Tensor
+    seen: Seen
 
 
 def _last_layer(model: Gemma4, kind: str) -> int:
     return max(i for i, spec in enumerate(model.cfg.layers) if spec.kind == kind)
 
 
-def shared_kv(model: Gemma4, cache: KVCache, seen: _Seen, length: int) -> dict:
+def shared_kv(model: Gemma4, cache: KVCache, seen: Seen, length: int) -> dict:
     """The target's K/V the assistant attends over for a sequence of `length` tokens after a forward
     over `seen`, read from the cache (see the module's docstring)."""
     out = {}
@@ -67,45 +73,51 @@ def shared_kv(model: Gemma4, cache: KVCache, seen: _Seen, length: int) -> dict:
     return out
 
 
-def mtp_greedy(
-    target: Gemma4, assistant: Assistant, prompt: list[int], max_new_tokens: int, k: int, kv_dtype: str = "float32"
-) -> MtpResult:
-    """Greedy decoding of `prompt` with MTP drafts of up to `k` tokens a round: the same tokens as
-    plain greedy decoding, with each round's drafts and accepted count."""
-    device = target.device
-    cache = target.new_cache(len(prompt) + max_new_tokens + k + 1, kv_dtype, slack=max(16, k + 1))
-    out = target.forward(torch.tensor(prompt, device=device), cache, logits_rows="all")
-    token = int(out.logits[-1].argmax())
-    result = MtpResult([token])
-    hidden = out.hidden[-1:]
-    seen = _Seen(0, len(prompt))
-    limit = len(prompt) + max_new_tokens
-    while len(prompt) + len(result.tokens) < limit:
-        length = len(prompt) + len(result.tokens)  # the sequence, the last emitted token included
-        drafts = _draft(target, assistant, cache, seen, token, hidden, length, min(k, limit - length - 1))
-        block = torch.tensor([token, *drafts], device=device)
-        start = cache.length
-        out = target.forward(block, cache)
-        greedy = out.logits.argmax(dim=-1).tolist()
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == greedy[accepted]:
-            accepted += 1
-        if drafts:  # with no room left for a draft, this was a plain step
-            result.rounds.append(MtpRound(drafts, accepted))
-        result.tokens += drafts[:accepted] + [greedy[accepted]]
-        token, hidden = greedy[accepted], out.hidden[accepted : accepted + 1]
-        cache.rollback(start + accepted + 1)
-        seen = _Seen(start, start + len(block))
-    del result.tokens[max_new_tokens:]
-    return result
+class MtpDrafter:
+    """The assistant beside its target: drafts of up to `max_draft_length` tokens a round."""
 
+    method = "mtp"
 
-def _draft(target, assistant, cache, seen, token: int, hidden, length: int, k: int) -> list[int]:
-    kv = shared_kv(target, cache, seen, length)
-    drafts = []
-    for _ in range(max(0, k)):
-        embedding = F.embedding(torch.tensor([token], device=target.device), target.embed) * target.embed_scale
-        logits, hidden = assistant.step(embedding, hidden, kv, length - 1)
-        token = int(logits[0].argmax())
-        drafts.append(token)
-    return drafts
+    def __init__(self, target: Gemma4, assistant: Assistant):
+        self.target, self.assistant = target, assistant
+        self.max_draft_length = MTP_MAX_DRAFT
+        self.default_draft_length = MTP_DEFAULT_DRAFT
+        self.state: RoundState | None = None
+
+    def after_prefill(self, hidden: torch.Tensor, length: int) -> None:
+        """The prompt of `length` tokens ran; hidden [1, D] is its last row's (the reference runs
+        the prompt in one forward: its sliding K/V is the whole prompt, whatever our chunks were)."""
+        self.state = RoundState(hidden, Seen(0, length))
+
+    def after_forward(self, hidden: torch.Tensor, start: int, rows: int) -> None:
+        """A target forward of `rows` rows from `start` ran; hidden [1, D] is the row that emitted
+        its last kept token (picked on the device)."""
+        self.state = RoundState(hidden, Seen(start, start + rows))
+
+    def draft(
+        self,
+        cache: KVCache,
+        last: torch.Tensor,
+        k: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """k drafts after last [1] (not yet run through the target, at position cache.length): the
+        drafted ids [k] and, when sampling, the distributions they were drawn from [k, V]."""
+        if self.state is None:
+            raise RuntimeError("an MTP round needs the prefill's hidden state first")
+        length = cache.length + 1  # the sequence, the last token included
+        kv = shared_kv(self.target, cache, self.state.seen, length)
+        hidden, token = self.state.hidden, last.view(1)
+        ids, probs = [], []
+        for _ in range(k):
+            embedding = F.embedding(token, self.target.embed) * self.target.embed_scale
+            logits, hidden = self.assistant.step(embedding, hidden, kv, length - 1)
+            if sampling.greedy:
+                token = logits.argmax(dim=-1)
+            else:
+                p = probabilities(logits, sampling)
+                token = draw(p, generator)
+                probs.append(p)
+            ids.append(token)
+        return torch.cat(ids), torch.cat(probs) if probs else None

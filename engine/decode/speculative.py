@@ -1,4 +1,5 @@
-"""The decode loop, one step at a time: plain autoregressive, or DFlash draft -> verify -> accept.
+"""The decode loop, one step at a time: plain autoregressive, or draft -> verify -> accept, the
+drafts from DFlash's drafter (one pass for a block) or Gemma 4's MTP assistant (one step a token, mtp.py).
 
 Speculation on or off and the draft length are read from a `SpecControl` at the start of every
 step, so another thread can change them while a generation runs. Greedy output is the same either
@@ -25,9 +26,10 @@ import torch
 from flashdesk.engine.loading.memory_plan import PREFILL_CHUNK
 from flashdesk.engine.model import cuda_graphs
 from flashdesk.engine.model.drafter import DraftContext, Drafter
-from flashdesk.engine.model.gemma4 import Gemma4
+from flashdesk.engine.model.gemma4 import ForwardOutput, Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
 from flashdesk.engine.decode.draft_length import AutoDraftLength, StepCosts
+from flashdesk.engine.decode.mtp import MtpDrafter, RoundState
 from flashdesk.kernels.backend import fallbacks, use_triton
 from flashdesk.protocol import AUTO_DRAFT_LENGTH
 from flashdesk.engine.decode.sampling import SamplingParams, draw, make_generator, probabilities, sample, verify_draft
@@ -48,7 +50,10 @@ class SpecControl:
     """Speculation settings a running generation picks up from its next step."""
 
     enabled: bool = True
-    draft_length: int | str | None = None  # None: the drafter's block_size - 1; AUTO: chosen per step
+    draft_length: int | str | None = None  # None: the method's default; AUTO: chosen per step
+    # "dflash" or "mtp" (where that draft model is loaded), AUTO: each step the method and length
+    # with the most expected tokens per second; None: the engine's default method
+    method: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class StepResult:
     accepted: int  # how many drafted ids agreed with the target
     draft_seconds: float
     verify_seconds: float  # the target's pass (a plain step is all verify)
+    method: str | None = None  # which draft model drafted (None: a plain step)
 
 
 class _StepClock:
@@ -95,6 +101,8 @@ class InFlight:
     remaining: int = 0  # the most tokens it may emit
     last: torch.Tensor | None = None  # its input token (`abandon` restores it)
     auto: bool = False  # the automatic draft length chose k (`finish` tells it the outcome)
+    method: str | None = None  # the draft model that drafted (None: a plain step)
+    round_state: RoundState | None = None  # MTP: what the next round drafted from before it (`abandon`)
 
 
 def _seconds(device: torch.device, fn, arg: int, repeats: int) -> float:
@@ -123,23 +131,32 @@ class Decoder:
         cache: KVCache | None = None,
         ctx: DraftContext | None = None,
         graphs=None,
-        auto: AutoDraftLength | None = None,
+        auto: dict[str, AutoDraftLength] | AutoDraftLength | None = None,
         default_draft_length: int | str | None = None,
+        mtp: MtpDrafter | None = None,
+        default_method: str | None = None,
     ):
         """`cache`, `ctx`: continue these from where they stand (a prefix cache placed them) instead
         of allocating new ones; `graphs`: a StepGraphs over them, which runs the decode, verify and
-        draft passes as CUDA graphs; `auto`: the automatic draft length's state (kept across
-        generations by the engine); `default_draft_length`: what a control without a length drafts
-        (None: the drafter's longest)."""
-        self.model, self.drafter, self.sampling, self.eos = model, drafter, sampling, eos
+        draft passes as CUDA graphs; `mtp`: Gemma 4's MTP assistant, beside the drafter or alone;
+        `auto`: each method's automatic draft length state (kept across generations by the
+        engine); `default_method`: the method a control without one drafts with (None: DFlash
+        where loaded); `default_draft_length`: what that method drafts when a control names no
+        length (None: its own default)."""
+        self.model, self.drafter, self.mtp, self.sampling, self.eos = model, drafter, mtp, sampling, eos
+        self.methods = {d.method: d for d in (drafter, mtp) if d is not None}
         slack = max(16, drafter.cfg.block_size) if drafter else 16
         if cache is None:
             cache = model.new_cache(max_context, kv_dtype, slack=slack)
         if ctx is None and drafter is not None:
             ctx = drafter.new_context(max_context)
         self.cache, self.ctx, self.graphs = cache, ctx, graphs
-        self.auto = auto if auto is not None or drafter is None else AutoDraftLength(drafter.max_draft_length)
-        self.default_draft_length = default_draft_length or (drafter.max_draft_length if drafter else 0)
+        if isinstance(auto, AutoDraftLength):  # one method's state
+            auto = {next(iter(self.methods)): auto}
+        auto = dict(auto or {})
+        self.auto = {name: auto.get(name) or AutoDraftLength(d.max_draft_length) for name, d in self.methods.items()}
+        self.default_method = default_method if default_method in self.methods else next(iter(self.methods), None)
+        self.default_draft_length = default_draft_length
         self.taps = drafter.cfg.target_layer_ids if drafter else ()
         self.pending: list[torch.Tensor] = []  # target features not yet in the drafter's context
         # write a verified block's context before knowing how much of it is kept: a row's K/V must
@@ -148,13 +165,12 @@ class Decoder:
         self.generator = make_generator(sampling, model.device)
         self.last: torch.Tensor | None = None  # [1]: sampled, not yet run through the target
 
-    def _forward(self, ids: torch.Tensor, rows: str):
+    def _forward(self, ids: torch.Tensor, rows: str) -> ForwardOutput:
         if self.graphs is not None and self.graphs.covers(ids.shape[0]):
             out = self.graphs.run(ids)  # the graph's own buffers: the next replay overwrites them
             self.cache.advance(ids.shape[0])
-            return out.logits, out.taps
-        out = self.model.forward(ids, self.cache, taps=self.taps, logits_rows=rows)
-        return out.logits, out.taps
+            return out
+        return self.model.forward(ids, self.cache, taps=self.taps, logits_rows=rows)
 
     def prefill(self, prompt: list[int], start: int = 0) -> int:
         """Run prompt[start:] (the cache and the drafter context hold the first `start` positions)
@@ -164,10 +180,12 @@ class Decoder:
             raise ValueError(f"prefill from position {start}, but the cache holds {self.cache.length} positions")
         ids = torch.tensor(prompt[start:], dtype=torch.long, device=self.model.device)
         for begin in range(0, len(ids), PREFILL_CHUNK):
-            logits, taps = self._forward(ids[begin : begin + PREFILL_CHUNK], "last")
-            if taps is not None:
-                self.drafter.add_context(self.ctx, taps)
-        self.last = sample(logits[-1:], self.sampling, self.generator)
+            out = self._forward(ids[begin : begin + PREFILL_CHUNK], "last")
+            if out.taps is not None:
+                self.drafter.add_context(self.ctx, out.taps)
+        if self.mtp is not None:
+            self.mtp.after_prefill(out.hidden[-1:].clone(), len(prompt))
+        self.last = sample(out.logits[-1:], self.sampling, self.generator)
         return read_to_host(self.last)[0]
 
     def step(self, remaining: int, control: SpecControl | None) -> StepResult:
@@ -178,19 +196,48 @@ class Decoder:
         """Enqueue a step's device work up to its one read; on a GPU this returns while the device
         runs, so the caller can hand on the previous step's tokens meanwhile. `finish` reads it;
         `abandon` undoes it when its tokens will not be wanted."""
-        k, auto = 0, False
-        if self.drafter is not None and (control is None or control.enabled):
-            wanted = control.draft_length if control and control.draft_length else self.default_draft_length
-            if wanted == AUTO:
-                if self.auto.costs is None:
-                    self.auto.costs = self.measure_costs()
-                k, auto = self.auto.choose(remaining), True
-            else:
-                k = max(0, min(wanted, self.drafter.max_draft_length, remaining))
-        last = self.last
-        flight = self._launch_speculative(k) if k else self._launch_plain()
+        method, k, auto = self.plan(remaining, control)
+        last, round_state = self.last, self.mtp.state if self.mtp else None
+        if not k:
+            flight = self._launch_plain()
+        else:
+            flight = self._launch_mtp(k) if method == "mtp" else self._launch_speculative(k)
         flight.k, flight.remaining, flight.last, flight.auto = k, remaining, last, auto
+        flight.round_state, flight.method = round_state, method
         return flight
+
+    def plan(self, remaining: int, control: SpecControl | None) -> tuple[str | None, int, bool]:
+        """This step's (method, draft length, whether the automatic length chose it); k = 0 is a
+        plain step. An automatic choice measures the method's step costs at its first use."""
+        if not self.methods or (control is not None and not control.enabled):
+            return None, 0, False
+        method = control.method if control is not None and control.method else self.default_method
+        if method != AUTO and method not in self.methods:
+            method = self.default_method  # a method whose draft model is not loaded: the loaded one
+        wanted = control.draft_length if control is not None and control.draft_length else None
+        if method == AUTO:
+            wanted = AUTO
+        elif wanted is None:
+            own = self.default_draft_length if method == self.default_method else None
+            wanted = own or self.methods[method].default_draft_length
+        if wanted != AUTO:
+            k = max(0, min(wanted, self.methods[method].max_draft_length, self._limit(method, remaining)))
+            return method, k, False
+        best = None
+        for name in self.methods if method == AUTO else [method]:
+            chooser = self.auto[name]
+            if chooser.costs is None:
+                chooser.costs = self.measure_costs(name)
+            k = chooser.choose(self._limit(name, remaining))
+            if best is None or chooser.rate(k) > best[0]:
+                best = (chooser.rate(k), name, k)
+        return best[1], best[2], True
+
+    def _limit(self, method: str, remaining: int) -> int:
+        """The most drafts a step of `method` may make: the target's own token always comes out, so
+        at most remaining - 1 drafts can; an MTP round drafts no more (as transformers' loop),
+        DFlash drafts to `remaining` (as z-lab's loop)."""
+        return remaining - 1 if method == "mtp" else remaining
 
     def finish(self, flight: InFlight) -> StepResult:
         """Read a launched step's tokens (the step's one device-to-host read) and keep what it verified."""
@@ -199,8 +246,6 @@ class Decoder:
         if flight.k == 0:
             if flight.taps is not None:
                 self.pending.append(flight.taps.clone())  # a graph's buffer is overwritten by the next replay
-                if len(self.pending) >= PENDING_LIMIT:  # speculation off for long: keep memory bounded
-                    self.flush_pending()
             result = StepResult(values, [], 0, 0.0, clock.seconds(0))
         else:
             *draft_ids, accepted, bonus = values
@@ -212,25 +257,33 @@ class Decoder:
             self.cache.rollback(flight.start + len(emitted))  # keep the anchor and the accepted drafts
             if flight.ahead:
                 self.ctx.advance(len(emitted))
-            else:
+            elif flight.taps is not None:  # a DFlash step verified on the torch path, or an MTP round
                 self.pending.append(flight.taps[: len(emitted)].clone())
-            result = StepResult(emitted, draft_ids, accepted, clock.seconds(0), clock.seconds(1))
-        if flight.auto:
-            self.auto.observe(flight.k, result.accepted, result.draft_seconds, result.verify_seconds)
+            result = StepResult(emitted, draft_ids, accepted, clock.seconds(0), clock.seconds(1), flight.method)
+        if len(self.pending) >= PENDING_LIMIT:  # DFlash unused for long: keep memory bounded
+            self.flush_pending()
+        if flight.auto:  # a plain step by choice: every method forgets a little, to be tried again
+            for name in [flight.method] if flight.k else self.auto:
+                self.auto[name].observe(flight.k, result.accepted, result.draft_seconds, result.verify_seconds)
         return result
 
     def abandon(self, flight: InFlight) -> None:
         """Undo a launched step that will not be finished: the cache and the next input go back to
         where they stood (the drafter's context was not advanced; what the step wrote past the held
-        positions is overwritten later)."""
+        positions is overwritten later). An MTP round after it drafts from the same hidden state,
+        over keys the undone verify rewrote: its drafts may differ from transformers', never the output."""
         self.cache.rollback(flight.start)
         self.last = flight.last
+        if self.mtp is not None:
+            self.mtp.state = flight.round_state
 
-    def measure_costs(self, repeats: int = 3) -> StepCosts:
-        """Time a target pass over every block length 1..K+1 and a draft of every length 1..K, here,
-        committing nothing (what they write past the held length, the next step overwrites). Each is
-        run once first (a CUDA graph is captured, a kernel compiled), then timed `repeats` times."""
-        max_k = self.drafter.max_draft_length
+    def measure_costs(self, method: str | None = None, repeats: int = 3) -> StepCosts:
+        """Time a target pass over every block length 1..K+1 and a draft of every length 1..K by
+        `method` (default: the default method), here, committing nothing (what they write past the
+        held length, the next step overwrites). Each is run once first (a CUDA graph is captured, a
+        kernel compiled), then timed `repeats` times."""
+        method = method or self.default_method
+        max_k = self.methods[method].max_draft_length
         self.flush_pending()
         start = self.cache.length
         ids = self.last.repeat(max_k + 1)
@@ -240,6 +293,9 @@ class Decoder:
             self.cache.rollback(start)
 
         def draft(k: int) -> None:
+            if method == "mtp":
+                self.mtp.draft(self.cache, self.last, k, self.sampling, self.generator)
+                return
             self.ctx.note_block(k + 1)
             self._draft_logits(k)
 
@@ -253,10 +309,12 @@ class Decoder:
         clock = _StepClock(self.model.device)
         start = self.cache.length
         clock.mark()
-        logits, taps = self._forward(self.last, "last")
-        self.last = sample(logits[-1:], self.sampling, self.generator)
+        out = self._forward(self.last, "last")
+        if self.mtp is not None:  # the next MTP round drafts from this row
+            self.mtp.after_forward(out.hidden[-1:].clone(), start, 1)
+        self.last = sample(out.logits[-1:], self.sampling, self.generator)
         clock.mark()
-        return InFlight(start, self.last, clock, taps)
+        return InFlight(start, self.last, clock, out.taps)
 
     def flush_pending(self) -> None:
         """Turn the target features gathered since the last draft into the drafter's context K/V."""
@@ -290,8 +348,11 @@ class Decoder:
             draft = draw(draft_probs, self.generator)
         clock.mark()
         start = self.cache.length
-        logits, taps = self._forward(torch.cat([self.last, draft]), "all")
-        accepted_t, bonus_t = verify_draft(draft, draft_probs, logits, self.sampling, self.generator)
+        out = self._forward(torch.cat([self.last, draft]), "all")
+        taps = out.taps
+        accepted_t, bonus_t = verify_draft(draft, draft_probs, out.logits, self.sampling, self.generator)
+        if self.mtp is not None:  # the next MTP round drafts from the accepted row
+            self.mtp.after_forward(out.hidden.index_select(0, accepted_t.view(1)), start, k + 1)
         ahead = self.context_ahead and self.ctx.holds_block(taps.shape[0])
         if ahead:  # before the read: the device goes on while the host waits
             self._write_context(taps)
@@ -299,3 +360,19 @@ class Decoder:
         self.last = bonus_t.view(1)  # when the step is cut short, the generation ends there anyway
         readback = torch.cat([draft, accepted_t.view(1), bonus_t.view(1)])
         return InFlight(start, readback, clock, None if ahead else taps, ahead)
+
+    def _launch_mtp(self, k: int) -> InFlight:
+        """An MTP round: k assistant steps, then the target's verify forward, which also gives the
+        hidden state the next round drafts from (the accepted row's, picked on the device)."""
+        clock = _StepClock(self.model.device)
+        clock.mark()
+        draft, draft_probs = self.mtp.draft(self.cache, self.last, k, self.sampling, self.generator)
+        clock.mark()
+        start = self.cache.length
+        out = self._forward(torch.cat([self.last, draft]), "all")
+        accepted_t, bonus_t = verify_draft(draft, draft_probs, out.logits, self.sampling, self.generator)
+        self.mtp.after_forward(out.hidden.index_select(0, accepted_t.view(1)), start, k + 1)
+        clock.mark()
+        self.last = bonus_t.view(1)
+        readback = torch.cat([draft, accepted_t.view(1), bonus_t.view(1)])
+        return InFlight(start, readback, clock, out.taps)  # with a drafter loaded too: its context's rows

@@ -8,7 +8,7 @@ sums so the app can show the numbers live without keeping or rescanning the whol
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 
@@ -26,6 +26,7 @@ class StepRecord:
     emitted: tuple[int, ...]  # ids appended by the step (accepted drafts + the target's token)
     draft_seconds: float
     verify_seconds: float  # for a step without speculation: the time of the plain decode step
+    method: str | None = None  # the draft model that drafted: "dflash", "mtp" (None: unnamed or plain)
 
     def __post_init__(self):
         # tuples whatever the caller passed, so a record cannot change after it was counted
@@ -60,8 +61,11 @@ class SpecStats:
         self._offered: list[int] = []  # [i]: speculative steps whose draft had a position i
         self._taken: list[int] = []  # [i]: of those, the steps that accepted position i
         self._histogram: list[int] = []  # [a]: speculative steps that accepted exactly a drafts
+        self.by_method: dict[str, SpecStats] = {}  # each named method's own steps
 
     def add(self, step: StepRecord) -> None:
+        if step.method is not None and step.speculative:
+            self.by_method.setdefault(step.method, SpecStats()).add(replace(step, method=None))
         self.steps += 1
         self.decode_tokens += len(step.emitted)
         self.draft_seconds += step.draft_seconds
@@ -106,6 +110,8 @@ class SpecStats:
             "accepted_histogram": list(self._histogram),
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
+            # per method, over its own steps (a method's tok/s: what its steps emitted in their time)
+            "by_method": {name: stats.summary() for name, stats in self.by_method.items()},
         }
 
 

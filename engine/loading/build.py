@@ -10,10 +10,16 @@ from pathlib import Path
 import torch
 
 from flashdesk.engine.loading.quant import assemble, parse_quant_config, plan, quantize_on_load
-from flashdesk.engine.errors import ConfigError
 from flashdesk.engine.loading.weights import TensorSpec, expected_shapes, load_tensors, scan_checkpoint, validate
-from flashdesk.engine.model.assistant import Assistant, assistant_expected_shapes, load_assistant_config
-from flashdesk.engine.model.config import check_pair, load_config, load_draft_config, read_json
+from flashdesk.engine.model.assistant import (
+    Assistant,
+    AssistantConfig,
+    assistant_expected_shapes,
+    check_assistant_pair,
+    is_assistant_folder,
+    load_assistant_config,
+)
+from flashdesk.engine.model.config import DraftConfig, check_pair, load_config, load_draft_config, read_json
 from flashdesk.engine.model.drafter import GROUP_SIZE, Drafter, check_draft_quantize, draft_expected_shapes
 from flashdesk.engine.model.gemma4 import Gemma4
 
@@ -55,18 +61,7 @@ def load_assistant(folder: str | Path, target: Gemma4, progress=None) -> Assista
     it was made for a target of this shape: its width, vocabulary, and for each layer kind the head
     geometry of the target's K/V it attends over."""
     cfg = load_assistant_config(folder)
-    t, a = target.cfg, cfg.text
-    where = f"assistant {folder}"
-    if cfg.backbone_hidden_size != t.hidden_size or a.vocab_size != t.vocab_size:
-        raise ConfigError(
-            f"{where} is for a target of width {cfg.backbone_hidden_size} and {a.vocab_size} tokens; "
-            f"this target has {t.hidden_size} and {t.vocab_size}"
-        )
-    for kind in {layer.kind for layer in a.layers}:
-        mine = next(layer for layer in a.layers if layer.kind == kind)
-        theirs = [layer for layer in t.layers if layer.kind == kind]
-        if not theirs or (theirs[-1].num_kv_heads, theirs[-1].head_dim) != (mine.num_kv_heads, mine.head_dim):
-            raise ConfigError(f"{where}: its {kind} layers attend over K/V the target's {kind} layers do not hold")
+    check_assistant_pair(target.cfg, cfg, f"assistant {folder}")
     expected = {
         name: TensorSpec(shape, "int") if name.endswith("token_ordering") else TensorSpec(shape)
         for name, shape in assistant_expected_shapes(cfg).items()
@@ -76,3 +71,8 @@ def load_assistant(folder: str | Path, target: Gemma4, progress=None) -> Assista
     return Assistant(
         cfg, load_tensors(entries, target.device, target.dtype, None, progress), target.device, target.dtype
     )
+
+
+def load_draft_model_config(folder: str | Path) -> DraftConfig | AssistantConfig:
+    """The config of a draft model folder: a DFlash drafter's or a Gemma 4 MTP assistant's."""
+    return load_assistant_config(folder) if is_assistant_folder(folder) else load_draft_config(folder)

@@ -26,7 +26,7 @@ from flashdesk.engine.model.config import (
     read_json,
 )
 from flashdesk.engine.model.drafter import draft_expected_shapes
-from flashdesk.engine.errors import FlashDeskError
+from flashdesk.engine.errors import ConfigError, FlashDeskError
 from flashdesk.engine.loading.memory_plan import (
     GPU_KV_DTYPE,
     MemoryPlan,
@@ -40,7 +40,13 @@ from flashdesk.engine.loading.memory_plan import (
     planned_weight_bytes,
 )
 from flashdesk.engine.loading.quant import parse_quant_config, plan
-from flashdesk.engine.model.assistant import assistant_expected_shapes, load_assistant_config
+from flashdesk.engine.model.assistant import (
+    AssistantConfig,
+    assistant_expected_shapes,
+    check_assistant_pair,
+    is_assistant_folder,
+    load_assistant_config,
+)
 from flashdesk.engine.loading.weights import (
     TensorSpec,
     TOWER_PREFIXES,
@@ -109,7 +115,10 @@ def inspect_checkpoint(
     if cfg is not None:
         _check_weights(folder, cfg, report, cpu, remote)
     _check_tokenizer(folder, report)
-    draft = _check_drafter(Path(draft_dir), cfg, report, cpu) if draft_dir else None
+    draft = None
+    if draft_dir:
+        check = _check_assistant if _is_assistant(Path(draft_dir)) else _check_drafter
+        draft = check(Path(draft_dir), cfg, report, cpu)
     if cfg is not None:
         (_estimate_cpu_memory if cpu else _estimate_memory)(cfg, context, report, draft, flags)
     return _verdict(report)
@@ -276,40 +285,51 @@ def inspect_drafter(folder: str | Path, remote: RemoteHeaders | None = None) -> 
 
 
 def inspect_assistant(folder: str | Path, remote: RemoteHeaders | None = None) -> CheckpointReport:
-    """A Gemma 4 MTP assistant folder: its config and every tensor, as the loader checks them."""
+    """A Gemma 4 MTP assistant folder on its own: its config and every tensor, as the loader checks them."""
     report = CheckpointReport()
-    folder = Path(folder)
+    _check_assistant(Path(folder), None, report, remote=remote)
+    return _verdict(report, "a complete Gemma 4 MTP assistant FlashDesk supports (pair it with its target)")
+
+
+def _check_assistant(
+    folder: Path,
+    cfg: Gemma4Config | None,
+    report: CheckpointReport,
+    cpu: bool = False,
+    remote: RemoteHeaders | None = None,
+) -> AssistantConfig | None:
     try:
-        cfg = load_assistant_config(folder)
+        assistant = load_assistant_config(folder)
+        if cfg is not None:
+            check_assistant_pair(cfg, assistant, f"assistant {folder}")
         expected = {
             name: TensorSpec(shape, "int") if name.endswith("token_ordering") else TensorSpec(shape)
-            for name, shape in assistant_expected_shapes(cfg).items()
+            for name, shape in assistant_expected_shapes(assistant).items()
         }
         entries = scan_checkpoint(folder, remote)
         validate(entries, expected, "Gemma 4 assistant")
     except Exception as exc:  # noqa: BLE001 - the loader's message becomes a problem line
         report.problem(_message(exc))
-        return _verdict(report)
-    text = cfg.text
+        return None
+    text = assistant.text
     head = (
-        f"ordered embeddings ({cfg.centroid_top_k} of {cfg.num_centroids} centroids)"
-        if cfg.use_ordered_embeddings
+        f"ordered embeddings ({assistant.centroid_top_k} of {assistant.num_centroids} centroids)"
+        if assistant.use_ordered_embeddings
         else "the tied head over the whole vocabulary"
     )
+    loaded = format_bytes(drafter_weight_bytes(assistant, CPU_DTYPE_BYTES if cpu else 2))
     report.rows.append(
         (
             "assistant",
             f"Gemma 4 MTP, {text.num_layers} layers of width {text.hidden_size}, for a target of width "
-            f"{cfg.backbone_hidden_size}; logits from {head}",
+            f"{assistant.backbone_hidden_size}; logits from {head}; {loaded} as {'float32' if cpu else 'bf16'}",
         )
     )
-    report.tensors = len(entries)
-    report.disk_bytes = sum(stored_bytes(e) for e in entries.values())
-    report.rows.append(("weights", f"complete: {len(entries)} tensors, {format_bytes(report.disk_bytes)} on disk"))
-    report.rows.append(
-        ("", "FlashDesk checks MTP assistants but does not draft with them yet (the DFlash drafter does)")
-    )
-    return _verdict(report, "a complete Gemma 4 MTP assistant")
+    if cfg is None:
+        report.tensors = len(entries)
+        report.disk_bytes = sum(stored_bytes(e) for e in entries.values())
+        report.rows.append(("weights", f"complete: {len(entries)} tensors, {format_bytes(report.disk_bytes)} on disk"))
+    return assistant
 
 
 def _check_drafter(
@@ -339,6 +359,14 @@ def _check_drafter(
     return draft
 
 
+def _is_assistant(folder: Path) -> bool:
+    """Whether the draft folder holds an MTP assistant (an unreadable config is the drafter check's to report)."""
+    try:
+        return is_assistant_folder(folder)
+    except ConfigError:
+        return False
+
+
 def _context(cfg: Gemma4Config, context: int, report: CheckpointReport, flags: bool) -> tuple[int | None, str]:
     """The context the plan is for (the model's limit at most) and a note when it was cut; None
     (a problem recorded) when it is impossible."""
@@ -351,7 +379,11 @@ def _context(cfg: Gemma4Config, context: int, report: CheckpointReport, flags: b
 
 
 def _estimate_cpu_memory(
-    cfg: Gemma4Config, context: int, report: CheckpointReport, draft: DraftConfig | None, flags: bool = True
+    cfg: Gemma4Config,
+    context: int,
+    report: CheckpointReport,
+    draft: DraftConfig | AssistantConfig | None,
+    flags: bool = True,
 ) -> None:
     """RAM on the CPU: float32 weights (int4 kept packed), KV and work buffers, as the engine runs there."""
     context, note = _context(cfg, context, report, flags)
@@ -366,7 +398,11 @@ def _estimate_cpu_memory(
 
 
 def _estimate_memory(
-    cfg: Gemma4Config, context: int, report: CheckpointReport, draft: DraftConfig | None, flags: bool = True
+    cfg: Gemma4Config,
+    context: int,
+    report: CheckpointReport,
+    draft: DraftConfig | AssistantConfig | None,
+    flags: bool = True,
 ) -> None:
     context, note = _context(cfg, context, report, flags)
     if context is None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from flashdesk.engine.model.config import SLIDING, DraftConfig, Gemma4Config, read_json
+from flashdesk.engine.model.assistant import AssistantConfig, assistant_expected_shapes
 from flashdesk.engine.errors import FlashDeskError
 from flashdesk.engine.model.kv_cache import FP8, STORAGE_DTYPES
 from flashdesk.engine.loading.quant import parse_quant_config, plan
@@ -26,6 +27,9 @@ GPU_KV_DTYPE = "fp8"  # what `--kv-dtype auto` picks on CUDA
 PREFILL_CHUNK = 1024  # prompt tokens per forward (the decoder's chunks): bounds a prefill's activations
 # CUDA context, allocator caching/fragmentation, logits, MLP/MoE activations of a prefill chunk
 WORKSPACE_FIXED_BYTES = 1 << 30
+
+# the draft models a plan counts: none, a DFlash drafter or an MTP assistant, or both in a tuple
+DraftModels = DraftConfig | AssistantConfig | tuple | None
 
 
 def kv_cache_bytes(cfg: Gemma4Config, context: int, kv_dtype: str, slack: int = 16) -> int:
@@ -158,7 +162,12 @@ def int4_weight_bytes(cfg: Gemma4Config, group_size: int = 32, dtype_bytes: int 
     return total
 
 
-def drafter_weight_bytes(cfg: DraftConfig, dtype_bytes: int = 2) -> int:
+def drafter_weight_bytes(cfg: DraftConfig | AssistantConfig, dtype_bytes: int = 2) -> int:
+    if isinstance(cfg, AssistantConfig):  # every tensor in the compute dtype, the token ordering as int64
+        shapes = assistant_expected_shapes(cfg)
+        return sum(
+            _numel(shape) * (8 if name.endswith("token_ordering") else dtype_bytes) for name, shape in shapes.items()
+        )
     d, dh = cfg.hidden_size, cfg.head_dim
     per_layer = (
         2 * d + cfg.num_heads * dh * d * 2 + cfg.num_kv_heads * dh * d * 2 + 2 * dh + 3 * cfg.intermediate_size * d
@@ -166,9 +175,12 @@ def drafter_weight_bytes(cfg: DraftConfig, dtype_bytes: int = 2) -> int:
     return (d * len(cfg.target_layer_ids) * d + 2 * d + cfg.num_layers * per_layer) * dtype_bytes
 
 
-def drafter_context_bytes(cfg: DraftConfig, context: int, dtype_bytes: int = 2) -> int:
+def drafter_context_bytes(cfg: DraftConfig | AssistantConfig, context: int, dtype_bytes: int = 2) -> int:
     """DraftContext: full layers hold every position, sliding layers a ring of the window, each
-    with room for one draft block beyond (written there and attended in place)."""
+    with room for one draft block beyond (written there and attended in place). An MTP assistant
+    keeps no context: it attends over the target's cache."""
+    if isinstance(cfg, AssistantConfig):
+        return 0
     total = 0
     held = context + cfg.block_size
     for kind in cfg.layer_kinds:
@@ -183,21 +195,25 @@ def drafter_context_bytes(cfg: DraftConfig, context: int, dtype_bytes: int = 2) 
 class MemoryPlan:
     context: int
     target_bytes: int
-    drafter_bytes: int
+    drafter_bytes: int  # the DFlash drafter's weights
     kv_bytes: int
     draft_context_bytes: int
     workspace_bytes: int
     kv_dtype: str
+    assistant_bytes: int = 0  # the MTP assistant's weights (it keeps no context of its own)
 
     @property
     def total(self) -> int:
-        return self.target_bytes + self.drafter_bytes + self.kv_bytes + self.draft_context_bytes + self.workspace_bytes
+        draft = self.drafter_bytes + self.draft_context_bytes + self.assistant_bytes
+        return self.target_bytes + self.kv_bytes + draft + self.workspace_bytes
 
     def lines(self) -> list[str]:
         g = format_bytes
         parts = [f"target {g(self.target_bytes)}", f"KV ({self.kv_dtype}) {g(self.kv_bytes)}"]
         if self.drafter_bytes:
             parts += [f"drafter {g(self.drafter_bytes)}", f"drafter context {g(self.draft_context_bytes)}"]
+        if self.assistant_bytes:
+            parts.append(f"assistant {g(self.assistant_bytes)}")
         parts.append(f"workspace {g(self.workspace_bytes)}")
         return [f"{g(self.total)} at {self.context} tokens", "= " + " + ".join(parts)]
 
@@ -207,7 +223,7 @@ def plan_memory(
     target_bytes: int,
     context: int,
     kv_dtype: str,
-    draft: DraftConfig | None = None,
+    draft: DraftModels = None,
     dtype_bytes: int = 2,
     triton: bool | None = None,
 ) -> MemoryPlan:
@@ -217,21 +233,29 @@ def plan_memory(
     context is built chunk by chunk during prefill, and kept conversations live in host memory."""
     if triton is None:
         triton = use_triton(torch.device("cuda"), "prefill_attention")
-    slack = max(16, draft.block_size) if draft else 16
+    drafters = [d for d in _drafts(draft) if isinstance(d, DraftConfig)]
+    assistants = [d for d in _drafts(draft) if isinstance(d, AssistantConfig)]
+    slack = max([16] + [d.block_size for d in drafters])
     return MemoryPlan(
         context=context,
         target_bytes=target_bytes,
-        drafter_bytes=drafter_weight_bytes(draft, dtype_bytes) if draft else 0,
+        drafter_bytes=sum(drafter_weight_bytes(d, dtype_bytes) for d in drafters),
         kv_bytes=kv_cache_bytes(cfg, context, kv_dtype, slack),
-        draft_context_bytes=drafter_context_bytes(draft, context, dtype_bytes) if draft else 0,
+        draft_context_bytes=sum(drafter_context_bytes(d, context, dtype_bytes) for d in drafters),
         workspace_bytes=workspace_bytes(cfg, context, dtype_bytes=dtype_bytes, kv_dtype=kv_dtype, triton=triton),
         kv_dtype=kv_dtype,
+        assistant_bytes=sum(drafter_weight_bytes(d, dtype_bytes) for d in assistants),
     )
 
 
-def longest_context(
-    cfg: Gemma4Config, target_bytes: int, kv_dtype: str, free: int, draft: DraftConfig | None = None
-) -> int:
+def _drafts(draft) -> tuple:
+    """The draft models' configs: none, one, or a tuple (a DFlash drafter and an MTP assistant)."""
+    if draft is None:
+        return ()
+    return tuple(draft) if isinstance(draft, (tuple, list)) else (draft,)
+
+
+def longest_context(cfg: Gemma4Config, target_bytes: int, kv_dtype: str, free: int, draft: DraftModels = None) -> int:
     """The largest context (up to the model's limit) whose plan fits in `free` bytes; 0 if none."""
     lo, hi = 0, cfg.max_position_embeddings
     while lo < hi:
@@ -249,7 +273,7 @@ def check_fits(
     context: int | None,
     kv_dtype: str,
     free: int,
-    draft: DraftConfig | None = None,
+    draft: DraftModels = None,
     quantized: bool = True,
 ) -> int:
     """The context to run at: `context` if it fits, else the longest that fits when none was asked.
@@ -269,8 +293,10 @@ def check_fits(
         advice.append("an fp8 KV cache (--kv-dtype fp8)")
     if not quantized:
         advice.append("int4 weights (--quantize int4 or the 4-bit checkpoint)")
-    if draft is not None:
+    if plan.drafter_bytes:
         advice.append(f"no drafter (saves {g(plan.drafter_bytes + plan.draft_context_bytes)})")
+    if plan.assistant_bytes:
+        advice.append(f"no assistant (saves {g(plan.assistant_bytes)})")
     advice.append("closing other programs that use the GPU")
     raise OutOfMemoryPlan(
         f"not enough GPU memory: {g(plan.total)} needed at {want} tokens ({'; '.join(plan.lines()[1:])}), "
@@ -290,7 +316,7 @@ def target_weight_bytes(model_dir, cfg: Gemma4Config, quantize: str | None, dtyp
 def context_that_fits(
     model_dir,
     cfg: Gemma4Config,
-    draft: DraftConfig | None,
+    draft: DraftModels,
     kv_dtype: str,
     context: int | None,
     quantize: str | None,

@@ -84,6 +84,22 @@ def load_assistant_config(folder: str | Path) -> AssistantConfig:
     return parse_assistant_config(read_json(path, "assistant config"), str(path))
 
 
+def check_assistant_pair(target: Gemma4Config, cfg: AssistantConfig, where: str) -> None:
+    """Refuse an assistant made for a target of another shape: its width, vocabulary, and for each
+    layer kind the head geometry of the target's K/V it attends over."""
+    a = cfg.text
+    if cfg.backbone_hidden_size != target.hidden_size or a.vocab_size != target.vocab_size:
+        raise ConfigError(
+            f"{where} is for a target of width {cfg.backbone_hidden_size} and {a.vocab_size} tokens; "
+            f"this target has {target.hidden_size} and {target.vocab_size}"
+        )
+    for kind in {layer.kind for layer in a.layers}:
+        mine = next(layer for layer in a.layers if layer.kind == kind)
+        theirs = [layer for layer in target.layers if layer.kind == kind]
+        if not theirs or (theirs[-1].num_kv_heads, theirs[-1].head_dim) != (mine.num_kv_heads, mine.head_dim):
+            raise ConfigError(f"{where}: its {kind} layers attend over K/V the target's {kind} layers do not hold")
+
+
 def assistant_expected_shapes(cfg: AssistantConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor of an assistant checkpoint (names without the `model.` prefix) -> its shape
     (`masked_embedding.token_ordering` holds integers)."""
@@ -202,3 +218,8 @@ class Assistant:
         logits = torch.full((1, self.cfg.text.vocab_size), 0.0, dtype=h.dtype, device=h.device)
         logits.fill_(picked.min() - 1.0)
         return logits.scatter_(1, tokens.view(1, -1), picked).float()
+
+
+def is_assistant_folder(folder: str | Path) -> bool:
+    """Whether a checkpoint folder holds a Gemma 4 assistant (by its config.json), not a DFlash drafter."""
+    return is_assistant_config(read_json(Path(folder) / "config.json", "draft model config"))

@@ -291,8 +291,8 @@ def parse_draft_config(raw: dict, source: str = "config.json") -> DraftConfig:
         )
     if arch == "Gemma4AssistantForCausalLM" or raw.get("model_type") == "gemma4_assistant":
         raise ConfigError(
-            f"{source}: a Gemma 4 MTP assistant: FlashDesk reads and checks it (`flashdesk models verify`) but "
-            "does not draft with it yet; use the DFlash drafter for speculative decoding"
+            f"{source}: a Gemma 4 MTP assistant, not a DFlash drafter (as the draft model, `--draft` "
+            "tells the two apart)"
         )
     if arch != "DFlashDraftModel":
         raise ConfigError(f"{source}: architecture {arch!r} is not a DFlash drafter (expected DFlashDraftModel)")

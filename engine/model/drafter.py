@@ -229,6 +229,13 @@ class Drafter:
     def max_draft_length(self) -> int:
         return self.cfg.block_size - 1
 
+    method = "dflash"
+
+    @property
+    def default_draft_length(self) -> int:
+        """The whole block: one pass drafts it, so a longer draft costs the drafter little more."""
+        return self.max_draft_length
+
     def new_context(self, max_context: int) -> DraftContext:
         return DraftContext(self.cfg, max_context, self.dtype, self.device)
 
