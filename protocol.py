@@ -121,6 +121,7 @@ class Inspect:
     draft: str | None = None
     context: int | None = None
     device: str = "auto"  # the plan is for this device: "cuda" (GPU memory) or "cpu" (RAM); auto as Load
+    assistant: str | None = None  # Gemma 4's MTP assistant beside a DFlash drafter in `draft`
 
 
 @message("survey")
@@ -542,6 +543,7 @@ class ServerTraffic:
     tokens_per_second: float = 0.0  # decode speed
     stream: bool = False
     message: str = ""  # why, when it was not a 200
+    method: str | None = None  # what it drafted with: "dflash", "mtp", "auto"; None: nothing drafted
 
 
 @message("error")

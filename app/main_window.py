@@ -99,7 +99,7 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.spec.colour.setChecked(bool(store.setting("colour_by_origin", False)))
         self.set_side_panel(bool(store.setting("side_panel", True)))
         spec = store.setting("speculation", {"enabled": True, "draft_length": None})
-        self.session.speculation = (bool(spec.get("enabled", True)), spec.get("draft_length"))
+        self.session.speculation = (bool(spec.get("enabled", True)), spec.get("draft_length"), spec.get("method"))
         self.telemetry.set_gpu_available(self.sampler.gpu_available, self.sampler.problem)
         self.sampler.start()
         self.refresh_conversations()
@@ -424,8 +424,9 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         demo = bool((self.session.load_settings or {}).get("demo"))
         name = "Demo model" if demo else info.name
         where = info.device_name if info.device.startswith("cuda") else "CPU"
-        method = METHOD_NAMES.get(info.method or "dflash") if info.block_size else None
-        self.model_label.setText(f"{name}{f' + {method}' if method else ''} · {where}")
+        methods = info.methods or ([info.method] if info.method else [])
+        drafts = "".join(f" + {METHOD_NAMES.get(m, m)}" for m in methods)
+        self.model_label.setText(f"{name}{drafts} · {where}")
         self.model_label.setToolTip(
             f"{info.target}\n{info.draft or 'no draft model'}\n{info.dtype}, KV {info.kv_dtype}, "
             f"context {info.context_limit} tokens, loaded in {info.seconds:.1f} s"
@@ -435,8 +436,8 @@ class MainWindow(ModelSetupFlow, QMainWindow):
             self.demo_banner.show_text(DEMO_NOTE)
         else:
             self.demo_banner.hide()
-        enabled, length = self.session.speculation
-        self.spec.set_method(info.method)
+        enabled, length, method = self.session.speculation
+        self.spec.set_methods(methods, method)
         self.spec.set_block_size(info.block_size, enabled, length or info.default_draft_length)
         self.spec.length_note.setToolTip(info.default_note or self.spec.length_note.toolTip())
         self.bench.set_model(info)
@@ -701,18 +702,21 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.side_action.setChecked(shown)
         self.store.set_setting("side_panel", shown)
 
-    def use_draft_length(self, length: int | str) -> None:
-        """The Benchmark page's "Use the best": speculation on at that draft length (or auto); kept for the
-        local engine while a server (which decides its own) is the chat's."""
+    def use_draft_length(self, length: int | str, method: str | None = None) -> None:
+        """The Benchmark page's "Use the best": speculation on at that draft length (or auto), with that
+        method where it names one; kept for the local engine while a server (which decides its own)
+        is the chat's."""
         if self.engine.is_remote:
-            self._speculation_changed(True, length)
+            self._speculation_changed(True, length, method)
             return
+        if method is not None:
+            self.spec.choose_method(method)
         self.spec.set_block_size(self.spec.block_size, True, length)
         self._speculation_changed(*self.spec.values())
 
-    def _speculation_changed(self, enabled: bool, length: int | str) -> None:
-        self.session.set_speculation(enabled, length)
-        self.store.set_setting("speculation", {"enabled": enabled, "draft_length": length})
+    def _speculation_changed(self, enabled: bool, length: int | str, method: str | None = None) -> None:
+        self.session.set_speculation(enabled, length, method)
+        self.store.set_setting("speculation", {"enabled": enabled, "draft_length": length, "method": method})
 
     def _colour_changed(self, on: bool) -> None:
         self.chat.set_colour_by_origin(on)

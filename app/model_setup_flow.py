@@ -27,7 +27,9 @@ class ModelSetupFlow:
             self.setup.show_error("Choose the model folder first.")
             return
         self.setup.set_busy("Checking the folders…")
-        self.session.inspect(sel["target"], sel["draft"], sel["context"], sel.get("device", "auto"))
+        self.session.inspect(
+            sel["target"], sel["draft"], sel["context"], sel.get("device", "auto"), sel.get("assistant")
+        )
 
     def load_model(self, sel: dict) -> None:
         if not sel["target"]:
@@ -149,13 +151,14 @@ class ModelSetupFlow:
             self.telemetry.set_server_rate(reading.tokens_per_second, reading.error)
 
     def start_recommended(self, sel: dict) -> None:
-        """One click: download what of the recommended pair is missing (a complete file is only
-        checked), then load it."""
-        if self.setup.survey and self.setup.pair_on_disk(self.setup.survey):
+        """One click: download what of the recommended pair (and the MTP assistant, when chosen) is
+        missing (a complete file is only checked), then load it."""
+        repo_ids = [repo for repo in (sel["target"], sel["draft"], sel.get("assistant")) if repo]
+        if self.setup.all_on_disk(repo_ids):
             self.load_model(sel)
             return
         self._load_after_download = True
-        self.download_models([sel["target"], sel["draft"]])
+        self.download_models(repo_ids)
 
     def download_models(self, repo_ids: list[str]) -> None:
         """Download the Hub ids one after the other in the engine process, then check the selection."""

@@ -312,7 +312,12 @@ class Worker:
         target = self._resolve(msg.target)
         device = resolve_device(msg.device).type
         report = inspect_checkpoint(
-            target, msg.context, self._resolve(msg.draft) if msg.draft else None, device=device, flags=False
+            target,
+            msg.context,
+            self._resolve(msg.draft) if msg.draft else None,
+            device=device,
+            flags=False,
+            assistant_dir=self._resolve(msg.assistant) if msg.assistant else None,
         )
         total = report.memory.total if report.memory else None
         context = report.memory.context if report.memory else msg.context
@@ -635,6 +640,7 @@ class Worker:
                 usage.decode_tokens_per_second,
                 record.stream,
                 record.message,
+                usage.method,
             )
         )
 

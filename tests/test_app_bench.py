@@ -68,8 +68,9 @@ def test_a_run_shows_progress_chart_table_is_kept_and_sets_the_best(qtbot, open_
     assert best in (4, p.AUTO_DRAFT_LENGTH)
     assert page.use_best.isEnabled()
     qtbot.mouseClick(page.use_best, Qt.MouseButton.LeftButton)
-    assert w.spec.values() == (True, best)
-    assert w.store.setting("speculation") == {"enabled": True, "draft_length": best}
+    assert report["best_mode"]["draft_length"] == best and report["best_mode"]["method"] == "dflash"
+    assert w.spec.values() == (True, best, "dflash")
+    assert w.store.setting("speculation") == {"enabled": True, "draft_length": best, "method": "dflash"}
 
     qtbot.mouseClick(page.back, Qt.MouseButton.LeftButton)
     assert w.pages.currentIndex() == 1
@@ -105,7 +106,7 @@ def test_run_is_off_with_a_reason_until_a_pair_is_loaded(qtbot, open_window) -> 
     w = open_window()  # a first start: no model
     page = open_bench(w)
     assert not page.run_button.isEnabled()
-    assert page.status.text().startswith("Load a model with its DFlash drafter")
+    assert page.status.text().startswith("Load a model with a draft model")
     assert page.run_button.toolTip() == page.status.text()
 
 

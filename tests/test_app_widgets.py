@@ -229,7 +229,7 @@ def test_spec_panel(qtbot) -> None:
     panel.show()
     assert not panel.enabled.isEnabled()  # no drafter loaded
     changes = []
-    panel.speculation_changed.connect(lambda on, n: changes.append((on, n)))
+    panel.speculation_changed.connect(lambda on, n, method: changes.append((on, n)))
     panel.set_block_size(16, enabled=True, length=None)
     assert panel.length.maximum() == 15 and panel.length.value() == 15 and panel.enabled.isChecked()
     assert changes == []  # setting up the panel is not a user's change
@@ -237,9 +237,9 @@ def test_spec_panel(qtbot) -> None:
     panel.enabled.setChecked(False)
     assert changes == [(True, 4), (False, 4)]
     panel.length.setValue(0)  # below 1: the engine picks each step's length
-    assert panel.length.text() == "auto" and changes[-1] == (False, "auto") and panel.values() == (False, "auto")
+    assert panel.length.text() == "auto" and changes[-1] == (False, "auto") and panel.values() == (False, "auto", None)
     panel.set_block_size(16, enabled=True, length="auto")
-    assert panel.length.value() == 0 and panel.values() == (True, "auto")
+    assert panel.length.value() == 0 and panel.values() == (True, "auto", None)
     panel.show_stats(
         {
             "mean_acceptance_length": 2.5,
@@ -256,6 +256,50 @@ def test_spec_panel(qtbot) -> None:
     assert list(panel.histogram.bars.opts["x"]) == [0, 1, 2, 3, 4]
     panel.show_stats(None, "No reply yet.")
     assert panel.tau.text() == "τ n/a" and panel.rate.text() == "n/a"
+
+
+def test_spec_panel_offers_the_loaded_methods_and_shows_each_ones_figures(qtbot) -> None:
+    from flashdesk.app.panels.spec_panel import SpecPanel
+
+    panel = SpecPanel()
+    qtbot.addWidget(panel)
+    panel.set_methods(["mtp"])
+    assert not panel.method.isEnabled() and panel.method.currentData() == "mtp"
+    assert panel.enabled.text() == "Speculate with the Gemma 4 MTP assistant"
+    panel.set_block_size(16, enabled=True, length=4)
+    changes = []
+    panel.speculation_changed.connect(lambda on, n, method: changes.append((on, n, method)))
+    panel.set_methods(["dflash", "mtp"], "mtp")  # a new load: no change of the user's
+    assert [panel.method.itemData(i) for i in range(panel.method.count())] == ["dflash", "mtp", "auto"]
+    assert panel.method.isEnabled() and panel.values() == (True, 4, "mtp") and changes == []
+    panel.method.setCurrentIndex(2)
+    assert changes == [(True, 4, "auto")]
+    panel.choose_method("dflash")  # the bench's "Use the best": quiet, the window sends the settings
+    assert panel.values() == (True, 4, "dflash") and len(changes) == 1
+    by_method = {
+        "dflash": {"mean_acceptance_length": 3.1, "acceptance_rate": 0.72},
+        "mtp": {"mean_acceptance_length": 1.8, "acceptance_rate": 0.61},
+    }
+    panel.show_stats({"mean_acceptance_length": 2.5, "by_method": by_method}, "This reply, live.")
+    assert panel.by_method.text() == "DFlash τ 3.10, 72% · MTP τ 1.80, 61%" and not panel.by_method.isHidden()
+    panel.show_stats(None, "No reply yet.")
+    assert panel.by_method.isHidden()
+    panel.set_methods([])
+    assert panel.method.count() == 0 and panel.values()[2] is None
+
+
+def test_the_footer_names_the_method_that_drafted() -> None:
+    from flashdesk.app.chat.reply import footer_text
+
+    one = {"tokens": 9, "mean_acceptance_length": 2.0, "methods": {"mtp": {"mean_acceptance_length": 2.0}}}
+    assert "τ 2.00 (MTP)" in footer_text(one)
+    both = {
+        "tokens": 9,
+        "mean_acceptance_length": 2.5,
+        "methods": {"dflash": {"mean_acceptance_length": 3.1}, "mtp": {"mean_acceptance_length": 1.8}},
+    }
+    assert "τ 2.50 (DFlash 3.10, MTP 1.80)" in footer_text(both)
+    assert "τ 2.00 ·" in footer_text({"tokens": 9, "mean_acceptance_length": 2.0})  # stored before methods
 
 
 def test_export() -> None:

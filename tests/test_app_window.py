@@ -223,7 +223,7 @@ def test_speculation_changes_mid_reply_take_effect_and_change_nothing(qtbot, ope
     assert order.index(3) < order.index(0) < order.index(6), order
     reply = messages(w)[-1]
     assert {3, 6} <= set(reply.stats["draft_lengths"]) and reply.stats["accepted"] > 0
-    assert w.store.setting("speculation") == {"enabled": True, "draft_length": 6}
+    assert w.store.setting("speculation") == {"enabled": True, "draft_length": 6, "method": "dflash"}
 
 
 def test_killed_worker_keeps_the_partial_reply_and_restarts(qtbot, open_window, demo) -> None:
@@ -496,3 +496,35 @@ def test_help_copies_the_diagnostics_report(qtbot, open_window, tmp_path) -> Non
     report = json.loads(QGuiApplication.clipboard().text())
     assert report["flashdesk"] and any(line.startswith("torch: ") for line in report["environment"])
     assert "errors" in report and "kernel_self_tests" in report
+
+
+def test_the_method_selector_switches_between_the_drafter_and_the_assistant(
+    qtbot, open_window, spec_pair, tmp_path
+) -> None:
+    """With a DFlash drafter and Gemma 4's MTP assistant loaded, the panel offers both (and auto), a
+    reply drafts with the method picked, and its footer and figures name it."""
+    from tiny_assistant import write_echo_assistant
+
+    (target, drafter), reference = spec_pair[1], spec_pair[2]
+    assistant = tmp_path / "assistant"
+    write_echo_assistant(assistant, reference, seed=4)
+    data = tmp_path / "data"
+    data.mkdir()
+    store = Store(data / "flashdesk.db")
+    model = {"target": str(target), "draft": str(drafter), "assistant": str(assistant), "device": "cpu"}
+    store.set_setting("model", dict(model, context=4096, kv_dtype="auto", dtype="auto"))
+    store.close()
+    w = open_window(data_dir=data)
+    assert w.session.info.methods == ["dflash", "mtp"]
+    assert [w.spec.method.itemData(i) for i in range(w.spec.method.count())] == ["dflash", "mtp", "auto"]
+    assert " + DFlash + MTP · " in w.model_label.text()
+    greedy(w, max_tokens=24)
+    methods = []
+    w.session.steps.connect(lambda steps: methods.extend(s.method for s in steps if s.index > 0))
+    w.spec.method.setCurrentIndex(1)
+    assert w.store.setting("speculation")["method"] == "mtp"
+    send(qtbot, w, "Hello")
+    wait_idle(qtbot, w)
+    assert set(methods) - {None} == {"mtp"}
+    reply = messages(w)[-1]
+    assert set(reply.stats["methods"]) == {"mtp"} and "(MTP)" in w.chat.widget(reply.id).footer.text()

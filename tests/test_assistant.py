@@ -63,7 +63,7 @@ def test_a_draft_step_matches_transformers(target, assistant, positions):
             attention_mask=None,
         )
     assert torch.equal(embedding, their_embedding[0])
-    logits, next_hidden = ours.step(embedding, hidden, kv, positions - 1)
+    logits, next_hidden = ours.step(embedding, hidden, ours.attend_over(kv), positions - 1)
     assert logits.argmax() == out.logits[0, -1].argmax()
     torch.testing.assert_close(logits[0], out.logits[0, -1].float(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(next_hidden[0], out.last_hidden_state[0, -1], rtol=1e-4, atol=1e-4)
@@ -398,3 +398,32 @@ def test_the_bench_runs_both_methods_side_by_side(spec_pair, both, capsys, tmp_p
         assert set(mode["by_task"]) == {"code", "chat"} and mode["speedup_over_ar"] > 0
     assert main(list(map(str, args[:5] + ["--methods", "mtp"]))) == 2
     assert "--methods: mtp needs its draft model loaded (loaded: dflash)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "float32"])
+def test_the_assistants_span_attention_in_place_equals_it_over_a_copy(mtp_engine, kv_dtype):
+    """KVCache.attend_span on the Triton path (the decode attention over the cache where it lies,
+    fp8 converted as read) gives what the torch path gives over a dequantized copy: every span a
+    round can ask for, rejected keys past the held length included."""
+    from flashdesk.kernels.backend import kernels
+
+    pytest.importorskip("triton")
+    model = mtp_engine.model
+    cache = model.new_cache(64, kv_dtype)
+    model.forward(torch.tensor(PROMPT + PROMPT[:9]), cache)  # 21 positions: the rings have wrapped
+    cache.rollback(17)  # 4 written keys past the held length, as after a rejection
+    window = model.cfg.sliding_window
+    gen = torch.Generator().manual_seed(3)
+    for kind, spans in (
+        (FULL, [(0, 18, None), (0, 21, None), (0, 3, None)]),
+        (SLIDING, [(10, 21, window + 1), (12, 20, window + 1), (0, 5, window + 1), (14, 21, window + 1)]),
+    ):
+        layer = max(i for i, spec in enumerate(model.cfg.layers) if spec.kind == kind)
+        spec = model.cfg.layers[layer]
+        q = torch.randn(1, model.cfg.num_heads, spec.head_dim, generator=gen)
+        for lo, hi, keep in spans:
+            with kernels("torch"):
+                copy = cache.attend_span(layer, q, lo, hi, keep)
+            with kernels("triton"):
+                in_place = cache.attend_span(layer, q, lo, hi, keep)
+            torch.testing.assert_close(in_place, copy, rtol=2e-3, atol=2e-3, msg=f"{kind} {lo}..{hi} keep {keep}")

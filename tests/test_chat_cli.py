@@ -392,3 +392,23 @@ def test_bad_flags_exit_2(folders, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["chat", "--model", str(target_dir), "--context-policy", "later"])
     assert exc.value.code == 2
+
+
+def test_the_method_command_switches_between_loaded_draft_models(spec_pair, tmp_path):
+    """`chat --draft DFLASH --assistant MTP`: /method mtp drafts with the assistant, /method auto picks,
+    a method whose draft model is not loaded is refused by name."""
+    from tiny_assistant import write_echo_assistant
+
+    target_dir, draft_dir = spec_pair[1]
+    assistant = tmp_path / "assistant"
+    write_echo_assistant(assistant, spec_pair[2], seed=4)
+    base = ["--model", target_dir, "--max-new-tokens", 6, "--device", "cpu"]
+    out = jsonl(
+        [*base, "--draft", draft_dir, "--assistant", assistant],
+        [{"command": "method", "value": "mtp"}, {"user": "Hello"}, {"command": "method", "value": "auto"}],
+    )
+    assert out[0] == {"command": "method", "ok": True, "method": "mtp", "speculation": True}
+    assert {s.get("method") for s in out[1]["steps"] if s.get("draft")} <= {"mtp"}
+    assert out[2]["method"] == "auto"
+    alone = jsonl([*base, "--draft", assistant], [{"command": "method", "value": "dflash"}])
+    assert "/method takes one of mtp (the loaded draft models), got 'dflash'" in alone[0]["error"]

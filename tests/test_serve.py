@@ -456,7 +456,12 @@ def test_metrics_parse_and_move_after_a_request(served, client) -> None:
         r = httpx.get(base + "/metrics", headers=headers)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
         families = parse_prometheus(r.text)
-        return {k: v for f in families.values() for k, v in f["samples"].items()}
+        samples = {k: v for f in families.values() for k, v in f["samples"].items()}
+        for name, family in families.items():  # the speculation counters: a sample per method, summed here
+            if name.startswith("flashdesk_spec_"):
+                assert name not in family["samples"] and family["samples"], name
+                samples[name] = sum(family["samples"].values())
+        return samples
 
     before = scrape()
     names = [
@@ -490,6 +495,8 @@ def test_metrics_parse_and_move_after_a_request(served, client) -> None:
     assert moved["flashdesk_cached_prompt_tokens_total"] == reply.usage.prompt_tokens_details.cached_tokens
     spec = reply.usage.model_extra["speculation"]
     assert moved["flashdesk_spec_draft_tokens_total"] == spec["drafted"] > 0
+    assert spec["method"] == "dflash" and spec["by_method"]["dflash"]["drafted"] == spec["drafted"]
+    assert after['flashdesk_spec_draft_tokens_total{method="dflash"}'] == after["flashdesk_spec_draft_tokens_total"]
     assert moved["flashdesk_spec_accepted_tokens_total"] == spec["accepted"]
     assert moved["flashdesk_spec_steps_total"] == spec["speculative_steps"] >= 1
     assert moved["flashdesk_time_to_first_token_seconds_count"] == 1

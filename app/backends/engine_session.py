@@ -48,7 +48,7 @@ class EngineSession(QObject):
         self.state = STOPPED
         self.info: p.Loaded | None = None
         self.load_settings: dict | None = None
-        self.speculation: tuple[bool, int | None] = (True, None)
+        self.speculation: tuple[bool, int | str | None, str | None] = (True, None, None)  # on, length, method
         self.death: str | None = None
         self._waiting: list = []
         self.client.ready.connect(self._ready)
@@ -80,8 +80,10 @@ class EngineSession(QObject):
         else:
             self._waiting.append(msg)
 
-    def inspect(self, target: str, draft: str | None, context: int | None, device: str = "auto") -> None:
-        self._send(p.Inspect(target, draft, context, device))
+    def inspect(
+        self, target: str, draft: str | None, context: int | None, device: str = "auto", assistant: str | None = None
+    ) -> None:
+        self._send(p.Inspect(target, draft, context, device, assistant))
 
     def survey(self, demo_folder: str | None = None) -> None:
         """Ask what the setup page offers: the recommended pair's fit and the models on disk."""
@@ -116,6 +118,7 @@ class EngineSession(QObject):
                 settings.get("dtype", "auto"),
                 settings.get("kv_dtype", "auto"),
                 settings.get("context"),
+                settings.get("assistant"),
             )
         )
 
@@ -161,10 +164,10 @@ class EngineSession(QObject):
         """Ask for the kept bench runs (a `bench_runs` signal answers)."""
         self._send(p.BenchHistory(uuid.uuid4().hex[:12]))
 
-    def set_speculation(self, enabled: bool, draft_length: int | str | None) -> None:
-        self.speculation = (enabled, draft_length)
+    def set_speculation(self, enabled: bool, draft_length: int | str | None, method: str | None = None) -> None:
+        self.speculation = (enabled, draft_length, method)
         if self.client.is_ready:
-            self.client.send(p.SetSpeculation(enabled, draft_length))
+            self.client.send(p.SetSpeculation(enabled, draft_length, method))
 
     def unload(self) -> None:
         """Free the model's memory; the worker stays up (Loaded again with `restart` or setup)."""

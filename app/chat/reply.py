@@ -14,8 +14,10 @@ import time
 from dataclasses import dataclass, field
 
 from flashdesk import protocol as p
+from flashdesk.protocol import METHOD_NAMES
 
 LIVE_WINDOW_S = 1.0  # live tok/s: tokens of the last second
+METHOD_FIGURES = ("drafted", "accepted", "acceptance_rate", "mean_acceptance_length")  # kept per method
 
 
 @dataclass
@@ -160,6 +162,11 @@ class Reply:
             "per_position_acceptance": spec.get("per_position_acceptance") or [],
             "accepted_histogram": spec.get("accepted_histogram") or [],
             "draft_lengths": sorted(self.draft_lengths),
+            # each method that drafted (DFlash, MTP): its own acceptance
+            "methods": {
+                name: {key: figures.get(key) for key in METHOD_FIGURES}
+                for name, figures in (spec.get("by_method") or {}).items()
+            },
             "energy_joules": self.energy_j,
             "joules_per_token": self.energy_j / self.tokens if self.energy_j is not None and self.tokens else None,
             "finish_reason": self.finish_reason,
@@ -190,11 +197,23 @@ def footer_text(stats: dict | None) -> str:
     if limit and asked and limit < asked:
         parts.append(f"limit {limit} tokens (capped by the context)")
     if stats.get("mean_acceptance_length") is not None:
-        parts.append(f"τ {stats['mean_acceptance_length']:.2f}")
+        parts.append(f"τ {stats['mean_acceptance_length']:.2f}{_methods_note(stats.get('methods') or {})}")
     parts.append(
         f"{stats['joules_per_token']:.2f} J/token" if stats.get("joules_per_token") is not None else "J/token n/a"
     )
     return " · ".join(parts)
+
+
+def _methods_note(methods: dict) -> str:
+    """Which draft model drafted: " (MTP)", or with two each one's τ: " (DFlash 3.10, MTP 1.80)"."""
+    if len(methods) == 1:
+        return f" ({METHOD_NAMES.get(next(iter(methods)), next(iter(methods)))})"
+    taus = [
+        f"{METHOD_NAMES.get(name, name)} {figures['mean_acceptance_length']:.2f}"
+        for name, figures in methods.items()
+        if figures.get("mean_acceptance_length") is not None
+    ]
+    return f" ({', '.join(taus)})" if taus else ""
 
 
 def context_note(stats: dict | None) -> str:

@@ -49,20 +49,20 @@ def _num(value, spec: str, none: str = "–") -> str:
 
 
 def summary_text(report: dict) -> str:
-    """One paragraph: the fastest DFlash mode over all task types against AR, auto's place, and
+    """One paragraph: the fastest speculative mode over all task types against AR, auto's place, and
     whether every mode wrote the same text (it must)."""
     modes = report.get("modes", [])
     ar = next((m for m in modes if m.get("draft_length") == 0), None)
-    best = report.get("best_draft_length")
-    chosen = next((m for m in modes if m.get("draft_length") == best), None)
+    chosen = _best(report)
+    best = chosen["draft_length"] if chosen else None
     if ar is None or chosen is None:
-        return "No DFlash mode ran."
+        return "No speculative mode ran."
     text = (
         f"Fastest here over all task types: <b>{chosen['mode']}</b>, "
         f"<b>{chosen['speedup_over_ar']:.2f}×</b> plain decoding ({ar['tokens_per_second']:.0f} tok/s)."
     )
     fixed = [m for m in modes if m.get("draft_length") not in (0, AUTO)]
-    auto = next((m for m in modes if m.get("draft_length") == AUTO), None)
+    auto = next((m for m in modes if m.get("draft_length") == AUTO and m.get("method") == chosen.get("method")), None)
     if auto is not None and best != AUTO and fixed:
         text += f" Auto: {auto['speedup_over_ar']:.2f}×."
     if chosen["speedup_over_ar"] < 1.0:
@@ -72,8 +72,19 @@ def summary_text(report: dict) -> str:
     return text
 
 
+def _best(report: dict) -> dict | None:
+    """The mode a run says to use: its best_mode (any method), or in runs from before there were two
+    methods the DFlash mode of its best_draft_length."""
+    modes = report.get("modes", [])
+    named = (report.get("best_mode") or {}).get("mode")
+    if named:
+        return next((m for m in modes if m.get("mode") == named), None)
+    best = report.get("best_draft_length")
+    return next((m for m in modes if best is not None and m.get("draft_length") == best), None)
+
+
 class BenchPage(QWidget):
-    use_draft_length = Signal(object)  # an int or AUTO: "Use the best"
+    use_draft_length = Signal(object, object)  # "Use the best": an int or AUTO, and the method (None: any)
     back_requested = Signal()
 
     def __init__(self, session: EngineSession, parent: QWidget | None = None):
@@ -242,9 +253,12 @@ class BenchPage(QWidget):
     def _why_not(self) -> str | None:
         """Why Run is off, or None when it can run."""
         if self.session.state != READY:
-            return "Load a model with its DFlash drafter to benchmark it (File → Model setup, or try the demo)."
+            return "Load a model with a draft model to benchmark it (File → Model setup, or try the demo)."
         if not self.block_size:
-            return "The loaded model has no DFlash drafter: the benchmark compares plain decoding with DFlash."
+            return (
+                "The loaded model has no draft model: the benchmark compares plain decoding with speculation "
+                "(a DFlash drafter, Gemma 4's MTP assistant, or both)."
+            )
         tasks, lengths = self.choices()
         if not tasks:
             return "Pick at least one task type."
@@ -321,9 +335,9 @@ class BenchPage(QWidget):
     def _show_report(self, report: dict | None) -> None:
         self.report = report
         ours = bool(report) and self.loaded == (report.get("model"), report.get("draft"))
-        self.use_best.setEnabled(ours and report.get("best_draft_length") is not None)
+        self.use_best.setEnabled(ours and _best(report) is not None)
         self.use_best.setToolTip(
-            "Set the chat's draft length (or auto) to the fastest mode of this run"
+            "Set the chat's method and draft length (or auto) to the fastest mode of this run"
             if ours
             else "This run is of another model pair than the one loaded"
         )
@@ -420,7 +434,8 @@ class BenchPage(QWidget):
             self._show_report(self.runs[row])
 
     def _use_best(self) -> None:
-        if self.report and self.report.get("best_draft_length") is not None:
-            best = self.report["best_draft_length"]
-            self.use_draft_length.emit(best)
-            self.status.setText(f"Draft length set to {'auto' if best == AUTO else best} for the chat.")
+        best = _best(self.report) if self.report else None
+        if best is not None:
+            method = best.get("method")
+            self.use_draft_length.emit(best["draft_length"], method)
+            self.status.setText(f"{best['mode']} set for the chat.")

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from flashdesk import protocol as p
+from flashdesk.protocol import METHOD_NAMES
 from flashdesk.app import theme
 from flashdesk.app.backends.engine_session import READY, EngineSession
 
@@ -44,7 +45,7 @@ def traffic_line(t: p.ServerTraffic) -> str:
     if t.tokens_per_second:
         line += f" · {t.tokens_per_second:.0f} tok/s"
     if t.tau is not None:
-        line += f" · τ {t.tau:.2f}"
+        line += f" · τ {t.tau:.2f}" + (f" ({METHOD_NAMES.get(t.method, t.method)})" if t.method else "")
     return line + f" · {t.seconds:.1f} s" + (f" · {t.message}" if t.message else "")
 
 

@@ -1,4 +1,5 @@
-"""The speculation panel: DFlash on/off, draft length, and what speculation is achieving, live.
+"""The speculation panel: on/off, the method (DFlash's drafter, Gemma 4's MTP assistant, or auto
+when both are loaded), the draft length, and what speculation is achieving, live.
 
 Leads with the mean acceptance length (tokens per target pass, the number that sets the speed-up)
 rather than the acceptance rate, which looks poor for long drafts even when they pay off; shows
@@ -14,7 +15,17 @@ server does not tell (drafts per step, which tokens were drafted) is not shown.
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from flashdesk.app import theme
 from flashdesk.protocol import AUTO_DRAFT_LENGTH as AUTO
@@ -26,8 +37,25 @@ def _pct(value) -> str:
     return f"{value:.0%}" if isinstance(value, (int, float)) else "n/a"
 
 
+METHOD_CHOICES = {
+    "dflash": "DFlash drafter",
+    "mtp": "MTP assistant",
+    AUTO: "Auto: the fastest measured",
+}
+
+
+def method_figures(by_method: dict) -> str:
+    """Each method's own acceptance, one line: "DFlash τ 3.10, 72% · MTP τ 1.80, 61%"."""
+    parts = []
+    for name, figures in by_method.items():
+        tau = figures.get("mean_acceptance_length")
+        tau_text = f"τ {tau:.2f}" if isinstance(tau, (int, float)) else "τ n/a"
+        parts.append(f"{METHOD_NAMES.get(name, name)} {tau_text}, {_pct(figures.get('acceptance_rate'))}")
+    return " · ".join(parts)
+
+
 class SpecPanel(QGroupBox):
-    speculation_changed = Signal(bool, object)  # enabled, draft length: an int or AUTO
+    speculation_changed = Signal(bool, object, object)  # enabled, draft length (an int or AUTO), method
     colour_changed = Signal(bool)
 
     def __init__(self, parent: QWidget | None = None):
@@ -39,6 +67,13 @@ class SpecPanel(QGroupBox):
         self.enabled.setToolTip(
             "The drafter proposes a block of tokens; the model checks them all in one pass. "
             "The text is the same either way, only the speed changes."
+        )
+        self.method = QComboBox()
+        self.method.setObjectName("draftMethod")
+        self.method.setToolTip(
+            "Which draft model proposes the tokens: DFlash's drafter (a block in one pass) or Gemma 4's "
+            "MTP assistant (one small step a token). Auto picks, each step, the method and draft length "
+            "with the most expected tokens per second on this card. Applies from the next step"
         )
         self.length = QSpinBox()
         self.length.setObjectName("draftLength")
@@ -70,6 +105,11 @@ class SpecPanel(QGroupBox):
         self.rate.setObjectName("rate")
         self.counts = QLabel("n/a")
         self.counts.setObjectName("counts")
+        self.by_method = QLabel()
+        self.by_method.setObjectName("methodFigures")
+        self.by_method.setToolTip("Each method's own mean acceptance length and acceptance rate")
+        self.by_method.setWordWrap(True)
+        self.by_method.hide()
         self.source = QLabel()
         self.source.setObjectName("specSource")
         self.source.setWordWrap(True)
@@ -92,6 +132,7 @@ class SpecPanel(QGroupBox):
 
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        form.addRow("Method", self.method)
         form.addRow("Draft length", length_row)
         form.addRow("Acceptance rate", self.rate)
         form.addRow("Accepted / drafted", self.counts)
@@ -100,6 +141,7 @@ class SpecPanel(QGroupBox):
         layout.addWidget(self.tau)
         layout.addWidget(tau_caption)
         layout.addLayout(form)
+        layout.addWidget(self.by_method)
         layout.addWidget(self.source)
         layout.addWidget(self.scope)
         layout.addWidget(self.positions)
@@ -110,6 +152,7 @@ class SpecPanel(QGroupBox):
 
         self.enabled.toggled.connect(self._changed)
         self.length.valueChanged.connect(self._changed)
+        self.method.currentIndexChanged.connect(self._changed)
         self.colour.toggled.connect(self.colour_changed)
         self.set_block_size(None)
 
@@ -123,15 +166,20 @@ class SpecPanel(QGroupBox):
         for plot in (self.positions, self.histogram):
             plot.apply_theme()
 
-    def set_method(self, method: str | None) -> None:
-        """Name the loaded draft model's method (None: none is loaded) in the on/off switch."""
-        name = METHOD_NAMES.get(method or "", "")
-        what = {"dflash": "the DFlash drafter", "mtp": "the Gemma 4 MTP assistant"}.get(method or "", "a draft model")
+    def set_methods(self, methods: list[str], current: str | None = None) -> None:
+        """The loaded draft models' methods ([]: none), `current` chosen where it is one of them (or
+        auto with two); the on/off switch names the method when there is one."""
+        one = {"dflash": "the DFlash drafter", "mtp": "the Gemma 4 MTP assistant"}
+        what = one.get(methods[0], "a draft model") if len(methods) == 1 else "a draft model"
         self.enabled.setText(f"Speculate with {what}")
-        self.enabled.setToolTip(
-            (f"{name}: " if name else "") + "the draft model proposes tokens; the model checks them all in one pass. "
-            "The text is the same either way, only the speed changes."
-        )
+        self.method.blockSignals(True)
+        self.method.clear()
+        for name in [*methods, AUTO] if len(methods) > 1 else methods:
+            self.method.addItem(METHOD_CHOICES.get(name, name), name)
+        index = self.method.findData(current) if current else -1
+        self.method.setCurrentIndex(max(0, index) if methods else -1)
+        self.method.setEnabled(len(methods) > 1)
+        self.method.blockSignals(False)
 
     def set_block_size(self, block_size: int | None, enabled: bool = True, length: int | None = None) -> None:
         """A drafter with this block size is loaded (None: none is)."""
@@ -161,7 +209,7 @@ class SpecPanel(QGroupBox):
         for w in (self.enabled, self.length):
             w.blockSignals(True)
         remote = server is not None
-        for w in (self.length, self.histogram, self.colour, self.legend):  # a server gives no per-step drafts
+        for w in (self.method, self.length, self.histogram, self.colour, self.legend):  # no per-step drafts
             w.setVisible(not remote)
         self.source.setVisible(remote)
         self.source.setText(source)
@@ -194,6 +242,17 @@ class SpecPanel(QGroupBox):
         self.positions.set_bars(list(range(1, len(per_position) + 1)), per_position)
         histogram = stats.get("accepted_histogram") or []
         self.histogram.set_bars(list(range(len(histogram))), histogram)
+        by_method = stats.get("by_method") or stats.get("methods") or {}
+        self.by_method.setText(method_figures(by_method))
+        self.by_method.setVisible(bool(by_method))
 
-    def values(self) -> tuple[bool, int | str]:
-        return self.enabled.isChecked(), self.length.value() or AUTO
+    def choose_method(self, method: str) -> None:
+        """Select `method` where it is offered (quietly: the caller sends the settings)."""
+        index = self.method.findData(method)
+        if index >= 0:
+            self.method.blockSignals(True)
+            self.method.setCurrentIndex(index)
+            self.method.blockSignals(False)
+
+    def values(self) -> tuple[bool, int | str, str | None]:
+        return self.enabled.isChecked(), self.length.value() or AUTO, self.method.currentData()

@@ -22,7 +22,7 @@ import torch
 from flashdesk.engine.bench.device import DeviceProbe
 from flashdesk.engine.bench.prompts import AUTO, mode_name, parse_methods
 from flashdesk.engine.bench.chart import write_chart
-from flashdesk.engine.bench.results import best_draft_length, model_label, results_key, save_run
+from flashdesk.engine.bench.results import best_draft_length, best_mode, model_label, results_key, save_run
 from flashdesk.engine.decode.chat_format import build_prompt_ids, messages_from
 from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest
 from flashdesk.engine.decode.speculative import SpecControl
@@ -399,6 +399,7 @@ def _report(
     )
     report["results_key"] = results_key(device.name, device.driver, report["model_name"], report["draft_name"])
     report["best_draft_length"] = best_draft_length(report)
+    report["best_mode"] = best_mode(report)
     return report
 
 

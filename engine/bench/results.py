@@ -141,6 +141,20 @@ def best_draft_length(report: dict) -> int | str | None:
     return fixed["draft_length"] if fixed else None
 
 
+def best_mode(report: dict) -> dict | None:
+    """The fastest speculative mode of a run over all its task types, of any method: an automatic one
+    where it was at least as fast as the best fixed draft length; {"mode", "method", "draft_length"},
+    None when none ran."""
+    spec = [m for m in report.get("modes", []) if m.get("draft_length") not in (0, None) and m.get("tokens_per_second")]
+    speed = lambda m: m["tokens_per_second"]  # noqa: E731
+    fixed = max((m for m in spec if m["draft_length"] != AUTO), key=speed, default=None)
+    auto = max((m for m in spec if m["draft_length"] == AUTO), key=speed, default=None)
+    pick = auto if auto is not None and (fixed is None or speed(auto) >= speed(fixed)) else fixed
+    if pick is None:
+        return None
+    return {"mode": pick["mode"], "method": pick.get("method") or "dflash", "draft_length": pick["draft_length"]}
+
+
 def kept_best(folder: Path, key: str) -> tuple[int | str | None, str]:
     """The draft length the newest kept run of `key` says is best on this card, and why in words
     ((None, "") when nothing was benched here yet)."""

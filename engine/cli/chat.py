@@ -24,6 +24,7 @@ from flashdesk.engine.errors import ContextOverflowError, FlashDeskError
 COMMANDS = {
     "spec": "/spec on|off        speculative decoding on or off (needs --draft)",
     "k": "/k N|auto           draft length, 1..the draft model's longest, or chosen each step (needs --draft)",
+    "method": "/method NAME        dflash, mtp or auto: which loaded draft model drafts (auto: each step the fastest)",
     "think": "/think on|off       let the model think before answering",
     "system": "/system TEXT        set or replace the system prompt (/system alone clears it)",
     "regenerate": "/regenerate         drop the last reply and answer the last message again",
@@ -229,7 +230,8 @@ class ChatSession:
                     finish = event
                     break
                 if event.index > 0:
-                    steps.append({"emitted": event.emitted, "draft": event.draft, "accepted": event.accepted})
+                    step = {"emitted": event.emitted, "draft": event.draft, "accepted": event.accepted}
+                    steps.append(step | ({"method": event.method} if event.method else {}))
                 if on_step is not None:
                     on_step(event)
         except KeyboardInterrupt:
@@ -268,6 +270,7 @@ class ChatSession:
             "system": self.system,
             "thinking": self.thinking,
             "speculation": spec,
+            "method": (self.control.method or self.engine.method) if self.control is not None else None,
             "draft_length": draft_length,
             "max_new_tokens": self.max_new_tokens,
             "ignore_eos": self.ignore_eos,
@@ -310,6 +313,17 @@ class ChatSession:
                 )
             self.control.draft_length = k
             return {"draft_length": k, "speculation": self.control.enabled}
+        if name == "method":
+            self._need_drafter(name)
+            loaded = list(self.engine.methods)
+            choices = loaded + [AUTO] if len(loaded) > 1 else loaded
+            method = str(value).strip().lower() if isinstance(value, str) else None
+            if method not in choices:
+                raise CommandError(
+                    f"/method takes one of {', '.join(choices)} (the loaded draft models), got {value!r}"
+                )
+            self.control.method = method
+            return {"method": method, "speculation": self.control.enabled}
         if name == "think":
             self.thinking = _switch(value, name)
             return {"thinking": self.thinking}

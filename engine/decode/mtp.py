@@ -14,7 +14,9 @@ A round:
   `window + 1`;
 - the target verifies [last token, drafts] in one forward.
 
-Nothing here reads the device: the drafted tokens stay device tensors until the step's one read.
+The assistant reads those keys where the cache holds them (KVCache.attend_span: in place on the
+Triton path, fp8 included). Nothing here reads the device: the drafted tokens stay device tensors
+until the step's one read.
 """
 
 from __future__ import annotations
@@ -57,9 +59,10 @@ def _last_layer(model: Gemma4, kind: str) -> int:
     return max(i for i, spec in enumerate(model.cfg.layers) if spec.kind == kind)
 
 
-def shared_kv(model: Gemma4, cache: KVCache, seen: Seen, length: int) -> dict:
-    """The target's K/V the assistant attends over for a sequence of `length` tokens after a forward
-    over `seen`, read from the cache (see the module's docstring)."""
+def shared_spans(model: Gemma4, seen: Seen, length: int) -> dict[str, tuple[int, int, int]]:
+    """{kind: (layer, lo, hi)}: the target's K/V the assistant attends over for a sequence of
+    `length` tokens after a forward over `seen`, positions lo..hi-1 of its last layer of that kind
+    (see the module's docstring)."""
     out = {}
     for kind in {spec.kind for spec in model.cfg.layers}:
         layer = _last_layer(model, kind)
@@ -69,7 +72,7 @@ def shared_kv(model: Gemma4, cache: KVCache, seen: Seen, length: int) -> dict:
             window = model.cfg.sliding_window
             lo = max(0, seen.start - (window - 1))  # what the forward returned, cut to `length` entries
             hi = min(seen.end, lo + length)
-        out[kind] = cache.read(layer, lo, hi)
+        out[kind] = (layer, lo, hi)
     return out
 
 
@@ -107,12 +110,17 @@ class MtpDrafter:
         if self.state is None:
             raise RuntimeError("an MTP round needs the prefill's hidden state first")
         length = cache.length + 1  # the sequence, the last token included
-        kv = shared_kv(self.target, cache, self.state.seen, length)
+        spans = shared_spans(self.target, self.state.seen, length)
+
+        def attend(kind: str, q: torch.Tensor) -> torch.Tensor:  # over the cache, in place where it can
+            layer, lo, hi = spans[kind]
+            return cache.attend_span(layer, q, lo, hi, self.assistant.keys_seen(kind))
+
         hidden, token = self.state.hidden, last.view(1)
         ids, probs = [], []
         for _ in range(k):
             embedding = F.embedding(token, self.target.embed) * self.target.embed_scale
-            logits, hidden = self.assistant.step(embedding, hidden, kv, length - 1)
+            logits, hidden = self.assistant.step(embedding, hidden, attend, length - 1)
             if sampling.greedy:
                 token = logits.argmax(dim=-1)
             else:

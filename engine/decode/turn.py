@@ -125,6 +125,7 @@ class ChatTurn:
                             tuple(event.emitted),
                             event.draft_seconds,
                             event.verify_seconds,
+                            event.method,
                         )
                     )
                 tokens += event.emitted

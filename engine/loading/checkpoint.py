@@ -99,8 +99,10 @@ def inspect_checkpoint(
     device: str = "cuda",
     flags: bool = True,
     remote: RemoteHeaders | None = None,
+    assistant_dir: str | Path | None = None,
 ) -> CheckpointReport:
-    """Check a model folder (and a drafter) as the loader would, and plan memory at `context` tokens
+    """Check a model folder (and its draft models: `draft_dir` a DFlash drafter or an MTP assistant,
+    `assistant_dir` an assistant beside a drafter) as the loader would, and plan memory at `context` tokens
     on `device` ("cuda": bf16 with fp8 KV in GPU memory; "cpu": float32 in RAM, as the engine runs
     there). `flags=False` leaves out advice phrased as command-line flags (the window's check).
     `remote`: the headers of weights files not downloaded yet (models verify on a Hub id)."""
@@ -115,10 +117,13 @@ def inspect_checkpoint(
     if cfg is not None:
         _check_weights(folder, cfg, report, cpu, remote)
     _check_tokenizer(folder, report)
-    draft = None
+    drafts = []
     if draft_dir:
         check = _check_assistant if _is_assistant(Path(draft_dir)) else _check_drafter
-        draft = check(Path(draft_dir), cfg, report, cpu)
+        drafts.append(check(Path(draft_dir), cfg, report, cpu))
+    if assistant_dir:
+        drafts.append(_check_assistant(Path(assistant_dir), cfg, report, cpu))
+    draft = tuple(d for d in drafts if d is not None) or None
     if cfg is not None:
         (_estimate_cpu_memory if cpu else _estimate_memory)(cfg, context, report, draft, flags)
     return _verdict(report)

@@ -179,34 +179,49 @@ class Assistant:
         angles = position.view(1, 1) * self.inv_freq[kind]
         return torch.cos(angles).to(self.dtype), torch.sin(angles).to(self.dtype)
 
+    def keys_seen(self, kind: str) -> int | None:
+        """How many of the target's keys given to a layer of `kind` it attends: a sliding layer the
+        last window + 1 (transformers' bidirectional window mask, flipped to look back), a full
+        layer every one (None)."""
+        window = self.cfg.text.sliding_window
+        return window + 1 if kind == SLIDING and window is not None else None
+
     @torch.inference_mode()
-    def step(self, token_embedding: torch.Tensor, hidden: torch.Tensor, shared_kv: dict, position) -> tuple:
+    def step(self, token_embedding: torch.Tensor, hidden: torch.Tensor, attend, position) -> tuple:
         """One draft step: token_embedding and hidden [1, backbone] (the target's scaled embedding of
-        the last token, and a hidden state of the target's width), shared_kv {SLIDING: (k, v), FULL:
-        (k, v)} each [positions, kv heads, head dim] in order (the target's K/V of its last layer of
-        that kind), the query's position -> (logits [1, vocab] fp32, next hidden [1, backbone])."""
+        the last token, and a hidden state of the target's width), attend(kind, q [1, heads, dim])
+        -> [1, heads, dim] (attention at scale 1 over the target's K/V of its last layer of that
+        kind, the last `keys_seen(kind)` of them: `attend_over`, or the cache in place), the query's
+        position -> (logits [1, vocab] fp32, next hidden [1, backbone])."""
         cfg, eps = self.cfg.text, self.cfg.text.rms_norm_eps
         position = torch.as_tensor(position, device=self.device)
         h = linear(torch.cat([token_embedding, hidden], dim=-1).to(self.dtype), self.pre_projection)
         ropes = {kind: self._rope(kind, position) for kind in self.inv_freq}
         for layer in self.layers:
             spec, n = layer["spec"], layer["norms"]
-            k, v = shared_kv[spec.kind]
-            if spec.kind == SLIDING and cfg.sliding_window is not None:
-                # transformers' bidirectional window mask, flipped to look back, lets the query see the
-                # last window + 1 entries
-                k, v = k[-(cfg.sliding_window + 1) :], v[-(cfg.sliding_window + 1) :]
             x = rms_norm(h, n["input_layernorm"], eps)
             q = linear(x, layer["q"]).view(1, cfg.num_heads, spec.head_dim)
             q = apply_rope(rms_norm(q, n["self_attn.q_norm"], eps), *ropes[spec.kind])
-            seen = torch.zeros(k.shape[0], dtype=torch.long, device=self.device)
-            a = attention(q, k.to(self.dtype), v.to(self.dtype), seen[:1], seen, None, 1.0, causal=False)
+            a = attend(spec.kind, q)
             h = h + rms_norm(linear(a.reshape(1, -1), layer["o"]), n["post_attention_layernorm"], eps)
             x = rms_norm(h, n["pre_feedforward_layernorm"], eps)
             m = linear(glu_linear(x, layer["gate_up"], "gelu_tanh"), layer["down"])
             h = (h + rms_norm(m, n["post_feedforward_layernorm"], eps)) * layer["scalar"]
         h = rms_norm(h, self.final_norm, eps)
         return self._logits(h), linear(h, self.post_projection)
+
+    def attend_over(self, shared_kv: dict):
+        """`step`'s attend over K/V tensors: shared_kv {kind: (k, v)} each [positions, kv heads, head
+        dim] in order, of which each layer sees the last `keys_seen`."""
+
+        def attend(kind: str, q: torch.Tensor) -> torch.Tensor:
+            k, v = shared_kv[kind]
+            keep = self.keys_seen(kind)
+            if keep is not None:
+                k, v = k[-keep:], v[-keep:]
+            return attend_all(q, k.to(q.dtype), v.to(q.dtype))
+
+        return attend
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """[1, vocab] fp32: the tied head, or with ordered embeddings only the top centroids' tokens."""
@@ -218,6 +233,12 @@ class Assistant:
         logits = torch.full((1, self.cfg.text.vocab_size), 0.0, dtype=h.dtype, device=h.device)
         logits.fill_(picked.min() - 1.0)
         return logits.scatter_(1, tokens.view(1, -1), picked).float()
+
+
+def attend_all(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One query row q [1, Hq, D] over every key k, v [N, Hkv, D], at scale 1 (Gemma 4's)."""
+    seen = torch.zeros(k.shape[0], dtype=torch.long, device=q.device)
+    return attention(q, k, v, seen[:1], seen, None, 1.0, causal=False)
 
 
 def is_assistant_folder(folder: str | Path) -> bool:

@@ -265,6 +265,35 @@ class KVCache:
             positions,
         )
 
+    def attend_span(self, layer: int, q: torch.Tensor, lo: int, hi: int, keep: int | None) -> torch.Tensor:
+        """One query row q [1, Hq, D] at scale 1 over the keys of positions max(lo, hi - keep)..hi-1
+        as written (committed or not: a verify block's rejected keys too; keep None: all from lo),
+        with no causal order among them: on the Triton path where they lie (the decode attention
+        of a query at hi - 1 whose window reaches back to the first of them), else over a
+        dequantized copy (`read`). Gemma 4's MTP assistant attends this way."""
+        store = self.layers[layer]
+        first = lo if keep is None else max(lo, hi - keep)
+        if q.shape[0] == 1 and use_triton(store.k, "decode_attention"):
+            if keep is None and (lo or store.layout.window is not None):
+                raise ValueError("a span without a bound is a full layer's, from position 0")
+            # from 0 the kernel stops at 0 itself: one window size there, so one compiled kernel
+            window = None if keep is None else keep if first == 0 else hi - first
+            return attention_in_place(
+                q,
+                store.k,
+                store.v,
+                store.k_scale,
+                store.v_scale,
+                hi - 1,
+                window,
+                store.capacity,
+                1.0,
+                self.max_context,
+            )
+        k, v = self.read(layer, first, hi)
+        seen = torch.zeros(k.shape[0], dtype=torch.long, device=q.device)
+        return attention(q, k.to(q.dtype), v.to(q.dtype), seen[:1], seen, None, 1.0, causal=False)
+
     def read(self, layer: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V [hi - lo, Hkv, Dh] of positions lo..hi-1 as written (committed or not: a verify
         block's rejected keys too, while their slots were not reused), in the compute dtype."""

@@ -2,17 +2,30 @@
 
 Thoughts go to `reasoning_content` (as vLLM's reasoning parsers put them), the answer to `content`.
 Usage is OpenAI's (prompt, completion and total tokens, `prompt_tokens_details.cached_tokens` for
-the prefix reused from the previous request) plus `speculation`: what the DFlash drafter drafted,
-what the target accepted, and tau, the tokens per verify pass (null where nothing was drafted).
+the prefix reused from the previous request) plus `speculation`: the method the reply drafted with
+(`method`: "dflash", "mtp" or "auto"; null when nothing drafts), what was drafted, what the target
+accepted, and tau, the tokens per verify pass (null where nothing was drafted), in all and for each
+method that drafted (`by_method`, empty when none did: with "auto" a reply may use both).
 """
 
 from __future__ import annotations
 
 import json
 
-from flashdesk.engine.serve.runner import Usage
+from flashdesk.engine.serve.runner import MethodUsage, Usage
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}  # "context": the context filled up
+
+
+def method_object(figures: MethodUsage) -> dict:
+    return {
+        "speculative_steps": figures.speculative_steps,
+        "drafted": figures.drafted,
+        "accepted": figures.accepted,
+        "tau": figures.tau,
+        "acceptance_rate": figures.acceptance_rate,
+        "decode_tokens_per_second": figures.decode_tokens_per_second,
+    }
 
 
 def usage_object(usage: Usage) -> dict:
@@ -22,12 +35,14 @@ def usage_object(usage: Usage) -> dict:
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         "speculation": {
+            "method": usage.method,
             "speculative_steps": usage.speculative_steps,
             "drafted": usage.drafted,
             "accepted": usage.accepted,
             "tau": usage.tau,
             "acceptance_rate": usage.acceptance_rate,
             "decode_tokens_per_second": usage.decode_tokens_per_second,
+            "by_method": {name: method_object(figures) for name, figures in usage.by_method.items()},
         },
     }
 

@@ -26,6 +26,7 @@ from jinja2 import TemplateError
 from flashdesk.engine.decode.chat_format import build_prompt_ids
 from flashdesk.engine.decode.conversation import STOP, reply_room
 from flashdesk.engine.decode.sampling import SamplingParams
+from flashdesk.engine.decode.speculative import AUTO
 from flashdesk.engine.decode.turn import CANCELLED, ChatTurn, TurnEnd
 from flashdesk.engine.errors import ContextOverflowError, FlashDeskError
 from flashdesk.engine.serve.metrics import ServeMetrics
@@ -52,6 +53,29 @@ class JobDelta:
 
 
 @dataclass(frozen=True)
+class MethodUsage:
+    """What one speculative method's steps did in a reply (engine/decode/stats.py's by_method)."""
+
+    speculative_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tau: float | None = None
+    acceptance_rate: float | None = None
+    decode_tokens_per_second: float = 0.0
+
+    @classmethod
+    def of(cls, s: dict) -> "MethodUsage":
+        return cls(
+            s["speculative_steps"],
+            s["drafted"],
+            s["accepted"],
+            s["mean_acceptance_length"],
+            s["acceptance_rate"],
+            s["decode_tokens_per_second"],
+        )
+
+
+@dataclass(frozen=True)
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -62,9 +86,12 @@ class Usage:
     tau: float | None = None  # mean acceptance length: tokens per speculative verify pass
     acceptance_rate: float | None = None
     decode_tokens_per_second: float = 0.0
+    method: str | None = None  # what the reply drafted with: "dflash", "mtp", "auto"; None: nothing drafts
+    # the methods that drafted, each with its own figures (empty: nothing was drafted)
+    by_method: dict[str, MethodUsage] = field(default_factory=dict, hash=False)
 
     @classmethod
-    def of(cls, end: TurnEnd) -> "Usage":
+    def of(cls, end: TurnEnd, method: str | None = None) -> "Usage":
         s = end.stats
         return cls(
             s["prompt_tokens"],
@@ -76,6 +103,8 @@ class Usage:
             s["mean_acceptance_length"],
             s["acceptance_rate"],
             s["decode_tokens_per_second"],
+            method,
+            {name: MethodUsage.of(figures) for name, figures in sorted(s.get("by_method", {}).items())},
         )
 
 
@@ -147,7 +176,7 @@ class Runner:
         step_delay: float = 0.0,
     ):
         self.engine, self.control = engine, control
-        self.metrics = ServeMetrics()
+        self.metrics = ServeMetrics(getattr(engine, "methods", ()))
         self.on_record = on_record
         self.step_delay = step_delay  # a testing aid, as the worker's FLASHDESK_WORKER_STEP_DELAY
         self.records: deque[JobRecord] = deque(maxlen=RECORDS_KEPT)
@@ -166,6 +195,18 @@ class Runner:
     @property
     def context_limit(self) -> int:
         return self.engine.context_limit
+
+    def method(self) -> str | None:
+        """The speculative method the runner's jobs draft with: the control's ("dflash", "mtp" or
+        "auto") where it names a loaded one, else the engine's default; None when nothing drafts (no
+        draft model loaded, or speculation off). Each step's own method is in the usage's by_method."""
+        methods = getattr(self.engine, "methods", None) or {}
+        control = self.control
+        if not methods or (control is not None and not control.enabled):
+            return None
+        if control is not None and (control.method == AUTO or control.method in methods):
+            return control.method
+        return self.engine.method
 
     def _take(self, jobs: queue.Queue) -> None:
         while (job := jobs.get()) is not None:
@@ -241,7 +282,7 @@ class Runner:
         try:
             for item in steps:
                 if isinstance(item, TurnEnd):
-                    return JobDone(item.reason, Usage.of(item)), item.last_step
+                    return JobDone(item.reason, Usage.of(item, self.method())), item.last_step
                 last = self._step(job, item.event)
         except Exception as exc:  # noqa: BLE001 - the engine failed (out of memory, a driver fault): say so
             return JobFailed(FAILED, f"the engine failed: {type(exc).__name__}: {exc}", "engine_error"), last
@@ -255,7 +296,7 @@ class Runner:
         if event.index == 0:
             self.metrics.first_token(time.perf_counter() - job.arrived, len(event.emitted))
         else:
-            self.metrics.step(event.seconds, len(event.emitted), len(event.draft), event.accepted)
+            self.metrics.step(event.seconds, len(event.emitted), len(event.draft), event.accepted, event.method)
         if event.answer or event.thought:
             job.sink(JobDelta(event.answer, event.thought))
         if self.step_delay:
