@@ -309,8 +309,9 @@ class Inspected:
 class Surveyed:
     """The recommended pair (Hub ids) and whether it fits GPU 0 before downloading (its memory plan
     with fp8 KV): `context` is what one click loads (0: it does not fit), `text` the verdict in one
-    sentence; `models` are on disk: {"name", "kind" (target, drafter, demo), "target", "draft",
-    "size", "complete"}."""
+    sentence; `models` are on disk: {"name", "kind" (target, drafter, assistant, demo), "target",
+    "draft", "size", "complete"}; `assistant`, where known: Gemma 4's MTP assistant offered beside
+    the pair, its Hub id, download size and the fit of all three (engine/hub/recommended.py)."""
 
     recommended: list[str]
     download_bytes: int
@@ -323,6 +324,7 @@ class Surveyed:
     needed_bytes: int
     text: str
     models: list[dict] = field(default_factory=list)
+    assistant: dict | None = None
 
 
 @message("demo_created")

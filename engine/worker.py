@@ -214,6 +214,11 @@ class Worker:
                 length = min(length, self.engine.max_draft_length)
         if msg.method not in (None, AUTO, "dflash", "mtp"):
             raise ValueError(f"set_speculation: method must be dflash, mtp, {AUTO!r} or null, got {msg.method!r}")
+        loaded = list(self.engine.methods) if self.engine is not None else None
+        if loaded is not None and msg.method is not None and msg.method not in loaded + [AUTO] * (len(loaded) > 1):
+            raise ValueError(
+                f"set_speculation: method {msg.method!r} is not loaded (loaded: {', '.join(loaded) or 'none'})"
+            )
         self.control.draft_length = length
         self.control.method = msg.method
         self.control.enabled = bool(msg.enabled)
@@ -461,7 +466,7 @@ class Worker:
             )
         self.send(p.LoadProgress("ready", 1.0, "loaded"))
         self._set_engine(engine)
-        self.folders = (target, draft)
+        self.folders = (target, draft or assistant)  # the bench keys its runs by the draft model
         model = engine.model
         device = model.device
         uuid, device_name, memory = None, "CPU", _rss()
@@ -758,7 +763,7 @@ def _load_facts(engine, target: Path, draft: Path | None, memory: int) -> dict:
                 weights,
                 engine.context_limit,
                 engine.kv_dtype,
-                engine.drafter.cfg if engine.drafter else engine.mtp.assistant.cfg if engine.mtp else None,
+                tuple(d.cfg if d is engine.drafter else d.assistant.cfg for d in engine.methods.values()) or None,
                 model.dtype.itemsize,
             )
             facts.update(planned_bytes=plan.total, plan=plan.lines())

@@ -230,3 +230,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if not head:
             self.wfile.write(body)
+
+
+def point_at(server: "FakeHub", tmp_path: Path, monkeypatch) -> None:
+    """Send huggingface_hub (and `models pull`) to `server`, with the HF cache and FlashDesk's
+    config in tmp_path, no token, and no waits between retries."""
+    from flashdesk.engine.hub import hub_download
+
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(hub_download, "RETRY_WAIT_S", 0.0)

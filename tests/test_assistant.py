@@ -410,13 +410,15 @@ def test_the_assistants_span_attention_in_place_equals_it_over_a_copy(mtp_engine
     pytest.importorskip("triton")
     model = mtp_engine.model
     cache = model.new_cache(64, kv_dtype)
-    model.forward(torch.tensor(PROMPT + PROMPT[:9]), cache)  # 21 positions: the rings have wrapped
-    cache.rollback(17)  # 4 written keys past the held length, as after a rejection
+    ids = (PROMPT * 4)[:45]
+    model.forward(torch.tensor(ids), cache)  # 45 positions: the sliding rings (8 + 16 slots) wrapped
+    cache.rollback(41)  # 4 written keys past the held length, as after a rejection
+    assert cache.layers[0].capacity < 45
     window = model.cfg.sliding_window
     gen = torch.Generator().manual_seed(3)
     for kind, spans in (
-        (FULL, [(0, 18, None), (0, 21, None), (0, 3, None)]),
-        (SLIDING, [(10, 21, window + 1), (12, 20, window + 1), (0, 5, window + 1), (14, 21, window + 1)]),
+        (FULL, [(0, 42, None), (0, 45, None), (0, 3, None)]),
+        (SLIDING, [(34, 45, window + 1), (36, 44, window + 1), (0, 5, window + 1), (38, 45, window + 1)]),
     ):
         layer = max(i for i, spec in enumerate(model.cfg.layers) if spec.kind == kind)
         spec = model.cfg.layers[layer]
@@ -427,3 +429,20 @@ def test_the_assistants_span_attention_in_place_equals_it_over_a_copy(mtp_engine
             with kernels("triton"):
                 in_place = cache.attend_span(layer, q, lo, hi, keep)
             torch.testing.assert_close(in_place, copy, rtol=2e-3, atol=2e-3, msg=f"{kind} {lo}..{hi} keep {keep}")
+
+
+def test_every_emitted_row_reaches_the_drafters_context_whichever_method_drafted(both):
+    """Rows verified by MTP rounds and plain steps wait for the DFlash drafter as its own do: after
+    every step its context plus the rows waiting is exactly what the target's cache holds."""
+    from flashdesk.engine.decode.sampling import SamplingParams
+    from flashdesk.engine.decode.speculative import Decoder, SpecControl
+    from tiny_drafter import PROMPTS
+
+    engine = both[0]
+    decoder = Decoder(engine.model, engine.drafter, 256, "float32", SamplingParams(), set(), mtp=engine.mtp)
+    decoder.prefill(PROMPTS[0])
+    schedule = [("mtp", 3), (None, 0), ("dflash", 7), ("mtp", 15), ("dflash", 15), ("mtp", 1), ("dflash", 2)]
+    for method, k in schedule * 3:
+        decoder.step(64, SpecControl(method is not None, k or None, method))
+        waiting = sum(rows.shape[0] for rows in decoder.pending)
+        assert decoder.ctx.length + waiting == decoder.cache.length, (method, k)

@@ -22,9 +22,9 @@ import sys
 import time
 
 import pytest
-from fake_hub import FakeHub
+from fake_hub import FakeHub, point_at
 
-from flashdesk.engine.hub import hub_download, models
+from flashdesk.engine.hub import models
 from flashdesk.engine.cli.main import main
 from flashdesk.engine.errors import FlashDeskError
 
@@ -61,12 +61,7 @@ def hub(checkpoints, tmp_path, monkeypatch):
     with FakeHub() as server:
         server.add_repo(TARGET, {**target, **UNNEEDED})
         server.add_repo(DRAFT, {**draft, "README.md": b"# drafter\n"})
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        monkeypatch.setattr(hub_download, "RETRY_WAIT_S", 0.0)
+        point_at(server, tmp_path, monkeypatch)
         yield server
 
 

@@ -164,6 +164,16 @@ class EngineSession(QObject):
         """Ask for the kept bench runs (a `bench_runs` signal answers)."""
         self._send(p.BenchHistory(uuid.uuid4().hex[:12]))
 
+    def loaded_speculation(self) -> tuple[bool, int | str | None, str | None]:
+        """The speculation settings for the models loaded now: a kept method they do not have (an
+        assistant's, or auto with one draft model) gives way to their default (None), as the
+        panel shows it; the kept choice stays for the next load that has it."""
+        enabled, length, method = self.speculation
+        methods = self.info.methods if self.info is not None else []
+        if method not in methods and not (method == p.AUTO_DRAFT_LENGTH and len(methods) > 1):
+            method = None
+        return enabled, length, method
+
     def set_speculation(self, enabled: bool, draft_length: int | str | None, method: str | None = None) -> None:
         self.speculation = (enabled, draft_length, method)
         if self.client.is_ready:
@@ -195,7 +205,7 @@ class EngineSession(QObject):
         if isinstance(msg, p.Loaded):
             self.info = msg
             self._set_state(READY)
-            self.client.send(p.SetSpeculation(*self.speculation))
+            self.client.send(p.SetSpeculation(*self.loaded_speculation()))
         elif isinstance(msg, p.Unloaded) or (isinstance(msg, p.Error) and msg.during in ("load", "startup")):
             self.info = None
             self._set_state(IDLE)

@@ -96,6 +96,7 @@ class BenchPage(QWidget):
         self.runs: list[dict] = []
         self.block_size: int | None = None
         self.loaded: tuple[str, str | None] | None = None  # the target and drafter folders loaded
+        self.methods: list[str] = []  # the loaded draft models' methods
         self._build()
         session.bench_progress.connect(self._progress)
         session.bench_result.connect(self._result)
@@ -238,6 +239,7 @@ class BenchPage(QWidget):
         """The model now loaded (None: none): what can run, and the draft lengths its drafter allows."""
         self.block_size = info.block_size if info is not None else None
         self.loaded = (info.target, info.draft) if info is not None else None
+        self.methods = list(info.methods) if info is not None else []
         longest = (self.block_size or 16) - 1
         for k, box in self.length_boxes.items():
             box.setEnabled(k == AUTO or k <= longest)
@@ -335,12 +337,17 @@ class BenchPage(QWidget):
     def _show_report(self, report: dict | None) -> None:
         self.report = report
         ours = bool(report) and self.loaded == (report.get("model"), report.get("draft"))
-        self.use_best.setEnabled(ours and _best(report) is not None)
-        self.use_best.setToolTip(
-            "Set the chat's method and draft length (or auto) to the fastest mode of this run"
-            if ours
-            else "This run is of another model pair than the one loaded"
-        )
+        best = _best(report) if report else None
+        method = (best or {}).get("method") or "dflash"
+        usable = method in self.methods or (method == AUTO and len(self.methods) > 1)
+        self.use_best.setEnabled(ours and best is not None and usable)
+        if not ours:
+            tip = "This run is of another model pair than the one loaded"
+        elif best is not None and not usable:
+            tip = f"The fastest mode, {best['mode']}, needs a draft model that is not loaded now"
+        else:
+            tip = "Set the chat's method and draft length (or auto) to the fastest mode of this run"
+        self.use_best.setToolTip(tip)
         if not report:
             self.summary.setText("No run yet: pick what to run above and press Run.")
             self.chart.set_groups([], [])

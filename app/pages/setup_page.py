@@ -1,4 +1,5 @@
-"""The model setup page: pick the target and the drafter, see the memory plan, load; or the demo.
+"""The model setup page: pick the target and its draft models (a DFlash drafter, Gemma 4's MTP
+assistant, or both), see the memory plan, load; or the demo.
 
 The check runs in the engine process (the loader's own checks, no weights read), so the window
 never imports torch. A model can be named by folder or by Hugging Face id. An id that is not in
@@ -22,6 +23,7 @@ from pathlib import Path
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QFileDialog,
     QFormLayout,
@@ -72,7 +74,9 @@ class SetupPage(QWidget):
     cancel_requested = Signal()
     download_requested = Signal(list)  # the Hub ids of the Model and Drafter fields to download
     download_cancel_requested = Signal()
-    recommended_requested = Signal(dict)  # the load settings of the recommended pair (download first if needed)
+    # the load settings of the recommended pair, with the MTP assistant when its box is ticked
+    # (download first if needed)
+    recommended_requested = Signal(dict)
     server_check_requested = Signal(dict)  # {"base_url", "api_key"}
     server_connect_requested = Signal(dict)  # {"base_url", "api_key", "model"}
     local_requested = Signal()  # back from a server to the local engine
@@ -94,6 +98,11 @@ class SetupPage(QWidget):
         self.draft = QLineEdit()
         self.draft.setObjectName("draftPath")
         self.draft.setPlaceholderText("folder or Hub id of the DFlash drafter or the Gemma 4 MTP assistant (optional)")
+        self.assistant = QLineEdit()
+        self.assistant.setObjectName("assistantPath")
+        self.assistant.setPlaceholderText(
+            "and Gemma 4's MTP assistant beside a DFlash drafter, to compare the two (optional)"
+        )
         self.device = QComboBox()
         self.device.setObjectName("device")
         self.device.addItems(["auto", "cuda", "cpu"])
@@ -117,6 +126,7 @@ class SetupPage(QWidget):
         form.addRow("On this computer", self.on_disk)
         form.addRow("Model", self._with_browse(self.target, "Choose the Gemma 4 model folder"))
         form.addRow("Drafter", self._with_browse(self.draft, "Choose the DFlash drafter or MTP assistant folder"))
+        form.addRow("MTP assistant", self._with_browse(self.assistant, "Choose the Gemma 4 MTP assistant folder"))
         form.addRow("Device", self.device)
         form.addRow("Context", self.context)
         form.addRow("KV cache", self.kv_dtype)
@@ -172,8 +182,13 @@ class SetupPage(QWidget):
         self.recommended_button = QPushButton("Download and load")
         self.recommended_button.setObjectName("recommendedButton")
         self.recommended_button.setEnabled(False)
+        self.with_assistant = QCheckBox("and Gemma 4's MTP assistant, to compare")
+        self.with_assistant.setObjectName("recommendedAssistant")
+        self.with_assistant.hide()  # until the survey offers it
+        self.with_assistant.toggled.connect(self._show_recommended_fit)
         text_column = QVBoxLayout()
         text_column.addWidget(self.recommended_text)
+        text_column.addWidget(self.with_assistant)
         text_column.addWidget(self.fit)
         recommended_layout = QHBoxLayout(recommended)
         recommended_layout.addLayout(text_column, 1)
@@ -221,9 +236,11 @@ class SetupPage(QWidget):
         self.cancel_download_button.clicked.connect(self.download_cancel_requested)
         self.target.textChanged.connect(self._update_download)
         self.draft.textChanged.connect(self._update_download)
+        self.assistant.textChanged.connect(self._update_download)
         for signal in (
             self.target.textChanged,
             self.draft.textChanged,
+            self.assistant.textChanged,
             self.device.currentIndexChanged,
             self.context.valueChanged,
             self.kv_dtype.currentIndexChanged,
@@ -357,8 +374,8 @@ class SetupPage(QWidget):
             edit.setText(folder)
 
     def hub_ids(self) -> list[str]:
-        """The Hugging Face ids in the Model and Drafter fields (not folders), each once."""
-        ids = [hub_id(edit.text()) for edit in (self.target, self.draft)]
+        """The Hugging Face ids in the Model, Drafter and MTP assistant fields (not folders), each once."""
+        ids = [hub_id(edit.text()) for edit in (self.target, self.draft, self.assistant)]
         return list(dict.fromkeys(i for i in ids if i))
 
     def _update_download(self) -> None:
@@ -367,9 +384,11 @@ class SetupPage(QWidget):
     def set_downloading(self, on: bool) -> None:
         """Downloading: a measured progress bar and Cancel; the fields and other actions wait."""
         self.downloading = on
-        for w in (self.check_button, self.load_button, self.demo_button, self.target, self.draft, self.on_disk):
+        fields = (self.target, self.draft, self.assistant, self.on_disk)
+        for w in (self.check_button, self.load_button, self.demo_button, *fields):
             w.setEnabled(not on)
-        self.recommended_button.setEnabled(not on and bool(self.survey and self.survey["fits"]))
+        self.recommended_button.setEnabled(not on and bool(self.survey and self.recommended_fit()["fits"]))
+        self.with_assistant.setEnabled(not on)
         self.cancel_download_button.setVisible(on)
         self.cancel_download_button.setEnabled(on)
         self._update_download()
@@ -412,6 +431,7 @@ class SetupPage(QWidget):
         return {
             "target": self.target.text().strip(),
             "draft": self.draft.text().strip() or None,
+            "assistant": self.assistant.text().strip() or None,
             "device": self.device.currentText(),
             "context": self.context.value(),
             "kv_dtype": self.kv_dtype.currentText(),
@@ -421,41 +441,75 @@ class SetupPage(QWidget):
     def set_selection(self, settings: dict) -> None:
         self.target.setText(settings.get("target") or "")
         self.draft.setText(settings.get("draft") or "")
+        self.assistant.setText(settings.get("assistant") or "")
         for combo, key in ((self.device, "device"), (self.kv_dtype, "kv_dtype")):
             index = combo.findText(settings.get(key) or "auto")
             combo.setCurrentIndex(max(0, index))
         self.context.setValue(int(settings.get("context") or 32768))
 
     def show_survey(self, survey: dict) -> None:
-        """The recommended pair's fit on this card (before downloading) and the models on disk."""
+        """The recommended pair's fit on this card (before downloading), the MTP assistant offered
+        beside it (when the survey has it), and the models on disk."""
         self.survey = survey
         target_id, draft_id = survey["recommended"]
-        on_disk = self.pair_on_disk(survey)
+        on_disk = self.all_on_disk(survey["recommended"])
         size = f"about {survey['download_bytes'] / 1e9:.0f} GB to download"
         self.recommended_text.setText(
             f"<b>Gemma 4 26B-A4B</b> (4-bit) and its <b>DFlash drafter</b>: "
             f"<code>{target_id}</code> and <code>{draft_id}</code>, "
             f"{'already on this computer' if on_disk else size}."
         )
-        colour = "" if survey["fits"] else f"color: {theme.colors()['error' if survey['device_name'] else 'muted']};"
-        self.fit.setStyleSheet(colour)
-        self.fit.setText(survey["text"])
-        self.recommended_button.setText("Load" if on_disk else "Download and load")
-        self.recommended_button.setEnabled(survey["fits"] and not self.downloading)
-        self.recommended_button.setToolTip("" if survey["fits"] else survey["text"])
+        assistant = survey.get("assistant")
+        self.with_assistant.setVisible(bool(assistant))
+        if assistant:
+            here = self.all_on_disk([assistant["repo"]])
+            size = "on this computer" if here else f"{assistant['download_bytes'] / 1e9:.1f} GB"
+            self.with_assistant.setText(f"and Gemma 4's MTP assistant, to compare ({size})")
+            self.with_assistant.setToolTip(
+                f"{assistant['repo']}: Google's own drafter for this model, loaded beside the DFlash "
+                "drafter (the MTP assistant field); the speculation panel then chooses between them"
+            )
+        self._show_recommended_fit()
         self.on_disk.clear()
         models = [m for m in survey["models"] if m.get("complete")]
         self.on_disk.addItem(f"{len(models)} model(s) found: pick one…" if models else "none yet", None)
         for m in models:
-            kind = {"demo": "demo pair", "drafter": "DFlash drafter", "target": "model"}.get(m["kind"], m["kind"])
+            names = {"demo": "demo pair", "drafter": "DFlash drafter", "assistant": "MTP assistant", "target": "model"}
+            kind = names.get(m["kind"], m["kind"])
             size = f", {m['size'] / 1e9:.1f} GB" if m.get("size") else ""
             self.on_disk.addItem(f"{m['name']} ({kind}{size})", m)
         self.on_disk.setEnabled(bool(models))
 
-    @staticmethod
-    def pair_on_disk(survey: dict) -> bool:
-        names = {m["name"] for m in survey["models"] if m.get("complete")}
-        return all(repo in names for repo in survey["recommended"])
+    def wants_assistant(self) -> bool:
+        """Whether the one click takes the MTP assistant too (offered by the survey, box ticked)."""
+        return bool(self.survey and self.survey.get("assistant") and self.with_assistant.isChecked())
+
+    def recommended_fit(self) -> dict:
+        """The fit (fits, context, text…) of what the one click loads: the pair, or with the assistant."""
+        return self.survey["assistant"] if self.wants_assistant() else self.survey
+
+    def recommended_ids(self) -> list[str]:
+        """The Hub ids the one click downloads and loads."""
+        if not self.survey:
+            return []
+        assistant = [self.survey["assistant"]["repo"]] if self.wants_assistant() else []
+        return list(self.survey["recommended"]) + assistant
+
+    def _show_recommended_fit(self, *_args) -> None:
+        if not self.survey:
+            return
+        fit = self.recommended_fit()
+        muted = "error" if self.survey["device_name"] else "muted"
+        self.fit.setStyleSheet("" if fit["fits"] else f"color: {theme.colors()[muted]};")
+        self.fit.setText(fit["text"])
+        self.recommended_button.setText("Load" if self.all_on_disk(self.recommended_ids()) else "Download and load")
+        self.recommended_button.setEnabled(fit["fits"] and not self.downloading)
+        self.recommended_button.setToolTip("" if fit["fits"] else fit["text"])
+
+    def all_on_disk(self, repo_ids) -> bool:
+        """Whether every one of these Hub ids is complete on this computer (by the last survey)."""
+        names = {m["name"] for m in (self.survey or {}).get("models", []) if m.get("complete")}
+        return all(repo in names for repo in repo_ids)
 
     def _pick_on_disk(self, index: int) -> None:
         entry = self.on_disk.itemData(index)
@@ -463,21 +517,26 @@ class SetupPage(QWidget):
             return
         if entry.get("target"):
             self.target.setText(entry["target"])
-        if entry.get("draft"):
-            self.draft.setText(entry["draft"])
+        draft = entry.get("draft")
+        beside = self.draft.text().strip() not in ("", draft)
+        if draft and entry["kind"] == "assistant" and beside:  # beside the drafter already chosen
+            self.assistant.setText(draft)
+        elif draft:
+            self.draft.setText(draft)
         if entry["kind"] == "demo":
             self.device.setCurrentText("cpu")
             self.context.setValue(4096)
 
     def _recommended_clicked(self) -> None:
-        if not self.survey or not self.survey["fits"]:
+        if not self.survey or not self.recommended_fit()["fits"]:
             return
         target_id, draft_id = self.survey["recommended"]
         sel = {
             "target": target_id,
             "draft": draft_id,
+            "assistant": self.survey["assistant"]["repo"] if self.wants_assistant() else None,
             "device": "auto",
-            "context": self.survey["context"],
+            "context": self.recommended_fit()["context"],
             "kv_dtype": "auto",
             "dtype": "auto",
         }

@@ -164,7 +164,12 @@ def kept_best(folder: Path, key: str) -> tuple[int | str | None, str]:
     except (OSError, ValueError, KeyError, TypeError, StopIteration):
         return None, ""
     best = best_draft_length(run)
-    speed = {m["draft_length"]: m["tokens_per_second"] for m in run["modes"]}
+    method = run.get("method") or "dflash"  # best_draft_length's: the run's default method
+    speed = {
+        m["draft_length"]: m["tokens_per_second"]
+        for m in run["modes"]
+        if m["draft_length"] == 0 or (m.get("method") or "dflash") == method
+    }
     ar = speed.get(0)
     gain = f", {speed[best] / ar:.2f}x AR" if ar else ""
     name = "auto" if best == AUTO else f"K={best}"

@@ -261,9 +261,13 @@ class ChatSession:
         spec = self.control is not None and self.control.enabled
         draft_length = None
         if self.control is not None:
-            draft_length = (
-                self.control.draft_length or self.engine.default_draft_length or self.engine.method_draft_length
-            )
+            method = self.control.method or self.engine.method
+            if self.control.draft_length or method == AUTO:
+                draft_length = self.control.draft_length or AUTO
+            elif method == self.engine.method:
+                draft_length = self.engine.default_draft_length or self.engine.method_draft_length
+            else:
+                draft_length = self.engine.methods[method].default_draft_length
         return {
             "model": self.model,
             "draft": self.draft,

@@ -52,7 +52,7 @@ def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
         "--method",
         choices=["dflash", "mtp", "auto"],
         help="which draft model drafts when both are loaded; auto: each step the method and length with "
-        "the most expected tokens per second on this card (default: dflash)",
+        "the most expected tokens per second on this card (default: the DFlash drafter where one is loaded)",
     )
     parser.add_argument(
         "--draft-length",
@@ -100,6 +100,8 @@ def load_engine(args):
         draft_default=benched_default,
         assistant_dir=assistant,
     )
+    if method == "auto" and len(engine.methods) < 2:
+        raise ValueError("--method auto chooses between two draft models: give a DFlash drafter and --assistant")
     if method not in (None, "auto"):
         engine.use_method(method)  # refuses a method whose draft model is not loaded
     if engine.fallback_note():

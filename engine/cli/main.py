@@ -189,7 +189,8 @@ def _parser() -> argparse.ArgumentParser:
         "repo_ids",
         nargs="*",
         metavar="REPO_ID",
-        help="default: cyankiwi/gemma-4-26B-A4B-it-AWQ-4bit z-lab/gemma-4-26B-A4B-it-DFlash",
+        help="default: cyankiwi/gemma-4-26B-A4B-it-AWQ-4bit z-lab/gemma-4-26B-A4B-it-DFlash; optional: "
+        "google/gemma-4-26B-A4B-it-assistant (Gemma 4's MTP assistant, a second draft model to compare)",
     )
     pull.add_argument("--force", action="store_true", help="re-download every file")
     pull.add_argument("--yes", action="store_true", help="re-download damaged files without asking")

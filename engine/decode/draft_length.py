@@ -96,12 +96,17 @@ class AutoDraftLength:
         top = max(0, min(limit, self.max_k))
         return max(range(top + 1), key=lambda k: (self.rate(k), -k))
 
+    def forget(self) -> None:
+        """Decay the acceptance toward the prior: a step without evidence (a plain step, or another
+        method's), so that this length or method is tried again after a while."""
+        self.successes = [DECAY * s for s in self.successes]
+        self.trials = [DECAY * t for t in self.trials]
+
     def observe(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         """Fold in one step: drafts 1..accepted were accepted, draft accepted + 1 (if any) was not;
         its measured times refine the costs of its length."""
         if k == 0:  # no evidence: forget a little, so that drafting is retried
-            self.successes = [DECAY * s for s in self.successes]
-            self.trials = [DECAY * t for t in self.trials]
+            self.forget()
         for i in range(1, min(accepted + 1, k) + 1):
             self.successes[i] = DECAY * self.successes[i] + (1.0 if i <= accepted else 0.0)
             self.trials[i] = DECAY * self.trials[i] + 1.0

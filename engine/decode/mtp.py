@@ -15,8 +15,8 @@ A round:
 - the target verifies [last token, drafts] in one forward.
 
 The assistant reads those keys where the cache holds them (KVCache.attend_span: in place on the
-Triton path, fp8 included). Nothing here reads the device: the drafted tokens stay device tensors
-until the step's one read.
+Triton path, fp8 included). Nothing here reads the device or waits for it: the drafted tokens
+stay device tensors until the step's one read, and positions come from the cache's device copy.
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ class MtpDrafter:
         ids, probs = [], []
         for _ in range(k):
             embedding = F.embedding(token, self.target.embed) * self.target.embed_scale
-            logits, hidden = self.assistant.step(embedding, hidden, attend, length - 1)
+            # the query's position, length - 1, is the cache's length: read where the device holds it
+            logits, hidden = self.assistant.step(embedding, hidden, attend, cache.position)
             if sampling.greedy:
                 token = logits.argmax(dim=-1)
             else:

@@ -34,7 +34,7 @@ from flashdesk.kernels.backend import fallbacks, use_triton
 from flashdesk.protocol import AUTO_DRAFT_LENGTH
 from flashdesk.engine.decode.sampling import SamplingParams, draw, make_generator, probabilities, sample, verify_draft
 
-PENDING_LIMIT = 256  # plain steps whose target features wait for the drafter before being folded in
+PENDING_LIMIT = 256  # rows of target features that may wait for the drafter before being folded in
 
 
 def read_to_host(t: torch.Tensor) -> list[int]:
@@ -212,26 +212,40 @@ class Decoder:
         if not self.methods or (control is not None and not control.enabled):
             return None, 0, False
         method = control.method if control is not None and control.method else self.default_method
-        if method != AUTO and method not in self.methods:
-            method = self.default_method  # a method whose draft model is not loaded: the loaded one
+        if method not in self.methods and not (method == AUTO and len(self.methods) > 1):
+            method = self.default_method  # a draft model not loaded, or no second one to choose
         wanted = control.draft_length if control is not None and control.draft_length else None
         if method == AUTO:
             wanted = AUTO
         elif wanted is None:
             own = self.default_draft_length if method == self.default_method else None
             wanted = own or self.methods[method].default_draft_length
-        if wanted != AUTO:
-            k = max(0, min(wanted, self.methods[method].max_draft_length, self._limit(method, remaining)))
-            return method, k, False
+        candidates = list(self.methods) if method == AUTO else [method]
+        if wanted == AUTO:  # measure each candidate's step costs at its first use, where there is room
+            for name in candidates:
+                if self.auto[name].costs is None and self._room_to_measure(name):
+                    self.auto[name].costs = self.measure_costs(name)
+            measured = [name for name in candidates if self.auto[name].costs is not None]
+            if measured:
+                return (*self._fastest(measured, remaining), True)
+            method = method if method != AUTO else self.default_method  # none measured yet: the default
+            wanted = self.methods[method].default_draft_length
+        k = max(0, min(wanted, self.methods[method].max_draft_length, self._limit(method, remaining)))
+        return method, k, False
+
+    def _fastest(self, methods: list[str], remaining: int) -> tuple[str, int]:
+        """The method and draft length with the most expected tokens per second."""
         best = None
-        for name in self.methods if method == AUTO else [method]:
+        for name in methods:
             chooser = self.auto[name]
-            if chooser.costs is None:
-                chooser.costs = self.measure_costs(name)
             k = chooser.choose(self._limit(name, remaining))
             if best is None or chooser.rate(k) > best[0]:
                 best = (chooser.rate(k), name, k)
-        return best[1], best[2], True
+        return best[1], best[2]
+
+    def _room_to_measure(self, method: str) -> bool:
+        """Whether the cache has room past its length for the calibration's longest verify pass."""
+        return self.cache.max_context - self.cache.length >= self.methods[method].max_draft_length + 1
 
     def _limit(self, method: str, remaining: int) -> int:
         """The most drafts a step of `method` may make: the target's own token always comes out, so
@@ -260,11 +274,14 @@ class Decoder:
             elif flight.taps is not None:  # a DFlash step verified on the torch path, or an MTP round
                 self.pending.append(flight.taps[: len(emitted)].clone())
             result = StepResult(emitted, draft_ids, accepted, clock.seconds(0), clock.seconds(1), flight.method)
-        if len(self.pending) >= PENDING_LIMIT:  # DFlash unused for long: keep memory bounded
+        if sum(rows.shape[0] for rows in self.pending) >= PENDING_LIMIT:  # DFlash unused for long
             self.flush_pending()
-        if flight.auto:  # a plain step by choice: every method forgets a little, to be tried again
-            for name in [flight.method] if flight.k else self.auto:
-                self.auto[name].observe(flight.k, result.accepted, result.draft_seconds, result.verify_seconds)
+        if flight.auto:  # the method that drafted learns; every other forgets a little, to be retried
+            for name, chooser in self.auto.items():
+                if name == flight.method:
+                    chooser.observe(flight.k, result.accepted, result.draft_seconds, result.verify_seconds)
+                else:
+                    chooser.forget()
         return result
 
     def abandon(self, flight: InFlight) -> None:
@@ -292,9 +309,11 @@ class Decoder:
             self._forward(ids[:m], "all")
             self.cache.rollback(start)
 
+        throwaway = make_generator(self.sampling, self.model.device)  # the generation's draws stay its own
+
         def draft(k: int) -> None:
             if method == "mtp":
-                self.mtp.draft(self.cache, self.last, k, self.sampling, self.generator)
+                self.mtp.draft(self.cache, self.last, k, self.sampling, throwaway)
                 return
             self.ctx.note_block(k + 1)
             self._draft_logits(k)

@@ -42,6 +42,11 @@ from flashdesk.engine.hub.hub_download import (
 )
 
 DEFAULT_REPOS = ("cyankiwi/gemma-4-26B-A4B-it-AWQ-4bit", "z-lab/gemma-4-26B-A4B-it-DFlash")
+# Gemma 4's own MTP assistant for the same target, a second drafter to compare with DFlash: offered
+# beside the pair (`models pull` names it, the setup page has a box for it), not pulled by default.
+ASSISTANT_REPO = "google/gemma-4-26B-A4B-it-assistant"
+ASSISTANT_BYTES = 840 * 10**6  # about: its bf16 weights, 839 MB by its config (the small files not counted)
+KNOWN_REPOS = DEFAULT_REPOS + (ASSISTANT_REPO,)
 # What the engine reads from a model folder; nothing else is downloaded (no images, READMEs,
 # onnx, gguf, other weight formats). Subfolders are skipped: the engine reads the top level only.
 ENGINE_FILES = [
@@ -288,7 +293,8 @@ def remove_folder(folder: str | Path) -> Path:
 
 
 def list_models() -> list[ModelEntry]:
-    """Gemma 4 targets and DFlash drafters in the Hub cache, then the added folders. Disk only."""
+    """Gemma 4 targets, DFlash drafters and MTP assistants in the Hub cache, then the added folders.
+    Disk only."""
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
@@ -303,7 +309,7 @@ def list_models() -> list[ModelEntry]:
         revision = max(repo.revisions, key=lambda r: ("main" in r.refs, r.last_modified))
         snapshot = revision.snapshot_path
         kind = model_kind(snapshot)
-        if kind == "?" and repo.repo_id not in DEFAULT_REPOS:
+        if kind == "?" and repo.repo_id not in KNOWN_REPOS:
             continue
         problems = cache_problems(repo.repo_id, snapshot)
         names = {p.file for p in problems}
@@ -489,6 +495,7 @@ def run_models(args, checked: Callable[[str, Path], None] | None = None) -> int:
         return answer.strip().lower() in ("y", "yes")
 
     status = 0
+    pulled = []
     for repo_id in args.repo_ids or DEFAULT_REPOS:
         try:
             entry = pull(
@@ -501,6 +508,7 @@ def run_models(args, checked: Callable[[str, Path], None] | None = None) -> int:
                 file=sys.stderr,
             )
             return 130
+        pulled.append(repo_id)
         if entry.complete:
             print(f"{repo_id}: complete, {_size(entry.size)} in {entry.path}")
         else:
@@ -512,4 +520,23 @@ def run_models(args, checked: Callable[[str, Path], None] | None = None) -> int:
                 file=sys.stderr,
             )
             status = 1
+    offer = assistant_offer(pulled)
+    if offer:
+        print(offer)
     return status
+
+
+def assistant_offer(pulled: list[str]) -> str | None:
+    """After a pull of the recommended target or drafter: the line that offers Gemma 4's MTP
+    assistant, unless it was pulled too or is already in the cache (a disk-only look)."""
+    if ASSISTANT_REPO in pulled or not set(pulled) & set(DEFAULT_REPOS):
+        return None
+    try:
+        resolve_model_path(ASSISTANT_REPO)
+        return None  # already here
+    except FlashDeskError:
+        pass
+    return (
+        f"Also available: Gemma 4's own MTP assistant for this model ({_size(ASSISTANT_BYTES)}), a second "
+        f"drafter to compare with DFlash: flashdesk models pull {ASSISTANT_REPO}"
+    )

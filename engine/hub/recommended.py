@@ -1,6 +1,7 @@
 """What the setup page offers: the recommended pair for an NVIDIA GPU, whether it fits this card
-(from the memory plan of the real model's shapes, before a byte is downloaded), and the models
-already on disk (the same as `flashdesk models list`, and the demo pair when it was made).
+(from the memory plan of the real model's shapes, before a byte is downloaded), the same for the
+pair with Gemma 4's MTP assistant beside it (to compare the two drafters), and the models already
+on disk (the same as `flashdesk models list`, and the demo pair when it was made).
 
 Testing aid: FLASHDESK_FAKE_GPU="NAME,FREE_GIB,TOTAL_GIB" stands for torch's view of GPU 0, so the
 fit can be checked on a machine without one.
@@ -12,11 +13,13 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flashdesk.engine.hub.models import DEFAULT_REPOS
+from flashdesk.engine.hub.models import ASSISTANT_BYTES, ASSISTANT_REPO, DEFAULT_REPOS
 from flashdesk.engine.loading.memory_plan import MIN_USEFUL_CONTEXT as MIN_CONTEXT  # below it: not worth loading
 
 RECOMMENDED = DEFAULT_REPOS  # the 4-bit (AWQ) Gemma 4 26B-A4B and z-lab's DFlash drafter for it
 DOWNLOAD_BYTES = 18 * 10**9  # about: the AWQ checkpoint (its vision tower included) and the bf16 drafter
+RECOMMENDED_ASSISTANT = ASSISTANT_REPO  # and, to compare, Gemma 4's MTP assistant beside the drafter
+ASSISTANT_DOWNLOAD_BYTES = ASSISTANT_BYTES
 DEFAULT_CONTEXT = 32768  # what one click loads when the card has room for more
 FAKE_GPU_ENV = "FLASHDESK_FAKE_GPU"
 GIB = 1024**3
@@ -35,8 +38,12 @@ class Survey:
     needed_bytes: int  # device memory of the pair at MIN_CONTEXT tokens
     text: str  # the verdict in one sentence
     models: list[dict] = field(default_factory=list)  # on disk: name, target, draft, kind, size, complete
+    # the pair with the MTP assistant beside the drafter: {"repo", "download_bytes"} and the same
+    # fit fields as above (fits, context, longest_context, needed_bytes, text) for the three
+    assistant: dict | None = None
 
     def as_dict(self) -> dict:
+        """The fields of protocol.Surveyed (the worker sends `Surveyed(**as_dict())`)."""
         return asdict(self)
 
 
@@ -66,11 +73,26 @@ def real_pair():
     return cfg, int4_weight_bytes(cfg), parse_draft_config(draft_raw())
 
 
-def recommended_fit(gpu: tuple[str, int, int] | None) -> dict:
-    """Whether the recommended pair fits `gpu` with fp8 KV, with how much context, and a sentence."""
+def real_assistant():
+    """The MTP assistant's config (engine/model/known_models.py), checked against the real target."""
+    from flashdesk.engine.model.assistant import check_assistant_pair, parse_assistant_config
+    from flashdesk.engine.model.config import parse_config
+    from flashdesk.engine.model.known_models import assistant_raw, target_raw
+
+    cfg = parse_assistant_config(assistant_raw(), "the MTP assistant's config")
+    check_assistant_pair(parse_config(target_raw()), cfg, "the MTP assistant")
+    return cfg
+
+
+def recommended_fit(gpu: tuple[str, int, int] | None, with_assistant: bool = False) -> dict:
+    """Whether the recommended pair (`with_assistant`: and the MTP assistant beside its drafter)
+    fits `gpu` with fp8 KV, with how much context, and a sentence."""
     from flashdesk.engine.loading.memory_plan import longest_context, plan_memory
 
     cfg, weights, draft = real_pair()
+    what = "this pair"
+    if with_assistant:
+        draft, what = (draft, real_assistant()), "the pair with the MTP assistant"
     needed = plan_memory(cfg, weights, MIN_CONTEXT, "fp8", draft).total
     if gpu is None:
         return {
@@ -81,20 +103,22 @@ def recommended_fit(gpu: tuple[str, int, int] | None) -> dict:
             "context": 0,
             "longest_context": 0,
             "needed_bytes": needed,
-            "text": f"No NVIDIA GPU here: this pair needs one with about {needed / GIB:.0f} GiB free "
+            "text": f"No NVIDIA GPU here: {what} needs one with about {needed / GIB:.0f} GiB free "
             "(a 24 GB card). The demo below runs on the CPU.",
         }
     name, free, total = gpu
     longest = min(longest_context(cfg, weights, "fp8", free, draft), cfg.max_position_embeddings)
     fits = longest >= MIN_CONTEXT
     where = f"{name} ({free / GIB:.1f} GiB free of {total / GIB:.1f})"
+    also = " with the MTP assistant" if with_assistant else ""
     if fits:
-        text = f"Fits {where}: context up to {longest:,} tokens with the fp8 KV cache."
+        text = f"Fits {where}{also}: context up to {longest:,} tokens with the fp8 KV cache."
     else:
         advice = (
             "close what else uses the GPU and check again" if total >= needed * 1.05 else "it needs a card with 24 GB"
         )
-        text = f"Does not fit {where}: the pair needs {needed / GIB:.1f} GiB at {MIN_CONTEXT:,} tokens; {advice}."
+        needs = "the pair with the MTP assistant needs" if with_assistant else "the pair needs"
+        text = f"Does not fit {where}: {needs} {needed / GIB:.1f} GiB at {MIN_CONTEXT:,} tokens; {advice}."
     return {
         "device_name": name,
         "free_bytes": free,
@@ -143,8 +167,20 @@ def models_on_disk(demo_folder: Path | None = None) -> list[dict]:
     return found
 
 
+def assistant_fit(gpu: tuple[str, int, int] | None) -> dict:
+    """What the setup page offers beside the pair: the MTP assistant's Hub id, its download size,
+    and the fit of the pair with it on `gpu` (the fields of recommended_fit but the device's)."""
+    fit = recommended_fit(gpu, with_assistant=True)
+    keep = ("fits", "context", "longest_context", "needed_bytes", "text")
+    return {"repo": RECOMMENDED_ASSISTANT, "download_bytes": ASSISTANT_DOWNLOAD_BYTES, **{k: fit[k] for k in keep}}
+
+
 def survey(demo_folder: Path | None = None) -> Survey:
-    fit = recommended_fit(gpu_memory())
+    gpu = gpu_memory()
     return Survey(
-        recommended=list(RECOMMENDED), download_bytes=DOWNLOAD_BYTES, models=models_on_disk(demo_folder), **fit
+        recommended=list(RECOMMENDED),
+        download_bytes=DOWNLOAD_BYTES,
+        models=models_on_disk(demo_folder),
+        assistant=assistant_fit(gpu),
+        **recommended_fit(gpu),
     )

@@ -121,7 +121,9 @@ def inspect_checkpoint(
     if draft_dir:
         check = _check_assistant if _is_assistant(Path(draft_dir)) else _check_drafter
         drafts.append(check(Path(draft_dir), cfg, report, cpu))
-    if assistant_dir:
+    if assistant_dir and draft_dir and _is_assistant(Path(draft_dir)):
+        report.problem("two MTP assistants: give a DFlash drafter as the draft model, the assistant beside it")
+    elif assistant_dir:
         drafts.append(_check_assistant(Path(assistant_dir), cfg, report, cpu))
     draft = tuple(d for d in drafts if d is not None) or None
     if cfg is not None:

@@ -192,7 +192,8 @@ class Assistant:
         the last token, and a hidden state of the target's width), attend(kind, q [1, heads, dim])
         -> [1, heads, dim] (attention at scale 1 over the target's K/V of its last layer of that
         kind, the last `keys_seen(kind)` of them: `attend_over`, or the cache in place), the query's
-        position -> (logits [1, vocab] fp32, next hidden [1, backbone])."""
+        position (an int, or a one-element device tensor: no copy that waits for the device) ->
+        (logits [1, vocab] fp32, next hidden [1, backbone])."""
         cfg, eps = self.cfg.text, self.cfg.text.rms_norm_eps
         position = torch.as_tensor(position, device=self.device)
         h = linear(torch.cat([token_embedding, hidden], dim=-1).to(self.dtype), self.pre_projection)

@@ -1,5 +1,6 @@
-"""The models FlashDesk is built for, as data: Gemma 4 26B-A4B's text config and z-lab's DFlash
-drafter for it, exactly as their config.json files give them (docs/model.md has the sources).
+"""The models FlashDesk is built for, as data: Gemma 4 26B-A4B's text config, z-lab's DFlash
+drafter for it and Google's MTP assistant for it, as their config.json files give them (the fields
+the engine reads; docs/model.md has the sources).
 
 One table for every place that needs the real shapes without the checkpoints (which no build
 machine has): the synthetic bench and gpu_check build random weights from it, the setup page's
@@ -81,19 +82,69 @@ REAL_DRAFTER = {  # z-lab/gemma-4-26B-A4B-it-DFlash config.json
     "use_cache": True,
     "dflash_config": {"mask_token_id": 4, "target_layer_ids": [1, 6, 11, 17, 22, 27]},
 }
+# google/gemma-4-26B-A4B-it-assistant config.json, the fields the engine reads (the multimodal token
+# ids it copies from the target and transformers' bookkeeping left out). The checkpoint itself has
+# never been read on the machines FlashDesk is built on; the values come from public write-ups of
+# its config.json (docs/model.md, "The MTP assistant", has the sources and how they agree): a
+# four-layer dense Gemma 4 of width 1024 whose layers attend over the target's K/V (so its KV
+# geometry is the target's), and the full tied head (no ordered embeddings). Its bf16 weights come
+# to 0.84 GB by these shapes, the size of the published bf16 copies. Defaults of transformers'
+# Gemma4AssistantConfig: num_centroids 2048 and centroid_intermediate_top_k 32 (unused without
+# ordered embeddings).
+REAL_ASSISTANT = {
+    "architectures": ["Gemma4AssistantForCausalLM"],
+    "model_type": "gemma4_assistant",
+    "backbone_hidden_size": 2816,  # the target's hidden size
+    "use_ordered_embeddings": False,
+    "num_centroids": 2048,
+    "centroid_intermediate_top_k": 32,
+    "tie_word_embeddings": True,
+    "dtype": "bfloat16",
+    "text_config": {
+        "model_type": "gemma4_text",
+        "vocab_size": 262144,
+        "hidden_size": 1024,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "num_global_key_value_heads": 2,
+        "head_dim": 256,
+        "global_head_dim": 512,
+        "attention_k_eq_v": True,
+        "attention_bias": False,
+        "sliding_window": 1024,
+        "rope_parameters": REAL_TARGET["rope_parameters"],
+        "num_kv_shared_layers": 4,  # every layer reads the target's K/V
+        "enable_moe_block": False,
+        "hidden_size_per_layer_input": 0,
+        "vocab_size_per_layer_input": 0,
+        "use_double_wide_mlp": False,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": None,
+        "max_position_embeddings": 262144,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+        "dtype": "bfloat16",
+    },
+}
 INT4_GROUP = 32  # the 4-bit export's group size (symmetric)
 
 
 @contextmanager
-def shapes(target: dict, drafter: dict):
-    """Run with other (smaller) raw configs in place of the real ones: tests and CPU smoke runs."""
-    global REAL_TARGET, REAL_DRAFTER
-    saved = REAL_TARGET, REAL_DRAFTER
+def shapes(target: dict, drafter: dict, assistant: dict | None = None):
+    """Run with other (smaller) raw configs in place of the real ones: tests and CPU smoke runs
+    (the assistant's only when one is given)."""
+    global REAL_TARGET, REAL_DRAFTER, REAL_ASSISTANT
+    saved = REAL_TARGET, REAL_DRAFTER, REAL_ASSISTANT
     REAL_TARGET, REAL_DRAFTER = target, drafter
+    if assistant is not None:
+        REAL_ASSISTANT = assistant
     try:
         yield
     finally:
-        REAL_TARGET, REAL_DRAFTER = saved
+        REAL_TARGET, REAL_DRAFTER, REAL_ASSISTANT = saved
 
 
 def remap_layer_ids(ids, num_layers: int, real_layers: int = REAL_LAYERS) -> list[int]:
@@ -119,3 +170,8 @@ def draft_raw(layers: int = REAL_LAYERS) -> dict:
     return dict(
         REAL_DRAFTER, num_target_layers=layers, dflash_config=dict(REAL_DRAFTER["dflash_config"], target_layer_ids=ids)
     )
+
+
+def assistant_raw() -> dict:
+    """The MTP assistant's config (a copy: the table stays as it is)."""
+    return dict(REAL_ASSISTANT, text_config=dict(REAL_ASSISTANT["text_config"]))

@@ -274,6 +274,9 @@ class KVCache:
         store = self.layers[layer]
         first = lo if keep is None else max(lo, hi - keep)
         if q.shape[0] == 1 and use_triton(store.k, "decode_attention"):
+            # the query's position as an offset from `position`, on the device: an int would be
+            # copied over, and the copy waits for the device
+            at = self.position + (hi - 1 - self.length)
             if keep is None and (lo or store.layout.window is not None):
                 raise ValueError("a span without a bound is a full layer's, from position 0")
             # from 0 the kernel stops at 0 itself: one window size there, so one compiled kernel
@@ -284,7 +287,7 @@ class KVCache:
                 store.v,
                 store.k_scale,
                 store.v_scale,
-                hi - 1,
+                at,
                 window,
                 store.capacity,
                 1.0,
