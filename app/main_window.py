@@ -68,6 +68,9 @@ DROP_AND_SEND, DROP_AND_CONTINUE = "Drop oldest turns and send", "Drop oldest tu
 NEW_LIKE = "New conversation with the same system prompt"
 
 
+NARROW_WINDOW = 1100  # px: below this the side panel (340 px at least) leaves the chat too little
+
+
 class MainWindow(ModelSetupFlow, QMainWindow):
     def __init__(
         self,
@@ -287,6 +290,7 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         r.state_changed.connect(self._remote_state)
         r.connected.connect(self._remote_connected)
         r.checked.connect(self.setup.show_server_check)
+        r.checked.connect(self.server_checked)
         r.error.connect(self._remote_error)
         r.server_metrics.connect(self._server_reading)
         self.bench.back_requested.connect(self.show_chat)
@@ -367,8 +371,8 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         conv = self.controller.conversation
         title = conv.title if conv else "New conversation"
         self.title_label.setText(f"<b>{title}</b>")
-        if self.pages.currentIndex() == 1:
-            self.setWindowTitle(f"{APP_NAME} — {title}")
+        if self.pages.currentIndex() == 1:  # ending in the app's name: Qt then adds it no second time
+            self.setWindowTitle(f"{title} — {APP_NAME}")
 
     def refresh_conversations(self) -> None:
         conv = self.controller.conversation
@@ -697,10 +701,33 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.settings_dialog = dialog
 
     def set_side_panel(self, shown: bool) -> None:
-        """Show or hide the speculation and telemetry panel; remembered for the next start."""
-        self.side.setVisible(shown)
-        self.side_action.setChecked(shown)
+        """Show or hide the speculation and telemetry panel; remembered for the next start. Asked
+        for in a narrow window, it shows there too (else a narrow window hides it: _fit_side_panel)."""
+        self.side_wanted = shown
+        self.side_forced = shown and self.width() < NARROW_WINDOW
         self.store.set_setting("side_panel", shown)
+        self._fit_side_panel()
+
+    def _fit_side_panel(self) -> None:
+        """A window narrower than NARROW_WINDOW gives the chat the room: the side panel hides (the
+        choice stays as it was) and the status bar says how to bring it back."""
+        narrow = self.width() < NARROW_WINDOW
+        if not narrow:
+            self.side_forced = False
+        shown = self.side_wanted and (not narrow or self.side_forced)
+        if self.side.isHidden() == shown:
+            self.side.setVisible(shown)
+            if not shown and self.side_wanted:
+                self.statusBar().showMessage(
+                    "The side panel is hidden to give the chat room: View → Show the side panel (Ctrl+Shift+S)",
+                    10_000,
+                )
+        self.side_action.setChecked(shown)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if hasattr(self, "side_wanted"):
+            self._fit_side_panel()
 
     def use_draft_length(self, length: int | str, method: str | None = None) -> None:
         """The Benchmark page's "Use the best": speculation on at that draft length (or auto), with that

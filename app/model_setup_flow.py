@@ -49,12 +49,28 @@ class ModelSetupFlow:
 
     def connect_server(self, sel: dict) -> None:
         """Chat with a server from now on (remembered for the next start). A reply streaming from the
-        engine before is kept as stopped; the local model is unloaded to free its memory."""
+        engine before is kept as stopped; the local model is unloaded to free its memory, once the
+        server has answered a check: a wrong address leaves the working engine as it was."""
         try:
             server_address(sel.get("base_url") or "")
         except ValueError as exc:  # nothing to connect to: the engine stays as it is
             self.setup.show_server_error(str(exc))
             return
+        if not self.engine.is_remote and self.session.state in (READY, LOADING):
+            self._connect_after_check = sel
+            self.setup.show_server_busy(f"Checking {sel['base_url']} (the local model stays until it answers)…")
+            self.remote.check(sel["base_url"], sel.get("api_key"))
+            return
+        self._switch_to_server(sel)
+
+    def server_checked(self, check) -> None:
+        """A check answered: where it was asked before leaving a working engine, switch only if the
+        server is there (the setup page shows the check either way)."""
+        sel, self._connect_after_check = getattr(self, "_connect_after_check", None), None
+        if sel is not None and not check.error:
+            self._switch_to_server(sel)
+
+    def _switch_to_server(self, sel: dict) -> None:
         self.controller.close()
         self.store.set_setting("remote", sel)
         self.store.set_setting("engine", "remote")

@@ -415,12 +415,26 @@ TARGET_GROUPS = (32, 128, None)
 # 32768-row chunks of its torch path).
 DRAFTER = [(HIDDEN, 6 * HIDDEN), (6144, HIDDEN), (2048, HIDDEN), (HIDDEN, 4096), (11264, HIDDEN), (HIDDEN, 5632)]
 DRAFTER_INT4 = DRAFTER + [(262144, HIDDEN), (32768, HIDDEN)]
-# Dense: the tied head, the router, the bf16 drafter, and target layers a checkpoint leaves unquantized.
-DENSE = [(262144, HIDDEN), (128, HIDDEN)] + DRAFTER + TARGET_INT4
+# Gemma 4's MTP assistant (bf16, width 1024): pre_projection over [embedding, hidden], q of a
+# sliding / full layer, o of each, the MLP's gate_up (GLU) and down, post_projection, its tied head.
+ASSISTANT_WIDTH = 1024
+ASSISTANT = [
+    (ASSISTANT_WIDTH, 2 * HIDDEN),
+    (4096, ASSISTANT_WIDTH),
+    (8192, ASSISTANT_WIDTH),
+    (ASSISTANT_WIDTH, 4096),
+    (ASSISTANT_WIDTH, 8192),
+    (16384, ASSISTANT_WIDTH),
+    (HIDDEN, ASSISTANT_WIDTH),
+    (262144, ASSISTANT_WIDTH),
+]
+# Dense: the tied head, the router, the bf16 drafter, the assistant, and target layers a checkpoint
+# leaves unquantized.
+DENSE = [(262144, HIDDEN), (128, HIDDEN)] + DRAFTER + ASSISTANT + TARGET_INT4
 
 
 # The GLU MLPs' [gate; up] projections apply their activation in the epilogue.
-ACTIVATION_OF = {(4224, HIDDEN): "gelu_tanh", (11264, HIDDEN): "silu"}
+ACTIVATION_OF = {(4224, HIDDEN): "gelu_tanh", (11264, HIDDEN): "silu", (16384, ASSISTANT_WIDTH): "gelu_tanh"}
 
 
 def _kernel_spec(n: int, k: int, group: int, int4: bool, has_zero: bool, tiles: Tiles, kind: str) -> CompileSpec:

@@ -345,7 +345,8 @@ def add_norm_triton(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tenso
 def compile_specs() -> list[CompileSpec]:
     """Hidden 2816 (layer norms, the router's; fused with the residual add, and with the layer
     scalar), head dims 256 and 512 (v norms without a weight; q/k norms fused with RoPE), bf16 rows,
-    fp32 weights."""
+    fp32 weights; and Gemma 4's MTP assistant's: its width 1024 and its q norms (head dims 256
+    and 512, with a weight, RoPE apart)."""
     specs = []
     variants = [
         (2816, True, False, False),
@@ -354,6 +355,9 @@ def compile_specs() -> list[CompileSpec]:
         (512, False, False, False),
         (2816, True, True, False),
         (2816, True, True, True),
+        (1024, True, False, False),
+        (256, True, False, False),
+        (512, True, False, False),
     ]
     for d, has_weight, has_residual, has_scale in variants:
         per_program, block, warps = row_shape(d)

@@ -108,6 +108,30 @@ def smoke_configs() -> tuple[dict, dict]:
     )
 
 
+def smoke_assistant_config() -> dict:
+    """Gemma 4's MTP assistant at the smoke target's shapes (its width, its K/V geometry)."""
+    from flashdesk.engine.model import known_models
+
+    real = known_models.assistant_raw()
+    text = dict(
+        real["text_config"],
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        global_head_dim=64,
+        num_global_key_value_heads=1,
+        sliding_window=16,
+        num_kv_shared_layers=2,
+        max_position_embeddings=4096,
+    )
+    return dict(real, backbone_hidden_size=64, text_config=text)
+
+
 def random_target(cfg, device, dtype, int4: bool, seed: int = 0):
     """A Gemma4 with random weights straight on the device (no files): int4 where the real one is."""
     import torch
@@ -363,6 +387,8 @@ def section_full_size(device, smoke: bool, kv_dtypes):
     from flashdesk.engine.model.config import parse_config, parse_draft_config
     from flashdesk.engine.loading.memory_plan import drafter_weight_bytes, int4_weight_bytes
     from flashdesk.engine.decode.kernel_warmup import compile_generation_kernels
+    from flashdesk.engine.bench.synthetic_model import synthetic_assistant
+    from flashdesk.engine.decode.mtp import MtpDrafter
     from flashdesk.engine.decode.speculative import Decoder, SpecControl
     from flashdesk.engine.decode.sampling import SamplingParams
 
@@ -376,6 +402,7 @@ def section_full_size(device, smoke: bool, kv_dtypes):
     t0 = time.perf_counter()
     target = random_target(cfg, device, dtype, int4=True)
     drafter = random_drafter(dcfg, target)
+    mtp = MtpDrafter(target, synthetic_assistant(target, raw=smoke_assistant_config() if smoke else None))
     out["build_seconds"] = round(time.perf_counter() - t0, 1)
     if device.type == "cuda":
         held = torch.cuda.memory_allocated(device) - base
@@ -410,13 +437,31 @@ def section_full_size(device, smoke: bool, kv_dtypes):
             row[f"dflash_k{k}_projected_speedup_at_tau"] = {
                 tau: round(tau * row["ar_step_ms"] / row[f"dflash_k{k}_step_ms"], 2) for tau in range(1, min(k + 2, 9))
             }
+        decoder = None  # its cache goes before the next one is made
+        row.update(_mtp_steps(device, target, mtp, prompt, kv, smoke))
         out[kv] = row
-        decoder = None  # its cache goes before the next KV dtype's is made
     out["memory_plan"] = _plan_against_allocation(
         device, target, drafter, (256, 512, 1024) if smoke else (8192, 32768, 65536)
     )
     out["ok"] = device.type != "cuda" or all(out[kv]["block_rows_equal_alone"]["equal"] for kv in kv_dtypes)
     return out
+
+
+def _mtp_steps(device, target, mtp, prompt: list[int], kv: str, smoke: bool) -> dict:
+    """Gemma 4's MTP assistant (random weights) drafting 2, 4 and 8 tokens a round over the target's
+    `kv` cache: each round's time, and the speed-up it would give at each mean acceptance length."""
+    from flashdesk.engine.decode.speculative import Decoder, SpecControl
+    from flashdesk.engine.decode.sampling import SamplingParams
+
+    decoder = Decoder(target, None, len(prompt) + 2048, kv, SamplingParams(), set(), mtp=mtp)
+    decoder.prefill(prompt)
+    ar = 1000 * timed(device, lambda: decoder.step(10**6, SpecControl(False)), 5 if smoke else 20)
+    row = {}
+    for k in (2, 4, 8):
+        ms = 1000 * timed(device, lambda: decoder.step(10**6, SpecControl(True, k)), 3 if smoke else 10)
+        row[f"mtp_k{k}_step_ms"] = round(ms, 3)
+        row[f"mtp_k{k}_projected_speedup_at_tau"] = {tau: round(tau * ar / ms, 2) for tau in range(1, k + 2)}
+    return row
 
 
 def _plan_against_allocation(device, target, drafter, contexts):

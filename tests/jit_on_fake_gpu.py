@@ -6,10 +6,11 @@ every launch is made a compile-only one (`warmup=True`), and `_do_compile` count
 specialization compiled.
 
 This prints one JSON object: the kernels `Engine.compile_kernels` compiled at the real shapes (two
-layers, a drafter of two), the seconds it took, whether the cache and context were left empty, and
-the kernels a conversation afterwards (a prompt of two chunks, then follow-ups resumed from the
-prefix cache; plain steps, speculative steps at K = 15, 7, 1 and the automatic length, which
-measures every verify and draft length) compiled on top: none when the warm-up covers it.
+layers, a drafter of two, and Gemma 4's MTP assistant), the seconds it took, whether the cache and
+context were left empty, and the kernels a conversation afterwards (a prompt of two chunks, then
+follow-ups resumed from the prefix cache; plain steps, DFlash steps at K = 15, 7, 1 and the
+automatic length, which measures every verify and draft length, MTP rounds of 4 and the automatic
+method) compiled on top: none when the warm-up covers it.
 """
 
 from __future__ import annotations
@@ -45,12 +46,13 @@ def conversation(compiled: list[str]) -> dict:
 
     from flashdesk.engine.decode.generation import Engine, GenerationRequest
     from flashdesk.engine.decode.speculative import AUTO, PREFILL_CHUNK, SpecControl
-    from flashdesk.engine.bench.synthetic_model import synthetic_pair
+    from flashdesk.engine.bench.synthetic_model import synthetic_assistant, synthetic_pair
+    from flashdesk.engine.decode.mtp import MtpDrafter
     from flashdesk.kernels.compile_ahead import where_compiled
 
     cpu = torch.device("cpu")
     model, drafter = synthetic_pair(2, cpu, torch.bfloat16, vocab_size=4096)
-    engine = Engine(model, None, set(), "fp8", 4096, drafter)
+    engine = Engine(model, None, set(), "fp8", 4096, drafter, MtpDrafter(model, synthetic_assistant(model)))
     began = time.perf_counter()
     seconds = engine.compile_kernels()  # as Engine.load does on a GPU: on every core
     cache, ctx = engine._cache, engine._ctx
@@ -73,9 +75,11 @@ def conversation(compiled: list[str]) -> dict:
         SpecControl(True, 7),
         SpecControl(True, 1),
         SpecControl(True, AUTO),
-    ]  # AUTO first measures every verify and draft length
+        SpecControl(True, 4, "mtp"),
+        SpecControl(True, AUTO, AUTO),
+    ]  # AUTO first measures every verify and draft length (of each method)
     report["prefilled"] = []
-    for control, more in zip(controls, (48, 17, 5, 30, 1)):
+    for control, more in zip(controls, (48, 17, 5, 30, 12, 3, 1)):
         *_, finish = engine.generate(GenerationRequest(prompt, 6, ignore_eos=True), control)
         report["prefilled"].append(finish.stats["prompt_tokens"] - finish.stats["reused_tokens"])
         prompt = prompt + finish.token_ids + [9] * more  # the follow-up resumes from the prefix cache

@@ -8,7 +8,6 @@ conversation's setting says, losing nothing); a reply the full context cut off o
 
 from __future__ import annotations
 
-import statistics
 import sys
 
 from PySide6.QtCore import Qt
@@ -82,10 +81,12 @@ def _conversation(qtbot, window, reuse: bool) -> list[dict]:
     return rows
 
 
-def test_follow_up_time_to_first_token_stays_flat_as_the_conversation_grows(qtbot, open_window, demo) -> None:
+def test_a_follow_up_prefills_only_its_new_tokens_as_the_conversation_grows(qtbot, open_window, demo) -> None:
     w = open_window(demo=demo)
     reuse = _conversation(qtbot, w, reuse=True)
     control = _conversation(qtbot, w, reuse=False)  # the same conversation, prefilled from scratch each turn
+    # the times are printed to read (pytest -s), not asserted: a busy machine moves them; what
+    # keeps the time to first token flat is the prefill's length, asserted below
     for name, rows in (("reuse", reuse), ("no reuse", control)):
         print(f"\n{name}:", file=sys.stderr)
         for i, r in enumerate(rows):
@@ -104,18 +105,6 @@ def test_follow_up_time_to_first_token_stays_flat_as_the_conversation_grows(qtbo
     for r in control:  # the control prefilled the whole, growing conversation every time
         assert r["reused"] == 0 and r["prefilled"] == r["prompt"]
     assert [r["prompt"] for r in control] == [r["prompt"] for r in reuse]
-
-    # time to first token: flat with reuse (the last follow-ups against the first ones), growing with
-    # the conversation without it; medians of three, against a machine busy with other work
-    def early(rows, key):
-        return statistics.median(r[key] for r in rows[:3])
-
-    def late(rows, key):
-        return statistics.median(r[key] for r in rows[-3:])
-
-    assert late(reuse, "prefill_s") < 2 * early(reuse, "prefill_s")
-    assert late(control, "prefill_s") > 3 * early(control, "prefill_s")
-    assert late(reuse, "ttft_s") < 0.5 * late(control, "ttft_s")
 
 
 # -- the gauge, and a send past the context ---------------------------------------------------------------

@@ -8,6 +8,7 @@ on screen and nothing lost. The local worker is only started by the last test (t
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -223,6 +224,16 @@ def test_switching_from_the_local_engine_to_a_server_and_back(qtbot, open_remote
         w = open_remote(model_setting=demo)
         until(lambda: w.session.state == "ready", timeout_ms=LOAD_MS)
         assert w.spec.enabled.isEnabled() and w.demo_banner.isVisible()
+
+        # Connect where nothing listens: the server is checked first, and the working engine stays
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            dead = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+        w.setup.server_url.setText(dead)
+        w.setup.server_connect_button.click()
+        until(lambda: not w.setup.server_status.text().startswith("Checking"), timeout_ms=CONNECT_MS)
+        assert w.session.state == "ready" and not w.engine.is_remote and w.store.setting("engine") != "remote"
+        assert "Connecting" not in w.setup.server_status.text() and w.spec.enabled.isEnabled()
 
         w.setup.server_url.setText(server.url)
         w.setup.server_check_button.click()

@@ -302,6 +302,20 @@ def test_the_footer_names_the_method_that_drafted() -> None:
     assert "τ 2.00 ·" in footer_text({"tokens": 9, "mean_acceptance_length": 2.0})  # stored before methods
 
 
+def test_markdown_export_closes_a_code_fence_a_cut_off_reply_left_open() -> None:
+    from flashdesk.app.history.export import closed_fences, to_markdown
+
+    cut = "Here:\n\n```python\ndef f():\n    return 1"
+    assert closed_fences(cut) == cut + "\n```"
+    assert closed_fences("~~~~\ncode\n```\nstill code") == "~~~~\ncode\n```\nstill code\n~~~~"
+    done = "```\na\n```\ntext\n````js\nb\n`````\n"
+    assert closed_fences(done) == done  # closed ones (a longer closing fence too) stay as they are
+    conv = Conversation(1, "Code", 0.0, 0.0, None, {})
+    md = to_markdown(conv, [_message("assistant", cut, id=1), _message("user", "Thanks", id=2)])
+    body = md.split("## Assistant", 1)[1]
+    assert body.count("```") == 2 and body.index("```\n") < body.index("## You")
+
+
 def test_export() -> None:
     from flashdesk.app.history.export import to_json, to_markdown
 
@@ -542,3 +556,24 @@ def test_settings_dialog_context_policy_and_the_max_tokens_note(qtbot) -> None:
     again = ConversationSettings("Chat", "", sampling_with_defaults(values))
     qtbot.addWidget(again)
     assert again.context_policy.currentData() == "stop"
+
+
+def test_typing_auto_in_the_draft_length_picks_it(qtbot) -> None:
+    from PySide6.QtCore import Qt
+
+    from flashdesk.app.panels.spec_panel import SpecPanel
+
+    panel = SpecPanel()
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.set_block_size(16, enabled=True, length=6)
+    changes = []
+    panel.speculation_changed.connect(lambda on, n, method: changes.append(n))
+    panel.length.lineEdit().selectAll()
+    qtbot.keyClicks(panel.length, "auto")
+    qtbot.keyClick(panel.length, Qt.Key.Key_Return)
+    assert panel.length.value() == 0 and panel.values()[1] == "auto" and changes[-1] == "auto"
+    panel.length.lineEdit().selectAll()
+    qtbot.keyClicks(panel.length, "9")
+    qtbot.keyClick(panel.length, Qt.Key.Key_Return)
+    assert panel.values()[1] == 9

@@ -131,7 +131,7 @@ def messages(window: MainWindow):
 
 def test_send_streams_is_stored_while_streaming_and_survives_a_restart(qtbot, open_window, demo, tmp_path) -> None:
     w = open_window(demo=demo, delay=0.02)
-    assert w.windowTitle() == "FlashDesk — New conversation"
+    assert w.windowTitle() == "New conversation — FlashDesk"
     greedy(w, max_tokens=240)
     w.spec.length.setValue(3)  # four tokens a step at most: the reply takes a few saves
     seen: list[str] = []
@@ -155,7 +155,7 @@ def test_send_streams_is_stored_while_streaming_and_survives_a_restart(qtbot, op
     assert widget.message.content == reply.content
     assert "240 tokens" in widget.footer.text() and "tok/s" in widget.footer.text()
     assert "J/token n/a" in widget.footer.text()  # CPU: no energy counter
-    assert w.windowTitle() == "FlashDesk — Hello there"
+    assert w.windowTitle() == "Hello there — FlashDesk"
     assert w.conversations.list.currentItem().text() == "Hello there"
     assert w.composer.button.text() == "Send"
     assert w.telemetry.text("tps_message").endswith("tok/s")
@@ -164,7 +164,7 @@ def test_send_streams_is_stored_while_streaming_and_survives_a_restart(qtbot, op
 
     again = open_window(delay=None)  # the same data folder, the model remembered
     assert [c.title for c in again.store.conversations()][:1] == ["Hello there"]
-    assert again.windowTitle() == "FlashDesk — Hello there"
+    assert again.windowTitle() == "Hello there — FlashDesk"
     stored = messages(again)
     assert [m.content for m in stored] == ["Hello there", reply.content]
     assert again.chat.widget(stored[1].id).message.content == reply.content
@@ -351,7 +351,7 @@ def test_conversations_edit_regenerate_export(qtbot, open_window, demo, tmp_path
 
     # new, search, rename (F2), delete (Delete key)
     w.new_conversation()
-    assert w.windowTitle() == "FlashDesk — New conversation"
+    assert w.windowTitle() == "New conversation — FlashDesk"
     send(qtbot, w, "Pasta recipes")
     wait_idle(qtbot, w)
     assert [c.title for c in w.store.conversations()] == ["Pasta recipes", "First question"]
@@ -361,7 +361,7 @@ def test_conversations_edit_regenerate_export(qtbot, open_window, demo, tmp_path
     item = w.conversations.list.currentItem()
     item.setText("Italian food")  # what the inline editor does on Enter after F2
     assert w.store.conversation(w.controller.conversation.id).title == "Italian food"
-    assert w.windowTitle() == "FlashDesk — Italian food"
+    assert w.windowTitle() == "Italian food — FlashDesk"
     w.conversations.confirm_delete = lambda title: True
     w.conversations.list.setFocus()
     QTest.keyClick(w.conversations.list, Qt.Key.Key_Delete)
@@ -418,6 +418,22 @@ def test_the_side_panel_collapses_and_is_remembered(qtbot, open_window, tmp_path
     assert again.side.isHidden() and not again.side_action.isChecked()
     again.side_action.trigger()
     assert not again.side.isHidden()
+
+
+def test_a_narrow_window_gives_the_chat_the_room_and_says_how_to_get_the_panel_back(qtbot, open_window) -> None:
+    w = open_window()
+    w.resize(900, 600)
+    until(lambda: w.side.isHidden())
+    assert "Ctrl+Shift+S" in w.statusBar().currentMessage() and not w.side_action.isChecked()
+    assert w.store.setting("side_panel", True) is True  # the choice is not changed by the size
+    w.side_action.trigger()  # asked for: it shows, narrow or not
+    assert not w.side.isHidden() and w.side_action.isChecked()
+    w.resize(1400, 860)
+    until(lambda: w.width() >= 1100)
+    w.resize(900, 600)
+    until(lambda: w.side.isHidden())  # narrow again after a wide spell: hidden again
+    w.resize(1400, 860)
+    until(lambda: not w.side.isHidden())
 
 
 def test_regenerate_keeps_the_earlier_replies_to_browse(qtbot, open_window, demo, tmp_path) -> None:

@@ -34,6 +34,7 @@ def test_gpu_check_smoke(tmp_path):
     }
     row = results["full_size"]["float32"]
     assert row["ar_step_ms"] > 0 and row["dflash_k15_step_ms"] > 0
+    assert row["mtp_k8_step_ms"] > 0 and set(row["mtp_k4_projected_speedup_at_tau"]) == {"1", "2", "3", "4", "5"}
     # batch invariance is measured everywhere and required on a GPU only (fp32 CPU matmuls are not)
     for check in (results["tiny_correctness"]["bf16_int4_fp8_block_rows_equal_alone"], row["block_rows_equal_alone"]):
         assert isinstance(check["equal"], bool) and check["max_abs_diff"] >= 0

@@ -73,13 +73,15 @@ def test_gpu_checks_first_section_launches_only_kernels_that_compile_for_sm_90(t
 
 def test_every_launch_at_the_real_shapes_is_one_kernels_check_compiles():
     """kernels.check compiles hand-written specs of the real shapes; here the engine itself runs at
-    those shapes (2 of the 30 layers: one sliding, one full; fp8 KV; bf16 and int4 drafters) with
+    those shapes (2 of the 30 layers: one sliding, one full; fp8 KV; bf16 and int4 drafters, and
+    Gemma 4's MTP assistant) with
     the kernels recorded but not executed, and every launch must be among those specs, launch
     options included. It found the drafter's fc listed over 5 target layers instead of 6, its
     block's K/V write missing, and launches running 3 pipeline stages where 2 were compiled."""
     pytest.importorskip("triton")
     from flashdesk.engine.decode.sampling import SamplingParams
-    from flashdesk.engine.bench.synthetic_model import synthetic_drafter, synthetic_target
+    from flashdesk.engine.bench.synthetic_model import synthetic_assistant, synthetic_drafter, synthetic_target
+    from flashdesk.engine.decode.mtp import MtpDrafter
     from flashdesk.engine.decode.speculative import Decoder, SpecControl
     from flashdesk.engine.cli.bench_synthetic import run_synthetic
     from flashdesk.kernels.launch_log import unlisted
@@ -97,6 +99,12 @@ def test_every_launch_at_the_real_shapes_is_one_kernels_check_compiles():
             decoder.prefill(list(range(5, 1105)))
             for control in (SpecControl(False), SpecControl(True, 1), SpecControl(True, 7), SpecControl(True, 15)):
                 decoder.step(100, control)
+        # Gemma 4's MTP assistant: rounds of 1..15 steps over the target's fp8 cache, in place
+        mtp = MtpDrafter(model, synthetic_assistant(model))
+        decoder = Decoder(model, None, 2048, "fp8", SamplingParams(), set(), mtp=mtp)
+        decoder.prefill(list(range(5, 1105)))
+        for control in (SpecControl(False), SpecControl(True, 1), SpecControl(True, 4), SpecControl(True, 15)):
+            decoder.step(100, control)
     assert len(launches) > 40
     missing = unlisted(launches)
     assert not missing, "launched but never compiled by kernels.check:\n" + "\n".join(map(str, missing))

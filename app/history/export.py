@@ -51,8 +51,8 @@ def to_markdown(conv: Conversation, messages: list[Message], versions: dict[int,
         out += [f"## {who}", ""]
         if m.thought:
             seconds = f" ({m.thought_seconds:.1f} s)" if m.thought_seconds is not None else ""
-            out += [f"<details><summary>Thought{seconds}</summary>", "", m.thought, "", "</details>", ""]
-        out += [m.content, ""]
+            out += [f"<details><summary>Thought{seconds}</summary>", "", closed_fences(m.thought), "", "</details>", ""]
+        out += [closed_fences(m.content), ""]
         if m.role == "assistant" and m.stats:
             out += [f"_{footer_text(m.stats)}_", ""]
         if m.state not in ("complete",):
@@ -61,9 +61,31 @@ def to_markdown(conv: Conversation, messages: list[Message], versions: dict[int,
         if others:
             out += [f"<details><summary>Version {m.version} of {m.versions}: the other versions</summary>", ""]
             for v in others:
-                out += [f"**Version {v.version}**", "", v.content, ""]
+                out += [f"**Version {v.version}**", "", closed_fences(v.content), ""]
             out += ["</details>", ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+def closed_fences(text: str) -> str:
+    """`text` with a code fence it leaves open closed (a reply cut off inside a code block), so the
+    rest of the document does not render as code (CommonMark: a fence closes with at least as
+    many of the same character, alone on its line)."""
+    open_fence = None
+    for line in text.splitlines():
+        found = _FENCE.match(line)
+        if not found:
+            continue
+        fence = found.group(1)
+        if open_fence is None:
+            open_fence = fence
+        elif fence[0] == open_fence[0] and len(fence) >= len(open_fence) and not line.strip()[len(fence) :].strip():
+            open_fence = None
+    if open_fence is None:
+        return text
+    return text.rstrip("\n") + "\n" + open_fence[0] * len(open_fence)
 
 
 def _quote(text: str) -> str:

@@ -296,9 +296,11 @@ class BenchPage(QWidget):
             return
         self.running = rid
         self.progress.setRange(0, 0)
-        self.status.setText(
-            f"Running {len(tasks)} task type(s) × {self.per_task.value()} prompt(s) in {len(lengths) + 1} modes…"
-        )
+        methods = max(1, len(self.methods))
+        modes = 1 + methods * len(lengths) + (1 if methods > 1 else 0)  # AR, each method's, the automatic method
+        self.status.setText(f"Running {len(tasks)} task type(s) × {self.per_task.value()} prompt(s) in {modes} modes…")
+        if self.report is None:
+            self.summary.setText("Running: the results appear here when the run ends.")
         self._update_run()
 
     def cancel(self) -> None:
@@ -417,10 +419,8 @@ class BenchPage(QWidget):
         self.history.blockSignals(True)
         self.history.clear()
         for run in self.runs:
-            best = next(
-                (m for m in run.get("modes", []) if m.get("draft_length") == run.get("best_draft_length")), None
-            )
-            best_text = f"best {best['mode']} {best['speedup_over_ar']:.2f}×" if best else "no DFlash mode"
+            best = _best(run)
+            best_text = f"best {best['mode']} {best['speedup_over_ar']:.2f}×" if best else "no speculative mode"
             self.history.addItem(
                 QListWidgetItem(
                     f"{str(run.get('date', '?'))[:16].replace('T', ' ')} · {run.get('device_name', '?')} · "

@@ -43,7 +43,7 @@ from PySide6.QtWidgets import (
 from flashdesk.app import theme
 
 DEMO_TEXT = (
-    "<b>No model yet?</b> The demo copies a tiny Gemma 4 model and DFlash drafter trained for "
+    "<b>The demo</b> copies a tiny Gemma 4 model and DFlash drafter trained for "
     "FlashDesk (about 6 MB) into FlashDesk's data folder and runs them on the CPU. <b>It is a toy</b>: "
     "2.4 million parameters trained on Python's source and our docs, it writes text that looks like "
     "code or English and is rarely right. The demo shows how the app works (streaming, speculation "

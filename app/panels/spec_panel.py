@@ -15,6 +15,7 @@ server does not tell (drafts per step, which tokens were drafted) is not shown.
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
+from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -35,6 +36,21 @@ from flashdesk.app.panels.plots import BarPlot
 
 def _pct(value) -> str:
     return f"{value:.0%}" if isinstance(value, (int, float)) else "n/a"
+
+
+class DraftLengthBox(QSpinBox):
+    """The draft length: 1..K, or "auto" (shown at 0); typing "auto" (or its start) picks it, as
+    arrowing below 1 does."""
+
+    def validate(self, text: str, pos: int):
+        typed = text.strip().lower()
+        if typed and AUTO.startswith(typed):
+            state = QValidator.State.Acceptable if typed == AUTO else QValidator.State.Intermediate
+            return state, text, pos
+        return super().validate(text, pos)
+
+    def valueFromText(self, text: str) -> int:
+        return self.minimum() if text.strip().lower() == AUTO else super().valueFromText(text)
 
 
 METHOD_CHOICES = {
@@ -75,7 +91,7 @@ class SpecPanel(QGroupBox):
             "MTP assistant (one small step a token). Auto picks, each step, the method and draft length "
             "with the most expected tokens per second on this card. Applies from the next step"
         )
-        self.length = QSpinBox()
+        self.length = DraftLengthBox()
         self.length.setObjectName("draftLength")
         self.length.setRange(0, 15)  # 0 shows as "auto"
         self.length.setSpecialValueText(AUTO)

@@ -103,6 +103,27 @@ def synthetic_drafter(target, seed: int = 1, quantize: str | None = None):
     return Drafter(dcfg, random_draft_weights(dcfg, target.device, target.dtype, seed), target, quantize=quantize)
 
 
+def synthetic_assistant(target, seed: int = 2, raw: dict | None = None):
+    """Gemma 4's MTP assistant for a synthetic target (its vocabulary), random 16-bit weights:
+    linears 1/sqrt(fan_in), norms and layer scalars ~1. `raw`: another assistant config than the
+    real one (smaller shapes)."""
+    from flashdesk.engine.model.assistant import Assistant, assistant_expected_shapes, parse_assistant_config
+
+    raw = dict(raw or known_models.assistant_raw())
+    raw["text_config"] = dict(raw["text_config"], vocab_size=target.cfg.vocab_size)
+    cfg = parse_assistant_config(raw, "synthetic assistant")
+    gen = _generator(target.device, seed)
+    weights = {}
+    for name, shape in assistant_expected_shapes(cfg).items():
+        if name.endswith("token_ordering"):
+            weights[name] = torch.randperm(shape[0], device=target.device)
+        elif len(shape) == 1:
+            weights[name] = _randn(shape, 0.05, target.device, target.dtype, gen, mean=1.0)
+        else:
+            weights[name] = _randn(shape, 1 / math.sqrt(shape[-1]), target.device, target.dtype, gen)
+    return Assistant(cfg, weights, target.device, target.dtype)
+
+
 def synthetic_pair(
     layers: int, device, dtype, seed: int = 0, vocab_size: int | None = None, quantize: str | None = None
 ):

@@ -231,7 +231,9 @@ class Engine:
         counts it); before the first generation only (the cache must be empty)."""
         self._step_state()
         rows = self.max_draft_length + 1
-        return compile_generation_kernels(self.model, self._cache, self.drafter, self._ctx, block_rows=rows)
+        return compile_generation_kernels(
+            self.model, self._cache, self.drafter, self._ctx, block_rows=rows, mtp=self.mtp
+        )
 
     def reusable_tokens(self, prompt_ids: list[int]) -> int:
         """How many of the prompt's tokens the next generation would take from earlier ones."""

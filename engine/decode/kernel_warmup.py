@@ -16,6 +16,7 @@ import time
 import torch
 
 from flashdesk.engine.decode.speculative import PENDING_LIMIT, PREFILL_CHUNK
+from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
@@ -31,11 +32,13 @@ def compile_generation_kernels(
     ctx: DraftContext | None = None,
     workers: int | None = None,
     block_rows: int | None = None,
+    mtp=None,
 ) -> float | None:
     """Seconds it took to compile every kernel a generation over `cache` (and `ctx`) launches, or
     None where nothing compiles ahead (the torch kernels, Triton's interpreter): they compile at
     first use. The cache and context must be empty and are left empty. `block_rows`: the longest
-    verify block without a drafter (an MTP assistant's last token and drafts)."""
+    verify block without a drafter (an MTP assistant's last token and drafts); `mtp`: an
+    MtpDrafter, whose one draft step compiles every kernel of its rounds."""
     if cache.length or (ctx is not None and ctx.length):
         raise ValueError("kernels compile ahead on an empty cache and drafter context only")
     if not use_triton(model.device) or fallbacks():  # a torch kernel would run for real, on garbage
@@ -51,6 +54,10 @@ def compile_generation_kernels(
                 return None
             out = model.forward(ids, cache, taps=taps, logits_rows="last")  # a prompt's chunk
             features = out.taps
+            if mtp is not None:  # a round over the chunk's K/V: the assistant's kernels
+                mtp.after_prefill(out.hidden[-1:], chunk)
+                mtp.draft(cache, ids[:1], 1, SamplingParams(), None)
+                mtp.state = None
             cache.reset()
             for m in range(1, rows + 1):  # decode (m = 1, last row or all) and verify blocks
                 for logits_rows in ("last", "all") if m == 1 else ("all",):
