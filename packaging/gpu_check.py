@@ -112,24 +112,13 @@ def smoke_assistant_config() -> dict:
     """Gemma 4's MTP assistant at the smoke target's shapes (its width, its K/V geometry)."""
     from flashdesk.engine.model import known_models
 
-    real = known_models.assistant_raw()
-    text = dict(
-        real["text_config"],
-        vocab_size=512,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        layer_types=["sliding_attention", "full_attention"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        global_head_dim=64,
-        num_global_key_value_heads=1,
-        sliding_window=16,
-        num_kv_shared_layers=2,
-        max_position_embeddings=4096,
-    )
-    return dict(real, backbone_hidden_size=64, text_config=text)
+    real, target = known_models.assistant_raw(), smoke_configs()[0]
+    geometry = ("vocab_size", "num_attention_heads", "sliding_window", "max_position_embeddings")
+    kv = ("num_key_value_heads", "head_dim", "global_head_dim", "num_global_key_value_heads")
+    text = dict(real["text_config"], **{key: target[key] for key in geometry + kv})
+    text.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_kv_shared_layers=2)
+    text["layer_types"] = ["sliding_attention", "full_attention"]
+    return dict(real, backbone_hidden_size=target["hidden_size"], text_config=text)
 
 
 def random_target(cfg, device, dtype, int4: bool, seed: int = 0):
