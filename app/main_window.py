@@ -12,6 +12,7 @@ its status texts, its draft-length control, this computer's GPU shown as the eng
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from PySide6.QtWidgets import (
 from flashdesk import protocol as p
 from flashdesk import paths
 from flashdesk.protocol import METHOD_NAMES
+from flashdesk.app import theme
 from flashdesk.app.history import export
 from flashdesk.app.chat.banner import Banner
 from flashdesk.app.diagnostics import DiagnosticsCopier
@@ -66,6 +68,25 @@ ERROR_TITLES = {p.OUT_OF_MEMORY: "Out of memory", p.BAD_INPUT: "Not possible", p
 SEND_ANYWAY, CANCEL = "Send anyway", "Cancel"
 DROP_AND_SEND, DROP_AND_CONTINUE = "Drop oldest turns and send", "Drop oldest turns and continue"
 NEW_LIKE = "New conversation with the same system prompt"
+
+
+def for_the_window(message: str) -> str:
+    """An engine message in the window's words: what the command line would run, a window user
+    does on the setup page (`flashdesk models pull ID` is its Download button)."""
+    return re.sub(r"run `flashdesk models pull ([^`]+)`", r"press Download on the setup page (it fetches \1)", message)
+
+
+def about_text() -> str:
+    """Help → About: what FlashDesk is, its version, and where to read more."""
+    from flashdesk import __version__
+
+    return (
+        f"<b>{APP_NAME} {__version__}</b><br><br>A desktop chat with its own inference engine for Google's "
+        "Gemma 4 26B-A4B on one NVIDIA card, sped up by speculative decoding (z-lab's DFlash drafter or "
+        "Gemma 4's MTP assistant) without changing what the model says.<br><br>"
+        "The guides are the docs/ folder of its source (docs/app.md: the window, page by page). "
+        "Help → Copy diagnostics puts what to send with a problem report on the clipboard."
+    )
 
 
 NARROW_WINDOW = 1100  # px: below this the side panel (340 px at least) leaves the chat too little
@@ -101,6 +122,11 @@ class MainWindow(ModelSetupFlow, QMainWindow):
 
         self.spec.colour.setChecked(bool(store.setting("colour_by_origin", False)))
         self.set_side_panel(bool(store.setting("side_panel", True)))
+        kept = store.setting("theme", "system")
+        if kept in ("light", "dark"):  # the system's is what the app starts with (main.py)
+            theme.set_choice(kept)
+        for name, act in self.theme_actions.items():
+            act.setChecked(name == (kept if kept in theme.CHOICES else "system"))
         spec = store.setting("speculation", {"enabled": True, "draft_length": None})
         self.session.speculation = (bool(spec.get("enabled", True)), spec.get("draft_length"), spec.get("method"))
         self.telemetry.set_gpu_available(self.sampler.gpu_available, self.sampler.problem)
@@ -261,7 +287,7 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.conversations.deleted.connect(c.delete)
         self.conversations.search.textChanged.connect(lambda _t: self.refresh_conversations())
         self.chat.edit_submitted.connect(c.resend)
-        self.chat.regenerate_requested.connect(c.regenerate)
+        self.chat.regenerate_requested.connect(self.regenerate)
         self.chat.version_requested.connect(c.show_version)
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(c.stop)
@@ -331,12 +357,66 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.side_action = action(view, "Show the &side panel", self.set_side_panel, "Ctrl+Shift+S", "sidePanelAction")
         self.side_action.setCheckable(True)
         self.side_action.setToolTip("Speculation and telemetry on the right; hide it for a wider chat")
+        themes = view.addMenu("&Theme")
+        self.theme_actions = {}
+        for choice, label in (("system", "Follow the &system"), ("light", "&Light"), ("dark", "&Dark")):
+            act = action(themes, label, lambda _on, c=choice: self.set_theme(c), name=f"theme_{choice}")
+            act.setCheckable(True)
+            self.theme_actions[choice] = act
         engine = bar.addMenu("&Engine")
         action(engine, "&Benchmark…", self.show_bench, "Ctrl+B", name="benchAction")
         action(engine, "&Restart engine", self.restart_engine, "Ctrl+Shift+R")
         action(engine, "&Unload model (free its memory)", self.session.unload)
+        engine.addSeparator()
+        action(engine, "&API server for other programs…", self.show_server_panel, name="serverPanelAction")
         help_menu = bar.addMenu("&Help")
+        action(help_menu, "&Keyboard shortcuts", self.show_shortcuts, "F1", name="shortcutsAction")
         action(help_menu, "Copy &diagnostics", self.copy_diagnostics, name="copyDiagnosticsAction")
+        action(help_menu, "&About FlashDesk", self.show_about, name="aboutAction")
+
+    def show_server_panel(self) -> None:
+        """Engine → API server: the chat page's side panel shown and scrolled to the server's part."""
+        self.show_chat()
+        if self.side.isHidden():
+            self.set_side_panel(True)
+        self.side.ensureWidgetVisible(self.server_panel)
+        if self.server_panel.toggle.isEnabled():  # without a model loaded, it says why it is off
+            self.server_panel.toggle.setFocus()
+
+    def set_theme(self, choice: str) -> None:
+        """View → Theme: the system's, light or dark; remembered for the next start."""
+        theme.set_choice(choice)
+        for name, act in self.theme_actions.items():
+            act.setChecked(name == choice)
+        self.store.set_setting("theme", choice)
+
+    def shortcut_lines(self) -> list[tuple[str, str]]:
+        """(action, keys) of every menu entry with a shortcut, read from the menus themselves."""
+        lines = []
+        for menu_action in self.menuBar().actions():
+            for act in menu_action.menu().actions():
+                keys = act.shortcut().toString(QKeySequence.SequenceFormat.NativeText)
+                text = act.text().split("\t")
+                keys = keys or (text[1] if len(text) > 1 else "")
+                if keys:
+                    lines.append((f"{menu_action.text().replace('&', '')} → {text[0].replace('&', '')}", keys))
+        return lines
+
+    def show_shortcuts(self) -> None:
+        """Help → Keyboard shortcuts: every one, in a window that stays beside the chat."""
+        rows = "".join(
+            f"<tr><td>{name}</td><td>&nbsp;&nbsp;<b>{keys}</b></td></tr>" for name, keys in self.shortcut_lines()
+        )
+        box = QMessageBox(QMessageBox.Icon.NoIcon, "Keyboard shortcuts", f"<table>{rows}</table>", parent=self)
+        box.setObjectName("shortcutsBox")
+        box.setModal(False)
+        box.show()
+
+    def show_about(self) -> None:
+        box = QMessageBox(QMessageBox.Icon.Information, f"About {APP_NAME}", about_text(), parent=self)
+        box.setObjectName("aboutBox")
+        box.setModal(False)
+        box.show()
 
     def copy_diagnostics(self) -> None:
         """Help > Copy diagnostics: the report to send when something fails, onto the clipboard."""
@@ -376,7 +456,11 @@ class MainWindow(ModelSetupFlow, QMainWindow):
 
     def refresh_conversations(self) -> None:
         conv = self.controller.conversation
-        self.conversations.fill(self.store.search(self.conversations.search.text()), conv.id if conv else None)
+        reply = self.controller.reply
+        streaming = self.store.message(reply.message_id) if reply is not None else None
+        writing = streaming.conversation_id if streaming is not None else None
+        hits = self.store.search(self.conversations.search.text())
+        self.conversations.fill(hits, conv.id if conv else None, writing)
 
     def _conversation_changed(self, conv) -> None:
         same = conv is not None and conv.id == self._shown
@@ -485,14 +569,15 @@ class MainWindow(ModelSetupFlow, QMainWindow):
             self.setup.show_error(f"Download failed: {err.message}")
             return
         if err.during == "inspect" and "models pull" in err.message and self.setup.hub_ids():
-            self.setup.show_error(f"{title}: {err.message}. Or press Download to download it from here.")
+            self.setup.show_error(f"{title}: {for_the_window(err.message)}.")
             return
         if self.engine.is_remote and err.during in ("load", "generate", "request"):
             return  # the local engine is not the chat's now
         if err.during in ("load", "inspect", "demo", "startup"):
             self.load_bar.hide()
-            self.engine_label.setText(f"{title}: {err.message}")
-            self.setup.show_error(f"{title}: {err.message}")
+            message = for_the_window(err.message)
+            self.engine_label.setText(f"{title}: {message}")
+            self.setup.show_error(f"{title}: {message}")
             if err.during == "load":
                 self.show_setup()
             return
@@ -644,12 +729,23 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         messages = self.store.messages(self.controller.conversation.id)
         last = next((m for m in reversed(messages) if m.role == "assistant"), None)
         if last is not None:
-            self.controller.regenerate(last.id)
+            self.regenerate(last.id)
+
+    def regenerate(self, message_id: int) -> None:
+        """A new version of a reply; at temperature 0 it is the same one again, and the status bar
+        says so and where to change it."""
+        if self.controller.regenerate(message_id) and not self.controller.sampling().get("temperature"):
+            self.statusBar().showMessage(
+                "Temperature 0 writes the same reply again: raise it in the conversation's settings "
+                "(Chat → Conversation settings) for a different one",
+                10_000,
+            )
 
     def _busy(self, busy: bool) -> None:
         self.composer.set_busy(busy)
         self.chat.set_busy(busy)
         self.esc.setEnabled(busy)
+        self.refresh_conversations()  # the mark of the conversation writing a reply
         if not busy:
             self.telemetry.set_live(None)
 

@@ -3,7 +3,8 @@
 Why Fusion with our palette: Qt's default style on a bare Linux desktop (or Xvfb) ignores the
 desktop's dark preference, while `styleHints().colorScheme()` knows it (GNOME, KDE, Windows,
 macOS). Fusion draws every widget from the palette, so one palette switch recolours the whole
-window, also live when the system theme changes. FLASHDESK_THEME=light|dark overrides.
+window, also live when the system theme changes. The window's View → Theme (`set_choice`) or
+FLASHDESK_THEME=light|dark overrides it.
 """
 
 from __future__ import annotations
@@ -19,10 +20,25 @@ from PySide6.QtWidgets import QApplication
 from flashdesk.paths import assets_dir
 
 THEME_ENV = "FLASHDESK_THEME"
+CHOICES = ("system", "light", "dark")
+_choice = "system"  # the window's View → Theme
 ICON_PIXELS = 48  # drawn at twice the usual 24 px: sharp on HiDPI screens, smooth when scaled down
 
 
+def set_choice(choice: str) -> None:
+    """Follow the system ("system"), or be "light" or "dark" whatever it says; applied at once."""
+    global _choice
+    if choice not in CHOICES:
+        raise ValueError(f"theme: {choice!r} is not one of {', '.join(CHOICES)}")
+    _choice = choice
+    app = QApplication.instance()
+    if app is not None:
+        apply(app)
+
+
 def is_dark() -> bool:
+    if _choice != "system":
+        return _choice == "dark"
     forced = os.environ.get(THEME_ENV, "").lower()
     if forced in ("light", "dark"):
         return forced == "dark"

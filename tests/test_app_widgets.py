@@ -425,7 +425,7 @@ def test_conversation_list_shows_snippets_and_says_when_nothing_matches(qtbot, t
     items = [w.list.item(i) for i in range(w.list.count())]
     assert [i.text() for i in items] == ["Pasta shapes", "Dinner <ideas>"]  # the titles, as they are
     assert items[0].data(SNIPPET_ROLE) is None  # the title matched: nothing to show under it
-    assert items[1].data(SNIPPET_ROLE) == "How long do I boil <b>pasta</b> &amp; rice?"
+    assert items[1].data(SNIPPET_ROLE).endswith(" · How long do I boil <b>pasta</b> &amp; rice?")  # after when
     assert w.list.currentItem().data(ID_ROLE) == pasta.id
     rects = [w.list.visualItemRect(i) for i in items]
     assert rects[1].height() > rects[0].height()  # room for the snippet under the title
@@ -577,3 +577,106 @@ def test_typing_auto_in_the_draft_length_picks_it(qtbot) -> None:
     qtbot.keyClicks(panel.length, "9")
     qtbot.keyClick(panel.length, Qt.Key.Key_Return)
     assert panel.values()[1] == 9
+
+
+def test_a_passing_mouse_wheel_scrolls_the_page_and_leaves_the_fields_alone(qtbot) -> None:
+    from PySide6.QtCore import QPoint, QPointF, Qt
+    from PySide6.QtGui import QWheelEvent
+    from PySide6.QtWidgets import QApplication, QScrollArea, QSpinBox, QVBoxLayout, QWidget
+
+    from flashdesk.app.wheel_guard import wheel_only_when_focused
+
+    page = QWidget()
+    layout = QVBoxLayout(page)
+    box = QSpinBox()
+    box.setRange(0, 100)
+    box.setValue(50)
+    layout.addWidget(box)
+    layout.addSpacing(2000)
+    area = QScrollArea()
+    area.setWidget(page)
+    area.resize(300, 200)
+    qtbot.addWidget(area)
+    area.show()
+    wheel_only_when_focused(box)
+
+    def roll() -> None:
+        centre = QPointF(box.rect().center())
+        event = QWheelEvent(
+            centre, QPointF(box.mapToGlobal(box.rect().center())), QPoint(0, 0), QPoint(0, -120),
+            Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier, Qt.ScrollPhase.NoScrollPhase, False,
+        )  # fmt: skip
+        QApplication.sendEvent(box, event)
+
+    roll()
+    assert box.value() == 50 and area.verticalScrollBar().value() > 0  # the page scrolled instead
+    box.setFocus()
+    qtbot.waitUntil(box.hasFocus)
+    roll()
+    assert box.value() == 49  # once focused, the wheel is the field's
+
+
+def test_an_engine_message_that_names_a_command_says_what_to_press_instead() -> None:
+    from flashdesk.app.main_window import for_the_window
+
+    engine = "org/model is not on this computer: run `flashdesk models pull org/model` to download it"
+    assert for_the_window(engine) == (
+        "org/model is not on this computer: press Download on the setup page (it fetches org/model) to download it"
+    )
+    assert for_the_window("no such folder") == "no such folder"
+
+
+def test_search_hits_say_when_and_the_conversation_writing_a_reply_is_marked(qtbot) -> None:
+    import time
+
+    from flashdesk.app.chat.conversation_list import SNIPPET_ROLE, WRITING_MARK, ConversationList, short_date
+    from flashdesk.app.history.store import SearchHit
+
+    now = time.mktime((2026, 12, 4, 15, 30, 0, 0, 0, -1))
+    assert short_date(now - 3600, now) == "14:30"
+    assert short_date(time.mktime((2026, 3, 9, 10, 0, 0, 0, 0, -1)), now) == "Mar 9"
+    assert short_date(time.mktime((2025, 3, 9, 10, 0, 0, 0, 0, -1)), now) == "2025-03-09"
+    view = ConversationList()
+    qtbot.addWidget(view)
+    a, b = Conversation(1, "Sky", 0.0, now, "", {}), Conversation(2, "Sea", 0.0, now, "", {})
+    view.fill([SearchHit(a, "why is the \x02sky\x03 blue", 7), SearchHit(b)], 1, writing=2)
+    first, second = view.list.item(0), view.list.item(1)
+    assert first.text() == "Sky" and first.data(SNIPPET_ROLE).startswith(short_date(now) + " · ")
+    assert second.text() == f"{WRITING_MARK} Sea" and "writing a reply now" in second.toolTip()
+
+
+def test_a_reply_before_its_first_token_says_it_waits(qtbot) -> None:
+    from flashdesk.app.chat.message_widget import WAITING_TEXT, MessageWidget
+
+    w = MessageWidget(_message(content="", state="streaming"))
+    qtbot.addWidget(w)
+    assert w.status.text() == WAITING_TEXT
+    w.show_stream("Hel", "", None, [], False)
+    assert w.status.isHidden() and not w.status.text()
+
+
+def test_copy_says_it_copied(qtbot) -> None:
+    from PySide6.QtGui import QGuiApplication
+    from PySide6.QtWidgets import QToolTip
+
+    from flashdesk.app.chat.message_widget import MessageWidget
+
+    w = MessageWidget(_message(content="**Answer**"))
+    qtbot.addWidget(w)
+    w.show()
+    w.copy()
+    assert QGuiApplication.clipboard().text() == "**Answer**" and QToolTip.text() == "Copied the message"
+
+
+def test_a_banners_buttons_sit_under_its_text(qtbot) -> None:
+    from flashdesk.app.chat.banner import Banner
+
+    banner = Banner("testBanner")
+    qtbot.addWidget(banner)
+    banner.resize(600, 200)
+    banner.show_text("The context filled up: " + "a long explanation " * 10, "Drop oldest", "info", "New conversation")
+    qtbot.waitUntil(lambda: banner.label.width() > 0)
+    assert banner.label.width() > 450  # the whole strip, not a column beside the buttons
+    assert banner.button.mapTo(banner, banner.button.rect().topLeft()).y() > banner.label.geometry().bottom() - 1
+    banner.show_text("Just a note.")
+    assert banner.buttons.isHidden()

@@ -324,6 +324,7 @@ def test_conversations_edit_regenerate_export(qtbot, open_window, demo, tmp_path
     widget = w.chat.widget(user.id)
     widget.edit_button.click()
     assert widget.editor.isVisible()
+    assert widget.edit_note.text().startswith("Saving sends it again: the 1 message after it")
     widget.editor.setPlainText("Second question")
     widget.edit_send.click()
     wait_idle(qtbot, w)
@@ -445,6 +446,7 @@ def test_regenerate_keeps_the_earlier_replies_to_browse(qtbot, open_window, demo
     assert not w.chat.widget(first.id).versions_row.isVisibleTo(w.chat.widget(first.id))
     w.controller.update_settings("", {"temperature": 0.0, "max_tokens": 10})  # a longer second version
     w.chat.widget(first.id).regen_button.click()
+    assert "Temperature 0 writes the same reply again" in w.statusBar().currentMessage()  # and where to change it
     wait_idle(qtbot, w)
     _, second = messages(w)
     assert second.id != first.id and second.content != first.content
@@ -544,3 +546,39 @@ def test_the_method_selector_switches_between_the_drafter_and_the_assistant(
     assert set(methods) - {None} == {"mtp"}
     reply = messages(w)[-1]
     assert set(reply.stats["methods"]) == {"mtp"} and "(MTP)" in w.chat.widget(reply.id).footer.text()
+
+
+def test_help_lists_the_shortcuts_says_what_flashdesk_is_and_the_theme_is_a_choice(qtbot, open_window) -> None:
+    from PySide6.QtWidgets import QMessageBox
+
+    from flashdesk.app import theme
+
+    w = open_window()
+    lines = dict(w.shortcut_lines())
+    assert lines["Chat → Regenerate last reply"] == "Ctrl+R" and lines["View → Show the side panel"] == "Ctrl+Shift+S"
+    assert lines["Chat → Stop"] == "Esc" and lines["Help → Keyboard shortcuts"] == "F1"
+    w.findChild(QAction, "shortcutsAction").trigger()
+    box = w.findChild(QMessageBox, "shortcutsBox")
+    assert box.isVisible() and "Ctrl+Shift+S" in box.text()
+    w.findChild(QAction, "aboutAction").trigger()
+    assert "MTP assistant" in w.findChild(QMessageBox, "aboutBox").text()
+    app = QApplication.instance()
+    style, palette = app.style().name(), app.palette()  # the tests' own, for the tests after this one
+    try:
+        w.findChild(QAction, "theme_dark").trigger()
+        assert theme.is_dark() and w.store.setting("theme") == "dark"
+        assert w.findChild(QAction, "theme_dark").isChecked() and not w.findChild(QAction, "theme_light").isChecked()
+        w.findChild(QAction, "theme_light").trigger()
+        assert not theme.is_dark() and w.store.setting("theme") == "light"
+    finally:
+        theme.set_choice("system")
+        app.setStyle(style)
+        app.setPalette(palette)
+
+
+def test_the_engine_menu_leads_to_the_api_server(qtbot, open_window) -> None:
+    w = open_window()
+    w.set_side_panel(False)
+    w.findChild(QAction, "serverPanelAction").trigger()
+    assert w.pages.currentIndex() == 1 and not w.side.isHidden()
+    qtbot.waitUntil(lambda: not w.server_panel.visibleRegion().isEmpty())  # scrolled into view

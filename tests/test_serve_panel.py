@@ -61,10 +61,12 @@ def test_other_devices_need_the_key_the_panel_makes(qtbot, loaded) -> None:
     panel.port.setValue(0)
     panel.everywhere.setChecked(True)
     key = panel.key.text()
-    assert len(key) >= 24
+    assert len(key) >= 24 and not set(key) & set("0O1lI")  # no letters that read alike
     panel.toggle.setChecked(True)
     until(lambda: panel.url.text(), timeout_ms=30_000)
     assert "API key required" in panel.status.text() and "other devices" in panel.status.text()
+    assert "0.0.0.0" not in panel.url.text()  # the address other devices use
+    assert panel.key.isEnabled() and panel.key.isReadOnly()  # fixed while serving, and can be copied
     port = panel.url.text().removesuffix("/v1").rsplit(":", 1)[1]
     assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
     assert (

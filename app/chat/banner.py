@@ -1,10 +1,11 @@
 """A strip above the chat that says something important (the engine stopped, a database was moved
-aside, the demo model is loaded) with up to two action buttons and a close button."""
+aside, the demo model is loaded) with up to two action buttons and a close button. The text has
+the strip's whole width; the buttons sit on their own row under it, so they never squeeze it."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QVBoxLayout, QWidget
 
 from flashdesk.app import theme
 
@@ -35,12 +36,19 @@ class Banner(QFrame):
         self.close_button.setAutoRaise(True)
         self.close_button.clicked.connect(self.hide)
         self.close_button.setVisible(closable)
-        layout = QHBoxLayout(self)
+        top = QHBoxLayout()
+        top.addWidget(self.label, 1)
+        top.addWidget(self.close_button, 0, Qt.AlignmentFlag.AlignTop)
+        self.buttons = QWidget(self)
+        row = QHBoxLayout(self.buttons)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addStretch(1)
+        row.addWidget(self.button)
+        row.addWidget(self.button2)
+        layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 6, 6, 6)
-        layout.addWidget(self.label, 1)
-        layout.addWidget(self.button, 0, Qt.AlignmentFlag.AlignVCenter)
-        layout.addWidget(self.button2, 0, Qt.AlignmentFlag.AlignVCenter)
-        layout.addWidget(self.close_button, 0, Qt.AlignmentFlag.AlignTop)
+        layout.addLayout(top)
+        layout.addWidget(self.buttons)
         self.kind = "info"
         self._choices: list = []  # show_choice's callables, one a button
         self.hide()
@@ -54,6 +62,7 @@ class Banner(QFrame):
         self.button.setVisible(bool(action))
         self.button2.setText(action2 or "")
         self.button2.setVisible(bool(action2))
+        self.buttons.setVisible(bool(action or action2))
         self.apply_theme()
         self.show()
 

@@ -77,6 +77,7 @@ class ChatView(QScrollArea):
             return self.widgets[message.id]
         widget = MessageWidget(message, self.colour_by_origin)
         widget.edit_submitted.connect(self.edit_submitted)
+        widget.edit_started.connect(self._edit_started)
         widget.regenerate_requested.connect(self.regenerate_requested)
         widget.version_requested.connect(self.version_requested)
         self.column.insertWidget(self.column.count() - 1, widget)
@@ -85,6 +86,20 @@ class ChatView(QScrollArea):
         self._follow = True
         self._hit = None
         return widget
+
+    def _edit_started(self, message_id: int) -> None:
+        """An editor opened: say what saving it replaces, and bring it into view."""
+        ids = list(self.widgets)
+        later = len(ids) - ids.index(message_id) - 1
+        widget = self.widgets[message_id]
+        widget.edit_note.setText(
+            f"Saving sends it again: the {later} message{'s' if later != 1 else ''} after it "
+            "(and their other versions) will be replaced."
+            if later
+            else ""
+        )
+        self._follow = False
+        QTimer.singleShot(0, lambda: self.ensureWidgetVisible(widget.edit_row, 0, END_MARGIN))
 
     def widget(self, message_id: int) -> MessageWidget | None:
         return self.widgets.get(message_id)

@@ -11,6 +11,7 @@ conversation while the list has focus.
 from __future__ import annotations
 
 import html
+import time
 
 from PySide6.QtCore import QRect, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QAbstractTextDocumentLayout, QPalette, QTextDocument
@@ -37,6 +38,19 @@ ID_ROLE = Qt.ItemDataRole.UserRole
 SNIPPET_ROLE = Qt.ItemDataRole.UserRole + 1  # the snippet as rich text, on items of a search
 HIT_ROLE = Qt.ItemDataRole.UserRole + 2  # the id of the message the snippet comes from
 SNIPPET_LINES = 2
+
+
+WRITING_MARK = "●"  # before the title of the conversation whose reply is streaming
+
+
+def short_date(stamp: float, now: float | None = None) -> str:
+    """A time as a list shows it: the hour today, the day this year, else the date."""
+    then, today = time.localtime(stamp), time.localtime(now if now is not None else time.time())
+    if then[:3] == today[:3]:
+        return time.strftime("%H:%M", then)
+    if then.tm_year == today.tm_year:
+        return time.strftime("%b %-d", then)
+    return time.strftime("%Y-%m-%d", then)
 
 
 def snippet_html(snippet: str) -> str:
@@ -171,17 +185,20 @@ class ConversationList(QWidget):
         self.list.itemClicked.connect(self._show_hit)  # again, when its conversation is already open
         self.list.itemChanged.connect(self._item_changed)
 
-    def fill(self, hits: list[SearchHit], current: int | None) -> None:
-        """Show `hits` (the store's search for the search box's text), `current` selected."""
+    def fill(self, hits: list[SearchHit], current: int | None, writing: int | None = None) -> None:
+        """Show `hits` (the store's search for the search box's text), `current` selected; the
+        conversation `writing` a reply now is marked."""
         self._filling = True
         self.list.clear()
         for hit in hits:
             conv = hit.conversation
-            item = QListWidgetItem(conv.title)
+            busy = conv.id == writing
+            item = QListWidgetItem(f"{WRITING_MARK} {conv.title}" if busy else conv.title)
             item.setData(ID_ROLE, conv.id)
-            item.setToolTip(conv.title)
-            if hit.snippet:
-                item.setData(SNIPPET_ROLE, snippet_html(hit.snippet))
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(conv.updated))
+            item.setToolTip(f"{conv.title}\nlast message {when}" + ("\nwriting a reply now" if busy else ""))
+            if hit.snippet:  # a search: when, then the words around the hit
+                item.setData(SNIPPET_ROLE, f"{html.escape(short_date(conv.updated))} · {snippet_html(hit.snippet)}")
                 item.setData(HIT_ROLE, hit.message_id)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 import time
 
-from PySide6.QtCore import QSize, Qt, QUrl, Signal
+from PySide6.QtCore import QPoint, QRect, QSize, Qt, QUrl, Signal
 from PySide6.QtGui import (
     QColor,
+    QCursor,
     QDesktopServices,
     QFont,
     QFontMetrics,
@@ -34,6 +35,7 @@ from PySide6.QtWidgets import (
     QSizePolicy,
     QTextBrowser,
     QToolButton,
+    QToolTip,
     QVBoxLayout,
     QWidget,
 )
@@ -49,6 +51,8 @@ STATE_TEXT = {
     INTERRUPTED: "Interrupted: the engine stopped before this reply was finished. What arrived is kept.",
     FAILED: "This reply failed.",
 }
+WAITING_TEXT = "Waiting for the model: the prompt is read first (or a request to the API server runs)."
+COPIED_MS = 1500  # how long "Copied" shows
 CONTEXT_FULL_TEXT = "The context filled up: this reply stopped at the end of the context."
 BODY_SCALE = 1.1  # message text against the UI's font
 LINE_HEIGHT_PERCENT = 140
@@ -66,6 +70,12 @@ def body_font(base: QFont) -> QFont:
 def column_width(base: QFont) -> int:
     """The widest a message gets: LINE_CHARS characters of its text and its padding."""
     return QFontMetrics(body_font(base)).averageCharWidth() * LINE_CHARS + 2 * MARGIN
+
+
+def copied(widget: QWidget, text: str) -> None:
+    """Say, for a moment beside `widget`, that the clipboard now holds what was asked for."""
+    where = widget.mapToGlobal(QPoint(0, widget.height())) if widget.isVisible() else QCursor.pos()
+    QToolTip.showText(where, text, widget, QRect(), COPIED_MS)
 
 
 class TextBlock(QTextBrowser):
@@ -154,6 +164,7 @@ class TextBlock(QTextBrowser):
         if url.scheme() == COPY_SCHEME:
             try:
                 QGuiApplication.clipboard().setText(self.code[int(url.path())])
+                copied(self, "Copied the code")
             except (ValueError, IndexError):
                 pass
         elif url.scheme() in ("http", "https", "mailto"):
@@ -175,6 +186,7 @@ class TextBlock(QTextBrowser):
 
 class MessageWidget(QFrame):
     edit_submitted = Signal(int, str)  # message id, new text
+    edit_started = Signal(int)  # message id: the editor opened (the view says what follows and scrolls to it)
     regenerate_requested = Signal(int)  # message id
     version_requested = Signal(int, int)  # message id, -1 (the version before) or +1 (the one after)
 
@@ -246,9 +258,12 @@ class MessageWidget(QFrame):
         self.edit_cancel = QPushButton("Cancel")
         self.edit_cancel.clicked.connect(self.cancel_edit)
         self.edit_row = QWidget()
+        self.edit_note = QLabel()  # what saving replaces, set by the view that knows what follows
+        self.edit_note.setObjectName("editNote")
+        self.edit_note.setWordWrap(True)
         row = QHBoxLayout(self.edit_row)
         row.setContentsMargins(0, 0, 0, 0)
-        row.addStretch(1)
+        row.addWidget(self.edit_note, 1)
         row.addWidget(self.edit_cancel)
         row.addWidget(self.edit_send)
         layout.addWidget(self.editor)
@@ -338,7 +353,8 @@ class MessageWidget(QFrame):
         self._origins = (message.stats or {}).get("origins") or []
         self._set_thought(message.thought, message.thought_seconds, thinking=False)
         self._set_body(message.content)
-        self._set_state(message.state, (message.stats or {}).get("error"))
+        waiting = message.state == STREAMING and not (message.content or message.thought)
+        self._set_state(message.state, (message.stats or {}).get("error"), waiting)
         self.footer.setText(footer_text(message.stats) if message.role == "assistant" else "")
         self.footer.setVisible(bool(self.footer.text()))
         self.set_context(message.stats if message.role == "assistant" else None)
@@ -361,7 +377,7 @@ class MessageWidget(QFrame):
         self._origins = origins
         self._set_thought(thought, thought_seconds, thinking)
         self._set_body(text)
-        self._set_state(STREAMING, None)
+        self._set_state(STREAMING, None, waiting=not (text or thought))
 
     def _set_body(self, text: str) -> None:
         self.message.content = text
@@ -389,8 +405,10 @@ class MessageWidget(QFrame):
         if open_:
             self.thought_view.set_markdown(thought)
 
-    def _set_state(self, state: str, error: str | None) -> None:
-        text = STATE_TEXT.get(state, "")
+    def _set_state(self, state: str, error: str | None, waiting: bool = False) -> None:
+        """The line under a reply: how it ended, or, streaming before its first token, that it waits
+        (for the prompt's prefill, or behind a request to the API server)."""
+        text = WAITING_TEXT if waiting else STATE_TEXT.get(state, "")
         if state == FAILED and error:
             text = f"This reply failed: {error}"
         self.status.setText(text)
@@ -411,6 +429,7 @@ class MessageWidget(QFrame):
 
     def copy(self) -> None:
         QGuiApplication.clipboard().setText(self.message.content)
+        copied(self.copy_button, "Copied the message")
 
     # -- editing -------------------------------------------------------------------------------------
 
@@ -420,6 +439,7 @@ class MessageWidget(QFrame):
         self.editor.show()
         self.edit_row.show()
         self.editor.setFocus()
+        self.edit_started.emit(self.message.id)
 
     def cancel_edit(self) -> None:
         self.editor.hide()

@@ -41,6 +41,7 @@ from PySide6.QtWidgets import (
 )
 
 from flashdesk.app import theme
+from flashdesk.app.wheel_guard import wheel_only_when_focused
 
 DEMO_TEXT = (
     "<b>The demo</b> copies a tiny Gemma 4 model and DFlash drafter trained for "
@@ -116,6 +117,7 @@ class SetupPage(QWidget):
         self.kv_dtype.setObjectName("kvDtype")
         self.kv_dtype.addItems(["auto", "fp8", "bfloat16", "float32"])
 
+        wheel_only_when_focused(self.device, self.context, self.kv_dtype)
         self.on_disk = QComboBox()
         self.on_disk.setObjectName("onDisk")
         self.on_disk.setToolTip(

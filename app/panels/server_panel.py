@@ -10,6 +10,7 @@ then always needs an API key (a random one is made), as the engine insists.
 from __future__ import annotations
 
 import secrets
+import socket
 
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
@@ -32,6 +33,33 @@ from flashdesk.app import theme
 from flashdesk.app.backends.engine_session import READY, EngineSession
 
 LOOPBACK, EVERY_ADDRESS = "127.0.0.1", "0.0.0.0"
+# an API key's letters: none that read alike (0/O, 1/l/I), so it can be typed from a screen
+KEY_LETTERS = "abcdefghijkmnpqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789"
+
+
+def new_api_key(length: int = 32) -> str:
+    return "".join(secrets.choice(KEY_LETTERS) for _ in range(length))
+
+
+def lan_address() -> str | None:
+    """This computer's address on its network (the interface a route out would take; nothing is
+    sent), for the URL other devices use; None without a network."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("10.254.254.254", 1))
+            address = probe.getsockname()[0]
+    except OSError:
+        return None
+    return None if address.startswith("127.") or address == EVERY_ADDRESS else address
+
+
+def shown_url(url: str, host: str) -> str:
+    """The base URL to give clients: served on every address, the one other devices can reach."""
+    if host != EVERY_ADDRESS:
+        return url
+    return url.replace(EVERY_ADDRESS, lan_address() or socket.gethostname())
+
+
 DEFAULT_PORT = 8719
 TRAFFIC_SHOWN = 50  # the newest requests listed
 
@@ -89,6 +117,7 @@ class ServerPanel(QGroupBox):
         self.traffic = QListWidget()
         self.traffic.setObjectName("serverTraffic")
         self.traffic.setMaximumHeight(120)
+        self.traffic.setWordWrap(True)  # a request's whole line, on two if it must
 
         url_row = QHBoxLayout()
         url_row.addWidget(self.url, 1)
@@ -133,11 +162,12 @@ class ServerPanel(QGroupBox):
 
     def _everywhere(self, on: bool) -> None:
         if on and not self.key.text().strip():
-            self.key.setText(secrets.token_urlsafe(24))
+            self.key.setText(new_api_key())
 
     def _settings_enabled(self, enabled: bool) -> None:
-        for widget in (self.everywhere, self.port, self.key):
+        for widget in (self.everywhere, self.port):
             widget.setEnabled(enabled)
+        self.key.setReadOnly(not enabled)  # while serving: fixed, but it can be selected and copied
 
     # -- the engine's side ----------------------------------------------------------------------------
 
@@ -156,7 +186,7 @@ class ServerPanel(QGroupBox):
         self.toggle.setChecked(state.running)
         self.toggle.blockSignals(False)
         self._settings_enabled(not state.running)
-        self.url.setText(state.url + "/v1" if state.running else "")
+        self.url.setText(shown_url(state.url, state.host) + "/v1" if state.running else "")
         self.copy.setEnabled(state.running)
         if state.running:
             where = "other devices too" if state.host == EVERY_ADDRESS else "this computer only"
@@ -172,6 +202,8 @@ class ServerPanel(QGroupBox):
         self.summary.setText(
             f"{self.requests} request{'s' if self.requests != 1 else ''}, {self.tokens_out} tokens generated"
         )
-        self.traffic.insertItem(0, traffic_line(t))
+        line = traffic_line(t)
+        self.traffic.insertItem(0, line)
+        self.traffic.item(0).setToolTip(line)
         while self.traffic.count() > TRAFFIC_SHOWN:
             self.traffic.takeItem(self.traffic.count() - 1)

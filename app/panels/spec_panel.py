@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from flashdesk.app import theme
+from flashdesk.app.wheel_guard import wheel_only_when_focused
 from flashdesk.protocol import AUTO_DRAFT_LENGTH as AUTO
 from flashdesk.protocol import METHOD_NAMES
 from flashdesk.app.panels.plots import BarPlot
@@ -101,6 +102,7 @@ class SpecPanel(QGroupBox):
             "drafts what gives the most tokens per second, from this card's measured step "
             "times and the live acceptance. Applies from the next step"
         )
+        wheel_only_when_focused(self.method, self.length)
         self.length_note = QLabel()
         self.length_note.setObjectName("muted")
         length_row = QHBoxLayout()
