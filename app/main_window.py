@@ -275,13 +275,16 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         c.reply_ended.connect(self._reply_ended)
         c.busy_changed.connect(self._busy)
         c.turn_refused.connect(self._turn_refused)
+        self.composer.edit.textChanged.connect(self._composer_edited)
         self.session.server_traffic.connect(
             lambda t: self.telemetry.show_api_request(t.tokens_per_second, t.tau, self.server_panel.requests)
         )
         c.notice.connect(lambda text: self.notice_banner.show_text(text, kind="error"))  # a reply not saved
 
         self.conversations.selected.connect(c.open)
-        self.conversations.hit_chosen.connect(self.chat.show_hit)
+        self.conversations.hit_chosen.connect(
+            lambda message_id: self.chat.show_hit(message_id, self.conversations.search.text().split())
+        )
         self.conversations.new_requested.connect(self.new_conversation)
         self.conversations.renamed.connect(c.rename)
         self.conversations.deleted.connect(c.delete)
@@ -660,13 +663,31 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.context_banner.hide()
         self.gauge.check_send(text)
 
+    def _dropping_already(self, count) -> bool:
+        """Whether the engine already leaves this conversation's oldest turns out (its last reply
+        says so) and may go on doing so: warned once, a send is not asked about again."""
+        if count.alone or self.controller.sampling().get("context_policy") == STOP or not self.controller.conversation:
+            return False
+        replies = [m for m in self.store.messages(self.controller.conversation.id) if m.role == "assistant"]
+        return bool(replies and (replies[-1].stats or {}).get("dropped_messages"))
+
+    def _composer_edited(self) -> None:
+        """A send's warning is about the text in the box: emptied, the warning goes."""
+        if getattr(self, "_send_warning", False) and not self.composer.edit.toPlainText().strip():
+            self._send_warning = False
+            self.context_banner.hide()
+
     def _send_checked(self, text: str, count) -> None:
-        if count is None or not count.over:
+        if count is None or not count.over or self._dropping_already(count):
             self._send_now(text)
             return
         self.composer.edit.setPlainText(text)
         policy = self.controller.sampling().get("context_policy")
-        if policy == STOP:
+        self._send_warning = True  # clearing the message box takes it away
+        if count.alone:  # nothing can be dropped: only a shorter message (or a shorter reply) fits
+            self.context_banner.show_text(count.warning(policy), None, "error")
+            self.context_banner.close_button.setVisible(True)
+        elif policy == STOP:
             self.context_banner.show_choice(
                 count.warning(STOP), (DROP_AND_SEND, self._send_dropping), (NEW_LIKE, self._new_like), "error"
             )

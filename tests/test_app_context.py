@@ -168,6 +168,42 @@ def test_gauge_counts_as_you_type_and_a_send_past_the_limit_warns_then_drops_the
     assert note.isVisible() and f"{started[-1].dropped_messages} oldest messages were left out" in note.text()
     assert after[5].stats["dropped_messages"] == started[-1].dropped_messages
 
+    # the oldest turns are being left out now: a send past the context goes without asking again
+    text = _long_message(3, sentences=7)
+    w.composer.edit.setPlainText(text)
+    until(lambda: w.gauge.last is not None and w.gauge.last.messages[-1]["content"] == text, timeout_ms=5000)
+    assert w.gauge.last.over
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    until(lambda: len(messages(w)) == 8, timeout_ms=5000)
+    assert not w.context_banner.isVisible()
+    wait_idle(qtbot, w)
+
+
+def test_a_message_too_long_by_itself_says_so_and_offers_no_dead_end(qtbot, open_window, demo) -> None:
+    w = open_window(demo=demo, context=512)
+    greedy(w, max_tokens=16)
+    before = [c.title for c in w.store.conversations()]
+    text = _long_message(0, sentences=20)  # about 800 tokens, alone in a 512-token context
+    w.composer.edit.setPlainText(text)
+    until(lambda: w.gauge.last is not None and w.gauge.last.messages[-1]["content"] == text, timeout_ms=5000)
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    until(w.context_banner.isVisible, timeout_ms=5000)
+    banner = w.context_banner
+    assert "too long for the context by itself" in banner.label.text() and "no older turns" in banner.label.text()
+    assert banner.buttons.isHidden()  # no "Send anyway" into a refusal
+    assert w.composer.edit.toPlainText() == text and not w.controller.busy
+    assert [c.title for c in w.store.conversations()] == before  # nothing named after what was not sent
+    w.composer.edit.clear()
+    assert not banner.isVisible()  # the warning was about the text in the box
+
+    # sent regardless (as a stale count could): refused, and the conversation is not named after it
+    from flashdesk.app.chat.chat_controller import NEW_TITLE
+
+    assert w.controller.send(text)
+    wait_idle(qtbot, w)
+    assert messages(w) == [] and w.controller.conversation.title == NEW_TITLE
+    assert "Not sent." in banner.label.text() and w.composer.edit.toPlainText() == text
+
 
 # -- a reply that filled the context ----------------------------------------------------------------------
 

@@ -63,6 +63,7 @@ def test_opening_a_search_result_scrolls_to_its_message_and_marks_it(qtbot, monk
         until(lambda: _in_view(window, ids["hit"]), timeout_ms=3000)
         assert not _in_view(window, ids["last"])  # not the end, where a conversation opens otherwise
         assert window.chat.widget(ids["hit"]).property("marked") is True
+        assert len(window.chat.widget(ids["hit"]).body.extraSelections()) == 1  # "zebra", highlighted
         until(lambda: not window.chat.widget(ids["hit"]).property("marked"), timeout_ms=5000)
 
         # clicked again after scrolling away (the conversation already open): shown again

@@ -680,3 +680,15 @@ def test_a_banners_buttons_sit_under_its_text(qtbot) -> None:
     assert banner.button.mapTo(banner, banner.button.rect().topLeft()).y() > banner.label.geometry().bottom() - 1
     banner.show_text("Just a note.")
     assert banner.buttons.isHidden()
+
+
+def test_a_setup_error_shows_in_the_box_that_said_the_check_would_appear_there(qtbot) -> None:
+    from flashdesk.app.pages.setup_page import SetupPage
+
+    page = SetupPage()
+    qtbot.addWidget(page)
+    page.show_error("Out of memory: not enough GPU memory: 25.1 GiB needed at 262144 tokens, 23.5 GiB free.")
+    assert "25.1 GiB needed" in page.plan.toPlainText()
+    page.show_plan(["model: ok"], [])
+    page.show_error("Download failed: no connection")
+    assert page.plan.toPlainText() == "model: ok"  # a check shown stays; the error is above it

@@ -582,3 +582,13 @@ def test_the_engine_menu_leads_to_the_api_server(qtbot, open_window) -> None:
     w.findChild(QAction, "serverPanelAction").trigger()
     assert w.pages.currentIndex() == 1 and not w.side.isHidden()
     qtbot.waitUntil(lambda: not w.server_panel.visibleRegion().isEmpty())  # scrolled into view
+
+
+def test_a_new_conversations_reply_length_leaves_the_context_room(qtbot, open_window, demo) -> None:
+    """The default reply length is at most a quarter of the loaded context (the demo's 4,096: 1,024), so
+    a small context is not filled in two turns; a conversation's own setting stays as it was set."""
+    w = open_window(demo=demo)
+    w.new_conversation()
+    assert w.controller.sampling()["max_tokens"] == 1024
+    w.controller.update_settings("", {"max_tokens": 3000})
+    assert w.controller.sampling()["max_tokens"] == 3000

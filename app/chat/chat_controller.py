@@ -29,7 +29,7 @@ from PySide6.QtCore import QObject, Signal
 from flashdesk import protocol as p
 from flashdesk.app.backends.engine_session import EngineSession
 from flashdesk.app.chat.reply import Reply
-from flashdesk.app.chat.settings_dialog import DROP_OLDEST, sampling_with_defaults
+from flashdesk.app.chat.settings_dialog import DEFAULT_SAMPLING, DROP_OLDEST, sampling_with_defaults
 from flashdesk.app.history.store import CANCELLED, COMPLETE, FAILED, INTERRUPTED, STREAMING, Conversation, Store
 from flashdesk.app.history.titles import title_from
 
@@ -121,7 +121,14 @@ class ChatController(QObject):
             self.conversation_changed.emit(self.conversation)
 
     def sampling(self) -> dict:
-        defaults = self.session.info.sampling_defaults if self.session.info else None
+        """The conversation's settings, its gaps filled from the model's and ours. The default reply
+        length is at most a quarter of the loaded context: a longer default fills a small context in
+        two turns, and then the reply that runs into its end has nothing left to go on with."""
+        info = self.session.info
+        defaults = dict(info.sampling_defaults or {}) if info else {}
+        if info is not None and info.context_limit:
+            longest = min(defaults.get("max_tokens", DEFAULT_SAMPLING["max_tokens"]), info.context_limit // 4)
+            defaults["max_tokens"] = max(1, longest)
         return sampling_with_defaults(self.conversation.sampling if self.conversation else None, defaults)
 
     # -- sending --------------------------------------------------------------------------------------
@@ -280,6 +287,8 @@ class ChatController(QObject):
         if message is not None:
             first = r.user_message_id or r.message_id
             self.store.delete_messages_from(message.conversation_id, first)
+            if not any(m.role != "system" for m in self.store.messages(message.conversation_id)):
+                self.rename(message.conversation_id, NEW_TITLE)  # not named after what was not sent
             if self.conversation and self.conversation.id == message.conversation_id:
                 self.messages_removed.emit(first)
                 if message.versions > 1:  # a refused regenerate: the version before shows again

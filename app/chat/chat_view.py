@@ -104,9 +104,10 @@ class ChatView(QScrollArea):
     def widget(self, message_id: int) -> MessageWidget | None:
         return self.widgets.get(message_id)
 
-    def show_hit(self, message_id: int) -> bool:
-        """Scroll to this message (a search hit) and mark it for a moment; False when it is not shown
-        (hidden behind another version of its reply, or not in this conversation)."""
+    def show_hit(self, message_id: int, words: list[str] | None = None) -> bool:
+        """Scroll to this message (a search hit) and mark it for a moment, the search's `words`
+        highlighted in it; False when it is not shown (hidden behind another version of its reply,
+        or not in this conversation)."""
         widget = self.widgets.get(message_id)
         if widget is None:
             return False
@@ -114,7 +115,7 @@ class ChatView(QScrollArea):
         self._hit = message_id
         self._scroll_to_hit()
         QTimer.singleShot(0, self._scroll_to_hit)  # again once the new messages are laid out
-        widget.set_marked(True)
+        widget.set_marked(True, words)
         QTimer.singleShot(HIT_MARK_MS, self, lambda: self._unmark(message_id))  # not after the view is gone
         return True
 

@@ -58,6 +58,12 @@ class Count:
     def over(self) -> bool:
         return self.level == OVER
 
+    @property
+    def alone(self) -> bool:
+        """Whether the message being sent is the conversation's only one (a system prompt aside):
+        past the context then, no turn can be dropped to make room."""
+        return sum(1 for m in self.messages if m.get("role") != "system") == 1
+
     def text(self) -> str:
         return f"{self.tokens:,} / {self.context_limit:,} tokens"
 
@@ -74,6 +80,13 @@ class Count:
 
     def warning(self, policy: str) -> str:
         """What sending this will do, for the banner before it goes."""
+        if self.alone:
+            return (
+                f"<b>This message is too long for the context by itself.</b> With the reply's "
+                f"{self.room:,} tokens it needs {self.tokens + self.room:,} of the context's "
+                f"{self.context_limit:,}, and there are no older turns to leave out. Shorten it (or "
+                "lower Max new tokens in the conversation's settings); it stays in the message box."
+            )
         head = (
             f"<b>This message takes the conversation past the context.</b> The prompt would be "
             f"{self.tokens:,} tokens and the reply needs {self.room:,} more, over the {self.context_limit:,} "

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSizePolicy,
     QTextBrowser,
+    QTextEdit,
     QToolButton,
     QToolTip,
     QVBoxLayout,
@@ -106,6 +107,24 @@ class TextBlock(QTextBrowser):
         if origins:
             self._highlight(text, origins)
         self._fit()
+
+    def find_words(self, words: list[str]) -> int:
+        """Highlight every place these words (a search's) occur, case aside; how many there are.
+        [] clears the highlight."""
+        marks = []
+        color = QColor(theme.colors()["warn_bg"])
+        for word in words:
+            cursor = QTextCursor(self.document())
+            while True:
+                cursor = self.document().find(word, cursor)
+                if cursor.isNull():
+                    break
+                mark = QTextEdit.ExtraSelection()
+                mark.cursor = cursor
+                mark.format.setBackground(color)
+                marks.append(mark)
+        self.setExtraSelections(marks)
+        return len(marks)
 
     def set_plain(self, text: str) -> None:
         self.code = []
@@ -338,8 +357,9 @@ class MessageWidget(QFrame):
             f"QToolButton#thoughtToggle {{ color: {c['muted']}; }}"
         )
 
-    def set_marked(self, on: bool) -> None:
-        """Outline the message (a search hit just opened) or stop."""
+    def set_marked(self, on: bool, words: list[str] | None = None) -> None:
+        """Outline the message (a search hit just opened), its search words highlighted, or stop."""
+        self.body.find_words((words or []) if on else [])
         self.setProperty("marked", on)
         self.style().unpolish(self)
         self.style().polish(self)

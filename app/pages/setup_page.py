@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QFontDatabase
+from PySide6.QtGui import QFontDatabase, QTextDocumentFragment
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -576,6 +576,8 @@ class SetupPage(QWidget):
         self.set_busy(None)
         self.status.setStyleSheet(f"color: {theme.colors()['error']};")
         self.status.setText(text)
+        if not self.plan.toPlainText():  # the box below would still say the check "appears here"
+            self.plan.setPlainText(QTextDocumentFragment.fromHtml(text).toPlainText())
 
     def set_can_go_back(self, on: bool) -> None:
         self.cancel_button.setVisible(on)
