@@ -410,16 +410,21 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         rows = "".join(
             f"<tr><td>{name}</td><td>&nbsp;&nbsp;<b>{keys}</b></td></tr>" for name, keys in self.shortcut_lines()
         )
-        box = QMessageBox(QMessageBox.Icon.NoIcon, "Keyboard shortcuts", f"<table>{rows}</table>", parent=self)
-        box.setObjectName("shortcutsBox")
-        box.setModal(False)
-        box.show()
+        self._show_box("shortcutsBox", "Keyboard shortcuts", f"<table>{rows}</table>")
 
     def show_about(self) -> None:
-        box = QMessageBox(QMessageBox.Icon.Information, f"About {APP_NAME}", about_text(), parent=self)
-        box.setObjectName("aboutBox")
-        box.setModal(False)
+        self._show_box("aboutBox", f"About {APP_NAME}", about_text(), QMessageBox.Icon.Information)
+
+    def _show_box(self, name: str, title: str, text: str, icon=QMessageBox.Icon.NoIcon) -> None:
+        """A window beside the chat (not modal), one of each: asked for again, it comes to the front."""
+        box = self.findChild(QMessageBox, name)
+        if box is None:
+            box = QMessageBox(icon, title, text, parent=self)
+            box.setObjectName(name)
+            box.setModal(False)
+        box.setText(text)
         box.show()
+        box.raise_()
 
     def copy_diagnostics(self) -> None:
         """Help > Copy diagnostics: the report to send when something fails, onto the clipboard."""
@@ -672,7 +677,10 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         return bool(replies and (replies[-1].stats or {}).get("dropped_messages"))
 
     def _composer_edited(self) -> None:
-        """A send's warning is about the text in the box: emptied, the warning goes."""
+        """A send's warning is about the text in the box: emptied, the warning goes (only while it is
+        that warning the banner shows)."""
+        if not self.context_banner.isVisible():
+            self._send_warning = False
         if getattr(self, "_send_warning", False) and not self.composer.edit.toPlainText().strip():
             self._send_warning = False
             self.context_banner.hide()
@@ -734,6 +742,11 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         """The engine refused the turn (a conversation past the context under "stop"): nothing is lost."""
         if text:
             self.composer.edit.setPlainText(text)
+        self._send_warning = bool(text)  # about the text put back: emptying the box takes it away
+        if "last message alone" in reason:  # no turn to drop, no conversation to start: only a shorter one
+            self.context_banner.show_text(refused_text(reason, bool(text)), None, "error")
+            self.context_banner.close_button.setVisible(True)
+            return
         other = (DROP_AND_SEND, self._send_dropping) if text else (CANCEL, self.context_banner.hide)
         self.context_banner.show_choice(refused_text(reason, bool(text)), (NEW_LIKE, self._new_like), other, "error")
 
@@ -797,6 +810,7 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         conv = self.controller.conversation
         if context_filled(message.stats) and conv is not None and message.conversation_id == conv.id:
             limit = self.engine.info.context_limit if self.engine.info else None
+            self._send_warning = False  # not about the box's text: emptying it leaves this one
             self.context_banner.show_choice(
                 context_full_text(limit), (DROP_AND_CONTINUE, self._continue), (NEW_LIKE, self._new_like)
             )
@@ -819,7 +833,12 @@ class MainWindow(ModelSetupFlow, QMainWindow):
 
     def set_side_panel(self, shown: bool) -> None:
         """Show or hide the speculation and telemetry panel; remembered for the next start. Asked
-        for in a narrow window, it shows there too (else a narrow window hides it: _fit_side_panel)."""
+        for in a narrow window, it shows there too (else a narrow window hides it: _fit_side_panel);
+        hidden again there, the choice kept stays (the window hides it anyway)."""
+        if not shown and getattr(self, "side_forced", False) and self.width() < NARROW_WINDOW:
+            self.side_forced = False
+            self._fit_side_panel()
+            return
         self.side_wanted = shown
         self.side_forced = shown and self.width() < NARROW_WINDOW
         self.store.set_setting("side_panel", shown)

@@ -32,6 +32,7 @@ class ModelSetupFlow:
         )
 
     def load_model(self, sel: dict) -> None:
+        self._connect_after_check = None  # another engine chosen: a pending Connect is off
         if not sel["target"]:
             self.setup.show_error("Choose the model folder first.")
             return
@@ -44,6 +45,7 @@ class ModelSetupFlow:
     # -- a server as the engine ------------------------------------------------------------------------------
 
     def check_server(self, sel: dict) -> None:
+        self._connect_after_check = None  # a plain check: whatever it finds, nothing switches
         self.setup.show_server_busy(f"Checking {sel['base_url'] or 'the address'}…")
         self.remote.check(sel["base_url"], sel.get("api_key"))
 
@@ -64,11 +66,14 @@ class ModelSetupFlow:
         self._switch_to_server(sel)
 
     def server_checked(self, check) -> None:
-        """A check answered: where it was asked before leaving a working engine, switch only if the
-        server is there (the setup page shows the check either way)."""
+        """A check answered: where it was asked before leaving a working engine, switch only if this
+        server is there and serves the model asked for (the setup page shows the check either way)."""
         sel, self._connect_after_check = getattr(self, "_connect_after_check", None), None
-        if sel is not None and not check.error:
-            self._switch_to_server(sel)
+        if sel is None or check.error or not check.models:
+            return
+        if check.address != server_address(sel["base_url"]).host or sel.get("model") not in ("", None, *check.models):
+            return
+        self._switch_to_server(sel)
 
     def _switch_to_server(self, sel: dict) -> None:
         self.controller.close()
@@ -95,6 +100,7 @@ class ModelSetupFlow:
 
     def use_local_engine(self) -> None:
         """Back from a server to the local engine: the model last loaded here loads again."""
+        self._connect_after_check = None  # another engine chosen: a pending Connect is off
         self._leave_server()
         model = self.store.setting("model")
         if model and model.get("target"):
@@ -233,6 +239,7 @@ class ModelSetupFlow:
         )
 
     def start_demo(self) -> None:
+        self._connect_after_check = None  # another engine chosen: a pending Connect is off
         self.setup.set_busy("Creating the demo model…")
         self.session.create_demo(str(paths.demo_dir()))
 

@@ -310,6 +310,8 @@ def test_markdown_export_closes_a_code_fence_a_cut_off_reply_left_open() -> None
     assert closed_fences("~~~~\ncode\n```\nstill code") == "~~~~\ncode\n```\nstill code\n~~~~"
     done = "```\na\n```\ntext\n````js\nb\n`````\n"
     assert closed_fences(done) == done  # closed ones (a longer closing fence too) stay as they are
+    inline = "```js``` is inline code.\nMore text"
+    assert closed_fences(inline) == inline  # not a fence: nothing to close
     conv = Conversation(1, "Code", 0.0, 0.0, None, {})
     md = to_markdown(conv, [_message("assistant", cut, id=1), _message("user", "Thanks", id=2)])
     body = md.split("## Assistant", 1)[1]
@@ -629,7 +631,7 @@ def test_an_engine_message_that_names_a_command_says_what_to_press_instead() -> 
 def test_search_hits_say_when_and_the_conversation_writing_a_reply_is_marked(qtbot) -> None:
     import time
 
-    from flashdesk.app.chat.conversation_list import SNIPPET_ROLE, WRITING_MARK, ConversationList, short_date
+    from flashdesk.app.chat.conversation_list import SNIPPET_ROLE, ConversationList, short_date
     from flashdesk.app.history.store import SearchHit
 
     now = time.mktime((2026, 12, 4, 15, 30, 0, 0, 0, -1))
@@ -642,7 +644,8 @@ def test_search_hits_say_when_and_the_conversation_writing_a_reply_is_marked(qtb
     view.fill([SearchHit(a, "why is the \x02sky\x03 blue", 7), SearchHit(b)], 1, writing=2)
     first, second = view.list.item(0), view.list.item(1)
     assert first.text() == "Sky" and first.data(SNIPPET_ROLE).startswith(short_date(now) + " · ")
-    assert second.text() == f"{WRITING_MARK} Sea" and "writing a reply now" in second.toolTip()
+    assert second.text() == "Sea" and second.font().italic() and "writing a reply now" in second.toolTip()
+    assert not first.font().italic()  # the title stays the title (F2 edits it): the mark is apart
 
 
 def test_a_reply_before_its_first_token_says_it_waits(qtbot) -> None:

@@ -429,6 +429,9 @@ def test_a_narrow_window_gives_the_chat_the_room_and_says_how_to_get_the_panel_b
     assert w.store.setting("side_panel", True) is True  # the choice is not changed by the size
     w.side_action.trigger()  # asked for: it shows, narrow or not
     assert not w.side.isHidden() and w.side_action.isChecked()
+    w.side_action.trigger()  # and hidden again there: the kept choice is still to show it where it fits
+    assert w.side.isHidden() and w.store.setting("side_panel", True) is True
+    w.side_action.trigger()
     w.resize(1400, 860)
     until(lambda: w.width() >= 1100)
     w.resize(900, 600)
@@ -558,6 +561,8 @@ def test_help_lists_the_shortcuts_says_what_flashdesk_is_and_the_theme_is_a_choi
     assert lines["Chat → Regenerate last reply"] == "Ctrl+R" and lines["View → Show the side panel"] == "Ctrl+Shift+S"
     assert lines["Chat → Stop"] == "Esc" and lines["Help → Keyboard shortcuts"] == "F1"
     w.findChild(QAction, "shortcutsAction").trigger()
+    w.findChild(QAction, "shortcutsAction").trigger()  # again: the same window, to the front
+    assert len(w.findChildren(QMessageBox, "shortcutsBox")) == 1
     box = w.findChild(QMessageBox, "shortcutsBox")
     assert box.isVisible() and "Ctrl+Shift+S" in box.text()
     w.findChild(QAction, "aboutAction").trigger()
@@ -590,5 +595,7 @@ def test_a_new_conversations_reply_length_leaves_the_context_room(qtbot, open_wi
     w = open_window(demo=demo)
     w.new_conversation()
     assert w.controller.sampling()["max_tokens"] == 1024
+    w.controller.update_settings("", dict(w.controller.sampling(), temperature=0.5))  # the dialog keeps all
+    assert "max_tokens" not in w.controller.conversation.sampling  # the default is not frozen into it
     w.controller.update_settings("", {"max_tokens": 3000})
     assert w.controller.sampling()["max_tokens"] == 3000

@@ -115,7 +115,13 @@ class ChatController(QObject):
         self.conversations_changed.emit()
 
     def update_settings(self, system_prompt: str, sampling: dict) -> None:
+        """Keep the conversation's settings. A reply length left at the default for this context is
+        not kept as the conversation's own: loaded with a longer context, its default grows too."""
         if self.conversation:
+            sampling = dict(sampling)
+            own = (self.conversation.sampling or {}).get("max_tokens")
+            if own is None and sampling.get("max_tokens") == self.sampling()["max_tokens"]:
+                del sampling["max_tokens"]
             self.store.update_conversation(self.conversation.id, system_prompt, sampling)
             self.conversation = self.store.conversation(self.conversation.id)
             self.conversation_changed.emit(self.conversation)
@@ -287,7 +293,9 @@ class ChatController(QObject):
         if message is not None:
             first = r.user_message_id or r.message_id
             self.store.delete_messages_from(message.conversation_id, first)
-            if not any(m.role != "system" for m in self.store.messages(message.conversation_id)):
+            conv = self.store.conversation(message.conversation_id)
+            emptied = not any(m.role != "system" for m in self.store.messages(message.conversation_id))
+            if emptied and conv is not None and conv.title == title_from(r.user_text or ""):
                 self.rename(message.conversation_id, NEW_TITLE)  # not named after what was not sent
             if self.conversation and self.conversation.id == message.conversation_id:
                 self.messages_removed.emit(first)

@@ -99,7 +99,7 @@ class ChatView(QScrollArea):
             else ""
         )
         self._follow = False
-        QTimer.singleShot(0, lambda: self.ensureWidgetVisible(widget.edit_row, 0, END_MARGIN))
+        QTimer.singleShot(0, widget, lambda: self.ensureWidgetVisible(widget.edit_row, 0, END_MARGIN))
 
     def widget(self, message_id: int) -> MessageWidget | None:
         return self.widgets.get(message_id)

@@ -14,7 +14,7 @@ import html
 import time
 
 from PySide6.QtCore import QRect, QRectF, QSize, Qt, Signal
-from PySide6.QtGui import QAbstractTextDocumentLayout, QPalette, QTextDocument
+from PySide6.QtGui import QAbstractTextDocumentLayout, QColor, QPalette, QTextDocument
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -32,15 +32,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from flashdesk.app import theme
 from flashdesk.app.history.store import HIT_END, HIT_START, SearchHit
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 SNIPPET_ROLE = Qt.ItemDataRole.UserRole + 1  # the snippet as rich text, on items of a search
 HIT_ROLE = Qt.ItemDataRole.UserRole + 2  # the id of the message the snippet comes from
 SNIPPET_LINES = 2
-
-
-WRITING_MARK = "●"  # before the title of the conversation whose reply is streaming
 
 
 def short_date(stamp: float, now: float | None = None) -> str:
@@ -193,8 +191,14 @@ class ConversationList(QWidget):
         for hit in hits:
             conv = hit.conversation
             busy = conv.id == writing
-            item = QListWidgetItem(f"{WRITING_MARK} {conv.title}" if busy else conv.title)
+            item = QListWidgetItem(conv.title)  # the title alone: it is what F2 edits
             item.setData(ID_ROLE, conv.id)
+            if busy:  # marked apart from the title: italic, in the accent colour
+                font = item.font()
+                font.setItalic(True)
+                item.setFont(font)
+                item.setForeground(QColor(theme.colors()["accent"]))
+                item.setIcon(theme.icon("regenerate"))
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(conv.updated))
             item.setToolTip(f"{conv.title}\nlast message {when}" + ("\nwriting a reply now" if busy else ""))
             if hit.snippet:  # a search: when, then the words around the hit

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 
-from PySide6.QtCore import QPoint, QRect, QSize, Qt, QUrl, Signal
+from PySide6.QtCore import QRect, QSize, Qt, QUrl, Signal
 from PySide6.QtGui import (
     QColor,
     QCursor,
@@ -75,8 +75,7 @@ def column_width(base: QFont) -> int:
 
 def copied(widget: QWidget, text: str) -> None:
     """Say, for a moment beside `widget`, that the clipboard now holds what was asked for."""
-    where = widget.mapToGlobal(QPoint(0, widget.height())) if widget.isVisible() else QCursor.pos()
-    QToolTip.showText(where, text, widget, QRect(), COPIED_MS)
+    QToolTip.showText(QCursor.pos(), text, widget, QRect(), COPIED_MS)  # where the click was
 
 
 class TextBlock(QTextBrowser):

@@ -80,6 +80,8 @@ def closed_fences(text: str) -> str:
             continue
         fence = found.group(1)
         if open_fence is None:
+            if fence[0] == "`" and "`" in line.strip()[len(fence) :]:
+                continue  # ```x``` on its own is inline code, not a fence (CommonMark)
             open_fence = fence
         elif fence[0] == open_fence[0] and len(fence) >= len(open_fence) and not line.strip()[len(fence) :].strip():
             open_fence = None

@@ -283,6 +283,7 @@ class BenchPage(QWidget):
         if self.running and state != READY:  # the engine stopped (or unloaded) mid-run
             self.running = None
             self.status.setText("The engine stopped during the benchmark; this run was not kept.")
+            self._no_longer_running()
         self._update_run()
 
     # -- running ----------------------------------------------------------------------------------
@@ -322,16 +323,23 @@ class BenchPage(QWidget):
         self.running = None
         if msg.cancelled or msg.report is None:
             self.status.setText("Cancelled: nothing was kept from this run.")
+            self._no_longer_running()
         else:
             self.status.setText(f"Done; kept in {msg.report.get('results_file', 'the data folder')}.")
             self._show_report(msg.report)
             self.session.bench_history()
         self._update_run()
 
+    def _no_longer_running(self) -> None:
+        """A run ended without a report: the summary no longer says one is going."""
+        if self.report is None:
+            self._show_report(None)
+
     def _error(self, err: p.Error) -> None:
         if err.during == "bench" and self.running:
             self.running = None
             self.status.setText(f"The benchmark failed: {err.message}")
+            self._no_longer_running()
             self._update_run()
 
     # -- showing ----------------------------------------------------------------------------------

@@ -164,6 +164,7 @@ class SetupPage(QWidget):
         self.plan.setReadOnly(True)
         self.plan.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self.plan.setPlaceholderText("The check of the folders and the memory plan appear here.")
+        self._plan_is_error = False  # the box holds an error, not a check's lines
         self.plan.setMinimumHeight(160)
         self.status = QLabel()
         self.status.setObjectName("setupStatus")
@@ -547,6 +548,7 @@ class SetupPage(QWidget):
 
     def show_plan(self, lines: list[str], problems: list[str]) -> None:
         self.plan.setPlainText("\n".join(lines))
+        self._plan_is_error = False
         c = theme.colors()
         if problems:
             self.status.setStyleSheet(f"color: {c['error']};")
@@ -576,8 +578,9 @@ class SetupPage(QWidget):
         self.set_busy(None)
         self.status.setStyleSheet(f"color: {theme.colors()['error']};")
         self.status.setText(text)
-        if not self.plan.toPlainText():  # the box below would still say the check "appears here"
+        if not self.plan.toPlainText() or self._plan_is_error:  # not a check's lines: the error, there too
             self.plan.setPlainText(QTextDocumentFragment.fromHtml(text).toPlainText())
+            self._plan_is_error = True
 
     def set_can_go_back(self, on: bool) -> None:
         self.cancel_button.setVisible(on)
