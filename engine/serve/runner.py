@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from jinja2 import TemplateError
@@ -94,17 +94,12 @@ class Usage:
     def of(cls, end: TurnEnd, method: str | None = None) -> "Usage":
         s = end.stats
         return cls(
-            s["prompt_tokens"],
-            len(end.token_ids),
-            s["reused_tokens"],
-            s["speculative_steps"],
-            s["drafted"],
-            s["accepted"],
-            s["mean_acceptance_length"],
-            s["acceptance_rate"],
-            s["decode_tokens_per_second"],
-            method,
-            {name: MethodUsage.of(figures) for name, figures in sorted(s.get("by_method", {}).items())},
+            prompt_tokens=s["prompt_tokens"],
+            completion_tokens=len(end.token_ids),
+            cached_tokens=s["reused_tokens"],
+            **asdict(MethodUsage.of(s)),  # the reply's speculation figures, as each method's are read
+            method=method,
+            by_method={name: MethodUsage.of(figures) for name, figures in sorted(s.get("by_method", {}).items())},
         )
 
 
