@@ -18,6 +18,7 @@ import platformdirs
 
 APP_DIR_NAME = "FlashDesk"
 DATA_DIR_ENV = "FLASHDESK_DATA_DIR"
+HUB_CACHE_ENV = "HF_HUB_CACHE"  # the models folder: where Hub models are downloaded and looked for
 
 
 def data_dir() -> Path:
@@ -38,6 +39,18 @@ def demo_dir() -> Path:
 def bench_dir() -> Path:
     """`flashdesk bench` results: one JSON file (and chart) per device, driver, model and drafter."""
     return data_dir() / "bench"
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, from the environment as it is now (huggingface_hub's rules): the
+    models folder. Here because the engine downloads into it and the app's Settings show it."""
+    explicit = os.environ.get(HUB_CACHE_ENV) or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(os.path.expandvars(explicit)).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
+    )
+    return Path(os.path.expandvars(home)).expanduser() / "hub"
 
 
 def assets_dir() -> Path:

@@ -122,6 +122,7 @@ class Inspect:
     context: int | None = None
     device: str = "auto"  # the plan is for this device: "cuda" (GPU memory) or "cpu" (RAM); auto as Load
     assistant: str | None = None  # Gemma 4's MTP assistant beside a DFlash drafter in `draft`
+    models_folder: str | None = None  # where Hub ids are looked for (as Load); None: HF_HUB_CACHE or its default
 
 
 @message("survey")
@@ -130,6 +131,7 @@ class Survey:
     """What the setup page offers (no model needs to be loaded): answered by Surveyed."""
 
     demo_folder: str | None = None  # where the demo pair is made, to list it when it is there
+    models_folder: str | None = None  # the Hub models to list are here (as Load)
 
 
 @message("create_demo")
@@ -150,12 +152,16 @@ class Load:
     kv_dtype: str = "auto"
     context: int | None = None
     assistant: str | None = None  # Gemma 4's MTP assistant beside a DFlash drafter in `draft`
+    # the app's models folder (its Settings): the Hugging Face cache the engine downloads into and
+    # finds Hub ids in; None: HF_HUB_CACHE or its default, as the worker was started with
+    models_folder: str | None = None
 
 
 @message("generate")
 @dataclass
 class Generate:
-    """A chat turn: `messages` are {"role": system|user|assistant, "content": str} dicts."""
+    """A chat turn: `messages` are {"role": system|user|assistant, "content": str} dicts. Ending with an
+    assistant message, it goes on writing that reply (one the context cut off) instead of a new one."""
 
     request_id: str
     messages: list[dict]
@@ -210,6 +216,7 @@ class Pull:
     """
 
     repo_id: str
+    models_folder: str | None = None  # downloaded into this folder (as Load)
 
 
 @message("cancel_pull")
@@ -433,6 +440,7 @@ class Started:
     reused_tokens: int = 0  # of prompt_tokens, found in the cache from earlier turns (not prefilled)
     dropped_messages: int = 0  # the oldest messages left out to fit the context (drop_oldest policy)
     max_tokens: int = 0  # the reply's limit: Generate.max_tokens capped to the room the context leaves
+    cut_chars: int = 0  # a reply continued: characters of its start left out of the prompt to fit
 
 
 @message("token_count")

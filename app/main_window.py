@@ -2,8 +2,10 @@
 telemetry on the right; the model setup page before a model is chosen.
 
 This module wires the parts together (store, engine session, chat controller, panels, menus and
-shortcuts); each part does its own job in its own module, and the model setup flow (local models,
-downloads, the demo, a server as the engine) is model_setup_flow.py, a base class of the window.
+shortcuts); each part does its own job in its own module. Base classes of the window: the model
+setup flow (local models, downloads, the demo, a server as the engine: model_setup_flow.py), the
+Settings window's effects (preferences.py), the context's warnings and offers (chat/context_flow.py)
+and Help (window_help.py); where the side panel goes as the width changes is side_area.py.
 
 The chat's engine is the local worker or a server (vLLM, SGLang, another FlashDesk) connected from
 the setup page; the choice is remembered. A switch leaves nothing of the other engine on screen:
@@ -13,6 +15,7 @@ its status texts, its draft-length control, this computer's GPU shown as the eng
 from __future__ import annotations
 
 import re
+import sqlite3
 from dataclasses import asdict
 from pathlib import Path
 
@@ -36,7 +39,8 @@ from PySide6.QtWidgets import (
 from flashdesk import protocol as p
 from flashdesk import paths
 from flashdesk.protocol import METHOD_NAMES
-from flashdesk.app import theme
+from flashdesk.app import theme, window_layout
+from flashdesk.app.about import APP_NAME
 from flashdesk.app.history import export
 from flashdesk.app.chat.banner import Banner
 from flashdesk.app.diagnostics import DiagnosticsCopier
@@ -44,30 +48,31 @@ from flashdesk.app.chat.chat_controller import ChatController
 from flashdesk.app.backends.chat_engine import ChatEngine
 from flashdesk.app.chat.chat_view import ChatView
 from flashdesk.app.chat.composer import Composer
-from flashdesk.app.chat.context_gauge import ContextGauge, context_full_text, refused_text
+from flashdesk.app.chat.context_flow import CONTINUE_REPLY, NEW_LIKE, ContextFlow
+from flashdesk.app.chat.context_gauge import ContextGauge, context_full_text
 from flashdesk.app.chat.conversation_list import ConversationList
 from flashdesk.app.backends.engine_session import DEAD, IDLE, LOADING, READY, STARTING, STOPPED, EngineSession
 from flashdesk.app.model_setup_flow import ModelSetupFlow
+from flashdesk.app.preferences import Preferences
+from flashdesk.app.window_help import WindowHelp
 from flashdesk.app.backends.remote_session import RemoteSession
 from flashdesk.app.chat.reply import context_filled
-from flashdesk.app.chat.settings_dialog import DROP_OLDEST, STOP, ConversationSettings
+from flashdesk.app.chat.settings_dialog import ConversationSettings
 from flashdesk.app.pages.bench_page import BenchPage
 from flashdesk.app.pages.setup_page import SetupPage
+from flashdesk.app.side_area import SideArea
+from flashdesk.app.side_strip import SideStrip
 from flashdesk.app.panels.server_panel import ServerPanel
 from flashdesk.app.panels.spec_panel import SpecPanel
 from flashdesk.app.history.store import Store
 from flashdesk.app.panels.telemetry import TelemetrySampler
 from flashdesk.app.panels.telemetry_panel import TelemetryPanel
 
-APP_NAME = "FlashDesk"
 DEMO_NOTE = (
     "Demo model: a toy Gemma 4 (2.4 M parameters) and its drafter on the CPU. Its text only looks "
     "like code or English; the speed, speculation and memory readouts are real."
 )
 ERROR_TITLES = {p.OUT_OF_MEMORY: "Out of memory", p.BAD_INPUT: "Not possible", p.CRASH: "Engine error"}
-SEND_ANYWAY, CANCEL = "Send anyway", "Cancel"
-DROP_AND_SEND, DROP_AND_CONTINUE = "Drop oldest turns and send", "Drop oldest turns and continue"
-NEW_LIKE = "New conversation with the same system prompt"
 
 
 def for_the_window(message: str) -> str:
@@ -76,23 +81,7 @@ def for_the_window(message: str) -> str:
     return re.sub(r"run `flashdesk models pull ([^`]+)`", r"press Download on the setup page (it fetches \1)", message)
 
 
-def about_text() -> str:
-    """Help → About: what FlashDesk is, its version, and where to read more."""
-    from flashdesk import __version__
-
-    return (
-        f"<b>{APP_NAME} {__version__}</b><br><br>A desktop chat with its own inference engine for Google's "
-        "Gemma 4 26B-A4B on one NVIDIA card, sped up by speculative decoding (z-lab's DFlash drafter or "
-        "Gemma 4's MTP assistant) without changing what the model says.<br><br>"
-        "The guides are the docs/ folder of its source (docs/app.md: the window, page by page). "
-        "Help → Copy diagnostics puts what to send with a problem report on the clipboard."
-    )
-
-
-NARROW_WINDOW = 1100  # px: below this the side panel (340 px at least) leaves the chat too little
-
-
-class MainWindow(ModelSetupFlow, QMainWindow):
+class MainWindow(ModelSetupFlow, Preferences, ContextFlow, WindowHelp, QMainWindow):
     def __init__(
         self,
         store: Store,
@@ -114,14 +103,20 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.engine = ChatEngine(self.session, self.remote, self)  # what the chat talks to: one of the two
         self.sampler = sampler or TelemetrySampler(parent=self)
         self.controller = ChatController(store, self.engine, self.sampler.nvml.energy_mj, self)
-        self.gauge = ContextGauge(self.session, self.controller.prompt_messages, self.controller.sampling, self)
+        self.gauge = ContextGauge(
+            self.session, self.controller.prompt_messages, self.controller.sampling, self._left_out, self
+        )
+        self.restore_preferences()  # Settings' values, the text size first: the widgets are built at it
         self._build()
         self._connect()
         self._menus()
         self.resize(1380, 860)
+        window_layout.restore(store, self, self.splitter)  # as it was left, where it was kept
 
         self.spec.colour.setChecked(bool(store.setting("colour_by_origin", False)))
-        self.set_side_panel(bool(store.setting("side_panel", True)))
+        self.side_area = SideArea(self, self.splitter, self.side, self.strip, self.side_action, store)
+        self.side_area.drawer_changed.connect(lambda on: self.esc.setEnabled(on or self.controller.busy))
+        self.side_area.fit()  # as kept, where it fits
         kept = store.setting("theme", "system")
         if kept in ("light", "dark"):  # the system's is what the app starts with (main.py)
             theme.set_choice(kept)
@@ -174,7 +169,9 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.model_label = QLabel()
         self.model_label.setObjectName("modelLabel")
         self.settings_button = QPushButton("Settings…")
-        self.settings_button.setToolTip("System prompt and sampling of this conversation (Ctrl+,)")
+        self.settings_button.setToolTip(
+            "System prompt and sampling of this conversation (Ctrl+Alt+,); the app's Settings are Ctrl+,"
+        )
         header = QHBoxLayout()
         header.setContentsMargins(16, 8, 16, 0)
         header.addWidget(self.title_label, 1)
@@ -197,8 +194,15 @@ class MainWindow(ModelSetupFlow, QMainWindow):
             column.addLayout(wrap)
         column.addWidget(self.chat, 1)
         column.addWidget(self.composer)
+        self.strip = SideStrip()  # the side panel, folded: shows while the panel is hidden
+        self.strip.section_requested.connect(self.show_side_section)
+        row = QHBoxLayout()
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(0)
+        row.addLayout(column, 1)
+        row.addWidget(self.strip)
         middle = QWidget()
-        middle.setLayout(column)
+        middle.setLayout(row)
 
         self.spec = SpecPanel()
         self.telemetry = TelemetryPanel()
@@ -222,7 +226,7 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.splitter.addWidget(middle)
         self.splitter.addWidget(self.side)
         self.splitter.setStretchFactor(1, 1)
-        self.splitter.setSizes([250, 760, 370])
+        self.splitter.setSizes(list(window_layout.DEFAULT_WIDTHS))
         self.splitter.setChildrenCollapsible(False)
 
         self.bench = BenchPage(self.session)
@@ -245,8 +249,8 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.diagnostics = DiagnosticsCopier(self)
         self.diagnostics.done.connect(self._diagnostics_done)
         self.statusBar().addPermanentWidget(self.load_bar)
-        self.esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.controller.stop)
-        self.esc.setEnabled(False)
+        self.esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self._escape)
+        self.esc.setEnabled(False)  # only while a reply streams or the side panel is a drawer: else Esc is the fields'
 
     def _connect(self) -> None:
         s, c = self.session, self.controller
@@ -275,6 +279,7 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         c.reply_ended.connect(self._reply_ended)
         c.busy_changed.connect(self._busy)
         c.turn_refused.connect(self._turn_refused)
+        c.edit_refused.connect(self._edit_refused)
         self.composer.edit.textChanged.connect(self._composer_edited)
         self.session.server_traffic.connect(
             lambda t: self.telemetry.show_api_request(t.tokens_per_second, t.tau, self.server_panel.requests)
@@ -282,9 +287,7 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         c.notice.connect(lambda text: self.notice_banner.show_text(text, kind="error"))  # a reply not saved
 
         self.conversations.selected.connect(c.open)
-        self.conversations.hit_chosen.connect(
-            lambda message_id: self.chat.show_hit(message_id, self.conversations.search.text().split())
-        )
+        self.conversations.hit_chosen.connect(self._open_hit)
         self.conversations.new_requested.connect(self.new_conversation)
         self.conversations.renamed.connect(c.rename)
         self.conversations.deleted.connect(c.delete)
@@ -343,6 +346,8 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         action(file, "Export as &JSON…", lambda: self.export_dialog("json"), "Ctrl+Shift+E")
         file.addSeparator()
         action(file, "&Model setup…", self.show_setup, "Ctrl+M")
+        settings = action(file, "&Settings…", self.show_app_settings, "Ctrl+,", "appSettingsAction")
+        settings.setMenuRole(QAction.MenuRole.PreferencesRole)  # macOS: the application menu's Settings
         file.addSeparator()
         action(file, "&Quit", self.close, QKeySequence.StandardKey.Quit)
         chat = bar.addMenu("&Chat")
@@ -353,7 +358,9 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         action(chat, "&Rename conversation", self.conversations.rename_current, "F2")
         action(chat, "Re&generate last reply", self.regenerate_last, "Ctrl+R")
         action(chat, "&Stop\tEsc", self.controller.stop)  # Esc is the window's own shortcut: shown, not bound
-        action(chat, "Conversation se&ttings…", self.edit_settings, "Ctrl+,")
+        # Ctrl+Alt, not Ctrl+Shift: Shift turns the comma into "<" on many keyboards, and Qt would
+        # then match Ctrl+, (the app's Settings) for it
+        action(chat, "Conversation se&ttings…", self.edit_settings, "Ctrl+Alt+,", "conversationSettingsAction")
         view = bar.addMenu("&View")
         self.colour_action = action(view, "&Colour reply by origin", self.spec.colour.toggle, "Ctrl+Shift+O")
         self.colour_action.setCheckable(True)
@@ -373,18 +380,40 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         engine.addSeparator()
         action(engine, "&API server for other programs…", self.show_server_panel, name="serverPanelAction")
         help_menu = bar.addMenu("&Help")
-        action(help_menu, "&Keyboard shortcuts", self.show_shortcuts, "F1", name="shortcutsAction")
+        keys = action(help_menu, "&Keyboard shortcuts", self.show_shortcuts, name="shortcutsAction")
+        keys.setShortcuts([QKeySequence("F1"), QKeySequence("Ctrl+/")])
+        action(help_menu, "&Documentation", self.open_documentation, name="documentationAction")
         action(help_menu, "Copy &diagnostics", self.copy_diagnostics, name="copyDiagnosticsAction")
         action(help_menu, "&About FlashDesk", self.show_about, name="aboutAction")
 
     def show_server_panel(self) -> None:
         """Engine → API server: the chat page's side panel shown and scrolled to the server's part."""
+        self.show_side_section("server")
+        if self.server_panel.toggle.isEnabled():  # without a model loaded, it says why it is off
+            self.server_panel.toggle.setFocus()
+
+    def _escape(self) -> None:
+        """Esc: the side panel's drawer closes first, then a streaming reply stops."""
+        if self.side_area.drawer:
+            self.set_side_panel(False)
+        else:
+            self.controller.stop()
+
+    def show_side_section(self, section: str) -> None:
+        """The side panel shown (also in a narrow window: asked for) and scrolled to `section`
+        ("spec", "telemetry", "server"; "" its top): the strip's icons and the Engine menu. The
+        strip's first icon closes the drawer again."""
+        if section == "" and self.side_area.drawer:
+            self.set_side_panel(False)
+            return
         self.show_chat()
         if self.side.isHidden():
             self.set_side_panel(True)
-        self.side.ensureWidgetVisible(self.server_panel)
-        if self.server_panel.toggle.isEnabled():  # without a model loaded, it says why it is off
-            self.server_panel.toggle.setFocus()
+        part = {"spec": self.spec, "telemetry": self.telemetry, "server": self.server_panel}.get(section)
+        if part is None:
+            self.side.verticalScrollBar().setValue(0)
+        else:
+            self.side.ensureWidgetVisible(part)
 
     def set_theme(self, choice: str) -> None:
         """View → Theme: the system's, light or dark; remembered for the next start."""
@@ -392,49 +421,8 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         for name, act in self.theme_actions.items():
             act.setChecked(name == choice)
         self.store.set_setting("theme", choice)
-
-    def shortcut_lines(self) -> list[tuple[str, str]]:
-        """(action, keys) of every menu entry with a shortcut, read from the menus themselves."""
-        lines = []
-        for menu_action in self.menuBar().actions():
-            for act in menu_action.menu().actions():
-                keys = act.shortcut().toString(QKeySequence.SequenceFormat.NativeText)
-                text = act.text().split("\t")
-                keys = keys or (text[1] if len(text) > 1 else "")
-                if keys:
-                    lines.append((f"{menu_action.text().replace('&', '')} → {text[0].replace('&', '')}", keys))
-        return lines
-
-    def show_shortcuts(self) -> None:
-        """Help → Keyboard shortcuts: every one, in a window that stays beside the chat."""
-        rows = "".join(
-            f"<tr><td>{name}</td><td>&nbsp;&nbsp;<b>{keys}</b></td></tr>" for name, keys in self.shortcut_lines()
-        )
-        self._show_box("shortcutsBox", "Keyboard shortcuts", f"<table>{rows}</table>")
-
-    def show_about(self) -> None:
-        self._show_box("aboutBox", f"About {APP_NAME}", about_text(), QMessageBox.Icon.Information)
-
-    def _show_box(self, name: str, title: str, text: str, icon=QMessageBox.Icon.NoIcon) -> None:
-        """A window beside the chat (not modal), one of each: asked for again, it comes to the front."""
-        box = self.findChild(QMessageBox, name)
-        if box is None:
-            box = QMessageBox(icon, title, text, parent=self)
-            box.setObjectName(name)
-            box.setModal(False)
-        box.setText(text)
-        box.show()
-        box.raise_()
-
-    def copy_diagnostics(self) -> None:
-        """Help > Copy diagnostics: the report to send when something fails, onto the clipboard."""
-        if self.diagnostics.start():
-            self.statusBar().showMessage("Collecting diagnostics…")
-
-    def _diagnostics_done(self, copied: bool, text: str) -> None:
-        self.statusBar().showMessage(text, 10_000)
-        if not copied:
-            self.notice_banner.show_text(text, kind="error")
+        if self.app_settings is not None:  # Settings shows the same choice
+            self.app_settings.show_theme(choice)
 
     # -- pages and titles ------------------------------------------------------------------------------
 
@@ -494,8 +482,21 @@ class MainWindow(ModelSetupFlow, QMainWindow):
             )
             self.telemetry.show_reply(last.stats if last else None)
 
+    def _open_hit(self, message_id: int) -> None:
+        """Show a search hit in the open conversation; one in a branch not shown switches the
+        conversation to that branch first (while it writes a reply, the status bar says why not)."""
+        words = self.conversations.search.text().split()
+        if self.chat.show_hit(message_id, words):
+            return
+        if self.controller.show_branch_of(message_id):
+            self.chat.show_hit(message_id, words)
+        elif self.controller.busy:
+            self.statusBar().showMessage(
+                "The hit is in another branch of this conversation: it can be shown once the reply ends", 10_000
+            )
+
     def _show_messages_again(self) -> None:
-        """Another version of a reply is shown (or came back): the chat, the gauge and the panels."""
+        """Another version of a message shows (or came back), with its branch: the chat, the gauge, the panels."""
         self._shown = None
         self._conversation_changed(self.controller.conversation)
 
@@ -523,6 +524,7 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         methods = info.methods or ([info.method] if info.method else [])
         drafts = "".join(f" + {METHOD_NAMES.get(m, m)}" for m in methods)
         self.model_label.setText(f"{name}{drafts} · {where}")
+        self.setup.status.setText(f"Loaded: {name}{drafts} on {where}, in {info.seconds:.1f} s.")  # not "loaded"
         self.model_label.setToolTip(
             f"{info.target}\n{info.draft or 'no draft model'}\n{info.dtype}, KV {info.kv_dtype}, "
             f"context {info.context_limit} tokens, loaded in {info.seconds:.1f} s"
@@ -564,7 +566,7 @@ class MainWindow(ModelSetupFlow, QMainWindow):
             reason = {
                 STARTING: "Starting the engine…",
                 LOADING: "Loading the model…",
-                DEAD: "The engine stopped: restart it above.",
+                DEAD: "The engine stopped: Restart engine (the button above, or Ctrl+Shift+R) starts it again.",
             }.get(state, "No model loaded (File → Model setup)")
             self.composer.set_can_send(False, reason)
 
@@ -662,101 +664,6 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.controller.new_conversation()
         self.show_chat()
 
-    def send(self, text: str) -> None:
-        """The message box sent `text`: count it with the conversation first (a few milliseconds, the
-        engine's tokenizer), and warn before a send past the context."""
-        self.context_banner.hide()
-        self.gauge.check_send(text)
-
-    def _dropping_already(self, count) -> bool:
-        """Whether the engine already leaves this conversation's oldest turns out (its last reply
-        says so) and may go on doing so: warned once, a send is not asked about again."""
-        if count.alone or self.controller.sampling().get("context_policy") == STOP or not self.controller.conversation:
-            return False
-        replies = [m for m in self.store.messages(self.controller.conversation.id) if m.role == "assistant"]
-        return bool(replies and (replies[-1].stats or {}).get("dropped_messages"))
-
-    def _composer_edited(self) -> None:
-        """A send's warning is about the text in the box: emptied, the warning goes (only while it is
-        that warning the banner shows)."""
-        if not self.context_banner.isVisible():
-            self._send_warning = False
-        if getattr(self, "_send_warning", False) and not self.composer.edit.toPlainText().strip():
-            self._send_warning = False
-            self.context_banner.hide()
-
-    def _send_checked(self, text: str, count) -> None:
-        if count is None or not count.over or self._dropping_already(count):
-            self._send_now(text)
-            return
-        self.composer.edit.setPlainText(text)
-        policy = self.controller.sampling().get("context_policy")
-        self._send_warning = True  # clearing the message box takes it away
-        if count.alone:  # nothing can be dropped: only a shorter message (or a shorter reply) fits
-            self.context_banner.show_text(count.warning(policy), None, "error")
-            self.context_banner.close_button.setVisible(True)
-        elif policy == STOP:
-            self.context_banner.show_choice(
-                count.warning(STOP), (DROP_AND_SEND, self._send_dropping), (NEW_LIKE, self._new_like), "error"
-            )
-        else:
-            self.context_banner.show_choice(
-                count.warning(DROP_OLDEST),
-                (SEND_ANYWAY, self._send_anyway),
-                (CANCEL, self.context_banner.hide),
-                "error",
-            )
-
-    def _send_now(self, text: str, policy: str | None = None) -> None:
-        if not self.controller.send(text, policy):
-            self.composer.edit.setPlainText(text)
-
-    def _composer_text(self) -> str:
-        text = self.composer.edit.toPlainText().strip()
-        self.composer.edit.clear()
-        return text
-
-    def _send_anyway(self) -> None:
-        """Past the context, as the conversation's policy says (the oldest turns dropped)."""
-        self.context_banner.hide()
-        if text := self._composer_text():
-            self._send_now(text)
-
-    def _send_dropping(self) -> None:
-        """Past the context with the oldest turns dropped, whatever the conversation's policy."""
-        self.context_banner.hide()
-        if text := self._composer_text():
-            self._send_now(text, DROP_OLDEST)
-
-    def _new_like(self) -> None:
-        """A new conversation with this one's system prompt and settings; the message box keeps its text."""
-        self.context_banner.hide()
-        self.controller.new_conversation_like()
-        self.show_chat()
-
-    def _continue(self) -> None:
-        self.context_banner.hide()
-        self.controller.continue_after_context()
-
-    def _turn_refused(self, text: str, reason: str) -> None:
-        """The engine refused the turn (a conversation past the context under "stop"): nothing is lost."""
-        if text:
-            self.composer.edit.setPlainText(text)
-        self._send_warning = bool(text)  # about the text put back: emptying the box takes it away
-        if "last message alone" in reason:  # no turn to drop, no conversation to start: only a shorter one
-            self.context_banner.show_text(refused_text(reason, bool(text)), None, "error")
-            self.context_banner.close_button.setVisible(True)
-            return
-        other = (DROP_AND_SEND, self._send_dropping) if text else (CANCEL, self.context_banner.hide)
-        self.context_banner.show_choice(refused_text(reason, bool(text)), (NEW_LIKE, self._new_like), other, "error")
-
-    def _show_gauge(self, count) -> None:
-        if count is None:
-            self.composer.set_gauge(None)
-            return
-        policy = self.controller.sampling().get("context_policy")
-        self.composer.set_gauge(count.text(), count.level, count.tooltip(policy))
-
     def regenerate_last(self) -> None:
         if self.controller.conversation is None:
             return
@@ -778,7 +685,7 @@ class MainWindow(ModelSetupFlow, QMainWindow):
     def _busy(self, busy: bool) -> None:
         self.composer.set_busy(busy)
         self.chat.set_busy(busy)
-        self.esc.setEnabled(busy)
+        self.esc.setEnabled(busy or self.side_area.drawer)
         self.refresh_conversations()  # the mark of the conversation writing a reply
         if not busy:
             self.telemetry.set_live(None)
@@ -792,6 +699,8 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         if widget is not None:
             widget.set_context(stats)
         self.telemetry.set_live(reply.live_tokens_per_second())
+        if reply.prompt_tokens and widget is not None:  # the gauge under the conversation it streams into
+            self.gauge.streaming(reply.prompt_tokens + reply.tokens)
         self.telemetry.show_reply(stats)
         self.spec.show_stats(
             reply.spec,
@@ -812,7 +721,9 @@ class MainWindow(ModelSetupFlow, QMainWindow):
             limit = self.engine.info.context_limit if self.engine.info else None
             self._send_warning = False  # not about the box's text: emptying it leaves this one
             self.context_banner.show_choice(
-                context_full_text(limit), (DROP_AND_CONTINUE, self._continue), (NEW_LIKE, self._new_like)
+                context_full_text(limit, self.engine.is_remote),
+                (CONTINUE_REPLY, self._continue),
+                (NEW_LIKE, self._new_like),
             )
 
     def edit_settings(self) -> None:
@@ -832,38 +743,14 @@ class MainWindow(ModelSetupFlow, QMainWindow):
         self.settings_dialog = dialog
 
     def set_side_panel(self, shown: bool) -> None:
-        """Show or hide the speculation and telemetry panel; remembered for the next start. Asked
-        for in a narrow window, it shows there too (else a narrow window hides it: _fit_side_panel);
-        hidden again there, the choice kept stays (the window hides it anyway)."""
-        if not shown and getattr(self, "side_forced", False) and self.width() < NARROW_WINDOW:
-            self.side_forced = False
-            self._fit_side_panel()
-            return
-        self.side_wanted = shown
-        self.side_forced = shown and self.width() < NARROW_WINDOW
-        self.store.set_setting("side_panel", shown)
-        self._fit_side_panel()
-
-    def _fit_side_panel(self) -> None:
-        """A window narrower than NARROW_WINDOW gives the chat the room: the side panel hides (the
-        choice stays as it was) and the status bar says how to bring it back."""
-        narrow = self.width() < NARROW_WINDOW
-        if not narrow:
-            self.side_forced = False
-        shown = self.side_wanted and (not narrow or self.side_forced)
-        if self.side.isHidden() == shown:
-            self.side.setVisible(shown)
-            if not shown and self.side_wanted:
-                self.statusBar().showMessage(
-                    "The side panel is hidden to give the chat room: View → Show the side panel (Ctrl+Shift+S)",
-                    10_000,
-                )
-        self.side_action.setChecked(shown)
+        """View → Show the side panel: docked where it fits (remembered), a drawer over the chat in
+        a narrow window (app/side_area.py)."""
+        self.side_area.set_shown(shown)
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
-        if hasattr(self, "side_wanted"):
-            self._fit_side_panel()
+        if hasattr(self, "side_area"):
+            self.side_area.fit()
 
     def use_draft_length(self, length: int | str, method: str | None = None) -> None:
         """The Benchmark page's "Use the best": speculation on at that draft length (or auto), with that
@@ -926,11 +813,17 @@ class MainWindow(ModelSetupFlow, QMainWindow):
             self.server_panel.apply_theme()
             self.composer.apply_theme()
             self.bench.apply_theme()
+            self.strip.apply_theme()
             for banner in (self.demo_banner, self.crash_banner, self.notice_banner, self.context_banner):
                 banner.apply_theme()
 
     def shutdown(self) -> None:
-        """Keep the reply as it stands, stop sampling, end the engine process. Idempotent."""
+        """Keep the reply as it stands and the window's layout, stop sampling, end the engine
+        process. Idempotent."""
+        try:
+            window_layout.save(self.store, self, self.splitter)
+        except sqlite3.Error:  # a database that cannot be written loses the layout, not the shutdown
+            pass
         self.controller.close()
         self.sampler.stop()
         self.remote.shutdown()

@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from PySide6.QtCore import QByteArray, Qt
+from PySide6.QtCore import QByteArray, QRectF, Qt
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPalette, QPixmap
 from PySide6.QtSvg import QSvgRenderer
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QProxyStyle, QStyle, QStyleFactory
 
 from flashdesk.paths import assets_dir
 
@@ -78,9 +78,36 @@ def dark_palette() -> QPalette:
     return pal
 
 
+class FlashDeskStyle(QProxyStyle):
+    """Fusion, with check box and radio button frames that show on a dark window. Fusion draws
+    them in the window's colour darkened, which on a dark palette is a few shades from the window
+    itself: an unchecked box all but disappears. The frame is drawn again in the muted text colour."""
+
+    FRAMED = (QStyle.PrimitiveElement.PE_IndicatorCheckBox, QStyle.PrimitiveElement.PE_IndicatorRadioButton)
+
+    def __init__(self):
+        super().__init__(QStyleFactory.create("Fusion"))
+
+    def drawPrimitive(self, element, option, painter, widget=None) -> None:
+        super().drawPrimitive(element, option, painter, widget)
+        if element not in self.FRAMED or not is_dark():
+            return
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.setPen(QColor(colors()["muted"]))
+        painter.setBrush(Qt.BrushStyle.NoBrush)
+        rect = QRectF(option.rect).adjusted(0.5, 0.5, -1.5, -1.5)
+        if element == QStyle.PrimitiveElement.PE_IndicatorRadioButton:
+            painter.drawEllipse(rect)
+        else:
+            painter.drawRoundedRect(rect, 2.0, 2.0)
+        painter.restore()
+
+
 def apply(app: QApplication) -> None:
-    """Fusion, with the palette of the current scheme; re-applied when the system scheme changes."""
-    app.setStyle("Fusion")
+    """Fusion (ours), with the palette of the current scheme; re-applied when the system scheme changes."""
+    if not isinstance(app.style(), FlashDeskStyle):
+        app.setStyle(FlashDeskStyle())
     app.setPalette(dark_palette() if is_dark() else app.style().standardPalette())
     if not app.property("flashdesk_theme_hooked"):
         app.setProperty("flashdesk_theme_hooked", True)

@@ -49,6 +49,7 @@ import weakref
 from pathlib import Path
 
 from flashdesk import protocol as p
+from flashdesk.paths import HUB_CACHE_ENV
 from flashdesk.engine.loading.model_card import model_name, sampling_defaults
 from flashdesk.engine.cli.report import log_error, record_load
 
@@ -59,6 +60,20 @@ PULL_HZ = 10  # PullProgress events a second at most
 
 class PullCancelledError(Exception):
     """Raised from the download's progress callback when the app cancelled the pull."""
+
+
+_HUB_CACHE_AT_START = os.environ.get(HUB_CACHE_ENV)
+
+
+def use_models_folder(folder: str | None) -> None:
+    """Download into, and find Hub ids in, `folder` (the app's Settings) from this request on; None:
+    the folder the worker started with. Why the environment: engine/hub reads the cache from it each
+    time (paths.hub_cache_dir), so every part of a survey, a download or a load agrees on it."""
+    chosen = folder or _HUB_CACHE_AT_START
+    if chosen:
+        os.environ[HUB_CACHE_ENV] = chosen
+    else:
+        os.environ.pop(HUB_CACHE_ENV, None)
 
 
 def error_kind(exc: BaseException) -> str:
@@ -314,6 +329,7 @@ class Worker:
 
         from flashdesk.engine.decode.generation import resolve_device
 
+        use_models_folder(msg.models_folder)
         target = self._resolve(msg.target)
         device = resolve_device(msg.device).type
         report = inspect_checkpoint(
@@ -331,6 +347,7 @@ class Worker:
     def survey(self, msg: p.Survey) -> None:
         from flashdesk.engine.hub.recommended import survey
 
+        use_models_folder(msg.models_folder)
         found = survey(Path(msg.demo_folder) if msg.demo_folder else None)
         self.send(p.Surveyed(**found.as_dict()))
 
@@ -352,6 +369,7 @@ class Worker:
         from flashdesk.engine.errors import FlashDeskError
         from flashdesk.engine.hub.models import REPO_ID, pull
 
+        use_models_folder(msg.models_folder)
         repo_id = msg.repo_id.strip()
         files: dict[str, tuple[int, int]] = {}
         last: list[float | None] = [None]  # the first sum goes out a moment after the first report,
@@ -433,6 +451,7 @@ class Worker:
         self._free()
         started = time.perf_counter()
         self.send(p.LoadProgress("resolve", 0.05, "finding the model files"))
+        use_models_folder(msg.models_folder)
         target = self._resolve(msg.target)
         draft = self._resolve(msg.draft) if msg.draft else None
         assistant = self._resolve(msg.assistant) if msg.assistant else None
@@ -682,7 +701,8 @@ class Worker:
                 self.cancels.pop(rid)
                 self.send(p.Finished(rid, "cancelled", "", "", [], prompt_tokens, 0.0, 0.0, {}, -1, None))
                 return
-        self.send(p.Started(rid, prompt_tokens, turn.reused, turn.fitted.dropped, turn.fitted.max_new_tokens))
+        fitted = turn.fitted
+        self.send(p.Started(rid, prompt_tokens, turn.reused, fitted.dropped, fitted.max_new_tokens, fitted.cut_chars))
         steps = turn.run(self.control, should_stop)
         try:
             for item in steps:

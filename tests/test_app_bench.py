@@ -39,11 +39,15 @@ def test_a_run_shows_progress_chart_table_is_kept_and_sets_the_best(qtbot, open_
     choose(page, {"code", "chat"}, {4, p.AUTO_DRAFT_LENGTH}, per_task=1, tokens=24)
     progress: list[p.BenchProgress] = []
     w.session.bench_progress.connect(progress.append)
+    formats: list[str] = []
+    w.session.bench_progress.connect(lambda _msg: formats.append(page.progress.format()))
 
     qtbot.mouseClick(page.run_button, Qt.MouseButton.LeftButton)
     assert page.running and not page.run_button.isEnabled() and page.cancel_button.isEnabled()
-    assert page.progress.isVisible()
+    assert page.progress.isVisible() and "2 prompt(s) in 3 modes" not in page.status.text()
+    assert "1 prompt(s) in 3 modes, up to 24 new tokens each: 6 runs" in page.status.text()
     until(lambda: page.running is None, timeout_ms=RUN_MS)
+    assert any(" left" in text for text in formats)  # the time left, from the run's own pace
 
     assert progress and progress[-1].done == progress[-1].total == 3 * 3  # (2 prompts + a warm-up) x 3 modes
     assert [m.done for m in progress] == sorted(m.done for m in progress)
@@ -108,6 +112,14 @@ def test_run_is_off_with_a_reason_until_a_pair_is_loaded(qtbot, open_window) -> 
     assert not page.run_button.isEnabled()
     assert page.status.text().startswith("Load a model with a draft model")
     assert page.run_button.toolTip() == page.status.text()
+
+
+def test_the_time_left_comes_from_the_runs_pace() -> None:
+    from flashdesk.app.pages.bench_page import time_left_text
+
+    assert time_left_text(0, 10, 5.0) == "" and time_left_text(10, 10, 50.0) == ""
+    assert time_left_text(1, 10, 5.0) == "under a minute left"  # 9 runs at 5 s
+    assert time_left_text(2, 12, 30.0) == "about 2 minutes left" and time_left_text(1, 3, 30.0) == "about 1 minute left"
 
 
 def test_bench_messages_round_trip() -> None:

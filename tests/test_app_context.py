@@ -14,7 +14,7 @@ from PySide6.QtCore import Qt
 
 from flashdesk import protocol as p
 from flashdesk.app.chat.context_gauge import NEAR, OK, OVER
-from flashdesk.app.main_window import CANCEL, DROP_AND_CONTINUE, DROP_AND_SEND, NEW_LIKE, SEND_ANYWAY
+from flashdesk.app.chat.context_flow import CANCEL, CONTINUE_REPLY, DROP_AND_SEND, NEW_LIKE, SEND_ANYWAY, TRIM
 from flashdesk.app.chat.message_widget import CONTEXT_FULL_TEXT
 from flashdesk.app.history.store import COMPLETE
 from test_app_window import REPLY_MS, demo, greedy, messages, open_window, send, wait_idle  # noqa: F401
@@ -168,6 +168,10 @@ def test_gauge_counts_as_you_type_and_a_send_past_the_limit_warns_then_drops_the
     assert note.isVisible() and f"{started[-1].dropped_messages} oldest messages were left out" in note.text()
     assert after[5].stats["dropped_messages"] == started[-1].dropped_messages
 
+    # the gauge counts what the prompt holds now, not the messages the engine already leaves out
+    until(lambda: w.gauge.last is not None and w.gauge.last.left_out == after[5].stats["dropped_messages"])
+    assert w.composer.gauge_level != OVER and "already left out" in w.composer.gauge.toolTip()
+
     # the oldest turns are being left out now: a send past the context goes without asking again
     text = _long_message(3, sentences=7)
     w.composer.edit.setPlainText(text)
@@ -177,6 +181,22 @@ def test_gauge_counts_as_you_type_and_a_send_past_the_limit_warns_then_drops_the
     until(lambda: len(messages(w)) == 8, timeout_ms=5000)
     assert not w.context_banner.isVisible()
     wait_idle(qtbot, w)
+
+
+def test_the_gauge_is_live_while_a_reply_streams(qtbot, open_window, demo) -> None:
+    w = open_window(demo=demo, context=512)
+    greedy(w, max_tokens=48)
+    until(w.composer.gauge.isVisible, timeout_ms=5000)
+    counts, shown = [], []
+    w.gauge.changed.connect(lambda count: count is not None and count.live and counts.append(count.tokens))
+    w.controller.reply_progress.connect(lambda _reply: shown.append(w.composer.gauge.text()))
+    send(qtbot, w, "Tell me about the harbour", typed=False)
+    wait_idle(qtbot, w)
+    reply = messages(w)[-1]
+    assert len(counts) >= 3 and counts == sorted(counts)  # it grows with the reply
+    assert counts[-1] == reply.stats["prompt_tokens"] + reply.stats["tokens"]
+    assert len(set(shown)) >= 3  # and the message box shows it as it grows
+    until(lambda: w.gauge.last is not None and w.gauge.last.messages and not w.gauge.last.live, timeout_ms=5000)
 
 
 def test_a_message_too_long_by_itself_says_so_and_offers_no_dead_end(qtbot, open_window, demo) -> None:
@@ -190,11 +210,48 @@ def test_a_message_too_long_by_itself_says_so_and_offers_no_dead_end(qtbot, open
     until(w.context_banner.isVisible, timeout_ms=5000)
     banner = w.context_banner
     assert "too long for the context by itself" in banner.label.text() and "no older turns" in banner.label.text()
-    assert banner.buttons.isHidden()  # no "Send anyway" into a refusal
+    assert (banner.button.text(), banner.button2.text()) == (TRIM, CANCEL)  # no "Send anyway" into a refusal
     assert w.composer.edit.toPlainText() == text and not w.controller.busy
     assert [c.title for c in w.store.conversations()] == before  # nothing named after what was not sent
     w.composer.edit.clear()
     assert not banner.isVisible()  # the warning was about the text in the box
+
+    # trimmed to fit: its start stays in the box, the gauge says it fits, and Enter sends it
+    w.composer.edit.setPlainText(text)
+    until(lambda: w.gauge.last is not None and w.gauge.last.messages[-1]["content"] == text, timeout_ms=5000)
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    until(w.context_banner.isVisible, timeout_ms=5000)
+    banner.button.click()
+    kept = w.composer.edit.toPlainText()
+    assert not banner.isVisible() and 0 < len(kept) < len(text) and text.startswith(kept)
+    assert "Trimmed to its first" in w.statusBar().currentMessage() and "Ctrl+Z" in w.statusBar().currentMessage()
+    w.composer.edit.undo()  # as the status bar says: the rest comes back
+    assert w.composer.edit.toPlainText() == text
+    w.composer.edit.redo()
+    assert w.composer.edit.toPlainText() == kept
+    until(lambda: w.gauge.last is not None and w.gauge.last.messages[-1]["content"] == kept, timeout_ms=5000)
+    assert not w.gauge.last.over
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    wait_idle(qtbot, w)
+    assert [m.content for m in messages(w)][:1] == [kept] and messages(w)[-1].state == COMPLETE
+    w.controller.new_conversation()
+
+    # in a conversation with older turns: leaving them out would not help either, and it is said before
+    # the send, not after a refusal (no "Send anyway")
+    send(qtbot, w, "A short question first", typed=False)
+    wait_idle(qtbot, w)
+    count = len(messages(w))
+    w.composer.edit.setPlainText(text)
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    until(w.context_banner.isVisible, timeout_ms=5000)
+    assert "too long for the context by itself" in banner.label.text()
+    assert "leaving the older turns out would not make room" in banner.label.text()
+    assert (banner.button.text(), banner.button2.text()) == (TRIM, CANCEL)
+    assert len(messages(w)) == count and not w.controller.busy
+    banner.button.click()
+    assert 0 < len(w.composer.edit.toPlainText()) < len(text)
+    w.composer.edit.clear()
+    w.controller.new_conversation()
 
     # sent regardless (as a stale count could): refused, and the conversation is not named after it
     from flashdesk.app.chat.chat_controller import NEW_TITLE
@@ -223,17 +280,25 @@ def test_a_reply_that_filled_the_context_offers_the_ways_on(qtbot, open_window, 
     assert "capped by the context" in widget.footer.text()
     banner = w.context_banner
     assert banner.isVisible() and "context filled up" in banner.label.text()
-    assert (banner.button.text(), banner.button2.text()) == (DROP_AND_CONTINUE, NEW_LIKE)
+    assert (banner.button.text(), banner.button2.text()) == (CONTINUE_REPLY, NEW_LIKE)
 
-    # drop the oldest turns and continue: a follow-up that leaves the start out of the prompt
+    # go on: the same reply is written on (no "Continue." message), its start left out of the prompt
+    first = reply.content
     banner.button.click()
     assert w.controller.busy and not banner.isVisible()
     wait_idle(qtbot, w)
-    assert started[-1].dropped_messages == 2  # the first question and the full reply; the system prompt stays
+    assert started[-1].dropped_messages == 0 and started[-1].cut_chars > 0  # the question stays
+    assert started[-1].prompt_tokens <= (256 - 64) // 2 + 8  # down to about half of what fits
     got = messages(w)
-    assert [m.role for m in got] == ["user", "assistant", "user", "assistant"] and got[2].content == "Continue."
-    assert got[3].state == COMPLETE and got[3].content.strip()
-    assert "2 oldest messages were left out" in w.chat.widget(got[3].id).note.text()
+    assert [m.role for m in got] == ["user", "assistant"] and got[1].id == reply.id
+    assert got[1].state == COMPLETE and got[1].content.startswith(first.rstrip())
+    assert len(got[1].content) > len(first.rstrip()) and len(w.chat.widgets) == 2
+    stats = got[1].stats  # the whole reply's token count; its origins cover all of its text
+    assert stats["continued"] and stats["tokens"] == reply.stats["tokens"] + len(finished[-1].token_ids)
+    assert sum(n for n, _origin in stats["origins"]) == len(got[1].content)
+    assert w.chat.widget(reply.id).message.content == got[1].content
+    note = w.chat.widget(got[1].id).note.text()
+    assert f"first {started[-1].cut_chars:,} characters of this reply were left out" in note
 
     # a new conversation carrying the system prompt and the settings; the message box keeps its text
     assert banner.isVisible()  # the continuation filled the context again

@@ -255,3 +255,33 @@ def test_no_gpu_note_is_one_line_with_the_detail_on_hover(qtbot) -> None:
     assert "Driver Not Loaded" in panel.notice.toolTip() and "NVML" not in panel.notice.text()
     panel.set_gpu_available(True, None)
     assert not panel.notice.isVisible()
+
+
+def test_an_unchecked_box_shows_on_a_dark_window(qtbot) -> None:
+    """Fusion frames a check box in the window's colour darkened: on the dark palette an unchecked
+    box was a few shades from the window. Its frame now stands out as far as the muted text."""
+    from PySide6.QtWidgets import QApplication, QCheckBox, QRadioButton, QStyle
+
+    from flashdesk.app import theme
+
+    app = QApplication.instance()
+    style, palette = app.style().name(), app.palette()
+    try:
+        theme.set_choice("dark")
+        window = app.palette().window().color()
+        for box in (QCheckBox("unchecked"), QRadioButton("unchecked")):
+            qtbot.addWidget(box)
+            box.show()
+            image = box.grab().toImage()
+            indicator = box.style().pixelMetric(QStyle.PixelMetric.PM_IndicatorWidth)  # the box, not its text
+            spread = max(
+                abs(QColor(image.pixel(x, y)).lightness() - window.lightness())
+                for x in range(indicator)
+                for y in range(image.height())
+            )
+            assert spread >= 80, (type(box).__name__, spread)
+    finally:
+        theme.set_choice("system")
+        if style:
+            app.setStyle(style)
+        app.setPalette(palette)

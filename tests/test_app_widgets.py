@@ -618,6 +618,35 @@ def test_a_passing_mouse_wheel_scrolls_the_page_and_leaves_the_fields_alone(qtbo
     assert box.value() == 49  # once focused, the wheel is the field's
 
 
+def test_no_field_of_the_window_changes_under_a_passing_wheel(qtbot) -> None:
+    """Every spin box and combo box on the setup page, the side panel and the Benchmark page is
+    guarded: an unfocused field keeps its value when the wheel passes over it."""
+    from PySide6.QtCore import QPoint, QPointF, Qt
+    from PySide6.QtGui import QWheelEvent
+    from PySide6.QtWidgets import QAbstractSpinBox, QApplication, QComboBox
+
+    from flashdesk.app.history.store import Store
+    from flashdesk.app.main_window import MainWindow
+
+    w = MainWindow(Store(":memory:"))
+    qtbot.addWidget(w)
+    fields = [f for f in w.findChildren(QAbstractSpinBox) + w.findChildren(QComboBox) if f.isEnabled()]
+    assert len(fields) >= 8
+    for field in fields:
+        if isinstance(field, QComboBox) and field.count() < 2:
+            field.addItems(["one", "two", "three"])
+        before = field.currentIndex() if isinstance(field, QComboBox) else field.text()
+        field.clearFocus()
+        for delta in (-120, 120):
+            event = QWheelEvent(
+                QPointF(2, 2), QPointF(field.mapToGlobal(QPoint(2, 2))), QPoint(0, 0), QPoint(0, delta),
+                Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier, Qt.ScrollPhase.NoScrollPhase, False,
+            )  # fmt: skip
+            QApplication.sendEvent(field, event)
+            after = field.currentIndex() if isinstance(field, QComboBox) else field.text()
+            assert after == before, field.objectName() or type(field).__name__
+
+
 def test_an_engine_message_that_names_a_command_says_what_to_press_instead() -> None:
     from flashdesk.app.main_window import for_the_window
 
@@ -695,3 +724,11 @@ def test_a_setup_error_shows_in_the_box_that_said_the_check_would_appear_there(q
     page.show_plan(["model: ok"], [])
     page.show_error("Download failed: no connection")
     assert page.plan.toPlainText() == "model: ok"  # a check shown stays; the error is above it
+
+
+def test_the_full_context_banner_says_how_continue_goes_on_for_the_engine_and_for_a_server() -> None:
+    from flashdesk.app.chat.context_gauge import context_full_text
+
+    local, remote = context_full_text(4096), context_full_text(4096, remote=True)
+    assert "4,096 tokens" in local and "writes on in the same reply" in local and "Continue." not in local
+    assert "“Continue.” message" in remote and "same reply" not in remote

@@ -14,7 +14,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QAction
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
@@ -241,6 +241,7 @@ def test_killed_worker_keeps_the_partial_reply_and_restarts(qtbot, open_window, 
     widget = w.chat.widget(reply.id)
     assert widget.message.content == reply.content and "Interrupted" in widget.status.text()
     assert not w.composer.button.isEnabled()
+    assert "Restart engine" in w.composer.edit.placeholderText()  # named, wherever the banner is
 
     count = len(messages(w))  # Enter while the engine is down: said, offered the restart, text kept
     w.crash_banner.hide()
@@ -252,6 +253,8 @@ def test_killed_worker_keeps_the_partial_reply_and_restarts(qtbot, open_window, 
     assert w.composer.edit.toPlainText() == "Second question" and len(messages(w)) == count
 
     qtbot.mouseClick(w.crash_banner.button, Qt.MouseButton.LeftButton)
+    assert "stopped" not in w.composer.edit.placeholderText()  # nothing stale while it restarts
+    assert "stopped" not in w.engine_label.text()
     until(lambda: w.session.state == "ready", timeout_ms=LOAD_MS)
     assert not w.crash_banner.isVisible()
     w.controller.update_settings("", {"temperature": 0.0, "max_tokens": 10})
@@ -292,6 +295,7 @@ def test_first_run_demo_and_memory_plan(qtbot, open_window, tmp_path) -> None:
 
     w.show_setup()
     assert w.setup.target.text().endswith("target")
+    assert w.setup.status.text().startswith("Loaded: Demo model + DFlash on CPU")  # not the last step's "loaded"
     qtbot.mouseClick(w.setup.check_button, Qt.MouseButton.LeftButton)
     until(lambda: "memory" in w.setup.plan.toPlainText(), timeout_ms=LOAD_MS)
     plan = w.setup.plan.toPlainText()
@@ -320,11 +324,11 @@ def test_conversations_edit_regenerate_export(qtbot, open_window, demo, tmp_path
     user2, reply2 = messages(w)
     assert user2.id == user.id and reply2.id != reply.id and reply2.content == reply.content
 
-    # edit and resend the user message: everything after it is replaced
+    # edit and resend the user message: a new branch (the old one stays, see test_app_branches.py)
     widget = w.chat.widget(user.id)
     widget.edit_button.click()
     assert widget.editor.isVisible()
-    assert widget.edit_note.text().startswith("Saving sends it again: the 1 message after it")
+    assert widget.edit_note.text().startswith("Saving sends it as a new version. This version, with the 1 message")
     widget.editor.setPlainText("Second question")
     widget.edit_send.click()
     wait_idle(qtbot, w)
@@ -416,6 +420,7 @@ def test_the_side_panel_collapses_and_is_remembered(qtbot, open_window, tmp_path
     assert not action.isChecked() and w.side.isHidden()
     w.close()
     again = open_window()  # the same data folder
+    again.resize(1380, 860)  # (the kept size is fitted to the tests' 800x800 screen)
     assert again.side.isHidden() and not again.side_action.isChecked()
     again.side_action.trigger()
     assert not again.side.isHidden()
@@ -423,12 +428,13 @@ def test_the_side_panel_collapses_and_is_remembered(qtbot, open_window, tmp_path
 
 def test_a_narrow_window_gives_the_chat_the_room_and_says_how_to_get_the_panel_back(qtbot, open_window) -> None:
     w = open_window()
+    w.show_chat()
     w.resize(900, 600)
     until(lambda: w.side.isHidden())
     assert "Ctrl+Shift+S" in w.statusBar().currentMessage() and not w.side_action.isChecked()
     assert w.store.setting("side_panel", True) is True  # the choice is not changed by the size
-    w.side_action.trigger()  # asked for: it shows, narrow or not
-    assert not w.side.isHidden() and w.side_action.isChecked()
+    w.side_action.trigger()  # asked for: it shows, narrow or not (over the chat)
+    assert not w.side.isHidden() and w.side_action.isChecked() and w.width() == 900
     w.side_action.trigger()  # and hidden again there: the kept choice is still to show it where it fits
     assert w.side.isHidden() and w.store.setting("side_panel", True) is True
     w.side_action.trigger()
@@ -438,6 +444,65 @@ def test_a_narrow_window_gives_the_chat_the_room_and_says_how_to_get_the_panel_b
     until(lambda: w.side.isHidden())  # narrow again after a wide spell: hidden again
     w.resize(1400, 860)
     until(lambda: not w.side.isHidden())
+
+
+def test_the_hidden_side_panel_folds_to_a_strip_of_icons_and_the_chat_keeps_its_room(qtbot, open_window) -> None:
+    w = open_window()
+    w.show_chat()
+    assert w.strip.isHidden() and not w.side.isHidden()  # the panel shows where it fits: no strip
+    w.resize(900, 600)
+    until(lambda: w.side.isHidden())
+    until(lambda: w.strip.isVisible())
+    until(lambda: w.chat.width() >= 560)  # the chat keeps its room, the strip beside it
+    w.strip.buttons["telemetry"].click()  # an icon: the panel, at that part, over the chat
+    assert not w.side.isHidden() and w.side.parentWidget() is w.pages  # a drawer, not a column
+    qtbot.waitUntil(lambda: not w.telemetry.visibleRegion().isEmpty())
+    qtbot.wait(50)
+    assert w.width() == 900 and w.chat.width() >= 560  # the window keeps its size, the chat its width
+    strip_left = w.strip.mapTo(w.pages, QPoint(0, 0)).x()
+    assert w.strip.isVisible() and w.side.geometry().right() == strip_left - 1 and w.side.width() >= 340
+    w.side_action.trigger()  # folded again
+    assert w.side.isHidden() and w.strip.isVisible()
+    w.strip.buttons["spec"].click()
+    assert not w.side.isHidden() and w.esc.isEnabled()
+    w.esc.activated.emit()  # Esc closes the drawer (and stops no reply)
+    assert w.side.isHidden() and not w.esc.isEnabled()
+    w.strip.buttons["spec"].click()
+    w.strip.buttons[""].click()  # the strip's first icon closes it too
+    assert w.side.isHidden()
+    w.strip.buttons["server"].click()
+    qtbot.waitUntil(lambda: not w.server_panel.visibleRegion().isEmpty())
+    w.show_setup()  # the drawer is the chat page's
+    assert w.side.isHidden()
+    w.show_chat()
+    assert not w.side.isHidden()
+    w.resize(1400, 860)  # wide again: docked, as the kept choice says
+    until(lambda: w.side.parentWidget() is w.splitter and not w.side.isHidden() and w.strip.isHidden())
+
+
+def test_the_window_keeps_its_size_and_column_widths_for_the_next_start(qtbot, open_window) -> None:
+    """(Within the tests' 800x800 offscreen screen: a kept geometry is fitted to the screen it opens on.)"""
+    w = open_window()
+    w.show_chat()
+    w.resize(780, 700)
+    until(lambda: w.height() == 700 and w.side.isHidden())
+    w.splitter.setSizes([300, 480, 0])
+    until(lambda: w.splitter.sizes()[0] == 300)
+    size = w.size()
+    w.strip.buttons["spec"].click()  # closed with the side panel open as a drawer: its column is kept too
+    assert w.splitter.count() == 2
+    w.close()
+    again = open_window()  # the same data folder
+    again.show_chat()
+    until(lambda: again.size() == size)
+    until(lambda: again.splitter.sizes()[0] == 300)
+    kept = again.store.setting("window_layout")
+    assert kept["splitter"][2] > 0  # the hidden side panel's width, kept for when it shows
+    again.store.set_setting("window_layout", {"geometry": "not base64!", "splitter": [0, "x", 3]})
+    from flashdesk.app import window_layout
+
+    assert window_layout.restore(again.store, again, again.splitter) is False  # refused; nothing changes
+    assert again.splitter.sizes()[0] == 300
 
 
 def test_regenerate_keeps_the_earlier_replies_to_browse(qtbot, open_window, demo, tmp_path) -> None:
@@ -559,7 +624,7 @@ def test_help_lists_the_shortcuts_says_what_flashdesk_is_and_the_theme_is_a_choi
     w = open_window()
     lines = dict(w.shortcut_lines())
     assert lines["Chat → Regenerate last reply"] == "Ctrl+R" and lines["View → Show the side panel"] == "Ctrl+Shift+S"
-    assert lines["Chat → Stop"] == "Esc" and lines["Help → Keyboard shortcuts"] == "F1"
+    assert lines["Chat → Stop"] == "Esc" and lines["Help → Keyboard shortcuts"] == "F1 or Ctrl+/"
     w.findChild(QAction, "shortcutsAction").trigger()
     w.findChild(QAction, "shortcutsAction").trigger()  # again: the same window, to the front
     assert len(w.findChildren(QMessageBox, "shortcutsBox")) == 1

@@ -77,3 +77,42 @@ def test_bad_settings_are_named(tok):
         fit_conversation(tok, conversation(1), thinking=False, context_limit=512, max_new_tokens=8, policy="truncate")
     with pytest.raises(ValueError, match="at least 1"):
         fit_conversation(tok, conversation(1), thinking=False, context_limit=512, max_new_tokens=0)
+
+
+# -- going on with a reply the context cut off -------------------------------------------------------------
+
+
+def test_messages_ending_with_a_reply_continue_it_without_a_generation_prompt(tok):
+    """The reply's turn is left open: the prompt is the template's up to the reply's last character,
+    and a new turn's generation prompt is not in it (transformers' continue_final_message)."""
+    messages = conversation(1)[:-1]
+    ids = build_prompt_ids(tok, messages, enable_thinking=False)
+    text = tok.decode(ids)
+    assert text.endswith(messages[-1]["content"].rstrip()) and "<turn|>" not in text.split("<|turn>model")[-1]
+    expected = tok.apply_chat_template(messages, continue_final_message=True, tokenize=True, enable_thinking=False)
+    assert ids == list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+
+
+def test_a_continued_reply_drops_older_turns_first_then_the_start_of_the_reply(tok):
+    messages = conversation(3)[:-1]  # ends with the third answer: the reply to go on with
+    n = length(tok, messages)
+    fitted = fit_conversation(tok, messages, thinking=False, context_limit=n, max_new_tokens=64)
+    assert fitted.dropped == 4 and fitted.cut_chars == 0  # two whole turns go; the reply stays whole
+    assert fitted.messages[0] == messages[0] and fitted.messages[-2:] == messages[-2:]
+
+    long_reply = {"role": "assistant", "content": "\n".join(f"line {i} of the story, " + "owl " * 8 for i in range(40))}
+    alone = [messages[0], messages[1], long_reply]
+    whole = length(tok, alone)
+    fitted = fit_conversation(tok, alone, thinking=False, context_limit=whole, max_new_tokens=64)
+    allowed = whole - reply_room(whole, 64)
+    kept = fitted.messages[-1]["content"]
+    assert fitted.dropped == 0 and fitted.messages[:2] == alone[:2]  # the question stays
+    assert fitted.cut_chars > 0 and kept == long_reply["content"][fitted.cut_chars :]
+    assert long_reply["content"][fitted.cut_chars - 1] == "\n"  # it begins at a line
+    assert len(fitted.ids) <= allowed // 2 + 1 and fitted.max_new_tokens == 64
+
+
+def test_a_continued_reply_whose_question_alone_overflows_is_refused(tok):
+    messages = [{"role": "user", "content": "word " * 400}, {"role": "assistant", "content": "and so"}]
+    with pytest.raises(ContextOverflowError, match="last message alone"):
+        fit_conversation(tok, messages, thinking=False, context_limit=256, max_new_tokens=64)

@@ -43,6 +43,16 @@ def test_the_shipped_pair_is_a_gemma4_target_and_a_dflash_drafter_within_30_mb()
     assert "Python Software Foundation" in notice and "train_demo.py" in notice
 
 
+def test_the_demo_is_named_as_the_demo_not_after_its_target_folder(tmp_path) -> None:
+    """The model name a reply and an export carry, and the server's model id, say which model wrote it."""
+    from flashdesk.engine.loading.model_card import DEMO_NAME, model_name
+
+    target, drafter = create_demo(tmp_path / "demo")
+    assert model_name(target) == DEMO_NAME and model_name(drafter) == "drafter"
+    (tmp_path / "target").mkdir()
+    assert model_name(tmp_path / "target") == "target"  # a folder of that name alone is not the demo
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     from flashdesk.engine.decode.generation import Engine

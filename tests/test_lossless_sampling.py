@@ -54,8 +54,10 @@ def first_two_tokens(verify, p_logits, q_logits, params, n, seed):
         SamplingParams(temperature=1.0),
         SamplingParams(temperature=0.7, top_k=4),
         SamplingParams(temperature=1.2, top_p=0.8),
+        SamplingParams(temperature=1.0, min_p=0.1),  # cuts the first two rows to 3 and 2 of 5 tokens
+        SamplingParams(temperature=1.1, top_p=0.9, min_p=0.05),
     ],
-    ids=["plain", "top-k", "top-p"],
+    ids=["plain", "top-k", "top-p", "min-p", "min-p-top-p"],
 )
 def test_rejection_sampling_reproduces_the_target_distribution(params):
     gen = torch.Generator().manual_seed(0)
@@ -104,3 +106,30 @@ def test_engine_samples_with_speculation_like_without(spec_pair):
     dof = len(a) - 1
     assert dof >= 8
     assert stat < chi2_critical(dof)
+
+
+def test_engine_samples_with_min_p_and_speculation_like_without(spec_pair):
+    """min_p is applied to the target's rows at verification as at sampling: with and without the
+    drafter, the first decoded tokens have the same distribution (two-sample chi-square)."""
+    engine = spec_pair[0]
+    prompt = [2, 105, 300, 301, 302, 106, 107, 105, 481, 107]
+
+    def outcomes(enabled):
+        seen = {}
+        for seed in range(300):
+            params = SamplingParams(temperature=1.0, seed=seed, min_p=0.1)
+            request = GenerationRequest(prompt, 3, params, ignore_eos=True)
+            finish = [e for e in engine.generate(request, SpecControl(enabled, 2)) if isinstance(e, FinishEvent)][0]
+            seen[tuple(finish.token_ids)] = seen.get(tuple(finish.token_ids), 0) + 1
+        return seen
+
+    with_spec, without = outcomes(True), outcomes(False)
+    keys = sorted(set(with_spec) | set(without))
+    a = torch.tensor([with_spec.get(k, 0) for k in keys], dtype=torch.float64)
+    b = torch.tensor([without.get(k, 0) for k in keys], dtype=torch.float64)
+    keep = (a + b) >= 5
+    a = torch.cat([a[keep], a[~keep].sum()[None]])
+    b = torch.cat([b[keep], b[~keep].sum()[None]])
+    stat = float(((a - b) ** 2 / (a + b).clamp_min(1)).sum())
+    assert len(a) - 1 >= 5
+    assert stat < chi2_critical(len(a) - 1)

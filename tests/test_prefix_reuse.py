@@ -228,3 +228,19 @@ def test_the_triton_path_resumes_the_same_way(engine):
         got = run(engine, follow, 10)  # (the interpreter is slow: enough tokens for a draft block)
         assert got.stats["reused_tokens"] >= first.stats["prompt_tokens"] - 4
         assert got.token_ids == fresh(engine, follow, 10).token_ids
+
+
+def test_a_scope_never_resumes_another_scopes_conversation(engine):
+    """Two API keys' requests (prefix_cache.py's scopes): the same prompt from another scope prefills
+    from scratch, and neither its reuse nor its prediction says how much another scope left."""
+    prompt = prompt_of(engine, [{"role": "user", "content": sentence(96, 12)}])
+    *_, first = engine.generate(GenerationRequest(prompt, 8, ignore_eos=True, scope="key:a"))
+    longer = prompt + first.token_ids[:-1] + prompt_of(engine, [{"role": "user", "content": "and then"}])[1:]
+    assert engine.reusable_tokens(longer, "key:a") > 0
+    assert engine.reusable_tokens(longer, "key:b") == 0
+    *_, other = engine.generate(GenerationRequest(longer, 8, ignore_eos=True, scope="key:b"))
+    assert other.stats["reused_tokens"] == 0
+    assert other.token_ids == fresh(engine, longer, 8).token_ids
+    *_, own = engine.generate(GenerationRequest(longer, 8, ignore_eos=True, scope="key:a"))
+    assert own.stats["reused_tokens"] >= len(prompt) - 1  # its own, back from host memory
+    assert own.token_ids == other.token_ids

@@ -78,3 +78,25 @@ def test_suppressed_tokens_are_never_picked_greedy_or_sampled():
     assert probs[0, 1] == 0 and probs[0, 3] == 0 and torch.isclose(probs.sum(), torch.tensor(1.0))
     accepted, bonus = verify_draft(torch.tensor([1]), None, logits.repeat(2, 1), SamplingParams(suppress=(1,)), None)
     assert (int(accepted), int(bonus)) == (0, 2)  # a draft of a suppressed token is rejected
+
+
+def test_min_p_keeps_the_tokens_within_its_share_of_the_top_one():
+    """vLLM's min-p: on the tempered distribution, drop a token below min_p x the top token's
+    probability, renormalize; then top-k and top-p as without it (min-p commutes with top-k)."""
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(3)) * 3
+    for temperature, top_p, top_k, min_p in ((1.0, 1.0, 0, 0.1), (0.7, 0.9, 0, 0.05), (1.3, 0.8, 20, 0.2)):
+        ours = probabilities(logits, SamplingParams(temperature, top_p, top_k, min_p=min_p))
+        tempered = torch.softmax(logits / temperature, dim=-1)
+        kept = tempered >= tempered.amax(-1, keepdim=True) * min_p
+        floored = logits.masked_fill(~kept, float("-inf"))  # vLLM: min-p first, as -inf logits
+        reference = probabilities(floored, SamplingParams(temperature, top_p, top_k))
+        assert torch.allclose(ours, reference, atol=1e-6)
+        assert ((ours > 0) <= kept).all() and torch.allclose(ours.sum(-1), torch.ones(6))
+    top = probabilities(logits, SamplingParams(1.0, min_p=1.0))
+    assert torch.equal(top.argmax(-1), logits.argmax(-1)) and ((top > 0).sum(-1) == 1).all()  # 1: greedy
+
+
+@pytest.mark.parametrize("min_p", [-0.1, 1.5, float("nan")])
+def test_min_p_outside_0_to_1_is_refused(min_p):
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=1.0, min_p=min_p)

@@ -351,12 +351,11 @@ def test_malformed_requests_get_a_4xx_json_error_and_the_server_keeps_serving(se
             error = r.json()["error"]
             assert set(error) == {"message", "type", "param", "code"}
             assert word.lower() in error["message"].lower(), (word, error)
-        assert (
-            http.post(
-                "/v1/chat/completions", content=json.dumps({"messages": USER}), headers={"Content-Type": "text/plain"}
-            ).status_code
-            == 400
-        )
+        for kind in ("text/plain", "application/x-www-form-urlencoded", None):  # what a web form sends unasked
+            r = http.post(
+                "/v1/chat/completions", content=json.dumps({"messages": USER}), headers={"Content-Type": kind or ""}
+            )
+            assert r.status_code == 415 and "Content-Type: application/json" in r.json()["error"]["message"], kind
         assert http.post("/v1/chat/completions", content=b"x" * (17 << 20)).status_code == 413
         assert http.get("/v1/nothing").json()["error"]["message"].startswith("no such endpoint")
         assert http.get("/v1/chat/completions").status_code == 405

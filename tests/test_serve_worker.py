@@ -58,7 +58,10 @@ def test_start_serve_and_stop_on_the_loaded_engine(demo) -> None:
             reply.usage.completion_tokens,
         )
         assert traffic.drafted == reply.usage.model_extra["speculation"]["drafted"] > 0
-        assert traffic.cached_tokens == reply.usage.prompt_tokens_details.cached_tokens > 0  # after the app's turn
+        # the app's conversation is its own: an API client never reuses (nor learns the length of) its prefix
+        assert traffic.cached_tokens == reply.usage.prompt_tokens_details.cached_tokens == 0
+        again = client.chat.completions.create(model="flashdesk-demo", messages=HELLO, max_tokens=24, temperature=0)
+        assert w.until(p.ServerTraffic)[-1].cached_tokens == again.usage.prompt_tokens_details.cached_tokens > 0
 
         # a refusal is traffic too
         with pytest.raises(openai.BadRequestError):

@@ -291,21 +291,23 @@ def _titles(s: Store, query: str) -> list[str]:
     return [h.conversation.title for h in s.search(query)]
 
 
-# -- reply versions (regenerate keeps the earlier replies) ------------------------------------------------
+# -- versions and branches (regenerate and edit keep what was there) ------------------------------------------
 
 
-def test_regenerate_keeps_versions_and_the_chosen_one_is_the_conversation(tmp_path: Path) -> None:
+def _shown(s: Store, conversation_id: int) -> list[str]:
+    return [m.content for m in s.messages(conversation_id)]
+
+
+def test_regenerate_keeps_versions_each_with_what_followed_it(tmp_path: Path) -> None:
     s = Store(tmp_path / "f.db")
     conv = s.create_conversation("Versions")
     question = s.add_message(conv.id, "user", "Name a colour")
     first = s.add_message(conv.id, "assistant", "Red")
     s.add_message(conv.id, "user", "Another?")
     s.add_message(conv.id, "assistant", "Blue")
-    slot = s.set_aside_for_regenerate(conv.id, first.id)  # regenerate the first reply: what followed goes
-    assert [m.content for m in s.messages(conv.id)] == ["Name a colour"]
-    second = s.add_message(conv.id, "assistant", "Green", slot=slot)
-    slot = s.set_aside_for_regenerate(conv.id, second.id)
-    third = s.add_message(conv.id, "assistant", "Yellow", slot=slot)
+    second = s.add_message(conv.id, "assistant", "Green", version_of=first.id)  # regenerate the first reply
+    assert _shown(s, conv.id) == ["Name a colour", "Green"]
+    third = s.add_message(conv.id, "assistant", "Yellow", version_of=second.id)
     shown = s.messages(conv.id)
     assert [m.content for m in shown] == ["Name a colour", "Yellow"]
     assert (shown[1].version, shown[1].versions) == (3, 3) and (shown[0].version, shown[0].versions) == (1, 1)
@@ -315,19 +317,204 @@ def test_regenerate_keeps_versions_and_the_chosen_one_is_the_conversation(tmp_pa
         == [v.content for v in s.versions(third.id)]
     )
 
-    s.choose_version(first.id)  # browse back: it is the conversation now, also after a restart
+    s.choose_version(first.id)  # browse back: its branch, what followed it included, also after a restart
     s.close()
     s = Store(tmp_path / "f.db")
     shown = s.messages(conv.id)
-    assert [m.content for m in shown] == ["Name a colour", "Red"] and (shown[1].version, shown[1].versions) == (1, 3)
-    follow = s.add_message(conv.id, "user", "Why?")
-    assert [m.content for m in s.messages(conv.id)] == ["Name a colour", "Red", "Why?"]
+    assert [m.content for m in shown] == ["Name a colour", "Red", "Another?", "Blue"]
+    assert (shown[1].version, shown[1].versions) == (1, 3)
+    s.add_message(conv.id, "user", "Why?")  # at the end of the branch shown
+    assert _shown(s, conv.id) == ["Name a colour", "Red", "Another?", "Blue", "Why?"]
+    s.choose_version(third.id)
+    assert _shown(s, conv.id) == ["Name a colour", "Yellow"]
 
     # a refused new version is taken back: the version before it shows again
-    s.delete_messages_from(conv.id, follow.id)
-    slot = s.set_aside_for_regenerate(conv.id, first.id)
-    refused = s.add_message(conv.id, "assistant", "", STREAMING, slot=slot)
+    refused = s.add_message(conv.id, "assistant", "", STREAMING, version_of=third.id)
     s.delete_messages_from(conv.id, refused.id)
-    assert [m.content for m in s.messages(conv.id)] == ["Name a colour", "Yellow"]  # the newest left
-    s.delete_messages_from(conv.id, question.id)  # editing the question drops every version
+    assert _shown(s, conv.id) == ["Name a colour", "Yellow"] and len(s.versions(first.id)) == 3
+    s.delete_messages_from(conv.id, question.id)  # a message goes with everything after it, in every branch
     assert s.messages(conv.id) == [] and s.versions(first.id) == []
+    assert s.db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+    s.close()
+
+
+def test_editing_an_earlier_message_starts_a_branch_and_keeps_the_old_one(tmp_path: Path) -> None:
+    s = Store(tmp_path / "f.db")
+    conv = s.create_conversation("Trip")
+    s.add_message(conv.id, "user", "Plan a trip")
+    s.add_message(conv.id, "assistant", "Where to?")
+    asked = s.add_message(conv.id, "user", "Rome")
+    s.add_message(conv.id, "assistant", "Rome: the Colosseum")
+    s.add_message(conv.id, "user", "And food?")
+    s.add_message(conv.id, "assistant", "Carbonara")
+    edited = s.add_message(conv.id, "user", "Paris", version_of=asked.id)  # edit and resend "Rome"
+    s.add_message(conv.id, "assistant", "Paris: the Louvre")
+    shown = s.messages(conv.id)
+    assert [m.content for m in shown] == ["Plan a trip", "Where to?", "Paris", "Paris: the Louvre"]
+    assert (shown[2].version, shown[2].versions) == (2, 2) and [m.versions for m in shown[3:]] == [1]
+    assert [v.content for v in s.versions(asked.id)] == ["Rome", "Paris"]
+
+    s.choose_version(asked.id)  # the old branch, whole
+    shown = s.messages(conv.id)
+    assert [m.content for m in shown] == [
+        "Plan a trip",
+        "Where to?",
+        "Rome",
+        "Rome: the Colosseum",
+        "And food?",
+        "Carbonara",
+    ]
+    assert (shown[2].version, shown[2].versions) == (1, 2)
+    s.choose_version(edited.id)
+    assert _shown(s, conv.id)[2:] == ["Paris", "Paris: the Louvre"]
+
+    first = s.messages(conv.id)[0]  # the first message has versions too
+    s.add_message(conv.id, "user", "Plan a dinner", version_of=first.id)
+    assert _shown(s, conv.id) == ["Plan a dinner"]
+    s.choose_version(first.id)
+    assert _shown(s, conv.id)[2:] == ["Paris", "Paris: the Louvre"]  # each branch as it was left
+    s.delete_conversation(conv.id)
+    assert s.db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+    s.close()
+
+
+def test_a_refused_turn_takes_back_only_its_own_branch(tmp_path: Path) -> None:
+    s = Store(tmp_path / "f.db")
+    conv = s.create_conversation("Refused")
+    question = s.add_message(conv.id, "user", "Question")
+    s.add_message(conv.id, "assistant", "Answer")
+    edit = s.add_message(conv.id, "user", "A much longer question", version_of=question.id)
+    s.add_message(conv.id, "assistant", "", STREAMING)
+    s.delete_messages_from(conv.id, edit.id)  # the engine refused the edited turn
+    assert _shown(s, conv.id) == ["Question", "Answer"] and s.messages(conv.id)[0].versions == 1
+
+    newer = s.add_message(conv.id, "user", "Other question", version_of=question.id)
+    s.choose_version(question.id)
+    s.delete_messages_from(conv.id, newer.id)  # a version not shown goes and changes nothing shown
+    assert _shown(s, conv.id) == ["Question", "Answer"]
+    newer = s.add_message(conv.id, "user", "Other question", version_of=question.id)
+    s.choose_version(question.id)
+    s.delete_messages_from(conv.id, question.id)  # the first version, shown: the one after it shows
+    assert _shown(s, conv.id) == ["Other question"] and s.messages(conv.id)[0].id == newer.id
+    s.close()
+
+
+@pytest.mark.parametrize("fts", [True, False], ids=["fts5", "like"])
+def test_search_reads_every_branch_and_a_hit_can_be_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fts: bool
+) -> None:
+    if not fts:
+        monkeypatch.setitem(store_module.MIGRATIONS, 2, [])  # what a sqlite3 without FTS5 migrates to
+    s = Store(tmp_path / "f.db")
+    assert s.fts == fts
+    conv = s.create_conversation("Animals")
+    question = s.add_message(conv.id, "user", "Tell me about zebras")
+    reply = s.add_message(conv.id, "assistant", "Zebras have stripes")
+    s.add_message(conv.id, "user", "And the okapi?")
+    hidden = s.add_message(conv.id, "assistant", "The okapi is a giraffe's cousin")
+    s.add_message(conv.id, "assistant", "Zebras eat grass", version_of=reply.id)  # the okapi is in a branch set aside
+    s.add_message(conv.id, "user", "Tell me about lions", version_of=question.id)
+
+    [hit] = s.search("okapi")
+    assert hit.message_id not in [m.id for m in s.messages(conv.id)] and f"{HIT_START}okapi{HIT_END}" in hit.snippet
+    s.choose_branch(hidden.id)  # opening the hit: every message before it chosen, so it shows
+    assert _shown(s, conv.id) == [
+        "Tell me about zebras",
+        "Zebras have stripes",
+        "And the okapi?",
+        "The okapi is a giraffe's cousin",
+    ]
+    # a word in the branch shown and in one set aside: the hit is the one shown, not the first written
+    s.add_message(conv.id, "assistant", "Zebras are fast", version_of=reply.id)
+    later = s.add_message(conv.id, "user", "More on zebras")
+    [hit] = s.search("zebras")
+    assert hit.message_id == question.id
+    s.add_message(conv.id, "user", "Tell me about cats", version_of=question.id)
+    [hit] = s.search("more on zebras")
+    assert hit.message_id == later.id  # only in a branch set aside: found there
+
+    # the shown version wins over an earlier one set aside, though the earlier was written first
+    other = s.create_conversation("Stripes")
+    s.add_message(other.id, "user", "Stripes?")
+    first = s.add_message(other.id, "assistant", "Tapirs have stripes when young")
+    second = s.add_message(other.id, "assistant", "Young tapirs have stripes", version_of=first.id)
+    [hit] = s.search("tapirs")
+    assert hit.message_id == second.id
+    s.choose_version(first.id)
+    [hit] = s.search("tapirs")
+    assert hit.message_id == first.id
+    s.close()
+
+
+def _v3_database(path: Path) -> dict[str, int]:
+    """A database as schema version 3 left it, by hand: regenerated replies are rows of one slot
+    (the first version's id), the one shown not hidden; two conversations, their rows interleaved.
+    The ids of its messages by content."""
+    db = sqlite3.connect(path)
+    for version in (1, 2, 3):
+        for statement in MIGRATIONS[version]:
+            db.execute(statement)
+    db.execute("INSERT INTO conversations (title, created, updated) VALUES ('Colours', 1, 1), ('Plain', 1, 1)")
+    rows = [  # (conversation, role, content, slot, hidden)
+        (1, "user", "Name a colour", None, 0),
+        (1, "assistant", "Red", 2, 1),
+        (2, "user", "Hello", None, 0),
+        (1, "assistant", "Green", 2, 0),  # regenerated: the second version shown
+        (1, "user", "Why green?", None, 0),
+        (2, "assistant", "Hi there", None, 0),
+        (1, "assistant", "Grass", 7, 0),  # the first version shown again after a regenerate...
+        (1, "assistant", "Leaves", 7, 1),
+        (1, "user", "Thanks", None, 0),  # ...and the conversation went on after it
+        (1, "assistant", "You are welcome", None, 0),
+        (2, "user", "Bye", None, 0),
+    ]
+    ids = {}
+    for conversation, role, content, slot, hidden in rows:
+        cur = db.execute(
+            "INSERT INTO messages (conversation_id, role, content, created, updated, slot, hidden) "
+            "VALUES (?, ?, ?, 1, 1, ?, ?)",
+            (conversation, role, content, slot, hidden),
+        )
+        ids[content] = cur.lastrowid
+    db.execute("PRAGMA user_version = 3")
+    db.commit()
+    db.close()
+    return ids
+
+
+def test_migration_to_branches_keeps_what_version_3_showed_and_its_versions(tmp_path: Path) -> None:
+    path = tmp_path / "flashdesk.db"
+    ids = _v3_database(path)
+    db = sqlite3.connect(path)
+    shown_in_v3 = "SELECT content FROM messages WHERE conversation_id = ? AND hidden = 0 ORDER BY id"
+    before = {c: [r[0] for r in db.execute(shown_in_v3, (c,))] for c in (1, 2)}
+    db.close()
+    s = Store(path)
+    assert s.notice is None and s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert (
+        _shown(s, 1)
+        == before[1]
+        == [
+            "Name a colour",
+            "Green",
+            "Why green?",
+            "Grass",
+            "Thanks",
+            "You are welcome",
+        ]
+    )
+    assert _shown(s, 2) == before[2] == ["Hello", "Hi there", "Bye"]
+    assert [v.content for v in s.versions(ids["Green"])] == ["Red", "Green"]
+    assert [v.content for v in s.versions(ids["Leaves"])] == ["Grass", "Leaves"]
+    assert [(m.version, m.versions) for m in s.messages(1)] == [(1, 1), (2, 2), (1, 1), (1, 2), (1, 1), (1, 1)]
+
+    s.choose_version(ids["Red"])  # an earlier version of version 3 is a branch of its own, with nothing after it
+    assert _shown(s, 1) == ["Name a colour", "Red"]
+    s.choose_version(ids["Green"])
+    s.choose_version(ids["Leaves"])
+    assert _shown(s, 1) == ["Name a colour", "Green", "Why green?", "Leaves"]
+    s.choose_version(ids["Grass"])
+    assert _shown(s, 1) == before[1]
+    [hit] = s.search("leaves")  # the index still knows every row
+    assert hit.message_id == ids["Leaves"]
+    s.close()

@@ -37,6 +37,7 @@ def test_the_wheel_runs_the_demo_outside_the_checkout(tmp_path):
     env.pop("FLASHDESK_KERNELS", None)
     where = run([sys.executable, "-c", "import flashdesk; print(flashdesk.__file__)"], env=env, cwd=tmp_path)
     assert where.strip().startswith(str(tmp_path / "site")), where  # the wheel's copy, not the checkout's
+    assert (tmp_path / "site" / "flashdesk" / "docs" / "app.md").is_file()  # Help → Documentation, installed
     assert run([sys.executable, "-m", "flashdesk", "--version"], env=env, cwd=tmp_path).startswith("flashdesk ")
     out = run(
         [

@@ -49,6 +49,7 @@ class EngineSession(QObject):
         self.info: p.Loaded | None = None
         self.load_settings: dict | None = None
         self.speculation: tuple[bool, int | str | None, str | None] = (True, None, None)  # on, length, method
+        self.models_folder: str | None = None  # Settings' models folder, sent with what looks for models
         self.death: str | None = None
         self._waiting: list = []
         self.client.ready.connect(self._ready)
@@ -83,18 +84,18 @@ class EngineSession(QObject):
     def inspect(
         self, target: str, draft: str | None, context: int | None, device: str = "auto", assistant: str | None = None
     ) -> None:
-        self._send(p.Inspect(target, draft, context, device, assistant))
+        self._send(p.Inspect(target, draft, context, device, assistant, self.models_folder))
 
     def survey(self, demo_folder: str | None = None) -> None:
         """Ask what the setup page offers: the recommended pair's fit and the models on disk."""
-        self._send(p.Survey(demo_folder))
+        self._send(p.Survey(demo_folder, self.models_folder))
 
     def create_demo(self, folder: str) -> None:
         self._send(p.CreateDemo(folder))
 
     def pull(self, repo_id: str) -> None:
         """Download a Hub model into the cache (the worker needs no model loaded for it)."""
-        self._send(p.Pull(repo_id))
+        self._send(p.Pull(repo_id, self.models_folder))
 
     def cancel_pull(self, repo_id: str) -> None:
         """Stop the download of `repo_id`: dropped if it still waits here, else the worker stops it."""
@@ -119,6 +120,7 @@ class EngineSession(QObject):
                 settings.get("kv_dtype", "auto"),
                 settings.get("context"),
                 settings.get("assistant"),
+                self.models_folder,
             )
         )
 

@@ -28,7 +28,7 @@ from PySide6.QtCore import QObject, Signal
 
 from flashdesk import protocol as p
 from flashdesk.app.backends.engine_session import EngineSession
-from flashdesk.app.chat.reply import Reply
+from flashdesk.app.chat.reply import Reply, origins_up_to
 from flashdesk.app.chat.settings_dialog import DEFAULT_SAMPLING, DROP_OLDEST, sampling_with_defaults
 from flashdesk.app.history.store import CANCELLED, COMPLETE, FAILED, INTERRUPTED, STREAMING, Conversation, Store
 from flashdesk.app.history.titles import title_from
@@ -44,11 +44,12 @@ class ChatController(QObject):
     reply_progress = Signal(object)  # Reply
     reply_ended = Signal(object)  # the stored assistant Message
     messages_removed = Signal(int)  # this message id and later ones left the conversation
-    messages_replaced = Signal()  # the conversation's messages changed in place (another reply version shown)
+    messages_replaced = Signal()  # the conversation's messages changed in place (another version or branch shown)
     message_added = Signal(object)  # a user Message
     busy_changed = Signal(bool)
     notice = Signal(str)
     turn_refused = Signal(str, str)  # the user's text given back ("" when none), the engine's reason
+    edit_refused = Signal(int, str, str)  # the message edited, the edit's text given back, the reason
 
     def __init__(
         self,
@@ -64,6 +65,7 @@ class ChatController(QObject):
         self.conversation: Conversation | None = None
         self.reply: Reply | None = None
         self.reuse = True  # Generate.reuse: off only to measure what the prefix reuse saves
+        self.new_sampling: dict = {}  # what a new conversation starts with (Settings); later ones keep theirs
         self._unsaved_said = False  # a failed write of this reply was told (once a reply)
         session.started.connect(self._started)
         session.steps.connect(self._steps)
@@ -82,7 +84,7 @@ class ChatController(QObject):
         self.conversation_changed.emit(self.conversation)
 
     def new_conversation(self) -> Conversation:
-        conv = self.store.create_conversation(NEW_TITLE)
+        conv = self.store.create_conversation(NEW_TITLE, "", dict(self.new_sampling) or None)
         self.conversations_changed.emit()
         self.open(conv.id)
         return conv
@@ -156,21 +158,30 @@ class ChatController(QObject):
         return self._generate(policy, user)
 
     def continue_after_context(self) -> bool:
-        """After a reply that filled the context: ask it to go on, the oldest turns dropped to make room."""
-        return self.send(CONTINUE_TEXT, DROP_OLDEST)
-
-    def regenerate(self, message_id: int) -> bool:
-        """Write the reply `message_id` again (drop what followed it): a new version of it; the
-        earlier ones are kept to browse back to."""
+        """After a reply that filled the context: the engine goes on writing it, in the same message,
+        with the oldest turns (and, for a long reply, its own start) left out of the prompt to make
+        room. A server is asked with a follow-up message instead: the OpenAI API has no way to
+        continue a reply."""
         if self.busy or self.conversation is None or self.session.state != "ready":
             return False
-        slot = self.store.set_aside_for_regenerate(self.conversation.id, message_id)
+        shown = self.store.messages(self.conversation.id)
+        last = shown[-1] if shown else None
+        remote = getattr(self.session, "is_remote", False)
+        if remote or last is None or last.role != "assistant" or not last.content.strip():
+            return self.send(CONTINUE_TEXT, DROP_OLDEST)
+        return self._generate(DROP_OLDEST, continuing=last)
+
+    def regenerate(self, message_id: int) -> bool:
+        """Write the reply `message_id` again: a new version of it, shown now. The earlier versions
+        stay, each with the messages that followed it, to browse back to with ‹ ›."""
+        if self.busy or self.conversation is None or self.session.state != "ready":
+            return False
         self.messages_removed.emit(message_id)
-        return self._generate(slot=slot)
+        return self._generate(version_of=message_id)
 
     def show_version(self, message_id: int, step: int) -> bool:
-        """Show the version before (-1) or after (+1) the reply `message_id`; it is what the next turn
-        sees, and it stays chosen."""
+        """Show the version before (-1) or after (+1) the message `message_id` (a reply or an edited
+        message) and the branch that follows it; it is what the next turn sees, and it stays chosen."""
         if self.busy or self.conversation is None:
             return False
         ids = [m.id for m in self.store.versions(message_id)]
@@ -181,22 +192,45 @@ class ChatController(QObject):
         self.messages_replaced.emit()
         return True
 
+    def show_branch_of(self, message_id: int) -> bool:
+        """Show the branch the message `message_id` of the open conversation lies in (a search hit);
+        not while this conversation writes a reply (its branch must stay the one shown)."""
+        message = self.store.message(message_id)
+        if self.conversation is None or message is None or message.conversation_id != self.conversation.id:
+            return False
+        if self._writing_here():
+            return False
+        self.store.choose_branch(message_id)
+        self.messages_replaced.emit()
+        return True
+
+    def _writing_here(self) -> bool:
+        """A reply of the open conversation is being written."""
+        streaming = self.store.message(self.reply.message_id) if self.reply is not None else None
+        return streaming is not None and streaming.conversation_id == self.conversation.id
+
     def resend(self, message_id: int, text: str) -> bool:
-        """Replace user message `message_id` with `text`, drop everything after it, reply again."""
+        """Send `text` as a new version of the user message `message_id` and reply to it. The earlier
+        version stays, with what followed it, to browse back to with ‹ ›."""
         if self.busy or self.conversation is None or self.session.state != "ready":
             return False
-        self.store.delete_messages_from(self.conversation.id, message_id)
         self.messages_removed.emit(message_id)
-        user = self.store.add_message(self.conversation.id, "user", text)
+        user = self.store.add_message(self.conversation.id, "user", text, version_of=message_id)
         self.message_added.emit(user)
-        return self._generate()
+        if not self._generate(user=user):
+            return False
+        self.reply.edited = message_id
+        return True
 
-    def _history(self) -> list[dict]:
+    def _history(self, before: int | None = None) -> list[dict]:
+        """The branch shown as the engine's messages; with `before`, only what precedes that message."""
         conv = self.conversation
         if conv is None:
             return []
         messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
         for m in self.store.messages(conv.id):
+            if m.id == before:
+                break
             if m.role in ("user", "assistant") and m.content.strip():
                 messages.append({"role": m.role, "content": m.content})
         return messages
@@ -208,15 +242,30 @@ class ChatController(QObject):
             messages.append({"role": "user", "content": text.strip()})
         return messages
 
-    def _generate(self, policy: str | None = None, user=None, slot: int | None = None) -> bool:
-        history = self._history()
-        if not history or history[-1]["role"] != "user":
+    def _generate(self, policy: str | None = None, user=None, version_of: int | None = None, continuing=None) -> bool:
+        """Ask for a reply to the conversation as shown; `continuing`: its last message, a reply the
+        context cut off, which the engine writes on (the history ends with it, trimmed as the chat
+        template trims it); `version_of`: a reply written again, as a new version of it."""
+        history = self._history(before=version_of)
+        if continuing is not None:
+            before = continuing.content.rstrip()
+            history[-1] = {"role": "assistant", "content": before}
+        if not history or history[-1]["role"] != ("assistant" if continuing is not None else "user"):
             return False
         s = self.sampling()
         info = self.session.info
-        message = self.store.add_message(
-            self.conversation.id, "assistant", "", STREAMING, model=info.name if info else None, slot=slot
-        )
+        if continuing is not None:
+            message = continuing
+            self.store.update_message(message.id, content=before, state=STREAMING)
+        else:
+            message = self.store.add_message(
+                self.conversation.id,
+                "assistant",
+                "",
+                STREAMING,
+                model=info.name if info else None,
+                version_of=version_of,
+            )
         rid = uuid.uuid4().hex[:12]
         energy = self.energy_mj() if info and info.device.startswith("cuda") else None
         self.reply = Reply(
@@ -228,6 +277,12 @@ class ChatController(QObject):
             user_message_id=user.id if user else None,
             user_text=user.content if user else "",
         )
+        if continuing is not None:
+            self.reply.before = before
+            self.reply.thought_before = continuing.thought or ""
+            self.reply.thought_seconds_before = continuing.thought_seconds
+            self.reply.stats_before = dict(continuing.stats or {})
+            self.reply.origins = origins_up_to((continuing.stats or {}).get("origins"), len(before))
         request = p.Generate(
             rid,
             history,
@@ -236,7 +291,7 @@ class ChatController(QObject):
             int(s["top_k"]),
             None,
             int(s["max_tokens"]),
-            bool(s["thinking"]),
+            bool(s["thinking"]) and continuing is None,  # a reply is continued past its thinking
             context_policy=policy or s.get("context_policy") or DROP_OLDEST,
             reuse=self.reuse,
         )
@@ -290,8 +345,12 @@ class ChatController(QObject):
         r = self.reply
         self.reply = None
         message = self.store.message(r.message_id)
-        if message is not None:
+        if message is not None and r.before:  # a reply to go on with stays as it was
+            self._write(lambda: self.store.update_message(r.message_id, state=COMPLETE))
+            self.reply_ended.emit(self.store.message(r.message_id) or message)
+        elif message is not None:
             first = r.user_message_id or r.message_id
+            versions = (self.store.message(first) or message).versions
             self.store.delete_messages_from(message.conversation_id, first)
             conv = self.store.conversation(message.conversation_id)
             emptied = not any(m.role != "system" for m in self.store.messages(message.conversation_id))
@@ -299,11 +358,14 @@ class ChatController(QObject):
                 self.rename(message.conversation_id, NEW_TITLE)  # not named after what was not sent
             if self.conversation and self.conversation.id == message.conversation_id:
                 self.messages_removed.emit(first)
-                if message.versions > 1:  # a refused regenerate: the version before shows again
+                if versions > 1:  # a refused regenerate or edit: the version before shows again, with its branch
                     self.messages_replaced.emit()
         self.busy_changed.emit(False)
         self.conversations_changed.emit()
-        self.turn_refused.emit(r.user_text, reason)
+        if r.edited is not None:  # an edit: its text goes back into the editor it came from
+            self.edit_refused.emit(r.edited, r.user_text, reason)
+        else:
+            self.turn_refused.emit(r.user_text, reason)
 
     def _died(self, reason: str) -> None:
         if self.reply is not None:
@@ -351,6 +413,8 @@ class ChatController(QObject):
         stats = r.stats()
         if error:
             stats["error"] = error
+        if r.before and not r.tokens:  # a continuation that wrote nothing: the reply stays as it was,
+            state, stats = COMPLETE, r.stats_before  # Continue still offered (an error says itself elsewhere)
         saved = self._write(
             lambda: self.store.update_message(
                 r.message_id,

@@ -73,7 +73,8 @@ class ChatView(QScrollArea):
         self._hit = None
 
     def add(self, message: Message) -> MessageWidget:
-        if message.id in self.widgets:
+        if message.id in self.widgets:  # a reply written on (Continue): followed as it grows, as a new one
+            self._follow = True
             return self.widgets[message.id]
         widget = MessageWidget(message, self.colour_by_origin)
         widget.edit_submitted.connect(self.edit_submitted)
@@ -88,15 +89,13 @@ class ChatView(QScrollArea):
         return widget
 
     def _edit_started(self, message_id: int) -> None:
-        """An editor opened: say what saving it replaces, and bring it into view."""
+        """An editor opened: say that saving loses nothing, and bring it into view."""
         ids = list(self.widgets)
         later = len(ids) - ids.index(message_id) - 1
         widget = self.widgets[message_id]
+        follows = f", with the {later} message{'s' if later != 1 else ''} after it," if later else ""
         widget.edit_note.setText(
-            f"Saving sends it again: the {later} message{'s' if later != 1 else ''} after it "
-            "(and their other versions) will be replaced."
-            if later
-            else ""
+            f"Saving sends it as a new version. This version{follows} stays: ‹ › on the message goes back to it."
         )
         self._follow = False
         QTimer.singleShot(0, widget, lambda: self.ensureWidgetVisible(widget.edit_row, 0, END_MARGIN))
@@ -106,7 +105,7 @@ class ChatView(QScrollArea):
 
     def show_hit(self, message_id: int, words: list[str] | None = None) -> bool:
         """Scroll to this message (a search hit) and mark it for a moment, the search's `words`
-        highlighted in it; False when it is not shown (hidden behind another version of its reply,
+        highlighted in it; False when it is not shown (in a branch not shown,
         or not in this conversation)."""
         widget = self.widgets.get(message_id)
         if widget is None:

@@ -13,7 +13,7 @@ max new tokens asked if fewer; beyond that the engine drops the oldest turns or 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
@@ -38,6 +38,9 @@ class Count:
     max_tokens: int  # the conversation's max new tokens
     messages: tuple  # what was counted (to know whether a count is still current)
     thinking: bool
+    left_out: int = 0  # the oldest messages not counted: the engine already leaves them out
+    by_itself: int | None = None  # over the context: the message with the system prompt alone (None: not counted)
+    live: bool = False  # a reply streams: `tokens` is its prompt and what it wrote so far
 
     @property
     def room(self) -> int:
@@ -45,8 +48,8 @@ class Count:
 
     @property
     def usable(self) -> int:
-        """The longest prompt the engine takes as it is."""
-        return self.context_limit - self.room
+        """The longest prompt the engine takes as it is (a streaming reply may fill all of it)."""
+        return self.context_limit if self.live else self.context_limit - self.room
 
     @property
     def level(self) -> str:
@@ -59,33 +62,57 @@ class Count:
         return self.level == OVER
 
     @property
+    def only_message(self) -> bool:
+        """Whether the message being sent is the conversation's only one (a system prompt aside)."""
+        return not self.left_out and sum(1 for m in self.messages if m.get("role") != "system") == 1
+
+    @property
     def alone(self) -> bool:
-        """Whether the message being sent is the conversation's only one (a system prompt aside):
-        past the context then, no turn can be dropped to make room."""
-        return sum(1 for m in self.messages if m.get("role") != "system") == 1
+        """Whether the message is too long for the context by itself: leaving every older turn out
+        would not make room (it is the only one, or counted alone it is still over)."""
+        if self.only_message:
+            return True
+        return self.by_itself is not None and self.by_itself > self.usable
 
     def text(self) -> str:
         return f"{self.tokens:,} / {self.context_limit:,} tokens"
 
     def tooltip(self, policy: str) -> str:
+        if self.live:
+            return (
+                f"The reply being written and its prompt take {self.tokens:,} tokens of the context's "
+                f"{self.context_limit:,}."
+            )
         then = (
             "the engine refuses the turn (Stop and tell me, in Settings)"
             if policy == STOP
             else "the oldest turns are left out of the prompt (the system prompt stays)"
         )
+        left = (
+            f" The oldest {self.left_out:,} message{'s are' if self.left_out != 1 else ' is'} already left out "
+            "(the last reply dropped them to fit) and not counted."
+            if self.left_out
+            else ""
+        )
         return (
             f"The conversation with this message makes a prompt of {self.tokens:,} tokens, of a context of "
-            f"{self.context_limit:,}; {self.room:,} are kept for the reply. Past {self.usable:,}, {then}."
+            f"{self.context_limit:,}; {self.room:,} are kept for the reply. Past {self.usable:,}, {then}.{left}"
         )
 
     def warning(self, policy: str) -> str:
         """What sending this will do, for the banner before it goes."""
         if self.alone:
+            needs = self.tokens if self.only_message else self.by_itself
+            older = (
+                "there are no older turns to leave out"
+                if self.only_message
+                else "leaving the older turns out would not make room"
+            )
             return (
                 f"<b>This message is too long for the context by itself.</b> With the reply's "
-                f"{self.room:,} tokens it needs {self.tokens + self.room:,} of the context's "
-                f"{self.context_limit:,}, and there are no older turns to leave out. Shorten it (or "
-                "lower Max new tokens in the conversation's settings); it stays in the message box."
+                f"{self.room:,} tokens it needs {needs + self.room:,} of the context's "
+                f"{self.context_limit:,}, and {older}. Trim it to what fits, shorten "
+                "it (or lower Max new tokens in the conversation's settings); it stays in the message box."
             )
         head = (
             f"<b>This message takes the conversation past the context.</b> The prompt would be "
@@ -103,18 +130,39 @@ class Count:
         )
 
 
+def trimmed_to_fit(text: str, count: Count, margin: float = 0.92) -> str:
+    """The start of `text` that fits the context by itself, cut at a paragraph, line or word break:
+    its share of the characters is what fits of the count's tokens (less a margin, as tokens per
+    character vary), so the next count confirms it fits, or a second trim takes a little more."""
+    tokens = count.tokens if count.only_message or count.by_itself is None else count.by_itself
+    share = max(0.0, min(1.0, margin * count.usable / max(1, tokens)))
+    end = int(len(text) * share)
+    for mark in ("\n\n", "\n", " "):
+        at = text.rfind(mark, 0, end)
+        if at > end * 0.8:
+            return text[:at].rstrip()
+    return text[:end].rstrip()
+
+
 def refused_text(reason: str, text_back: bool) -> str:
     """The banner's words for a turn the engine refused."""
     back = " Your message is back in the message box." if text_back else ""
     return f"<b>Not sent.</b> {reason.rstrip('.')}.{back}"
 
 
-def context_full_text(context_limit: int | None) -> str:
-    """The banner's words after a reply that filled the context."""
+def context_full_text(context_limit: int | None, remote: bool = False) -> str:
+    """The banner's words after a reply that filled the context (a server is asked to go on with a
+    "Continue." message: the OpenAI API has no way to continue a reply in place)."""
     where = f" ({context_limit:,} tokens)" if context_limit else ""
+    how = (
+        "(a “Continue.” message asks the server to go on, the oldest turns left out of the prompt)"
+        if remote
+        else "(the model writes on in the same reply, the oldest turns, and if need be the reply's own start, "
+        "left out of its prompt)"
+    )
     return (
-        f"<b>The context filled up.</b> The reply stopped at the end of the context{where}. Go on with "
-        "the oldest turns left out of the prompt, or start a new conversation that keeps the system prompt."
+        f"<b>The context filled up.</b> The reply stopped at the end of the context{where}. Continue it "
+        f"{how}, or start a new conversation that keeps the system prompt."
     )
 
 
@@ -122,17 +170,22 @@ class ContextGauge(QObject):
     changed = Signal(object)  # Count, or None: no model, or the count is not known (hide the gauge)
     send_checked = Signal(str, object)  # text, Count (None: not counted, send and let the engine fit it)
 
-    def __init__(self, session: EngineSession, prompt_messages, settings, parent: QObject | None = None):
+    def __init__(
+        self, session: EngineSession, prompt_messages, settings, left_out=lambda: 0, parent: QObject | None = None
+    ):
         """`prompt_messages(text)` is the message list a send of `text` would make; `settings()` the
-        conversation's sampling (max_tokens, thinking, context_policy)."""
+        conversation's sampling (max_tokens, thinking, context_policy); `left_out()` how many of the
+        oldest messages the engine already leaves out (the last reply says), not counted."""
         super().__init__(parent)
         self.session = session
-        self.prompt_messages = prompt_messages
+        self._all_messages = prompt_messages
+        self.left_out = left_out
         self.settings = settings
         self.typed_text = ""
         self.last: Count | None = None
         self._gauge_request: str | None = None
-        self._asked: dict[str, tuple[str, str, tuple, bool, int]] = {}  # rid -> (purpose, text, messages, ...)
+        self._asked: dict[str, tuple[str, str, tuple, bool, int, int]] = {}  # rid -> (purpose, text, messages, ...)
+        self._alone_checks: dict[str, tuple[str, Count]] = {}  # rid -> (text, the send's count)
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(DEBOUNCE_MS)
@@ -150,6 +203,25 @@ class ContextGauge(QObject):
     def refresh(self) -> None:
         """The conversation or its settings changed: count again soon."""
         self._timer.start()
+
+    def prompt_messages(self, text: str) -> list[dict]:
+        """What a send of `text` gives the engine, less the oldest messages it already leaves out:
+        after a drop the gauge shows what the prompt holds, not the whole conversation."""
+        return self._without_left_out(self._all_messages(text))
+
+    def _without_left_out(self, messages: list[dict]) -> list[dict]:
+        first = 1 if messages and messages[0].get("role") == "system" else 0
+        skip = min(self.left_out(), max(0, len(messages) - first - 1))
+        return messages[:first] + messages[first + skip :]
+
+    def streaming(self, tokens: int) -> None:
+        """A reply streams: show the context it fills as it grows (while the box is empty; typed
+        text is counted with the conversation as usual)."""
+        if self.typed_text.strip() or self.session.state != READY or self.session.info is None:
+            return
+        s = self.settings()
+        count = Count(tokens, self.session.info.context_limit, int(s["max_tokens"]), (), bool(s["thinking"]), live=True)
+        self.changed.emit(count)
 
     def count_now(self) -> None:
         self._timer.stop()
@@ -178,7 +250,7 @@ class ContextGauge(QObject):
             and last.thinking == bool(s["thinking"])
             and last.max_tokens == int(s["max_tokens"])
         ):
-            self.send_checked.emit(text, last)
+            self._deliver("send", text, last)
             return
         if self._ask("send", text) is None:
             self.send_checked.emit(text, None)
@@ -187,23 +259,32 @@ class ContextGauge(QObject):
 
     def _ask(self, purpose: str, text: str) -> str | None:
         s = self.settings()
-        messages = tuple(self.prompt_messages(text))
+        everything = self._all_messages(text)
+        messages = tuple(self._without_left_out(everything))
         thinking, max_tokens = bool(s["thinking"]), int(s["max_tokens"])
+        left_out = len(everything) - len(messages)
         if not messages:  # nothing to count: an empty conversation and an empty box
-            count = Count(0, self.session.info.context_limit, max_tokens, messages, thinking)
+            count = Count(0, self.session.info.context_limit, max_tokens, messages, thinking, left_out)
             self._deliver(purpose, text, count)
             return ""
         rid = self.session.count_tokens(list(messages), thinking)
         if rid is not None:
-            self._asked[rid] = (purpose, text, messages, thinking, max_tokens)
+            self._asked[rid] = (purpose, text, messages, thinking, max_tokens, left_out)
         return rid
 
     def _counted(self, msg) -> None:
+        alone = self._alone_checks.pop(msg.request_id, None)
+        if alone is not None:  # the message alone, counted for a send over the context
+            text, count = alone
+            self._deliver("send", text, replace(count, by_itself=msg.tokens) if msg.tokens >= 0 else count)
+            return
         entry = self._asked.pop(msg.request_id, None)
         if entry is None:
             return
-        purpose, text, messages, thinking, max_tokens = entry
-        count = Count(msg.tokens, msg.context_limit, max_tokens, messages, thinking) if msg.tokens >= 0 else None
+        purpose, text, messages, thinking, max_tokens, left_out = entry
+        count = None
+        if msg.tokens >= 0:
+            count = Count(msg.tokens, msg.context_limit, max_tokens, messages, thinking, left_out)
         if purpose == "gauge" and msg.request_id != self._gauge_request:
             return  # an older count: a newer one is on its way
         self._deliver(purpose, text, count)
@@ -211,6 +292,14 @@ class ContextGauge(QObject):
     def _deliver(self, purpose: str, text: str, count: Count | None) -> None:
         if count is not None:
             self.last = count
+        if purpose == "send" and count is not None and count.over and not count.alone and count.by_itself is None:
+            # Over with older turns: would leaving them all out make room? If not, it must be said
+            # before the send, not after the engine refuses it.
+            head = tuple(m for m in count.messages[:1] if m.get("role") == "system")
+            rid = self.session.count_tokens([*head, count.messages[-1]], count.thinking)
+            if rid is not None:
+                self._alone_checks[rid] = (text, count)
+                return
         if purpose == "gauge":
             self.changed.emit(count)
         else:
@@ -222,7 +311,8 @@ class ContextGauge(QObject):
             return
         self.last = None
         self.changed.emit(None)
-        sends = [(rid, e) for rid, e in self._asked.items() if e[0] == "send"]
+        sends = [e[1] for e in self._asked.values() if e[0] == "send"] + [t for t, _c in self._alone_checks.values()]
         self._asked.clear()
-        for _rid, entry in sends:  # the engine went away: the send goes on, and fails as sends do then
-            self.send_checked.emit(entry[1], None)
+        self._alone_checks.clear()
+        for text in sends:  # the engine went away: the send goes on, and fails as sends do then
+            self.send_checked.emit(text, None)

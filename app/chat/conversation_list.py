@@ -47,7 +47,7 @@ def short_date(stamp: float, now: float | None = None) -> str:
     if then[:3] == today[:3]:
         return time.strftime("%H:%M", then)
     if then.tm_year == today.tm_year:
-        return time.strftime("%b %-d", then)
+        return f"{time.strftime('%b', then)} {then.tm_mday}"  # strftime's %-d is not on Windows
     return time.strftime("%Y-%m-%d", then)
 
 

@@ -240,7 +240,7 @@ class MessageWidget(QFrame):
         self.regen_button.setVisible(message.role == "assistant")
         header.addWidget(self.regen_button)
         layout.addLayout(header)
-        # the versions of a regenerated reply: ‹ 2/3 ›
+        # the versions of a regenerated reply or an edited message: ‹ 2/3 ›
         self.older = self._arrow("‹", "The version before", -1)
         self.version_label = QLabel()
         self.version_label.setObjectName("versionLabel")
@@ -276,7 +276,7 @@ class MessageWidget(QFrame):
         self.edit_cancel = QPushButton("Cancel")
         self.edit_cancel.clicked.connect(self.cancel_edit)
         self.edit_row = QWidget()
-        self.edit_note = QLabel()  # what saving replaces, set by the view that knows what follows
+        self.edit_note = QLabel()  # what becomes of what follows, set by the view that knows it
         self.edit_note.setObjectName("editNote")
         self.edit_note.setWordWrap(True)
         row = QHBoxLayout(self.edit_row)
@@ -329,14 +329,16 @@ class MessageWidget(QFrame):
         return button
 
     def _show_versions(self, message: Message) -> None:
-        """‹ n/N › under a reply that was regenerated (hidden while it streams)."""
+        """‹ n/N › under a reply that was regenerated or a message that was edited (hidden while a
+        reply streams): each version keeps the messages that followed it."""
         many = message.versions > 1 and not self.streaming
         self.versions_row.setVisible(many)
         if many:
             self.version_label.setText(f"{message.version}/{message.versions}")
+            what = "reply" if message.role == "assistant" else "message"
             self.version_label.setToolTip(
-                f"Version {message.version} of {message.versions} of this reply: "
-                "the one shown is what the next turn sees"
+                f"Version {message.version} of {message.versions} of this {what}, each with the messages "
+                "that followed it: the one shown is what the next turn sees"
             )
             self.older.setEnabled(message.version > 1)
             self.newer.setEnabled(message.version < message.versions)

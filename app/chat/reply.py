@@ -51,6 +51,12 @@ class Reply:
     started: bool = False  # the engine accepted the request (Started arrived)
     user_message_id: int | None = None  # the user message this turn added (send), if any
     user_text: str = ""
+    edited: int | None = None  # an edit: the user message this turn is a new version of
+    before: str = ""  # a reply the context cut off, continued: its text so far, which the new text follows
+    cut_chars: int = 0  # characters of the start of that text left out of the prompt to fit
+    thought_before: str = ""  # and its thought, shown while it goes on
+    stats_before: dict | None = None  # and its statistics: the token count and energy go on from them
+    thought_seconds_before: float | None = None
 
     # -- streaming ----------------------------------------------------------------------------------
 
@@ -61,6 +67,7 @@ class Reply:
         self.prefill_tokens = msg.prompt_tokens - msg.reused_tokens
         self.dropped_messages = msg.dropped_messages
         self.max_tokens = msg.max_tokens or None
+        self.cut_chars = msg.cut_chars
 
     def add_steps(self, steps: list) -> None:
         for step in steps:
@@ -112,16 +119,16 @@ class Reply:
 
     @property
     def text(self) -> str:
-        return "".join(self.answer)
+        return self.before + "".join(self.answer)
 
     @property
     def thought_text(self) -> str:
-        return "".join(self.thought)
+        return self.thought_before + "".join(self.thought)
 
     @property
     def thought_seconds(self) -> float | None:
         if self.thought_first is None:
-            return None
+            return self.thought_seconds_before
         start = self.first_elapsed or 0.0
         return max(0.0, (self.thought_last or start) - start)
 
@@ -174,10 +181,41 @@ class Reply:
             "reused_tokens": self.reused_tokens,
             "prefill_tokens": self.prefill_tokens,
             "dropped_messages": self.dropped_messages,
+            "cut_chars": self.cut_chars,
             "max_tokens": self.max_tokens,
             "requested_max_tokens": self.requested_max_tokens,
             "origins": self.origins,
+        } | self._continued()
+
+    def _continued(self) -> dict:
+        """A reply written on: its token count and energy are the whole reply's, its speeds the new part's."""
+        before = self.stats_before
+        if not before:
+            return {}
+        tokens = self.tokens + int(before.get("tokens") or 0)
+        energy = None
+        if self.energy_j is not None and before.get("energy_joules") is not None:
+            energy = self.energy_j + float(before["energy_joules"])
+        return {
+            "tokens": tokens,
+            "energy_joules": energy,
+            "joules_per_token": energy / tokens if energy is not None and tokens else None,
+            "continued": True,
         }
+
+
+def origins_up_to(origins: list | None, chars: int) -> list[list]:
+    """The origin runs of a reply's first `chars` characters ([[n, origin], ...]); all the target's
+    when the runs were not kept."""
+    if not origins or sum(int(n) for n, _o in origins) < chars:
+        return [[chars, p.TARGET]] if chars else []
+    runs, left = [], chars
+    for n, origin in origins:
+        if left <= 0:
+            break
+        runs.append([min(int(n), left), origin])
+        left -= int(n)
+    return runs
 
 
 def footer_text(stats: dict | None) -> str:
@@ -219,13 +257,20 @@ def _methods_note(methods: dict) -> str:
 def context_note(stats: dict | None) -> str:
     """What the engine did to fit the conversation, said in the conversation; "" when nothing."""
     dropped = (stats or {}).get("dropped_messages") or 0
-    if not dropped:
-        return ""
-    what = "message was" if dropped == 1 else f"{dropped} oldest messages were"
-    return (
-        f"{'The oldest ' if dropped == 1 else ''}{what} left out of the prompt to fit the context "
-        "(the system prompt was kept, and this conversation keeps every message)."
-    )
+    cut = (stats or {}).get("cut_chars") or 0
+    notes = []
+    if dropped:
+        what = "message was" if dropped == 1 else f"{dropped} oldest messages were"
+        notes.append(
+            f"{'The oldest ' if dropped == 1 else ''}{what} left out of the prompt to fit the context "
+            "(the system prompt was kept, and this conversation keeps every message)."
+        )
+    if cut:
+        notes.append(
+            f"To go on, the first {cut:,} characters of this reply were left out of the prompt; the model "
+            "wrote on from the rest (the reply keeps all of its text)."
+        )
+    return " ".join(notes)
 
 
 def context_filled(stats: dict | None) -> bool:

@@ -42,6 +42,72 @@ def sampling_with_defaults(sampling: dict | None, model_defaults: dict | None = 
     return {**DEFAULT_SAMPLING, **(model_defaults or {}), **(sampling or {})}
 
 
+# The sampling fields, with the ranges a value can take: here and in the app's Settings (the defaults
+# for new conversations), so both refuse the same values.
+
+
+def _decimal_box(name: str, low: float, high: float) -> QDoubleSpinBox:
+    box = QDoubleSpinBox()
+    box.setObjectName(name)
+    box.setRange(low, high)
+    box.setSingleStep(0.05)
+    box.setDecimals(2)
+    return box
+
+
+def temperature_box() -> QDoubleSpinBox:
+    return _decimal_box("temperature", 0.0, 2.0)
+
+
+def top_p_box() -> QDoubleSpinBox:
+    return _decimal_box("topP", 0.01, 1.0)
+
+
+def top_k_box() -> QSpinBox:
+    box = QSpinBox()
+    box.setObjectName("topK")
+    box.setRange(0, 100000)
+    box.setSpecialValueText("off")
+    return box
+
+
+def context_policy_box() -> QComboBox:
+    box = QComboBox()
+    box.setObjectName("contextPolicy")
+    for key, text in CONTEXT_POLICIES.items():
+        box.addItem(text, key)
+    box.setToolTip(
+        "Drop the oldest turns: the model no longer sees the start of the "
+        "conversation (it stays here). Stop: the turn is refused, and you can "
+        "start a new conversation carrying the system prompt."
+    )
+    return box
+
+
+def section_heading(title: str) -> QLabel:
+    """A settings section's bold heading, a little larger than its fields."""
+    heading = QLabel(title)
+    heading.setObjectName("settingsHeading")
+    font = QFont(heading.font())
+    font.setBold(True)
+    font.setPointSizeF(font.pointSizeF() * HEADING_SCALE)
+    heading.setFont(font)
+    return heading
+
+
+def add_section(layout: QVBoxLayout, headings: list, title: str) -> QFormLayout:
+    """A bold heading (kept in `headings`) and the form of its fields under it, spaced from the last."""
+    heading = section_heading(title)
+    if headings:
+        layout.addSpacing(10)
+    layout.addWidget(heading)
+    headings.append(heading)
+    form = QFormLayout()
+    form.setContentsMargins(8, 0, 0, 0)
+    layout.addLayout(form)
+    return form
+
+
 class ConversationSettings(QDialog):
     def __init__(
         self,
@@ -58,20 +124,9 @@ class ConversationSettings(QDialog):
         self.system.setObjectName("systemPrompt")
         self.system.setPlaceholderText("Optional instructions the model reads before the conversation")
         self.system.setTabChangesFocus(True)
-        self.temperature = QDoubleSpinBox()
-        self.temperature.setObjectName("temperature")
-        self.temperature.setRange(0.0, 2.0)
-        self.temperature.setSingleStep(0.05)
-        self.temperature.setDecimals(2)
-        self.top_p = QDoubleSpinBox()
-        self.top_p.setObjectName("topP")
-        self.top_p.setRange(0.01, 1.0)
-        self.top_p.setSingleStep(0.05)
-        self.top_p.setDecimals(2)
-        self.top_k = QSpinBox()
-        self.top_k.setObjectName("topK")
-        self.top_k.setRange(0, 100000)
-        self.top_k.setSpecialValueText("off")
+        self.temperature = temperature_box()
+        self.top_p = top_p_box()
+        self.top_k = top_k_box()
         self.max_tokens = QSpinBox()
         self.max_tokens.setObjectName("maxTokens")
         self.max_tokens.setRange(1, 262144)
@@ -83,15 +138,7 @@ class ConversationSettings(QDialog):
         self.max_tokens_note.setWordWrap(True)
         self.thinking = QCheckBox("Let the model think before answering")
         self.thinking.setObjectName("thinking")
-        self.context_policy = QComboBox()
-        self.context_policy.setObjectName("contextPolicy")
-        for key, text in CONTEXT_POLICIES.items():
-            self.context_policy.addItem(text, key)
-        self.context_policy.setToolTip(
-            "Drop the oldest turns: the model no longer sees the start of the "
-            "conversation (it stays here). Stop: the turn is refused, and you can "
-            "start a new conversation carrying the system prompt."
-        )
+        self.context_policy = context_policy_box()
 
         s = sampling_with_defaults(sampling)
         self.temperature.setValue(float(s["temperature"]))
@@ -125,21 +172,7 @@ class ConversationSettings(QDialog):
         self.resize(560, 560)
 
     def _section(self, layout: QVBoxLayout, title: str) -> QFormLayout:
-        """A bold heading and the form of its fields under it."""
-        heading = QLabel(title)
-        heading.setObjectName("settingsHeading")
-        font = QFont(heading.font())
-        font.setBold(True)
-        font.setPointSizeF(font.pointSizeF() * HEADING_SCALE)
-        heading.setFont(font)
-        if self.headings:
-            layout.addSpacing(10)
-        layout.addWidget(heading)
-        self.headings.append(heading)
-        form = QFormLayout()
-        form.setContentsMargins(8, 0, 0, 0)
-        layout.addLayout(form)
-        return form
+        return add_section(layout, self.headings, title)
 
     def result_values(self) -> tuple[str, dict]:
         return self.system.toPlainText().strip(), {

@@ -1,5 +1,10 @@
-"""A conversation as Markdown (to read and share) or JSON (everything, to process or re-import),
-and the file name it is suggested under."""
+"""A conversation as Markdown (to read and share) or JSON (the branch shown with its statistics and
+thoughts, to process), and the file name it is suggested under.
+
+Either writes the branch shown (store.Store.messages), as the window shows it. The other versions of
+a regenerated reply are answers to the same message, so they are kept, folded under the reply; the
+other branches (the earlier versions of an edited message, what followed another version of a
+reply) are not written: they are another conversation from that point on."""
 
 from __future__ import annotations
 
@@ -42,7 +47,7 @@ def with_extension(path: Path, kind: str) -> Path:
 
 def to_markdown(conv: Conversation, messages: list[Message], versions: dict[int, list[Message]] | None = None) -> str:
     """The conversation as it reads; a regenerated reply is the version chosen, the others folded
-    under it (`versions`: message id -> every version of that reply, oldest first)."""
+    under it (`versions`: message id -> every version of that message, oldest first; a reply's only are used)."""
     out = [f"# {conv.title}", "", f"_Exported from FlashDesk on {time.strftime('%Y-%m-%d %H:%M')}_", ""]
     if conv.system_prompt:
         out += ["**System prompt**", "", _quote(conv.system_prompt), ""]
@@ -57,7 +62,7 @@ def to_markdown(conv: Conversation, messages: list[Message], versions: dict[int,
             out += [f"_{footer_text(m.stats)}_", ""]
         if m.state not in ("complete",):
             out += [f"_({m.state})_", ""]
-        others = [v for v in (versions or {}).get(m.id, []) if v.id != m.id]
+        others = [v for v in _reply_versions(m, versions) if v.id != m.id]
         if others:
             out += [f"<details><summary>Version {m.version} of {m.versions}: the other versions</summary>", ""]
             for v in others:
@@ -90,6 +95,11 @@ def closed_fences(text: str) -> str:
     return text.rstrip("\n") + "\n" + open_fence[0] * len(open_fence)
 
 
+def _reply_versions(m: Message, versions: dict[int, list[Message]] | None) -> list[Message]:
+    """Every version of `m` when it is a reply (the versions of a user message start other branches)."""
+    return (versions or {}).get(m.id, []) if m.role == "assistant" else []
+
+
 def _quote(text: str) -> str:
     return "\n".join("> " + line for line in text.splitlines())
 
@@ -113,9 +123,9 @@ def to_json(conv: Conversation, messages: list[Message], versions: dict[int, lis
     rows = []
     for m in messages:
         row = _message_json(m)
-        if (versions or {}).get(m.id) and m.versions > 1:
+        if len(_reply_versions(m, versions)) > 1:
             row["version"] = m.version
-            row["versions"] = [_message_json(v) for v in versions[m.id]]
+            row["versions"] = [_message_json(v) for v in _reply_versions(m, versions)]
         rows.append(row)
     data = {
         "format": FORMAT,

@@ -17,6 +17,13 @@ Search: an FTS5 index over message text and titles (schema version 2), kept in s
 (the reply as it streams included), so a search does not read every message. Where Python's sqlite3
 was built without FTS5, version 2 adds no index and search falls back to LIKE over titles and
 messages (a scan, the query matched as one piece of text).
+
+Branches (schema version 4): a conversation is a tree, so nothing is lost when the user goes back.
+Each message names the one it follows (`parent_id`, NULL for a first message). The messages that
+follow the same one are the versions of that turn (a regenerated reply, an edited message), oldest
+first, and exactly one of them is chosen (`hidden = 0`). The conversation shown, exported and given
+to the engine is the branch found by following the chosen message down from the first. Search
+reads every branch.
 """
 
 from __future__ import annotations
@@ -27,9 +34,9 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Message states: a reply is "streaming" while it arrives; one that was still streaming when the
 # app stopped is "interrupted" at the next start.
@@ -104,17 +111,42 @@ _V2 = (
     else []
 )
 
-# Reply versions (regenerate keeps the earlier replies): every version of a reply is a message row of
-# one `slot` (the id of the first version); the one shown, and given to the next turn, is the row not
-# `hidden`.
+# Reply versions as schema version 3 kept them: every version of a reply a row of one `slot` (the id
+# of the first version), the one shown not `hidden`. Version 4 (branches, below) reads `hidden` still;
+# `slot` only to migrate.
 _V3 = [
     "ALTER TABLE messages ADD COLUMN slot INTEGER",
     "ALTER TABLE messages ADD COLUMN hidden INTEGER NOT NULL DEFAULT 0",
     "CREATE INDEX messages_by_slot ON messages (slot)",
 ]
 
+# Branches (see the module's docstring). In version 3 a conversation is a line of places, each a
+# message or the versions of one reply (its `slot`, the first version's id, ordered like the ids).
+# Every message follows the message shown at the place before its own (the version not hidden, else
+# the newest), so the conversation shown stays as it was and the hidden versions of a reply become
+# its siblings. A group of siblings left with no version shown (none should be) shows its newest.
+# Window functions over a temporary table: one pass, not a search per message. `slot` is read no more.
+_V4 = [
+    "ALTER TABLE messages ADD COLUMN parent_id INTEGER",
+    """CREATE TEMP TABLE v3_places AS
+        SELECT conversation_id, place, LAG(shown) OVER (PARTITION BY conversation_id ORDER BY place) AS before
+        FROM (SELECT conversation_id, COALESCE(slot, id) AS place, id AS shown, ROW_NUMBER() OVER (
+                PARTITION BY conversation_id, COALESCE(slot, id) ORDER BY hidden, id DESC) AS rank
+              FROM messages)
+        WHERE rank = 1""",
+    "CREATE UNIQUE INDEX temp.v3_places_by_place ON v3_places (conversation_id, place)",
+    "UPDATE messages SET parent_id = (SELECT before FROM v3_places "
+    "WHERE conversation_id = messages.conversation_id AND place = COALESCE(messages.slot, messages.id))",
+    "DROP TABLE v3_places",
+    "UPDATE messages SET hidden = 0 WHERE id IN (SELECT MAX(id) FROM messages "
+    "GROUP BY conversation_id, parent_id HAVING SUM(hidden = 0) = 0)",
+    "CREATE INDEX messages_by_parent ON messages (conversation_id, parent_id)",
+    # the conversations that have branches: search looks for a hit in the branch shown only there
+    "CREATE INDEX messages_set_aside ON messages (conversation_id) WHERE hidden = 1",
+]
+
 # version -> the statements that bring the schema from version - 1 to it (in one transaction)
-MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2, 3: _V3}
+MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 
 HIT_START, HIT_END = "\x02", "\x03"  # around each hit in SearchHit.snippet
 SNIPPET_TOKENS = 12
@@ -180,7 +212,7 @@ class Message:
     thought: str = ""
     thought_seconds: float | None = None
     stats: dict | None = None
-    version: int = 1  # of the versions of this reply (regenerate keeps the earlier ones), from 1
+    version: int = 1  # of the versions of this turn (a regenerated reply, an edited message), from 1
     versions: int = 1
 
 
@@ -311,9 +343,10 @@ class Store:
         return [_conversation(r) for r in rows]
 
     def search(self, query: str) -> list[SearchHit]:
-        """The conversations whose title or a message has every word of `query` (the last one as a
-        prefix), newest first, each with its first matching message and a snippet of it; every
-        conversation when `query` is blank. A query of punctuation only is looked for as it is."""
+        """The conversations whose title or a message (in any branch) has every word of `query` (the
+        last one as a prefix), newest first, each with its first matching message (in the branch
+        shown where one matches) and a snippet of it; every conversation when `query` is blank. A
+        query of punctuation only is looked for as it is."""
         query = query.replace("\x00", "")  # pasted, it would end the text SQLite's LIKE sees
         expression = fts_query(query)
         if not query.strip():
@@ -329,6 +362,12 @@ class Store:
                 "WHERE message_search MATCH ? GROUP BY m.conversation_id",
                 (expression,),
             ).fetchall()
+        )
+        self._prefer_the_branch_shown(
+            first,
+            "SELECT m.id FROM message_search s JOIN messages m ON m.id = s.rowid "
+            "WHERE message_search MATCH :query AND m.conversation_id = :conversation ORDER BY m.id",
+            expression,
         )
         return [
             SearchHit(c, self._snippet(expression, first[c.id]) if c.id in first else "", first.get(c.id))
@@ -353,14 +392,31 @@ class Store:
             "WHERE first_id IS NOT NULL OR c.title LIKE :p ESCAPE '\\' ORDER BY c.updated DESC, c.id DESC",
             {"p": pattern},
         ).fetchall()
+        first = {r["id"]: r["first_id"] for r in rows if r["first_id"] is not None}
+        self._prefer_the_branch_shown(
+            first,
+            "SELECT id FROM messages WHERE conversation_id = :conversation AND content LIKE :query ESCAPE '\\' "
+            "ORDER BY id",
+            pattern,
+        )
         return [
             SearchHit(
                 _conversation(r),
-                _marked(self.message(r["first_id"]).content, text) if r["first_id"] else "",
-                r["first_id"],
+                _marked(self.message(first[r["id"]]).content, text) if r["id"] in first else "",
+                first.get(r["id"]),
             )
             for r in rows
         ]
+
+    def _prefer_the_branch_shown(self, first: dict[int, int], matches: str, query: str) -> None:
+        """In `first` (conversation -> its first matching message), a conversation with branches gets
+        its first match in the branch shown instead, where there is one: opening that hit leaves the
+        conversation as the user left it. `matches`: the SQL of a conversation's matches, in order."""
+        branched = self.db.execute("SELECT DISTINCT conversation_id FROM messages WHERE hidden = 1")
+        for conversation_id in first.keys() & {r[0] for r in branched}:
+            shown = set(self._branch_ids(conversation_id))
+            ids = self.db.execute(matches, {"query": query, "conversation": conversation_id})
+            first[conversation_id] = next((r[0] for r in ids if r[0] in shown), first[conversation_id])
 
     def conversation(self, conversation_id: int) -> Conversation | None:
         row = self.db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
@@ -394,51 +450,74 @@ class Store:
     # -- messages ------------------------------------------------------------------------------------
 
     def messages(self, conversation_id: int) -> list[Message]:
+        """The branch shown, in order: what the window shows, export writes and the engine is given."""
         rows = self.db.execute(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages m "
+            f"{_BRANCH} SELECT {_MESSAGE_COLUMNS} FROM branch JOIN messages m ON m.id = branch.id "
             "LEFT JOIN thoughts t ON t.message_id = m.id LEFT JOIN message_stats s ON s.message_id = m.id "
-            "WHERE m.conversation_id = ? AND m.hidden = 0 ORDER BY m.id",
-            (conversation_id,),
+            "ORDER BY m.id",
+            {"conversation": conversation_id},
         )
         return [_message(r) for r in rows]
 
+    def _branch_ids(self, conversation_id: int) -> list[int]:
+        rows = self.db.execute(f"{_BRANCH} SELECT id FROM branch ORDER BY id", {"conversation": conversation_id})
+        return [r[0] for r in rows]
+
     def versions(self, message_id: int) -> list[Message]:
-        """Every version of the reply `message_id`, oldest first (one when it was never regenerated)."""
+        """Every version of the turn `message_id` belongs to (the messages that follow the same one),
+        oldest first; one when it was never regenerated or edited."""
         rows = self.db.execute(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages m "
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages o "
+            "JOIN messages m ON m.conversation_id = o.conversation_id AND m.parent_id IS o.parent_id "
             "LEFT JOIN thoughts t ON t.message_id = m.id LEFT JOIN message_stats s ON s.message_id = m.id "
-            "WHERE COALESCE(m.slot, m.id) = (SELECT COALESCE(slot, id) FROM messages WHERE id = ?) ORDER BY m.id",
+            "WHERE o.id = ? ORDER BY m.id",
             (message_id,),
         )
         return [_message(r) for r in rows]
 
-    def set_aside_for_regenerate(self, conversation_id: int, message_id: int) -> int:
-        """Keep the reply `message_id` as an earlier version (hidden), drop every later message of the
-        conversation (but the reply's other versions); the slot the new version goes into."""
-        self.db.execute("BEGIN")
-        try:
-            slot = self.db.execute("SELECT COALESCE(slot, id) FROM messages WHERE id = ?", (message_id,)).fetchone()[0]
-            self.db.execute("UPDATE messages SET slot = ?, hidden = 1 WHERE id = ?", (slot, message_id))
-            self.db.execute(
-                "DELETE FROM messages WHERE conversation_id = ? AND id > ? AND COALESCE(slot, id) != ?",
-                (conversation_id, message_id, slot),
-            )
-            self.db.execute("COMMIT")
-        except BaseException:
-            _rollback(self.db)
-            raise
-        return slot
-
     def choose_version(self, message_id: int) -> None:
-        """Show the version `message_id` of its reply (and give it to the next turn); hide the others."""
+        """Show the version `message_id` of its turn, and the branch that follows it as it was left."""
+        self._in_transaction(lambda: self._choose(message_id))
+
+    def choose_branch(self, message_id: int) -> None:
+        """Show the branch `message_id` lies in (a search hit in a branch not shown): it and every
+        message before it become the chosen versions of their turns."""
+
+        def write() -> None:
+            for set_aside in self._set_aside_on_the_way_to(message_id):
+                self._choose(set_aside)
+
+        self._in_transaction(write)
+
+    def _set_aside_on_the_way_to(self, message_id: int) -> list[int]:
+        """`message_id` and the messages before it (its parent, the parent's parent...) not chosen now."""
+        rows = self.db.execute(
+            "WITH RECURSIVE path(id, parent_id) AS (SELECT id, parent_id FROM messages WHERE id = ? "
+            "UNION SELECT m.id, m.parent_id FROM messages m JOIN path ON m.id = path.parent_id) "
+            "SELECT m.id FROM path JOIN messages m ON m.id = path.id WHERE m.hidden = 1",
+            (message_id,),
+        )
+        return [r[0] for r in rows]
+
+    def _choose(self, message_id: int) -> None:
+        """Within a transaction: `message_id` becomes the one version shown of its turn."""
+        self.db.execute(
+            "UPDATE messages SET hidden = (id != :id) "
+            "WHERE conversation_id = (SELECT conversation_id FROM messages WHERE id = :id) "
+            "AND parent_id IS (SELECT parent_id FROM messages WHERE id = :id)",
+            {"id": message_id},
+        )
+
+    def _in_transaction(self, write: Callable[[], Any]) -> Any:
+        """Run `write` as one transaction: all of it is kept, or, when it fails, none of it."""
         self.db.execute("BEGIN")
         try:
-            slot = self.db.execute("SELECT COALESCE(slot, id) FROM messages WHERE id = ?", (message_id,)).fetchone()[0]
-            self.db.execute("UPDATE messages SET hidden = (id != ?) WHERE COALESCE(slot, id) = ?", (message_id, slot))
+            result = write()
             self.db.execute("COMMIT")
         except BaseException:
             _rollback(self.db)
             raise
+        return result
 
     def message(self, message_id: int) -> Message | None:
         row = self.db.execute(
@@ -456,23 +535,40 @@ class Store:
         content: str = "",
         state: str = COMPLETE,
         model: str | None = None,
-        slot: int | None = None,
+        version_of: int | None = None,
     ) -> Message:
-        """A new message at the end; `slot`: a new version of that reply (set_aside_for_regenerate)."""
+        """A new message at the end of the branch shown; with `version_of`, a new version of that
+        message instead (a regenerated reply, an edited message): it follows what that one follows.
+        Either way it is the version shown now; the others stay, with all that follows them."""
         now = time.time()
-        self.db.execute("BEGIN")
-        try:
+
+        def write() -> int:
+            parent = self._parent_of_new(conversation_id, version_of)
+            self.db.execute(
+                "UPDATE messages SET hidden = 1 WHERE conversation_id = ? AND parent_id IS ?", (conversation_id, parent)
+            )
             cur = self.db.execute(
                 "INSERT INTO messages (conversation_id, role, content, state, model, created, "
-                "updated, slot) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (conversation_id, role, content, state, model, now, now, slot),
+                "updated, parent_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, role, content, state, model, now, now, parent),
             )
             self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
-            self.db.execute("COMMIT")
-        except BaseException:
-            _rollback(self.db)
-            raise
-        return self.message(cur.lastrowid)
+            return cur.lastrowid
+
+        return self.message(self._in_transaction(write))
+
+    def _parent_of_new(self, conversation_id: int, version_of: int | None) -> int | None:
+        """The message a new one follows: the last of the branch shown, or what `version_of` follows."""
+        if version_of is None:
+            return self.db.execute(
+                f"{_BRANCH} SELECT MAX(id) FROM branch", {"conversation": conversation_id}
+            ).fetchone()[0]
+        row = self.db.execute(
+            "SELECT parent_id FROM messages WHERE id = ? AND conversation_id = ?", (version_of, conversation_id)
+        ).fetchone()
+        if row is None:
+            raise LookupError(f"no message {version_of} in conversation {conversation_id}")
+        return row[0]
 
     def update_message(
         self,
@@ -510,20 +606,32 @@ class Store:
             raise
 
     def delete_messages_from(self, conversation_id: int, message_id: int) -> None:
-        """Delete this message and every later one of the conversation (edit and resend, a refused
-        turn); a reply left with only hidden versions shows its newest one again."""
-        self.db.execute("BEGIN")
-        try:
-            self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?", (conversation_id, message_id))
+        """Delete this message and all that follows it, in every branch (a turn the engine refused).
+        When it was the version shown, the version before it shows again (or, for a first one, the
+        one after it), with what follows that one."""
+
+        def write() -> None:
+            row = self.db.execute(
+                "SELECT parent_id, hidden FROM messages WHERE id = ? AND conversation_id = ?",
+                (message_id, conversation_id),
+            ).fetchone()
+            if row is None:
+                return
             self.db.execute(
-                "UPDATE messages SET hidden = 0 WHERE id IN (SELECT MAX(id) FROM messages WHERE conversation_id = ? "
-                "GROUP BY COALESCE(slot, id) HAVING SUM(hidden = 0) = 0)",
-                (conversation_id,),
+                "WITH RECURSIVE gone(id) AS (SELECT :id UNION SELECT m.id FROM messages m JOIN gone "
+                "ON m.conversation_id = :conversation AND m.parent_id = gone.id) "
+                "DELETE FROM messages WHERE id IN gone",
+                {"id": message_id, "conversation": conversation_id},
             )
-            self.db.execute("COMMIT")
-        except BaseException:
-            _rollback(self.db)
-            raise
+            if not row["hidden"]:
+                self.db.execute(
+                    "UPDATE messages SET hidden = 0 WHERE id = (SELECT id FROM messages "
+                    "WHERE conversation_id = :conversation AND parent_id IS :parent "
+                    "ORDER BY id > :id, CASE WHEN id < :id THEN -id ELSE id END LIMIT 1)",
+                    {"conversation": conversation_id, "parent": row["parent_id"], "id": message_id},
+                )
+
+        self._in_transaction(write)
 
 
 def _rollback(db: sqlite3.Connection) -> None:
@@ -559,12 +667,19 @@ def _conversation(row: sqlite3.Row) -> Conversation:
     return Conversation(row["id"], row["title"], row["created"], row["updated"], row["system_prompt"], sampling)
 
 
-# a message with its thought, statistics, and its place among the versions of its reply
+# a message with its thought, statistics, and its place among the versions of its turn (its siblings)
+_SIBLINGS = "FROM messages v WHERE v.conversation_id = m.conversation_id AND v.parent_id IS m.parent_id"
 _MESSAGE_COLUMNS = (
     "m.*, t.text AS thought, t.seconds AS thought_seconds, s.data AS stats, "
-    "(SELECT COUNT(*) FROM messages v WHERE COALESCE(v.slot, v.id) = COALESCE(m.slot, m.id)) AS versions, "
-    "(SELECT COUNT(*) FROM messages v WHERE COALESCE(v.slot, v.id) = COALESCE(m.slot, m.id) AND v.id <= m.id) "
-    "AS version"
+    f"(SELECT COUNT(*) {_SIBLINGS}) AS versions, (SELECT COUNT(*) {_SIBLINGS} AND v.id <= m.id) AS version"
+)
+
+# the ids of the branch shown of conversation :conversation, as the table `branch`
+_BRANCH = (
+    "WITH RECURSIVE branch(id) AS ("
+    "SELECT id FROM messages WHERE conversation_id = :conversation AND parent_id IS NULL AND hidden = 0 "
+    "UNION SELECT m.id FROM messages m JOIN branch ON m.conversation_id = :conversation "
+    "AND m.parent_id = branch.id AND m.hidden = 0)"
 )
 
 

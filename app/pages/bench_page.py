@@ -10,6 +10,8 @@ interleaved in one run, kept in the data folder. This page picks what to run, fo
 
 from __future__ import annotations
 
+import time
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -34,6 +36,7 @@ from flashdesk import protocol as p
 from flashdesk.app import theme
 from flashdesk.app.backends.engine_session import READY, EngineSession
 from flashdesk.app.panels.plots import GroupedBarPlot
+from flashdesk.app.wheel_guard import wheel_only_when_focused
 
 AUTO = p.AUTO_DRAFT_LENGTH
 TASKS = ("code", "math", "reasoning", "chat", "summarization", "translation")  # assets/prompts/
@@ -46,6 +49,17 @@ FIXED_COLOURS = ("#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b
 
 def _num(value, spec: str, none: str = "–") -> str:
     return none if value is None else format(value, spec)
+
+
+def time_left_text(done: int, total: int, elapsed: float) -> str:
+    """The run's time left, from its own pace so far (the runs are alike: each prompt in each mode)."""
+    if done <= 0 or total <= done:
+        return ""
+    left = elapsed / done * (total - done)
+    if left < 60:
+        return "under a minute left"
+    minutes = round(left / 60)
+    return f"about {minutes} minute{'s' if minutes != 1 else ''} left"
 
 
 def summary_text(report: dict) -> str:
@@ -92,6 +106,7 @@ class BenchPage(QWidget):
         self.setObjectName("benchPage")
         self.session = session
         self.running: str | None = None  # the request id of the run in flight
+        self.started_at = 0.0  # time.monotonic() when it began: its pace gives the time left
         self.report: dict | None = None  # the run shown
         self.runs: list[dict] = []
         self.block_size: int | None = None
@@ -152,6 +167,7 @@ class BenchPage(QWidget):
         self.max_tokens.setValue(128)
         for spin in (self.per_task, self.max_tokens):
             spin.setMaximumWidth(110)
+        wheel_only_when_focused(self.per_task, self.max_tokens)
         form = QFormLayout()
         form.addRow("Task types", tasks_row)
         form.addRow("Draft lengths", lengths_row)
@@ -296,10 +312,15 @@ class BenchPage(QWidget):
         if rid is None:
             return
         self.running = rid
+        self.started_at = time.monotonic()
         self.progress.setRange(0, 0)
         methods = max(1, len(self.methods))
         modes = 1 + methods * len(lengths) + (1 if methods > 1 else 0)  # AR, each method's, the automatic method
-        self.status.setText(f"Running {len(tasks)} task type(s) × {self.per_task.value()} prompt(s) in {modes} modes…")
+        self.status.setText(
+            f"Running {len(tasks)} task type(s) × {self.per_task.value()} prompt(s) in {modes} modes, up to "
+            f"{self.max_tokens.value()} new tokens each: {len(tasks) * self.per_task.value() * modes} runs, each mode "
+            "after a warm-up. The time left shows once the first runs are done."
+        )
         if self.report is None:
             self.summary.setText("Running: the results appear here when the run ends.")
         self._update_run()
@@ -315,7 +336,8 @@ class BenchPage(QWidget):
             return
         self.progress.setRange(0, max(1, msg.total))
         self.progress.setValue(msg.done)
-        self.progress.setFormat(f"%v / %m runs · {msg.text}")
+        left = time_left_text(msg.done, msg.total, time.monotonic() - self.started_at)
+        self.progress.setFormat(f"%v / %m runs · {msg.text}" + (f" · {left}" if left else ""))
 
     def _result(self, msg: p.BenchResult) -> None:
         if msg.request_id != self.running:

@@ -124,6 +124,7 @@ class SetupPage(QWidget):
             "Models already on this computer (as `flashdesk models list` shows them): a pick fills the fields below"
         )
         self.on_disk.activated.connect(self._pick_on_disk)
+        wheel_only_when_focused(self.on_disk)
         form = QFormLayout()
         form.addRow("On this computer", self.on_disk)
         form.addRow("Model", self._with_browse(self.target, "Choose the Gemma 4 model folder"))
@@ -277,6 +278,7 @@ class SetupPage(QWidget):
         self.server_model.setToolTip(
             "The model to chat with; Check lists the ones the server serves (empty: its first)"
         )
+        wheel_only_when_focused(self.server_model)
         form = QFormLayout()
         form.addRow("Address", self.server_url)
         form.addRow("API key", self.server_key)

@@ -31,6 +31,7 @@ from flashdesk import protocol as p
 from flashdesk.protocol import METHOD_NAMES
 from flashdesk.app import theme
 from flashdesk.app.backends.engine_session import READY, EngineSession
+from flashdesk.app.wheel_guard import wheel_only_when_focused
 
 LOOPBACK, EVERY_ADDRESS = "127.0.0.1", "0.0.0.0"
 # an API key's letters: none that read alike (0/O, 1/l/I), so it can be typed from a screen
@@ -98,6 +99,7 @@ class ServerPanel(QGroupBox):
         self.port.setRange(0, 65535)
         self.port.setSpecialValueText("any free port")
         self.port.setValue(DEFAULT_PORT)
+        wheel_only_when_focused(self.port)
         self.key = QLineEdit()
         self.key.setObjectName("serverKey")
         self.key.setPlaceholderText("none: this computer only")

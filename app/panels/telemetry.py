@@ -1,4 +1,5 @@
-"""GPU and memory readings, sampled on a background thread about twice a second.
+"""GPU and memory readings, sampled on a background thread about twice a second (Settings changes
+the interval: INTERVAL_RANGE_MS).
 
 Why a thread: NVML calls can block for milliseconds (or much longer on a struggling driver) and
 the window must not stutter. Why field by field: drivers, cards and containers differ in what
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from PySide6.QtCore import QObject, Qt, Signal
 
 INTERVAL_S = 0.5
+INTERVAL_RANGE_MS = (250, 5000)  # what Settings offers: a quick look at a spike, or a quiet machine
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,7 @@ class TelemetrySampler(QObject):
         self.interval = interval
         self.worker_pid: int | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # ends the wait for the next sample early: stop, a new interval
         self._thread: threading.Thread | None = None
         self._deliver.connect(self.sampled, Qt.ConnectionType.QueuedConnection)
 
@@ -207,15 +210,22 @@ class TelemetrySampler(QObject):
     def start(self) -> None:
         if self._thread is None:
             self._stop.clear()
+            self._wake.clear()
             self._thread = threading.Thread(target=self._run, name="flashdesk-telemetry", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
             self._thread = None
         self.nvml.close()
+
+    def set_interval(self, seconds: float) -> None:
+        """Sample every `seconds` from now on: a long wait under the old interval ends at once."""
+        self.interval = seconds
+        self._wake.set()
 
     def sample(self) -> Sample:
         pid = self.worker_pid
@@ -230,4 +240,5 @@ class TelemetrySampler(QObject):
                 self._deliver.emit(self.sample())
             except RuntimeError:  # the QObject is gone (app closing)
                 return
-            self._stop.wait(max(0.05, self.interval - (time.monotonic() - started)))
+            self._wake.wait(max(0.05, self.interval - (time.monotonic() - started)))
+            self._wake.clear()

@@ -6,14 +6,18 @@
 
 The address rule comes first, before a byte is loaded: any host but a loopback address needs an
 API key (--api-key or FLASHDESK_API_KEY). Then the port is bound (a busy one fails at once), the
-engine loaded, and uvicorn serves until Ctrl-C (exit status 0).
+engine loaded, and uvicorn serves until Ctrl-C or SIGTERM (exit status 0 either way, after the
+closing line). The limits on clients (serve/limits.py) and the names and web origins it answers
+(serve/hosts.py, serve/cors.py) are options too.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from flashdesk.engine.errors import FlashDeskError
@@ -24,6 +28,7 @@ DEFAULT_PORT = 8719
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from flashdesk.engine.cli.cli_args import add_speculation_flags, positive_int
+    from flashdesk.engine.serve.limits import Limits
 
     parser.add_argument("--model", help="folder (or pulled Hub id) of the Gemma 4 target (required unless --demo)")
     parser.add_argument(
@@ -39,8 +44,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--api-key",
-        help=f"require 'Authorization: Bearer KEY' on every route but /health "
-        f"(default: the {KEY_VARIABLE} environment variable)",
+        help=f"require 'Authorization: Bearer KEY' on every route but /health; a comma list gives several "
+        f"keys, each with a prefix cache of its own (default: the {KEY_VARIABLE} environment variable)",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        default="",
+        help="more names the server answers to in the Host header, a comma list ('*': any); it always "
+        "answers to localhost, 127.0.0.1 and [::1], and, on another address, to that address",
+    )
+    parser.add_argument(
+        "--cors-origins",
+        default="",
+        help="web origins that may call the API from a browser, a comma list "
+        "(http://localhost:3000) or '*' (default: none)",
+    )
+    defaults = Limits()
+    parser.add_argument(
+        "--header-timeout",
+        type=_seconds,
+        default=defaults.header_seconds,
+        help=f"seconds a client has to send a request's headers (default {defaults.header_seconds:g})",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=_seconds,
+        default=defaults.body_seconds,
+        help=f"seconds a client has to send a request's body (default {defaults.body_seconds:g})",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=positive_int,
+        default=defaults.max_queue,
+        help=f"chat requests taken at once, running or waiting; more get a 429 (default {defaults.max_queue})",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=defaults.request_seconds,
+        help="seconds a chat request may take from its arrival, its wait included; a reply still running "
+        f"then ends (finish_reason 'length') (default {defaults.request_seconds:g}; 0: no limit)",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
@@ -60,6 +103,24 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
     return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"seconds are 0 or more, got {text}")
+    return value
+
+
+class Terminated(Exception):
+    """SIGTERM, raised once uvicorn has stopped (it hands the signal on after its graceful shutdown)."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated
 
 
 def run_serve(args) -> int:
@@ -84,8 +145,11 @@ def run_serve(args) -> int:
 
 def _serve(args, key: str | None) -> int:
     from flashdesk.engine.serve.app import create_app
+    from flashdesk.engine.serve.cors import parse_origins
+    from flashdesk.engine.serve.hosts import allowed_hosts
+    from flashdesk.engine.serve.limits import Limits
     from flashdesk.engine.serve.runner import Runner
-    from flashdesk.engine.serve.server import Server, bind, config, served_name, url
+    from flashdesk.engine.serve.server import Server, bind, close_app, config, served_name, url
     from flashdesk.engine.cli.cli_args import load_engine
     from flashdesk.engine.loading.model_card import sampling_defaults
 
@@ -107,14 +171,28 @@ def _serve(args, key: str | None) -> int:
                 flush=True,
             )
 
-        app = create_app(runner, name, key, sampling_defaults(Path(args.model)))
-        server = Server(config(app, quiet=False), on_started=listening, on_stopping=runner.close)
+        limits = Limits(args.header_timeout, args.body_timeout, args.max_queue, args.request_timeout)
+        app = create_app(
+            runner,
+            name,
+            key,
+            sampling_defaults(Path(args.model)),
+            limits=limits,
+            hosts=allowed_hosts(args.host, args.allowed_hosts.split(",")),
+            cors_origins=parse_origins(args.cors_origins),
+        )
+        server = Server(config(app, quiet=False, limits=limits), on_started=listening, on_stopping=runner.close)
+        main = threading.current_thread() is threading.main_thread()  # where signal handlers can be set
+        previous = signal.signal(signal.SIGTERM, _terminated) if main else None
         try:
             server.run(sockets=[sock])
-        except KeyboardInterrupt:  # Ctrl-C, how a server is stopped: uvicorn raises it again once it has stopped
+        except (KeyboardInterrupt, Terminated):  # Ctrl-C or SIGTERM: uvicorn raises it again once it has stopped
             pass
         finally:
+            if main:
+                signal.signal(signal.SIGTERM, previous)
             runner.close()
+            close_app(app)
     finally:
         sock.close()
     print("flashdesk serve: stopped", file=sys.stderr)

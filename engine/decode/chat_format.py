@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from flashdesk.engine.decode.literal_text import literal_specials
+
 THOUGHT = "thought"
 ANSWER = "answer"
 
@@ -43,12 +45,24 @@ def messages_from(prompt: str, system: str | None = None) -> list[dict]:
 def build_prompt_ids(tokenizer: Any, messages: list[dict], *, enable_thinking: bool) -> list[int]:
     """The model's input ids: the chat template with its generation prompt, as a plain list.
 
+    Messages that end with an assistant message are a reply to go on with (one the context cut
+    off): its turn is left open, without the generation prompt, so the model writes on from its
+    last character (the template trims the reply's trailing white space).
+
+    Message content is text: a special token's string in it (`<turn|>` typed by a user) is tokenized
+    as its characters, so it can never close a turn or open another (literal_text.py).
+
     transformers 5 returns a BatchEncoding by default; older versions a list. The template emits
     <bos> itself and transformers tokenizes it with add_special_tokens=False, so there is one <bos>.
     """
-    out = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, enable_thinking=enable_thinking, tokenize=True
+    continuing = bool(messages) and messages[-1].get("role") == "assistant"
+    options = dict(
+        add_generation_prompt=not continuing, continue_final_message=continuing, enable_thinking=enable_thinking
     )
+    literal = literal_specials(tokenizer)
+    if literal.found_in(messages):  # a special token's string typed in a message is its characters
+        return literal.prompt_ids(tokenizer, messages, options)
+    out = tokenizer.apply_chat_template(messages, tokenize=True, **options)
     if hasattr(out, "keys"):
         out = out["input_ids"]
     return [int(i) for i in out]

@@ -26,6 +26,7 @@ class FittedPrompt:
     dropped: int  # messages dropped from the front (after the system prompt)
     max_new_tokens: int  # what was asked, capped to the room the context leaves
     capped: bool  # max_new_tokens was cut to fit: a reply of that length stopped at the context's end
+    cut_chars: int = 0  # a reply being continued: characters of its start left out to fit
 
     def finish_reason(self, reason: str, generated: int) -> str:
         """The engine's finish reason, or "context" when the reply filled the context."""
@@ -80,6 +81,11 @@ def fit_conversation(
     (keeping the system prompt and the last user message) until it takes at most half of the rest
     (dropping once per many turns, as llama.cpp's context shift does), or, under STOP, refuse.
 
+    Messages ending with an assistant reply continue it (chat_format.build_prompt_ids). That reply
+    filled the context once, so when the last turn alone is still too long, the start of the reply
+    is left out of the prompt too: the user's message and the reply's latest text are what the
+    model needs to go on.
+
     Raises ContextOverflowError with what to do when even the last message alone does not fit.
     """
     check_policy(policy)
@@ -89,9 +95,12 @@ def fit_conversation(
     room = reply_room(context_limit, max_new_tokens)
     limit = context_limit - room
 
+    def render(kept: list[dict]) -> list[int]:
+        return build_prompt_ids(tokenizer, kept, enable_thinking=thinking)
+
     def build(start: int) -> tuple[list[dict], list[int]]:
         kept = head + messages[start:]
-        return kept, build_prompt_ids(tokenizer, kept, enable_thinking=thinking)
+        return kept, render(kept)
 
     first = 1 if messages and messages[0].get("role") in ("system", "developer") else 0
     head = messages[:first]
@@ -103,8 +112,14 @@ def fit_conversation(
                 f"of {context_limit} tokens: start a new conversation (the system prompt can be kept), "
                 "or choose to drop the oldest turns in Settings"
             )
-        cuts = _turn_starts(messages, first + 1) or [len(messages) - 1]
+        last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=len(messages) - 1)
+        cuts = _turn_starts(messages, first + 1) or [last_user]
         shortest = len(build(cuts[-1])[1])
+        continuing = messages[-1].get("role") == "assistant" and cuts[-1] < len(messages) - 1
+        if shortest > limit and continuing:
+            kept = head + messages[cuts[-1] : -1]
+            dropped = cuts[-1] - first
+            return _cut_reply_start(render, kept, messages[-1], dropped, limit, context_limit, max_new_tokens)
         if shortest > limit:
             raise ContextOverflowError(
                 f"the last message alone makes a prompt of {shortest} tokens, and the reply needs {room} "
@@ -123,3 +138,46 @@ def fit_conversation(
         kept, ids = build(cuts[lo])
     capped = min(max_new_tokens, context_limit - len(ids))
     return FittedPrompt(ids, kept, len(messages) - len(kept), capped, capped < max_new_tokens)
+
+
+def _cut_reply_start(render, kept: list[dict], reply: dict, dropped: int, limit: int, context_limit: int, asked: int):
+    """The last turn (`kept`, then `reply`) with the start of its reply left out: the fewest
+    characters that bring the prompt to half of what fits (or to what fits, for a long user
+    message), a binary search over where the kept text begins, moved to the next line or word break."""
+    text = reply["content"]
+
+    def cut_at(start: int) -> tuple[list[dict], list[int]]:
+        messages = kept + [{**reply, "content": text[start:]}]
+        return messages, render(messages)
+
+    bare = len(cut_at(len(text))[1])
+    if bare > limit:
+        raise ContextOverflowError(
+            f"the last message alone makes a prompt of {bare} tokens, over what the context of {context_limit} "
+            "tokens leaves with the reply's room: start a new conversation, or load the model with a longer context"
+        )
+    target = limit // 2 if bare <= limit // 2 else limit
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(cut_at(mid)[1]) <= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    start = _break_after(text, lo)
+    messages, ids = cut_at(start)
+    if len(ids) > limit:  # a break that made it longer (it cannot, but the check is cheap)
+        start = lo
+        messages, ids = cut_at(start)
+    capped = min(asked, context_limit - len(ids))
+    return FittedPrompt(ids, messages, dropped, capped, capped < asked, start)
+
+
+def _break_after(text: str, start: int, reach: int = 80) -> int:
+    """The first line or word break within `reach` characters after `start` (the kept text begins
+    with a whole word), or `start` itself."""
+    for mark in ("\n", " "):
+        at = text.find(mark, start, start + reach)
+        if at >= 0:
+            return at + 1
+    return start

@@ -31,7 +31,7 @@ from flashdesk.engine.loading.memory_plan import context_that_fits
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.draft_length import AutoDraftLength, costs_file, load_costs, save_costs
 from flashdesk.engine.decode.kernel_warmup import compile_generation_kernels
-from flashdesk.engine.decode.prefix_cache import PrefixCache
+from flashdesk.engine.decode.prefix_cache import LOCAL, PrefixCache
 from flashdesk.engine.decode.speculative import AUTO, Decoder, SpecControl, StepResult
 from flashdesk.engine.decode.stats import SpecStats, StepRecord
 from flashdesk.kernels import self_test
@@ -48,6 +48,7 @@ class GenerationRequest:
     ignore_eos: bool = False
     stop_strings: tuple[str, ...] = ()
     reuse: bool = True  # start from the longest prefix an earlier request left in the cache
+    scope: str = LOCAL  # whose request: only prefixes left by requests of the same scope are reused
 
 
 @dataclass(frozen=True)
@@ -83,11 +84,19 @@ class _TextOutput:
         self.stops = StopStrings(list(stop_strings))
         self.answer, self.thought = [], []
 
-    def push(self, ids: list[int]) -> tuple[str, str, bool]:
+    def push(self, ids: list[int]) -> tuple[str, str, int | None]:
+        """The text `ids` complete, and where a stop string was hit: how many of `ids` it took (the
+        rest of a speculative step is not part of the reply, and is not counted), None if none was."""
         if self.splitter is None:
-            return "", "", False
-        pieces = [p for tid in ids for p in self.splitter.push(tid)]
-        return self._route(pieces)
+            return "", "", None
+        answer, thought = [], []
+        for i, tid in enumerate(ids):
+            more_answer, more_thought, hit = self._route(self.splitter.push(tid))
+            answer.append(more_answer)
+            thought.append(more_thought)
+            if hit:
+                return "".join(answer), "".join(thought), i + 1
+        return "".join(answer), "".join(thought), None
 
     def finish(self) -> tuple[str, str]:
         if self.splitter is None:
@@ -235,9 +244,9 @@ class Engine:
             self.model, self._cache, self.drafter, self._ctx, block_rows=rows, mtp=self.mtp
         )
 
-    def reusable_tokens(self, prompt_ids: list[int]) -> int:
-        """How many of the prompt's tokens the next generation would take from earlier ones."""
-        return self._prefix.reusable(list(prompt_ids)) if self._prefix is not None else 0
+    def reusable_tokens(self, prompt_ids: list[int], scope: str = LOCAL) -> int:
+        """How many of the prompt's tokens the next generation of `scope` would take from earlier ones."""
+        return self._prefix.reusable(list(prompt_ids), scope) if self._prefix is not None else 0
 
     @classmethod
     def load(
@@ -357,7 +366,7 @@ class Engine:
                 if auto.costs is None:
                     measuring.append(method)
         prefix = self._step_state()
-        reused = prefix.start(prompt, request.reuse)
+        reused = prefix.start(prompt, request.reuse, request.scope)
         sampling = request.sampling  # with the checkpoint's suppressed tokens, greedy or not
         if self.suppress_tokens and not sampling.suppress:
             sampling = replace(sampling, suppress=self.suppress_tokens)
@@ -378,6 +387,7 @@ class Engine:
         )
         text = _TextOutput(self.tokenizer, request.stop_strings)
         tokens: list[int] = []
+        counted: int | None = None  # the reply's tokens, when a stop string ended it inside a step
         stats = SpecStats()
         whole = False  # whether the cache holds exactly prompt + tokens[:-1] when this ends
         flight = None  # the next step, launched before this one's tokens are handed on
@@ -393,7 +403,10 @@ class Engine:
                     # from the second decode step on: the first token goes out at once, before the
                     # prompt's snapshot and the first step (which may calibrate the draft length)
                     flight = decoder.launch(request.max_new_tokens - len(tokens), control)
-                answer, thought, hit = text.push(result.emitted[:-1] if stopped else result.emitted)
+                answer, thought, hit_at = text.push(result.emitted[:-1] if stopped else result.emitted)
+                if hit_at is not None:  # the reply ends at the token that completed the stop string
+                    counted = len(tokens) - len(result.emitted) + hit_at
+                hit = hit_at is not None
                 finish = "stop" if stopped or hit else "length" if len(tokens) >= request.max_new_tokens else None
                 if finish:
                     tail_answer, tail_thought = text.finish()
@@ -453,7 +466,8 @@ class Engine:
             "pipelined": self.pipelined,
             "method": self.method,  # the default; each step's is in stats' by_method
         }
-        yield FinishEvent(finish, tokens, "".join(text.answer), "".join(text.thought), summary)
+        reply_ids = tokens if counted is None else tokens[:counted]  # the cache holds all of `tokens`
+        yield FinishEvent(finish, reply_ids, "".join(text.answer), "".join(text.thought), summary)
 
     @staticmethod
     def _abandon(decoder: Decoder, flight) -> bool:

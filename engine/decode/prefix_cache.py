@@ -14,6 +14,11 @@ Switching conversations: when a request matches a conversation kept in host memo
 the one on the device, the device one is copied out (its full layers up to its length, its rings)
 and the other copied in. Kept conversations and snapshots share a host memory budget; the least
 recently used go first.
+
+Scopes: every request names the scope it belongs to (the API server passes one per API key; the
+app and the command line have their own), and a request only ever resumes conversations of its own
+scope. Reuse is visible (fewer prefill tokens, `cached_tokens`, a faster first token), so a client
+that could reuse another's prefix could learn how that one's prompt begins.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 from flashdesk.engine.model.drafter import DraftContext
 from flashdesk.engine.model.kv_cache import KVCache, ring_keeps
 
+LOCAL = ""  # the scope of this machine's own requests (the app, the command line)
 MAX_SNAPSHOTS = 4  # per conversation: the last prompts' ends (regenerate, follow-up, edit the last message)
 DEFAULT_BUDGET = 4 << 30  # host bytes for kept conversations and snapshots (FLASHDESK_PREFIX_CACHE_MB)
 
@@ -93,6 +99,7 @@ class Sequence:
     high: tuple[int, int]
     snapshots: list[Snapshot] = field(default_factory=list)
     kept: tuple[list, list] | None = None
+    scope: str = LOCAL  # whose conversation it is: only requests of the same scope resume it
 
     def nbytes(self) -> int:
         kept = _nbytes(self.kept[0]) + _nbytes(self.kept[1]) if self.kept else 0
@@ -145,20 +152,21 @@ class PrefixCache:
         """How far back from a ring's high-water mark a sequence can always be rolled."""
         return max(self.cache.slack, self.ctx.slack if self.ctx else 0) + 1
 
-    def _candidates(self) -> list[Sequence]:
-        return ([self.active] if self.active else []) + self.kept[::-1]
+    def _candidates(self, scope: str) -> list[Sequence]:
+        """The sequences a request of `scope` may resume, the device's first."""
+        return [seq for seq in ([self.active] if self.active else []) + self.kept[::-1] if seq.scope == scope]
 
-    def reusable(self, prompt: list[int]) -> int:
-        """How many of the prompt's tokens a request would take from the cache (computes nothing)."""
-        return max((self._resume(seq, prompt).start for seq in self._candidates()), default=0)
+    def reusable(self, prompt: list[int], scope: str = LOCAL) -> int:
+        """How many of the prompt's tokens a request of `scope` would take from the cache (computes nothing)."""
+        return max((self._resume(seq, prompt).start for seq in self._candidates(scope)), default=0)
 
     # -- a request's life ---------------------------------------------------------------------------
 
-    def start(self, prompt: list[int], reuse: bool = True) -> int:
-        """Put the device buffers at the longest reusable prefix of `prompt`; return its length.
-        Until `finish`, the device state belongs to the running request."""
+    def start(self, prompt: list[int], reuse: bool = True, scope: str = LOCAL) -> int:
+        """Put the device buffers at the longest prefix of `prompt` reusable in `scope`; return its
+        length. Until `finish`, the device state belongs to the running request."""
         best_seq, best = None, Resume(0, None)
-        for seq in self._candidates() if reuse else []:
+        for seq in self._candidates(scope) if reuse else []:
             found = self._resume(seq, prompt)
             if found.start > best.start:
                 best_seq, best = seq, found
@@ -180,7 +188,7 @@ class PrefixCache:
                 self.ctx.rollback(best.start)
         older = [replace(s, valid=min(s.valid, best.start)) for s in (best_seq.snapshots if best_seq else [])]
         older = [s for s in older if s.valid and self._rings_keep(s.valid, s.high)]  # still a way back
-        self.running = Sequence(list(prompt[: best.start]), (0, 0), older)
+        self.running = Sequence(list(prompt[: best.start]), (0, 0), older, scope=scope)
         self._fit_budget()
         return best.start
 
@@ -200,7 +208,8 @@ class PrefixCache:
             _host_copy(self.ctx.buffers(), 0, rings_only=True) if self.ctx else [],
             self.cache.length,
         )
-        self.running = Sequence(list(prompt), (0, 0), (self.running.snapshots + [snap])[-MAX_SNAPSHOTS:])
+        snapshots = (self.running.snapshots + [snap])[-MAX_SNAPSHOTS:]
+        self.running = Sequence(list(prompt), (0, 0), snapshots, scope=self.running.scope)
         self._fit_budget()
 
     def finish(self, tokens: list[int] | None) -> None:
@@ -215,7 +224,7 @@ class PrefixCache:
             self.active = None
             return
         snaps = [s for s in (running.snapshots if running else []) if s.valid <= len(tokens)]
-        self.active = Sequence(list(tokens), self._highs(), snaps)
+        self.active = Sequence(list(tokens), self._highs(), snaps, scope=running.scope if running else LOCAL)
         self._fit_budget()
 
     # -- host copies ----------------------------------------------------------------------------------

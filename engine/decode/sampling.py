@@ -1,9 +1,14 @@
 """Token sampling, on the device, defined as z-lab's `dflash` package defines it.
 
-Order: temperature, then top-k (keep the k largest scores), then softmax, then top-p (keep a token
-while the mass of the tokens ranked above it is below p), then renormalize. Temperature 0 is
-greedy (argmax). The same `probabilities()` serves the target (p) and the drafter (q) so that
-speculative rejection sampling sees both through the same filters. Tokens in `suppress` (a
+Order: temperature, then top-k (keep the k largest scores), then softmax, then min-p (keep a token
+whose probability is at least min_p times the most likely one's), then top-p (keep a token while
+the mass of the tokens ranked above it is below p), then renormalize. Temperature 0 is greedy
+(argmax). Min-p is vLLM's: taken on the tempered distribution before top-k and top-p; it commutes
+with top-k (a ratio to the top token does not change when the tail is cut), so it can come after.
+Every filter depends on the row's logits alone, so the target's verification sees exactly the
+distribution it would have sampled from, and speculative sampling stays lossless. The same
+`probabilities()` serves the target (p) and the drafter (q) so that speculative rejection sampling
+sees both through the same filters. Tokens in `suppress` (a
 checkpoint's generation_config.json `suppress_tokens`) get a score of -inf before anything else,
 as transformers' SuppressTokensLogitsProcessor does: never emitted, greedy or sampled, and a draft
 proposing one is rejected.
@@ -24,6 +29,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     suppress: tuple[int, ...] = ()  # token ids never emitted
+    min_p: float = 0.0  # 0: off
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -32,6 +38,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
 
     @property
     def greedy(self) -> bool:
@@ -60,6 +68,10 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if 0 < params.top_k < vocab:
         scores, indices = torch.topk(scores, params.top_k, dim=-1)
     probs = torch.softmax(scores, dim=-1)
+    if params.min_p > 0:
+        floor = probs.amax(dim=-1, keepdim=True) * params.min_p
+        probs = torch.where(probs >= floor, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum(dim=-1, keepdim=True)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         keep = sorted_probs.cumsum(dim=-1) - sorted_probs < params.top_p

@@ -12,8 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from flashdesk.engine.decode.conversation import DROP_OLDEST, fit_conversation
+from flashdesk.engine.decode.conversation import DROP_OLDEST, FittedPrompt, fit_conversation
 from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest, StepEvent
+from flashdesk.engine.decode.prefix_cache import LOCAL
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.stats import SpecStats, StepRecord
 
@@ -44,7 +45,11 @@ class TurnEnd:
 
 class ChatTurn:
     """A conversation fitted to the engine's context (raises ContextOverflowError when it cannot be),
-    ready to run. `prompt`, `reused` and `fitted` say what will run before anything does."""
+    ready to run. `prompt`, `reused` and `fitted` say what will run before anything does.
+
+    `fitted`: a prompt already built (the API server tokenizes on its own threads, so the engine's
+    thread never waits on a long prompt's tokenizing); `scope`: whose prefixes it may reuse
+    (prefix_cache.py)."""
 
     def __init__(
         self,
@@ -58,9 +63,11 @@ class ChatTurn:
         stop: tuple[str, ...] = (),
         policy: str = DROP_OLDEST,
         reuse: bool = True,
+        fitted: FittedPrompt | None = None,
+        scope: str = LOCAL,
     ):
         self.engine = engine
-        self.fitted = fit_conversation(
+        self.fitted = fitted or fit_conversation(
             engine.tokenizer,
             messages,
             thinking=thinking,
@@ -70,9 +77,9 @@ class ChatTurn:
         )
         self.prompt = self.fitted.ids
         self.request = GenerationRequest(
-            self.prompt, self.fitted.max_new_tokens, sampling, ignore_eos, tuple(stop), reuse=reuse
+            self.prompt, self.fitted.max_new_tokens, sampling, ignore_eos, tuple(stop), reuse=reuse, scope=scope
         )
-        self.reused = engine.reusable_tokens(self.prompt) if reuse else 0
+        self.reused = engine.reusable_tokens(self.prompt, scope) if reuse else 0
         self.stats = SpecStats()
         self.prefill = 0.0  # seconds of the prefill step, once it ran
 
@@ -86,6 +93,7 @@ class ChatTurn:
             "reused_tokens": self.reused,
             "prefill_tokens": len(self.prompt) - self.reused,
             "dropped_messages": self.fitted.dropped,
+            "cut_chars": self.fitted.cut_chars,
             "max_tokens": self.fitted.max_new_tokens,
             **(engine_stats or {}),
         }

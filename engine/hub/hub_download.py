@@ -18,23 +18,13 @@ from pathlib import Path
 from typing import Callable
 
 from flashdesk.engine.errors import FlashDeskError
+from flashdesk.paths import hub_cache_dir  # the models folder, shared with the app's Settings
 
 # Downloaded here so that an interrupted download continues on the next run; everything else goes
 # through huggingface_hub's snapshot_download (engine/hub/models.py).
 RESUMABLE_FILES = ["*.safetensors"]
 SKIPPED_FILES = ["*/*"]  # only the top level of a repository is the checkpoint
 SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache, from the environment as it is now (same rules as huggingface_hub)."""
-    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    if explicit:
-        return Path(os.path.expandvars(explicit)).expanduser()
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
-    )
-    return Path(os.path.expandvars(home)).expanduser() / "hub"
 
 
 def hub_endpoint() -> str:

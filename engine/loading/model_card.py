@@ -9,10 +9,16 @@ import json
 from pathlib import Path
 
 
+DEMO_NAME = "flashdesk-demo"
+
+
 def model_name(folder: Path) -> str:
-    """A short name: the folder's, or `org/name` for a Hugging Face cache snapshot."""
+    """A short name: the folder's, `org/name` for a Hugging Face cache snapshot, and the demo's own
+    for the demo pair (FOLDER/target beside FOLDER/drafter, engine/hub/demo.py), not "target"."""
     if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
         return folder.parent.parent.name.removeprefix("models--").replace("--", "/")
+    if folder.name == "target" and (folder.parent / "drafter" / "config.json").is_file():
+        return DEMO_NAME
     return folder.name
 
 

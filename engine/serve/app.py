@@ -1,16 +1,21 @@
 """The OpenAI-compatible HTTP API over a Runner: GET /v1/models, POST /v1/chat/completions (streamed or
 whole), GET /health and GET /metrics.
 
-A request is checked here (schema, model name, max_tokens against the context), then queued on
-the runner as a Job; everything that needs the tokenizer (the prompt, the context fit) happens on
-the engine's thread, and its refusals come back as the job's first event, before any response
-header is sent, so they too are plain 4xx errors. A client that goes away cancels its job: the
-streaming generator's cleanup does it (Starlette cancels the stream when the client disconnects),
-and a whole-reply request watches for the disconnect while it waits.
+Around the routes, outermost first: the Host check (hosts.py), CORS (cors.py), the API key
+(auth.py), and the body gate (body.py: JSON only, bounded in size and time). A chat request then
+takes a place in the bounded queue (a 429 when there is none), is checked here (schema, model
+name, max_tokens against the context), gets its prompt made off the event loop and the engine's
+thread (prompt.py, which refuses what cannot fit), and is queued on the runner as a Job, so every
+refusal is a plain 4xx before any response header is sent. A client that goes away cancels its job:
+the streaming generator's cleanup does it (Starlette cancels the stream when the client
+disconnects), and a whole-reply request watches for the disconnect while it waits. The time limit
+per request cancels it too: a reply that has begun ends there (finish_reason "length"), one still
+waiting gets a 503.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi import FastAPI, Request
@@ -18,38 +23,51 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.turn import CANCELLED
-from flashdesk.engine.serve.auth import BearerAuth
+from flashdesk.engine.serve.auth import ANONYMOUS, CLIENT_SCOPE, BearerAuth, parse_keys
+from flashdesk.engine.serve.body import BodyGate
 from flashdesk.engine.serve.bridge import GONE, EventBridge
 from flashdesk.engine.serve.completion import DONE, Completion, event
-from flashdesk.engine.serve.errors import ApiError, BodyLimit, install_error_handlers
+from flashdesk.engine.serve.cors import Cors
+from flashdesk.engine.serve.errors import ApiError, install_error_handlers
+from flashdesk.engine.serve.hosts import HostCheck, allowed_hosts
+from flashdesk.engine.serve.limits import Admission, Limits
 from flashdesk.engine.serve.metrics import CONTENT_TYPE
+from flashdesk.engine.serve.prompt import PromptMaker
 from flashdesk.engine.serve.runner import CLIENT_GONE, STOPPING, Job, JobDelta, JobDone, JobFailed, JobStarted, Runner
 from flashdesk.engine.serve.schema import ChatCompletionRequest
 
 OWNER = "flashdesk"
-MAX_BODY_BYTES = 16 << 20  # far over any context's worth of text; a bigger body gets a 413, not the memory
+EXPIRED = object()  # the request's time limit passed (on the job's event queue)
 
 
 def create_app(
-    runner: Runner, model: str, api_key: str | None = None, sampling_defaults: dict | None = None
+    runner: Runner,
+    model: str,
+    api_key: str | None = None,
+    sampling_defaults: dict | None = None,
+    *,
+    limits: Limits = Limits(),
+    hosts: frozenset[str] | None = None,
+    cors_origins: frozenset[str] = frozenset(),
 ) -> FastAPI:
     """The API for `runner`'s engine, serving it as `model`. `sampling_defaults` (the model's
-    generation_config) fill the sampling fields a request leaves out; `api_key`: required on every
-    route but /health."""
-    app = FastAPI(
-        title="FlashDesk",
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-        strict_content_type=False,
-        max_body_size=MAX_BODY_BYTES,
-    )  # no Content-Type: read as JSON
+    generation_config) fill the sampling fields a request leaves out; `api_key`: one key or a comma
+    list, required on every route but /health; `hosts`: the Host names answered (hosts.py; None: the
+    loopback names); `cors_origins`: the web origins that may call it from a browser (cors.py)."""
+    app = FastAPI(title="FlashDesk", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
-    if api_key:  # the outermost: nothing is read before the key is checked
-        app.add_middleware(BearerAuth, api_key=api_key)
+    app.add_middleware(BodyGate, max_bytes=limits.max_body_bytes, seconds=limits.body_seconds)
+    keys = parse_keys(api_key)
+    if keys:  # outside the body gate: nothing is read before the key is checked
+        app.add_middleware(BearerAuth, api_keys=keys)
+    app.add_middleware(Cors, origins=cors_origins)  # a preflight carries no key
+    app.add_middleware(HostCheck, allowed=hosts if hosts is not None else allowed_hosts("127.0.0.1"))
     created = int(time.time())
-    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, **(sampling_defaults or {})}
+    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, **(sampling_defaults or {})}
+    tokenizer = getattr(runner, "tokenizer", None)
+    prompts = PromptMaker(tokenizer, runner.context_limit) if tokenizer is not None else None
+    admission = Admission(limits.max_queue)
+    app.state.prompts = prompts
 
     def model_card() -> dict:
         return {
@@ -80,7 +98,10 @@ def create_app(
             )
         return model_card()
 
-    def job_for(body: ChatCompletionRequest) -> Job:
+    def value(given, name: str):
+        return given if given is not None else defaults[name]
+
+    async def job_for(body: ChatCompletionRequest, scope: str) -> Job:
         if body.model is not None and body.model != model:
             raise ApiError(
                 404,
@@ -98,49 +119,122 @@ def create_app(
                 param,
                 "context_length_exceeded",
             )
-        top_k = body.top_k if body.top_k is not None else defaults["top_k"]
         sampling = SamplingParams(
-            body.temperature if body.temperature is not None else defaults["temperature"],
-            body.top_p if body.top_p is not None else defaults["top_p"],
-            max(0, top_k),
+            value(body.temperature, "temperature"),
+            value(body.top_p, "top_p"),
+            max(0, value(body.top_k, "top_k")),
             body.seed,
+            min_p=value(body.min_p, "min_p"),
         )
+        messages = body.chat_messages()
+        fitted = None
+        if prompts is not None:
+            started = time.monotonic()
+            try:
+                fitted = await prompts.fit(messages, body.thinking, max_tokens)
+            except ApiError as exc:
+                runner.refused(exc.message, body.stream, time.monotonic() - started)
+                raise
         return Job(
-            body.chat_messages(),
+            messages,
             sampling,
-            max_tokens or limit,
+            fitted.max_new_tokens if fitted is not None else max_tokens or limit,
             body.thinking,
             body.stop_strings,
             body.ignore_eos,
             body.stream,
+            fitted=fitted,
+            scope=scope,
         )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        job = job_for(body)
-        bridge = EventBridge()
-        job.sink = bridge.put
-        bridge.watch(request)
-        runner.submit(job)
-        completion = Completion(job.id, int(time.time()), model)
+        place = admission.enter()
+        if place is None:
+            raise ApiError(
+                429,
+                f"the server is busy: {limits.max_queue} requests are already queued; try again shortly",
+                code="queue_full",
+                type_="rate_limit_error",
+                headers={"Retry-After": str(admission.retry_after())},
+            )
         try:
-            first = await bridge.get()
-            if isinstance(first, JobStarted) and body.stream:
-                bridge.unwatch()  # from here Starlette watches the client of the stream
-                include_usage = body.stream_options is not None and body.stream_options.include_usage
-                return StreamingResponse(
-                    _stream(job, bridge, completion, include_usage),
-                    media_type="text/event-stream",
-                    headers={"Cache-Control": "no-cache"},
-                )
-            return await _whole(job, bridge, first, completion)
+            job = await job_for(body, request.scope.get(CLIENT_SCOPE, ANONYMOUS))
         except BaseException:
-            job.cancel()  # the server is shutting down (the task was cancelled)
+            place.leave()
             raise
-        finally:
-            bridge.unwatch()
+        return await _answer(runner, job, body, request, Completion(job.id, int(time.time()), model), limits, place)
 
     return app
+
+
+async def _answer(
+    runner: Runner, job: Job, body: ChatCompletionRequest, request: Request, completion: Completion, limits, place
+) -> Response:
+    """Queue the job and answer with its reply (streamed or whole) or its refusal. The place in the
+    queue is left when the answer is whole, or when a stream or its job ends, whichever comes first."""
+    if limits.request_seconds and place.seconds() >= limits.request_seconds:  # its prompt took all the time
+        place.leave()
+        return _timed_out(limits).response()
+    loop = asyncio.get_running_loop()
+    bridge = EventBridge()
+    timer = None
+    if limits.request_seconds:
+
+        def expire() -> None:
+            job.cancel(timed_out=True)
+            bridge.put(EXPIRED)
+
+        timer = loop.call_later(max(0.0, limits.request_seconds - place.seconds()), expire)
+
+    def ended() -> None:  # any thread
+        place.leave()
+        if timer is not None:
+            try:
+                loop.call_soon_threadsafe(timer.cancel)
+            except RuntimeError:  # the event loop is closed: the server stopped, the timer with it
+                pass
+
+    def sink(item) -> None:  # the engine thread
+        bridge.put(item)
+        if isinstance(item, (JobDone, JobFailed)):
+            ended()
+
+    job.sink = sink
+    bridge.watch(request)
+    runner.submit(job)
+    streaming = False
+    try:
+        first = await bridge.get()
+        if first is EXPIRED:
+            return _timed_out(limits).response()
+        if isinstance(first, JobStarted) and body.stream:
+            bridge.unwatch()  # from here Starlette watches the client of the stream
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            streaming = True
+            return StreamingResponse(
+                _stream(job, bridge, completion, include_usage, ended),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        return await _whole(job, bridge, first, completion)
+    except BaseException:
+        job.cancel()  # the server is shutting down (the task was cancelled)
+        raise
+    finally:
+        bridge.unwatch()
+        if not streaming:
+            ended()
+
+
+def _timed_out(limits: Limits) -> ApiError:
+    return ApiError(
+        STOPPING,
+        f"the request did not reach the engine within the server's time limit of {limits.request_seconds:g} "
+        "seconds: the server is busy",
+        code="request_timeout",
+        headers={"Retry-After": "5"},
+    )
 
 
 def _error(end: JobFailed | JobDone) -> ApiError:
@@ -170,26 +264,28 @@ async def _whole(job: Job, bridge: EventBridge, first, completion: Completion) -
             reasoning.append(item.reasoning)
         elif isinstance(item, JobDone):
             return JSONResponse(completion.whole("".join(content), "".join(reasoning), item.reason, item.usage))
-        item = await bridge.get()
+        item = await bridge.get()  # EXPIRED: the job stops after its step, and ends as TIME_LIMIT
 
 
-async def _stream(job: Job, bridge: EventBridge, completion: Completion, include_usage: bool):
+async def _stream(job: Job, bridge: EventBridge, completion: Completion, include_usage: bool, ended):
     """The chunks: the role first, a chunk per step with text, the finish reason, the usage, [DONE].
-    Closed early (the client disconnected), it cancels the job."""
-    finished = False
+    Closed early (the client disconnected), it cancels the job. `ended()` when it ends, either way."""
+    done = False
     try:
         yield completion.chunk({"role": "assistant", "content": ""}, with_usage=include_usage)
         while True:
             item = await bridge.get()
             if item is GONE:
                 return
+            if item is EXPIRED:  # the job stops after its step, and ends as TIME_LIMIT
+                continue
             if isinstance(item, JobDelta):
                 delta = {"reasoning_content": item.reasoning} if item.reasoning else {}
                 if item.content:
                     delta["content"] = item.content
                 yield completion.chunk(delta, with_usage=include_usage)
                 continue
-            finished = True  # the job is over: nothing to cancel from here on
+            done = True  # the job is over: nothing to cancel from here on
             if _ended_badly(item):  # the engine failed, or the server is stopping: OpenAI streams an error
                 yield event(_error(item).body())
             else:
@@ -199,5 +295,6 @@ async def _stream(job: Job, bridge: EventBridge, completion: Completion, include
             yield DONE
             return
     finally:
-        if not finished:
+        if not done:
             job.cancel()
+        ended()

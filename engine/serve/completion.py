@@ -14,7 +14,8 @@ import json
 
 from flashdesk.engine.serve.runner import MethodUsage, Usage
 
-FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}  # "context": the context filled up
+# "context": the context filled up; "time_limit": the server's time limit per request ended the reply
+FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "time_limit": "length"}
 
 
 def method_object(figures: MethodUsage) -> dict:

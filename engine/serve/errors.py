@@ -36,18 +36,25 @@ class ApiError(Exception):
     """A request answered with `status` and OpenAI's error object."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None, type_: str | None = None
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type_ or (SERVER_ERROR if status >= 500 else INVALID_REQUEST)
+        self.headers = dict(headers or {})
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), self.status, headers=headers)
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        return JSONResponse(self.body(), self.status, headers={**headers, **self.headers})
 
 
 def _param(loc: tuple) -> str | None:
@@ -84,24 +91,13 @@ def describe(errors: list[dict]) -> ApiError:
     return ApiError(400, text, param, "invalid_value")
 
 
-class BodyLimit:
-    """ASGI middleware: a body whose Content-Length is over `max_bytes` gets a JSON 413 before it is read.
-    (FastAPI's own max_body_size, which also counts bodies sent in chunks, answers those in plain text.)"""
-
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            length = dict(scope["headers"]).get(b"content-length", b"")
-            if length.isdigit() and int(length) > self.max_bytes:
-                await ApiError(
-                    413,
-                    f"the request body is {int(length)} bytes, over the limit of {self.max_bytes}",
-                    code="body_too_large",
-                ).response()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+def _unparsed(cause: BaseException | None) -> str:
+    """Why FastAPI could not read a body as JSON, beyond a syntax error (which has its own answer)."""
+    if isinstance(cause, RecursionError):
+        return "the request body is nested too deeply: arrays and objects within each other, too many levels down"
+    if isinstance(cause, UnicodeDecodeError):
+        return "the request body is not valid JSON: it is not UTF-8 text"
+    return f"the request body could not be read as JSON ({type(cause).__name__ if cause else 'unknown error'})"
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -121,8 +117,8 @@ def install_error_handlers(app: FastAPI) -> None:
             405: f"{request.method} is not allowed on {request.url.path}",
             413: "the request body is too large",
         }.get(exc.status_code, str(exc.detail))
-        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # FastAPI's, for
-            text = "the request body is not valid JSON: it is not UTF-8 text"  # bytes that do not decode
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # FastAPI's
+            text = _unparsed(exc.__cause__)
         return JSONResponse(ApiError(exc.status_code, text).body(), exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)

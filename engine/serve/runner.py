@@ -2,8 +2,9 @@
 
 Why one at a time: the engine holds one KV cache and one prefix cache (the conversation it last
 ran), so requests take turns; that is also what lets a follow-up turn reuse the prefix of the
-request before it. The HTTP side never touches the engine or its tokenizer: it submits a Job and
-reads the job's events from its sink, which the engine thread calls.
+request before it. The HTTP side never touches the engine or its tokenizer: it submits a Job (its
+prompt already tokenized, prompt.py, and the prefix-cache scope of its API key) and reads the job's
+events from its sink, which the engine thread calls.
 
 Where jobs run: `flashdesk serve` gives the runner a thread of its own; the worker process instead
 passes `schedule`, which puts jobs on its own request queue, so HTTP jobs and the app's own
@@ -23,17 +24,22 @@ from typing import Callable
 
 from jinja2 import TemplateError
 
-from flashdesk.engine.decode.chat_format import build_prompt_ids
-from flashdesk.engine.decode.conversation import STOP, reply_room
+from flashdesk.engine.decode.conversation import STOP, FittedPrompt
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.speculative import AUTO
 from flashdesk.engine.decode.turn import CANCELLED, ChatTurn, TurnEnd
 from flashdesk.engine.errors import ContextOverflowError, FlashDeskError
+from flashdesk.engine.serve.auth import ANONYMOUS
 from flashdesk.engine.serve.metrics import ServeMetrics
 
 # statuses of finished jobs (JobRecord.status), as HTTP would say them
 OK, REFUSED, CLIENT_GONE, FAILED, STOPPING = 200, 400, 499, 500, 503  # 499: nginx's "client closed request"
 RECORDS_KEPT = 256  # the newest finished jobs, for the tests and anyone who asks
+TIME_LIMIT = "time_limit"  # a reply the server's time limit per request ended (limits.py)
+
+
+def new_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex[:24]}"
 
 
 # -- events, engine thread -> the request's coroutine ----------------------------------------------------
@@ -105,7 +111,7 @@ class Usage:
 
 @dataclass(frozen=True)
 class JobDone:
-    reason: str  # "stop", "length", "context" (the reply filled the context) or "cancelled"
+    reason: str  # "stop", "length", "context" (the reply filled the context), TIME_LIMIT or "cancelled"
     usage: Usage
 
 
@@ -118,7 +124,9 @@ class JobFailed:
 
 @dataclass(eq=False)
 class Job:
-    """A chat completion for the engine. `sink(event)` is called on the engine thread."""
+    """A chat completion for the engine. `sink(event)` is called on the engine thread. `fitted`: its
+    prompt, made on the HTTP side (None: the engine thread fits `messages` itself); `scope`: whose
+    prefixes it may reuse."""
 
     messages: list[dict]
     sampling: SamplingParams
@@ -128,17 +136,21 @@ class Job:
     ignore_eos: bool = False
     stream: bool = False
     sink: Callable[[object], None] = lambda event: None
-    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
+    fitted: FittedPrompt | None = None
+    scope: str = ANONYMOUS
+    id: str = field(default_factory=lambda: new_id())
     cancel_event: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
     steps: int = 0  # engine steps completed (the engine thread counts)
     cancel_step: int | None = None  # the step running when the cancel came
     cancelled_by_server: bool = False
+    timed_out: bool = False  # the server's time limit cancelled it
 
-    def cancel(self, by_server: bool = False) -> None:
+    def cancel(self, by_server: bool = False, timed_out: bool = False) -> None:
         """Stop after the engine step in flight (any thread; a second call changes nothing)."""
         if not self.cancel_event.is_set():
-            self.cancel_step, self.cancelled_by_server = self.steps, by_server
+            self.cancel_step, self.cancelled_by_server = self.steps, by_server or timed_out
+            self.timed_out = timed_out
             self.cancel_event.set()
 
 
@@ -190,6 +202,11 @@ class Runner:
     @property
     def context_limit(self) -> int:
         return self.engine.context_limit
+
+    @property
+    def tokenizer(self):
+        """The engine's tokenizer, for the HTTP side to copy (prompt.py), never to use."""
+        return self.engine.tokenizer
 
     def method(self) -> str | None:
         """The speculative method the runner's jobs draft with: the control's ("dflash", "mtp" or
@@ -252,6 +269,8 @@ class Runner:
     def _run(self, job: Job) -> tuple[JobDone | JobFailed, int]:
         """The job on the engine; never raises (the thread that runs it goes on with the next one)."""
         if job.cancel_event.is_set():  # cancelled while it waited
+            if job.timed_out:
+                return JobFailed(STOPPING, "the request's time limit passed before it ran", "request_timeout"), -1
             return JobDone(CANCELLED, Usage()), -1
         try:
             turn = ChatTurn(
@@ -263,9 +282,11 @@ class Runner:
                 ignore_eos=job.ignore_eos,
                 stop=job.stop,
                 policy=STOP,
+                fitted=job.fitted,
+                scope=job.scope,
             )
-        except ContextOverflowError:
-            return JobFailed(REFUSED, self._overflow(job), "context_length_exceeded"), -1
+        except ContextOverflowError as exc:
+            return JobFailed(REFUSED, str(exc), "context_length_exceeded"), -1
         except (FlashDeskError, ValueError, TemplateError) as exc:
             return JobFailed(REFUSED, f"the messages cannot be made into a prompt: {exc}"), -1
         except Exception as exc:  # noqa: BLE001 - a bug, said to the client as a server error
@@ -277,7 +298,8 @@ class Runner:
         try:
             for item in steps:
                 if isinstance(item, TurnEnd):
-                    return JobDone(item.reason, Usage.of(item, self.method())), item.last_step
+                    reason = TIME_LIMIT if item.reason == CANCELLED and job.timed_out else item.reason
+                    return JobDone(reason, Usage.of(item, self.method())), item.last_step
                 last = self._step(job, item.event)
         except Exception as exc:  # noqa: BLE001 - the engine failed (out of memory, a driver fault): say so
             return JobFailed(FAILED, f"the engine failed: {type(exc).__name__}: {exc}", "engine_error"), last
@@ -298,15 +320,14 @@ class Runner:
             time.sleep(self.step_delay)
         return event.index
 
-    def _overflow(self, job: Job) -> str:
-        limit = self.engine.context_limit
-        prompt = len(build_prompt_ids(self.engine.tokenizer, job.messages, enable_thinking=job.thinking))
-        room = reply_room(limit, job.max_tokens)
-        return (
-            f"the messages make a prompt of {prompt} tokens and the reply needs at least {room} more "
-            f"(max_tokens, up to a quarter of the context), over this model's context of {limit} tokens: "
-            "shorten the messages or lower max_tokens"
-        )
+    def refused(self, message: str, stream: bool, seconds: float) -> None:
+        """Record a request whose prompt was refused before it was queued (it cannot fit the context,
+        or cannot be made into a prompt): traffic like any other (any thread)."""
+        record = JobRecord(new_id(), REFUSED, "refused", Usage(), seconds, -1, None, stream, message)
+        self.records.append(record)
+        self.metrics.add(requests=1)
+        if self.on_record is not None:
+            self.on_record(record)
 
     def _finish(self, job: Job, end: JobDone | JobFailed, last_step: int) -> None:
         if isinstance(end, JobDone):

@@ -1,11 +1,14 @@
 """The request body of POST /v1/chat/completions, as OpenAI defines it, with the bounds this engine keeps.
 
-Strict types (a number is not a string, a boolean is not 1), the OpenAI ranges (temperature 0..2,
-top_p in (0, 1]), and clear refusals of what the engine cannot do (several choices, log
-probabilities, tools, response formats, penalties) instead of silently ignoring them. Fields this
-server does not know are ignored, as vLLM ignores them, so clients that send vendor extras work.
+Strict types (a number is not a string, a boolean is not 1, NaN is not a number), the OpenAI ranges
+(temperature 0..2, top_p in (0, 1]), and a 400 naming the field for every field of OpenAI's and
+vLLM's requests that would change the reply and that the engine cannot honour (several choices, log
+probabilities, tools and functions, response formats, penalties, grammars, beam search...), instead
+of silently ignoring it. What does not change the reply is taken and not used (`user`, `metadata`,
+`store`, `service_tier`, ...: METADATA). Fields neither API defines are ignored, as vLLM ignores
+them, so clients that send vendor extras of their own still work.
 Thinking: `reasoning_effort` other than "none", or vLLM's `chat_template_kwargs.enable_thinking`
-(which wins when both are given). `top_k` and `ignore_eos` are vLLM's extensions.
+(which wins when both are given). `top_k`, `min_p` and `ignore_eos` are vLLM's extensions.
 """
 
 from __future__ import annotations
@@ -17,6 +20,54 @@ from pydantic_core import PydanticCustomError
 
 MAX_STOP_STRINGS = 16
 INT64 = 2**63
+# taken and not used: they describe the request, never the reply
+METADATA = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "parallel_tool_calls")
+
+
+def _absent(value: Any) -> bool:
+    return value is None or value == [] or value == {}
+
+
+def _one_of(*harmless: Any):
+    return lambda value: value is None or value in harmless
+
+
+# fields of OpenAI's and vLLM's requests that would change the reply: the values that ask for
+# nothing, and why any other is refused (a 400 naming the field)
+UNSUPPORTED = {
+    "functions": (_absent, "function calling is not supported by this server (functions is the older name of tools)"),
+    "function_call": (_one_of("none"), "function calling is not supported by this server"),
+    "tool_choice": (_one_of("none", "auto"), "tool calls are not supported by this server"),
+    "repetition_penalty": (_one_of(1, 1.0), "repetition_penalty is not supported (give 1 or leave it out)"),
+    "audio": (_absent, "audio output is not supported: this server answers in text"),
+    "modalities": (_one_of(["text"]), 'only the "text" modality is supported'),
+    "prediction": (_absent, "predicted outputs are not supported"),
+    "web_search_options": (_absent, "web search is not supported"),
+    "verbosity": (_absent, "verbosity is not supported (leave it out)"),
+    "min_tokens": (_one_of(0), "min_tokens is not supported (give 0 or leave it out)"),
+    "best_of": (_one_of(1), "best_of is not supported (one sample per request)"),
+    "use_beam_search": (_one_of(False), "beam search is not supported"),
+    "length_penalty": (_one_of(1, 1.0), "length_penalty is not supported (it applies to beam search)"),
+    "stop_token_ids": (_absent, "stop_token_ids is not supported (give stop strings in stop)"),
+    "bad_words": (_absent, "bad_words is not supported"),
+    "allowed_token_ids": (_absent, "allowed_token_ids is not supported"),
+    "logits_processors": (_absent, "logits_processors is not supported"),
+    "include_stop_str_in_output": (_one_of(False), "include_stop_str_in_output is not supported"),
+    "skip_special_tokens": (_one_of(True), "skip_special_tokens: false is not supported"),
+    "echo": (_one_of(False), "echo is not supported"),
+    "add_generation_prompt": (_one_of(True), "add_generation_prompt: false is not supported"),
+    "continue_final_message": (_one_of(False), "continue_final_message is not supported (the user has the last word)"),
+    "chat_template": (_absent, "a chat template of the request's own is not supported"),
+    "documents": (_absent, "documents are not supported"),
+    "prompt_logprobs": (_absent, "prompt_logprobs is not supported"),
+    "truncate_prompt_tokens": (_absent, "truncate_prompt_tokens is not supported"),
+    "return_tokens_as_token_ids": (_one_of(False), "return_tokens_as_token_ids is not supported"),
+    "guided_json": (_absent, "guided decoding is not supported"),
+    "guided_regex": (_absent, "guided decoding is not supported"),
+    "guided_choice": (_absent, "guided decoding is not supported"),
+    "guided_grammar": (_absent, "guided decoding is not supported"),
+    "structured_outputs": (_absent, "structured outputs are not supported"),
+}
 
 
 def refuse(param: str, text: str) -> PydanticCustomError:
@@ -76,13 +127,26 @@ class TemplateOptions(BaseModel):
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _nothing_ignored(cls, data: Any) -> Any:
+        """A 400 naming the first field that asks for what this server cannot do."""
+        if isinstance(data, dict):
+            for name, (harmless, why) in UNSUPPORTED.items():
+                if name in data and not harmless(data[name]):
+                    raise refuse(name, why)
+            if data.get("top_logprobs") is not None and not data.get("logprobs"):
+                raise refuse("top_logprobs", "top_logprobs is only allowed with logprobs: true")
+        return data
+
     model: str | None = None  # None: the model this server serves
     messages: list[Message]
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(None, ge=0, le=2)  # None: the model's generation_config
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: float | None = Field(None, ge=0, le=2, allow_inf_nan=False)  # None: the model's generation_config
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=-1)  # -1 and 0: off (vLLM takes -1)
+    min_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)  # 0: off
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name; wins over max_tokens
     stop: str | list[str] | None = None
@@ -92,10 +156,11 @@ class ChatCompletionRequest(BaseModel):
     ignore_eos: bool = False
     n: int = 1
     logprobs: bool | None = None
+    top_logprobs: int | None = None
     tools: list | None = None
     response_format: dict | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(None, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
     logit_bias: dict | None = None
 
     @field_validator("messages", mode="before")

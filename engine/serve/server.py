@@ -3,7 +3,7 @@ thread of its own (the worker, the tests), and the whole of a running server for
 
 Why we bind the socket ourselves: a busy port or an unknown address is then an error with its
 reason before anything else happens (uvicorn would log it and exit the process), and port 0 gives
-a free port whose number we know.
+a free port whose number we know. An IPv6 address may be given as in a URL (`[::1]`).
 """
 
 from __future__ import annotations
@@ -17,16 +17,26 @@ from typing import Callable
 import uvicorn
 
 from flashdesk.engine.serve.app import create_app
+from flashdesk.engine.serve.connections import with_header_deadline
 from flashdesk.engine.serve.errors import ServeError
+from flashdesk.engine.serve.hosts import allowed_hosts
+from flashdesk.engine.serve.limits import Limits
 from flashdesk.engine.serve.runner import Job, JobRecord, Runner
 
 GRACE_SECONDS = 5  # how long a stopping server lets open requests finish before cancelling them
+
+
+def plain_host(host: str) -> str:
+    """An address without the brackets a URL puts around IPv6 ("[::1]" -> "::1")."""
+    host = host.strip()
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (port 0: a free one), or a ServeError saying why not."""
     if not 0 <= port <= 65535:
         raise ServeError(f"port {port} is not a TCP port (0..65535)")
+    host = plain_host(host)
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -46,6 +56,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def url(host: str, port: int) -> str:
+    host = plain_host(host)
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
@@ -80,13 +91,17 @@ class Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def config(app, *, quiet: bool) -> uvicorn.Config:
-    """quiet: no logging set up (the worker's stderr is the app's crash report) and no access log."""
+def config(app, *, quiet: bool, limits: Limits = Limits()) -> uvicorn.Config:
+    """quiet: no logging set up (the worker's stderr is the app's crash report) and no access log;
+    `limits.header_seconds`: the deadline for a request's headers (connections.py)."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
     return uvicorn.Config(
         app,
         lifespan="off",
         timeout_graceful_shutdown=GRACE_SECONDS,
         server_header=False,
+        http=with_header_deadline(AutoHTTPProtocol, limits.header_seconds),
         **({"log_config": None, "access_log": False} if quiet else {}),
     )
 
@@ -143,11 +158,14 @@ class Serving:
         schedule: Callable[[Job], None],
         on_record: Callable[[JobRecord], None],
         step_delay: float = 0.0,
+        limits: Limits = Limits(),
     ):
         sock = bind(host, port)
         self.runner = Runner(engine, control, schedule=schedule, on_record=on_record, step_delay=step_delay)
-        app = create_app(self.runner, model, api_key, sampling_defaults)
-        self.thread = ServerThread(Server(config(app, quiet=True), on_stopping=self.runner.close), sock)
+        self.app = create_app(self.runner, model, api_key, sampling_defaults, limits=limits, hosts=allowed_hosts(host))
+        self.thread = ServerThread(
+            Server(config(self.app, quiet=True, limits=limits), on_stopping=self.runner.close), sock
+        )
         self.url, self.model = url(host, self.thread.port), model
         self.thread.start()
 
@@ -155,3 +173,11 @@ class Serving:
         """Stop taking requests, end the queued ones, and wait for the open ones to finish."""
         self.runner.close()
         self.thread.stop()
+        close_app(self.app)
+
+
+def close_app(app) -> None:
+    """Let the app's prompt threads and their tokenizer copies go (prompt.py)."""
+    prompts = getattr(app.state, "prompts", None)
+    if prompts is not None:
+        prompts.close()
