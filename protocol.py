@@ -54,7 +54,7 @@ def encode(msg: Any) -> str:
     return json.dumps({"type": msg.TYPE, **asdict(msg)}, ensure_ascii=False, separators=(",", ":"))
 
 
-_JSON_TYPES = {
+_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
     "str": str,
     "int": int,
     "float": (int, float),
@@ -77,8 +77,9 @@ def _type_problem(value: Any, annotation: str) -> str | None:
             continue  # JSON's true is not a number
         if isinstance(value, _JSON_TYPES[name]):
             inner = option[len(name) + 1 : -1] if option.endswith("]") else ""
-            if name == "list" and inner in _JSON_TYPES and not all(isinstance(v, _JSON_TYPES[inner]) for v in value):
-                return f"must be a list of {inner}"
+            if name == "list" and inner in _JSON_TYPES and isinstance(value, list):
+                if not all(isinstance(v, _JSON_TYPES[inner]) for v in value):
+                    return f"must be a list of {inner}"
             return None
     return f"must be {' or '.join(names)}, got {type(value).__name__}"
 
@@ -103,6 +104,7 @@ def decode(line: str | bytes) -> Any:
     if missing:
         raise ProtocolError(f"{data['type']} message lacks {', '.join(missing)}")
     for f in fields(cls):
+        assert isinstance(f.type, str)  # `from __future__ import annotations`: an annotation's text
         problem = _type_problem(kwargs[f.name], f.type) if f.name in kwargs else None
         if problem:
             raise ProtocolError(f"{data['type']} message: {f.name} {problem}")

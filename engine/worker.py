@@ -47,6 +47,7 @@ import time
 import traceback
 import weakref
 from pathlib import Path
+from typing import Any, Callable
 
 from flashdesk import protocol as p
 from flashdesk.paths import HUB_CACHE_ENV
@@ -246,7 +247,7 @@ class Worker:
         from flashdesk.engine.serve.runner import Job
 
         self.send(p.Ready(pid=os.getpid(), torch=torch.__version__, cuda=bool(torch.cuda.is_available())))
-        handlers = {
+        handlers: dict[type, Callable[[Any], None]] = {
             p.Load: self.load,
             p.Generate: self.generate,
             p.Inspect: self.inspect,
@@ -538,8 +539,8 @@ class Worker:
         from flashdesk.engine.bench.results import benched_default, compact
         from flashdesk.engine.errors import FlashDeskError
 
-        engine, rid = self.engine, msg.request_id
-        if engine is None or engine.method is None:
+        engine, rid, folders = self.engine, msg.request_id, self.folders
+        if engine is None or engine.method is None or folders is None:
             raise FlashDeskError(
                 "the benchmark compares plain decoding with speculation: load a model with a draft model"
             )
@@ -567,7 +568,8 @@ class Worker:
         try:
             if should_stop():  # cancelled while it waited in the queue
                 raise BenchCancelled()
-            target, draft = self.folders
+            target, draft = folders
+            assert draft is not None  # a draft model is loaded (engine.method)
             report = run_suite(engine, plan, target, draft, progress, should_stop)
         except BenchCancelled:
             self.send(p.BenchResult(rid, None, cancelled=True))
@@ -748,7 +750,8 @@ class Worker:
                 if self.step_delay:
                     time.sleep(self.step_delay)
         finally:
-            steps.close()  # the engine settles its cache before the next request
+            # the engine settles its cache before the next request (Turn.run, a generator, is annotated as an Iterator)
+            steps.close()  # type: ignore[attr-defined]
             with self.state_lock:
                 self.active = None
                 self.cancels.pop(rid, None)

@@ -88,7 +88,8 @@ def check(
         ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool,
     ):
         listings = [(module, _submit(pool, _list_specs, module)) for module in modules]
-        entries = []  # rows of failed modules and (module, name, cap, future) in report order
+        # rows of failed modules and (module, name, cap, key, future) in report order
+        entries: list[dict | tuple[str, str, int, str | None, Future]] = []
         for module, future in listings:
             listing, died = _outcome(future)
             names, error = listing or ([], died)
@@ -109,7 +110,7 @@ def check(
         return [entry if isinstance(entry, dict) else _compiled(*entry) for entry in entries]
 
 
-def _compiled(module: str, name: str, cap: int, key: str, future: Future) -> dict:
+def _compiled(module: str, name: str, cap: int, key: str | None, future: Future) -> dict:
     row, died = _outcome(future)
     if row is None:
         return _row(name, module, f"sm_{cap}", error=died)
@@ -122,7 +123,7 @@ def _submit(pool: ProcessPoolExecutor, fn, *args) -> Future:
     try:
         return pool.submit(fn, *args)
     except BrokenProcessPool as exc:
-        future = Future()
+        future: Future = Future()
         future.set_exception(exc)
         return future
 

@@ -180,15 +180,17 @@ def mlp_out_triton(
     t, d = dense.shape
     h, x = torch.empty_like(dense), torch.empty_like(dense)
     moe = experts is not None
-    top_k = experts.shape[1] if moe and experts.dim() == 3 else 0
-    if top_k:
-        if experts.dtype != torch.float32 or experts.shape != (t, top_k, d):
-            raise ValueError(
-                f"per-expert outputs must be fp32 [{t}, K, {d}], got {experts.dtype} {tuple(experts.shape)}"
-            )
-        experts = experts.contiguous()
-    elif moe:
-        experts = _rows(experts)
+    top_k = 0
+    if experts is not None:
+        top_k = experts.shape[1] if experts.dim() == 3 else 0
+        if top_k:
+            if experts.dtype != torch.float32 or experts.shape != (t, top_k, d):
+                raise ValueError(
+                    f"per-expert outputs must be fp32 [{t}, K, {d}], got {experts.dtype} {tuple(experts.shape)}"
+                )
+            experts = experts.contiguous()
+        else:
+            experts = _rows(experts)
     if t:
         rows, block, warps = row_shape(d)
         _mlp_out_kernel[(triton.cdiv(t, rows),)](
@@ -221,7 +223,7 @@ def compile_specs() -> list[CompileSpec]:
     scalar; every layer has its MoE."""
     per_program, block, warps = row_shape(2816)
     rows = {"R": "i32", "D": "i32", "eps": "fp32", "MOE": "constexpr", "ROWS": "constexpr", "BLOCK": "constexpr"}
-    flags = {"MOE": True, "ROWS": per_program, "BLOCK": block}
+    flags: dict[str, object] = {"MOE": True, "ROWS": per_program, "BLOCK": block}
     attention_out = {
         "a_ptr": "*bf16",
         "res_ptr": "*bf16",

@@ -145,14 +145,14 @@ def add_qwen_norm(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,
 def drafter_qk_norms(
     q: torch.Tensor | None,
     k: torch.Tensor,
-    q_norm: torch.Tensor,
+    q_norm: torch.Tensor | None,
     k_norm: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     eps: float,
 ) -> tuple:
-    """The drafter's rope(qwen_rms_norm(x)) of q [T, H, D] (or None: context keys only) and k
-    [T, Hkv, D]; one kernel on the Triton path (views of a projection are read in place)."""
+    """The drafter's rope(qwen_rms_norm(x)) of q [T, H, D] by q_norm (both None: context keys only)
+    and k [T, Hkv, D]; one kernel on the Triton path (views of a projection are read in place)."""
     if use_triton(k, "head_norms"):
         from flashdesk.kernels.norm_triton import head_norms_triton, heads_fusable
 
@@ -161,14 +161,18 @@ def drafter_qk_norms(
                 "head_norms",
                 head_norms_triton(q, k, q_norm, k_norm, cos, sin, eps, k.shape[1], "none", weight_after_cast=True),
             )
-    q_out = None if q is None else apply_rope(qwen_rms_norm(q, q_norm, eps), cos, sin)
+    q_out: torch.Tensor | None = None
+    if q is not None:
+        if q_norm is None:
+            raise ValueError("drafter_qk_norms: q comes with its q_norm weight")
+        q_out = apply_rope(qwen_rms_norm(q, q_norm, eps), cos, sin)
     return q_out, apply_rope(qwen_rms_norm(k, k_norm, eps), cos, sin)
 
 
 def drafter_store_kv(
     q: torch.Tensor | None,
     kv: torch.Tensor,
-    q_norm: torch.Tensor,
+    q_norm: torch.Tensor | None,
     k_norm: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,

@@ -361,7 +361,7 @@ def compile_specs() -> list[CompileSpec]:
     ]
     for d, has_weight, has_residual, has_scale in variants:
         per_program, block, warps = row_shape(d)
-        flags = {
+        flags: dict[str, object] = {
             "HAS_WEIGHT": has_weight,
             "HAS_RESIDUAL": has_residual,
             "HAS_SCALE": has_scale,

@@ -285,10 +285,10 @@ def _layer_norms(d: Dims, device, which: str) -> tuple[float, bool]:
         return _error(*_both(lambda: run(slice(0, 16)))), _rows_alone(run)
     weights = MlpOutWeights(ws[0], ws[1], ws[2], scalar, ws[3])
 
-    def run(rows):
+    def run_mlp(rows):
         return mlp_out_norms(dense[rows], experts[rows], residual[rows], 1e-6, weights)
 
-    return _error(*_both(lambda: run(slice(0, 16)))), _rows_alone(run)
+    return _error(*_both(lambda: run_mlp(slice(0, 16)))), _rows_alone(run_mlp)
 
 
 def _router(d: Dims, device) -> tuple[float, None]:
@@ -365,7 +365,7 @@ class _Cache:
     def read(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         slots = (positions % self.capacity).to(self.k.device)
         k, v = self.k[slots].float(), self.v[slots].float()
-        if self.k_scale is not None:
+        if self.k_scale is not None and self.v_scale is not None:  # fp8: both scales or neither
             k, v = k * self.k_scale[slots, :, None], v * self.v_scale[slots, :, None]
         return k, v
 

@@ -32,6 +32,7 @@ TIERS = {
     "test_bench_synthetic": "slow",  # two full-size layers on the CPU
     "test_reliability": "slow",  # the reliability figures' quick run
     "test_wheel": "slow",  # builds the wheel and runs the demo from it
+    "test_serve_lm_eval": "slow",  # EleutherAI's lm-eval against `serve --demo`, where it is installed
 }
 SLOW_TESTS = (
     "test_prefix_reuse.py::test_the_triton_path_resumes_the_same_way",
@@ -40,6 +41,8 @@ SLOW_TESTS = (
     "test_memory_plan.py::test_the_plan_matches_what_a_full_context_allocates[fp8-triton]",
     "test_self_test.py::test_some_kernels_on_torch_give_the_torch_paths_output",
     "test_assistant.py::test_the_triton_path_with_fp8_kv_drafts_without_changing_the_output",
+    "test_types.py::test_mypy_finds_nothing",  # mypy over what [tool.mypy] lists: about a minute cold
+    "test_gpu_check_script.py::test_gpu_check_smoke",  # the GPU script's whole run on the CPU: 15 s
 )
 DEFAULT_TIER = (
     "test_triton_path.py::test_triton_path_equals_transformers_and_the_torch_path[conditional-per_expert-False]",

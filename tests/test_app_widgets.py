@@ -731,4 +731,4 @@ def test_the_full_context_banner_says_how_continue_goes_on_for_the_engine_and_fo
 
     local, remote = context_full_text(4096), context_full_text(4096, remote=True)
     assert "4,096 tokens" in local and "writes on in the same reply" in local and "Continue." not in local
-    assert "“Continue.” message" in remote and "same reply" not in remote
+    assert "“Continue.” message" in remote and "vLLM" in remote

@@ -664,3 +664,29 @@ def test_a_new_conversations_reply_length_leaves_the_context_room(qtbot, open_wi
     assert "max_tokens" not in w.controller.conversation.sampling  # the default is not frozen into it
     w.controller.update_settings("", {"max_tokens": 3000})
     assert w.controller.sampling()["max_tokens"] == 3000
+
+
+def test_a_turn_the_disk_cannot_take_is_not_sent_and_loses_nothing(qtbot, open_window, demo, monkeypatch) -> None:
+    """The reply's first write fails (a full disk): nothing goes to the engine, the user message is
+    taken back, the text returns to the box, and the notice says why; nothing is raised into Qt."""
+    import sqlite3
+
+    w = open_window(demo=demo)
+    greedy(w, max_tokens=4)
+    send(qtbot, w, "Saved fine")
+    wait_idle(qtbot, w)
+    before = [m.content for m in messages(w)]
+    real = w.store.add_message
+
+    def full_disk(conversation_id, role, *args, **kwargs):
+        if role == "assistant":
+            raise sqlite3.OperationalError("database or disk is full")
+        return real(conversation_id, role, *args, **kwargs)
+
+    monkeypatch.setattr(w.store, "add_message", full_disk)
+    w.composer.edit.setPlainText("Not saved")
+    qtbot.keyClick(w.composer.edit, Qt.Key.Key_Return)
+    until(w.notice_banner.isVisible, timeout_ms=5000)
+    assert "Not sent" in w.notice_banner.label.text() and "disk is full" in w.notice_banner.label.text()
+    assert [m.content for m in messages(w)] == before and not w.controller.busy
+    assert w.composer.edit.toPlainText() == "Not saved" and len(w.chat.widgets) == len(before)

@@ -501,3 +501,48 @@ def test_metrics_parse_and_move_after_a_request(served, client) -> None:
     assert moved["flashdesk_time_to_first_token_seconds_count"] == 1
     assert moved["flashdesk_step_seconds_count"] >= spec["speculative_steps"]
     assert after["flashdesk_requests_running"] == after["flashdesk_requests_waiting"] == 0
+
+
+def test_a_reply_is_continued_with_vllms_continue_final_message(client, demo) -> None:
+    """Messages ending with the assistant's text and continue_final_message: the prompt is the
+    template's with that turn left open (as transformers renders it), and the model writes on."""
+    from transformers import AutoTokenizer
+
+    question = [{"role": "user", "content": "def fib(n):"}]
+    whole = (
+        client.chat.completions.create(model="flashdesk-demo", messages=question, max_tokens=24, temperature=0)
+        .choices[0]
+        .message.content
+    )
+    cut = whole[: len(whole) // 2].rstrip()
+    messages = [*question, {"role": "assistant", "content": cut}]
+    reply = client.chat.completions.create(
+        model="flashdesk-demo",
+        messages=messages,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    reference = AutoTokenizer.from_pretrained(demo[0]).apply_chat_template(
+        messages, continue_final_message=True, add_generation_prompt=False, tokenize=True
+    )
+    reference = reference["input_ids"] if hasattr(reference, "keys") else reference
+    assert reply.usage.prompt_tokens == len(reference) and reply.choices[0].message.content
+
+    refusals = [
+        ({"continue_final_message": True}, "continue_final_message"),  # without add_generation_prompt: false
+        ({"add_generation_prompt": False}, "continue_final_message"),
+    ]
+    for extra, param in refusals:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model="flashdesk-demo", messages=[*question, {"role": "assistant", "content": cut}], extra_body=extra
+            )
+        assert refused.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError) as refused:  # the last word is the user's: nothing to go on with
+        client.chat.completions.create(
+            model="flashdesk-demo",
+            messages=question,
+            extra_body={"continue_final_message": True, "add_generation_prompt": False},
+        )
+    assert refused.value.body["param"] == "messages[0].role"

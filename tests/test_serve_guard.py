@@ -441,12 +441,9 @@ def test_sigterm_stops_the_server_with_its_closing_line_and_ipv6_loopback_binds(
 REFUSED_FIELDS = [
     ("functions", [{"name": "f", "parameters": {}}]),
     ("function_call", {"name": "f"}),
-    ("tool_choice", "required"),
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tool_choice", "required"),  # without tools (tools and response_format: tests/test_serve_structured.py)
     ("repetition_penalty", 1.3),
     ("top_logprobs", 3),
-    ("logprobs", True),
-    ("response_format", {"type": "json_object"}),
     ("presence_penalty", 0.5),
     ("min_tokens", 5),
     ("guided_json", {"type": "object"}),

@@ -74,8 +74,9 @@ def server_address(text: str) -> ServerAddress:
 
 
 def chat_body(msg: p.Generate, model: str) -> dict:
-    """The streamed chat request for a Generate: sampling as asked, usage on the last chunk, and
-    thinking on or off through the chat template (`chat_template_kwargs`, as vLLM and SGLang take it)."""
+    """The streamed chat request for a Generate: sampling as asked, usage on the last chunk,
+    thinking on or off through the chat template (`chat_template_kwargs`, as vLLM and SGLang take it),
+    and a reply to go on with (messages ending with the assistant's) sent as vLLM asks for it."""
     body = {
         "model": model,
         "messages": msg.messages,
@@ -92,6 +93,8 @@ def chat_body(msg: p.Generate, model: str) -> dict:
         body["seed"] = msg.seed
     if msg.ignore_eos:
         body["ignore_eos"] = True
+    if msg.messages and msg.messages[-1].get("role") == "assistant":  # go on with that reply (vLLM's fields)
+        body["continue_final_message"], body["add_generation_prompt"] = True, False
     return body
 
 

@@ -152,24 +152,46 @@ class ChatController(QObject):
         title = title_from(text)
         if conv.title == NEW_TITLE and title:  # a message without words leaves the title to the next one
             self.rename(conv.id, title)
-        user = self.store.add_message(conv.id, "user", text)
-        self.message_added.emit(user)
-        self.conversations_changed.emit()
-        return self._generate(policy, user)
+        user = None
+        try:
+            user = self.store.add_message(conv.id, "user", text)
+            self.message_added.emit(user)
+            self.conversations_changed.emit()
+            return self._generate(policy, user)
+        except sqlite3.Error as exc:  # a full or failing disk: nothing is sent, the text goes back
+            self._turn_not_saved(exc, user)
+            return False
+
+    def _turn_not_saved(self, exc: sqlite3.Error, user=None) -> None:
+        """A turn whose messages could not be written: nothing goes to the engine; the user message
+        written before the failure is taken back where the disk still allows it."""
+        if user is not None:
+            try:
+                self.store.delete_messages_from(user.conversation_id, user.id)
+                self.messages_removed.emit(user.id)
+            except sqlite3.Error:
+                pass  # it stays, as saved; the text is also back in the box
+        self.notice.emit(
+            f"Not sent: the conversation could not be saved ({exc}). Free some disk space and send "
+            "again; what was saved before is safe."
+        )
 
     def continue_after_context(self) -> bool:
         """After a reply that filled the context: the engine goes on writing it, in the same message,
         with the oldest turns (and, for a long reply, its own start) left out of the prompt to make
-        room. A server is asked with a follow-up message instead: the OpenAI API has no way to
-        continue a reply."""
+        room. A server is asked the same way (vLLM's continue_final_message, which SGLang, llama.cpp
+        and FlashDesk's own server take too); one that refuses it gets a follow-up message instead."""
         if self.busy or self.conversation is None or self.session.state != "ready":
             return False
         shown = self.store.messages(self.conversation.id)
         last = shown[-1] if shown else None
-        remote = getattr(self.session, "is_remote", False)
-        if remote or last is None or last.role != "assistant" or not last.content.strip():
+        if last is None or last.role != "assistant" or not last.content.strip():
             return self.send(CONTINUE_TEXT, DROP_OLDEST)
-        return self._generate(DROP_OLDEST, continuing=last)
+        try:
+            return self._generate(DROP_OLDEST, continuing=last)
+        except sqlite3.Error as exc:
+            self._turn_not_saved(exc)
+            return False
 
     def regenerate(self, message_id: int) -> bool:
         """Write the reply `message_id` again: a new version of it, shown now. The earlier versions
@@ -177,7 +199,12 @@ class ChatController(QObject):
         if self.busy or self.conversation is None or self.session.state != "ready":
             return False
         self.messages_removed.emit(message_id)
-        return self._generate(version_of=message_id)
+        try:
+            return self._generate(version_of=message_id)
+        except sqlite3.Error as exc:
+            self.messages_replaced.emit()  # the version shown before, shown again
+            self._turn_not_saved(exc)
+            return False
 
     def show_version(self, message_id: int, step: int) -> bool:
         """Show the version before (-1) or after (+1) the message `message_id` (a reply or an edited
@@ -215,9 +242,15 @@ class ChatController(QObject):
         if self.busy or self.conversation is None or self.session.state != "ready":
             return False
         self.messages_removed.emit(message_id)
-        user = self.store.add_message(self.conversation.id, "user", text, version_of=message_id)
-        self.message_added.emit(user)
-        if not self._generate(user=user):
+        user = None
+        try:
+            user = self.store.add_message(self.conversation.id, "user", text, version_of=message_id)
+            self.message_added.emit(user)
+            if not self._generate(user=user):
+                return False
+        except sqlite3.Error as exc:
+            self._turn_not_saved(exc, user)
+            self.messages_replaced.emit()  # the version edited, shown again
             return False
         self.reply.edited = message_id
         return True
@@ -348,6 +381,10 @@ class ChatController(QObject):
         if message is not None and r.before:  # a reply to go on with stays as it was
             self._write(lambda: self.store.update_message(r.message_id, state=COMPLETE))
             self.reply_ended.emit(self.store.message(r.message_id) or message)
+            if getattr(self.session, "is_remote", False):
+                self.busy_changed.emit(False)  # a server that cannot go on with a reply: asked to, in words
+                self.send(CONTINUE_TEXT, DROP_OLDEST)
+                return
         elif message is not None:
             first = r.user_message_id or r.message_id
             versions = (self.store.message(first) or message).versions

@@ -155,7 +155,8 @@ def context_full_text(context_limit: int | None, remote: bool = False) -> str:
     "Continue." message: the OpenAI API has no way to continue a reply in place)."""
     where = f" ({context_limit:,} tokens)" if context_limit else ""
     how = (
-        "(a “Continue.” message asks the server to go on, the oldest turns left out of the prompt)"
+        "(the server writes on in the same reply, where it can: vLLM, SGLang, llama.cpp and FlashDesk do; "
+        "else a “Continue.” message asks it to)"
         if remote
         else "(the model writes on in the same reply, the oldest turns, and if need be the reply's own start, "
         "left out of its prompt)"

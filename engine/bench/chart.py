@@ -26,6 +26,7 @@ def write_chart(report: dict, path: Path) -> None:
             for g in groups
         ]
         xs = [i - 0.4 + width * (j + 0.5) for i in range(len(groups))]
+        color: str | tuple[float, float, float]  # a named colour, or RGB
         if m["draft_length"] == AUTO:
             color = "#d95f02"
         else:

@@ -53,14 +53,15 @@ class DeviceProbe:
         """NVML's handle of torch's device `index`: by PCI bus id (CUDA_VISIBLE_DEVICES may renumber)."""
         try:
             p = torch.cuda.get_device_properties(index)
-            bus_id = f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0"
+            # torch's stub of the properties type lacks the PCI fields its CUDA builds have
+            bus_id = f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0"  # type: ignore[attr-defined]
             return pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
         except Exception:  # noqa: BLE001 - an older torch without the PCI fields
             return pynvml.nvmlDeviceGetHandleByIndex(index)
 
     def energy_mj(self) -> float | None:
         """The GPU's energy counter in millijoules (since the driver loaded), or None."""
-        if self.handle is None:
+        if self.handle is None or self.nvml is None:
             return None
         try:
             return float(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))

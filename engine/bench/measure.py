@@ -15,7 +15,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -85,7 +85,7 @@ class ModeResult:
     def as_dict(self, baseline: "ModeResult | None") -> dict:
         """Today's fields (mode, draft_length, decode_tokens, ... per_prompt), the per-cell statistics
         over all prompts, and `by_task`: the same per task type, speedup against AR's on that type."""
-        out = {"mode": self.name, "draft_length": self.draft_length, "method": self.method}
+        out: dict[str, Any] = {"mode": self.name, "draft_length": self.draft_length, "method": self.method}
         out.update(self.total.as_dict(baseline.tokens_per_second if baseline else None))
         out["per_prompt"] = self.per_prompt
         out["by_task"] = {
@@ -138,7 +138,9 @@ def run_ours(
             if should_stop():
                 raise BenchCancelled()
     finally:
-        events.close()
+        events.close()  # type: ignore[attr-defined]  # a generator, which Engine.generate annotates as an Iterator
+    if finish is None:
+        raise FlashDeskError("the engine's generation ended without its finish event")
     end = energy()
     joules = end - start if start is not None and end is not None else None
     s = finish.stats
@@ -254,7 +256,7 @@ def check_draft_lengths(engine: Engine, lengths: list[int | str]) -> None:
         raise FlashDeskError("the bench compares AR with speculation: load a draft model with the model")
     for method, drafts in engine.methods.items():
         longest = drafts.max_draft_length
-        bad = [k for k in lengths if k != AUTO and not 1 <= k <= longest]
+        bad = [k for k in lengths if k != AUTO and (not isinstance(k, int) or not 1 <= k <= longest)]
         if bad:
             raise ValueError(f"--draft-lengths: {bad[0]} is outside 1..{longest} for the {method} draft model")
 
@@ -337,7 +339,7 @@ def _reference_runs(engine: Engine, plan: BenchPlan, model_dir, draft_dir):
 
         dflash_model._cuda_time = time.perf_counter  # its timer calls torch.cuda.synchronize
     stop, max_new = sorted(engine.eos), plan.max_new_tokens
-    fixed = [k for k in plan.draft_lengths if k != AUTO]  # z-lab's loop has no automatic draft length
+    fixed = [k for k in plan.draft_lengths if isinstance(k, int)]  # z-lab's loop has no automatic draft length
     references = [RefResult("transformers generate (AR)", 0)] + [
         RefResult(f"z-lab dflash_generate K={k}", k) for k in fixed
     ]
@@ -357,7 +359,7 @@ def _report(
 ) -> dict:
     ar = modes[0]
     n = len(plan.items)
-    report = {
+    report: dict[str, Any] = {
         "model": str(model_dir),
         "draft": str(draft_dir),
         "prompts": n,

@@ -129,7 +129,7 @@ class RouterRecorder:
             if getattr(layer, "experts_gate_up", None) is not None
         }
         self.moe_layers = sorted(self.layer_of.values())
-        self.calls: list[tuple[int | None, torch.Tensor, int]] = []
+        self.calls: list[tuple[int | None, torch.Tensor, torch.Tensor, int]] = []  # layer, router input and weight, k
 
     @contextmanager
     def active(self):
@@ -159,6 +159,8 @@ class RouterRecorder:
         for n, (layer, router_x, router, top_k) in enumerate(self.calls):
             if layer is None and self.moe_layers:  # experts not passed as stored: layers run in order
                 layer = self.moe_layers[n % len(self.moe_layers)]
+            if layer is None:  # no layer holds experts: nothing to count them for
+                continue
             logits = linear(router_x, router).float()
             ids.setdefault(layer, []).append(torch.topk(logits, top_k, dim=-1).indices.reshape(-1))
         return {layer: int(torch.unique(torch.cat(parts)).numel()) for layer, parts in ids.items()}

@@ -209,7 +209,8 @@ def record_step(model, drafter, cache, ctx, step: str, real_layers: bool = True)
     from flashdesk.kernels.backend import kernels, recording_pdl
 
     rows = {"ar": 1, "verify-16": 16, "draft": DRAFT_K + 1}[step]
-    cfg, marks = model.cfg, []
+    cfg = model.cfg
+    marks: list[tuple[int, int]] = []  # (layer, its first launch)
     with (
         kernels("triton"),
         recording_pdl(),

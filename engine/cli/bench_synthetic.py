@@ -259,13 +259,13 @@ def run_synthetic(
 
         def target_step(name, m):
             ids = tokens(m)
-            replayed = graphs is not None and graphs.covers(m)
+            replay = graphs if graphs is not None and graphs.covers(m) else None
             recorder.reset()
-            if replayed:  # a replay runs no Python: the experts these tokens route to, from an eager run
+            if replay is not None:  # a replay runs no Python: the experts these tokens route to, from an eager run
                 model.compute(ids, cache, taps, "all")
 
             def forward():  # the engine's step: writes K/V past the context, commits nothing
-                return graphs.run(ids) if replayed else model.compute(ids, cache, taps, "all")
+                return replay.run(ids) if replay is not None else model.compute(ids, cache, taps, "all")
 
             seconds = time_step(dev, forward, warmup, repeats)  # eager runs are recorded as they are timed
             read = target_step_bytes(model, kv, context, m, _unique(ids), recorder.union())

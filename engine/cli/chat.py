@@ -239,6 +239,8 @@ class ChatSession:
             raise
         finally:
             events.close()
+        if finish is None:
+            raise FlashDeskError("the engine's generation ended without its finish event")
         stats = dict(finish.stats)  # with reused_tokens + prefill_tokens = prompt_tokens
         reply = Reply(
             fitted.ids,
@@ -309,7 +311,7 @@ class ChatSession:
                 k = AUTO if text == AUTO else int(text) if text else None
             except ValueError:
                 k = None
-            if k is None or (k != AUTO and not 1 <= k <= longest):
+            if k is None or (isinstance(k, int) and not 1 <= k <= longest):
                 raise CommandError(
                     f"/k takes a draft length 1..{longest} or auto, got {value!r}"
                     if value is not None
@@ -546,6 +548,7 @@ def _jsonl(session: ChatSession) -> int:
         try:
             name, value = _parse_request(line)
             if name == "user":
+                assert isinstance(value, str)  # _parse_request checked it
                 emit(session.send(value).to_json())
             elif name == "regenerate":
                 if value is not None:

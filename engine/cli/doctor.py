@@ -6,6 +6,7 @@ people run precisely when their setup is broken. This module never imports Qt.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import platform
@@ -80,7 +81,7 @@ def _cuda_rows(torch) -> list[Row]:
     count = torch.cuda.device_count()
     rows: list[Row] = [("CUDA", f"available, torch built with {toolkit}, {count} device(s)")]
     for i in range(count):
-        rows.extend(_probe(f"GPU {i}", lambda i=i: _gpu_row(torch, i)))
+        rows.extend(_probe(f"GPU {i}", functools.partial(_gpu_row, torch, i)))
     return rows
 
 
@@ -115,7 +116,7 @@ def _nvml_rows() -> list[Row]:
         count = pynvml.nvmlDeviceGetCount()
         rows: list[Row] = [("NVML", f"ok, driver {driver}, {count} device(s)")]
         for i in range(count):
-            rows.extend(_probe(f"NVML GPU {i}", lambda i=i: _nvml_device(pynvml, i)))
+            rows.extend(_probe(f"NVML GPU {i}", functools.partial(_nvml_device, pynvml, i)))
         return rows
     finally:
         try:
@@ -302,7 +303,8 @@ def model_verdict(report: CheckpointReport, gpu: Gpu | None, draft_dir: str | No
         return f"the model is NOT usable: {report.problems[0].splitlines()[0]}" + (
             f" (and {more} more problem{'s' if more > 1 else ''} above)" if more else ""
         )
-    plan = report.memory
+    plan, config = report.memory, report.config
+    assert plan is not None and config is not None  # a report without problems has both
     need = f"{format_bytes(plan.total)} at {plan.context} tokens"
     if gpu is None:
         return f"CPU only: the model is complete and the engine runs it on the CPU here (on a GPU it needs {need})"
@@ -310,7 +312,7 @@ def model_verdict(report: CheckpointReport, gpu: Gpu | None, draft_dir: str | No
     if plan.total <= gpu.free:
         return f"the model is complete and fits: {need}, {free}"
     draft = load_draft_model_config(draft_dir) if draft_dir else None
-    longest = longest_context(report.config, plan.target_bytes, GPU_KV_DTYPE, gpu.free, draft)
+    longest = longest_context(config, plan.target_bytes, GPU_KV_DTYPE, gpu.free, draft)
     if longest:
         return f"the model is complete but needs {need}, {free}; it fits with --context {longest}"
     return f"the model is complete but does not fit at any context, {free}"

@@ -42,7 +42,9 @@ def messages_from(prompt: str, system: str | None = None) -> list[dict]:
     return messages + [{"role": "user", "content": prompt}]
 
 
-def build_prompt_ids(tokenizer: Any, messages: list[dict], *, enable_thinking: bool) -> list[int]:
+def build_prompt_ids(
+    tokenizer: Any, messages: list[dict], *, enable_thinking: bool, tools: list | None = None
+) -> list[int]:
     """The model's input ids: the chat template with its generation prompt, as a plain list.
 
     Messages that end with an assistant message are a reply to go on with (one the context cut
@@ -52,6 +54,8 @@ def build_prompt_ids(tokenizer: Any, messages: list[dict], *, enable_thinking: b
     Message content is text: a special token's string in it (`<turn|>` typed by a user) is tokenized
     as its characters, so it can never close a turn or open another (literal_text.py).
 
+    `tools`: OpenAI's function tools, declared in the system turn as Gemma 4's template does.
+
     transformers 5 returns a BatchEncoding by default; older versions a list. The template emits
     <bos> itself and transformers tokenizes it with add_special_tokens=False, so there is one <bos>.
     """
@@ -59,6 +63,8 @@ def build_prompt_ids(tokenizer: Any, messages: list[dict], *, enable_thinking: b
     options = dict(
         add_generation_prompt=not continuing, continue_final_message=continuing, enable_thinking=enable_thinking
     )
+    if tools:
+        options["tools"] = tools
     literal = literal_specials(tokenizer)
     if literal.found_in(messages):  # a special token's string typed in a message is its characters
         return literal.prompt_ids(tokenizer, messages, options)

@@ -164,11 +164,8 @@ def _cut_reply_start(render, kept: list[dict], reply: dict, dropped: int, limit:
             hi = mid
         else:
             lo = mid + 1
-    start = _break_after(text, lo)
+    start = _break_after(text, lo)  # later than `lo`: a shorter prompt still
     messages, ids = cut_at(start)
-    if len(ids) > limit:  # a break that made it longer (it cannot, but the check is cheap)
-        start = lo
-        messages, ids = cut_at(start)
     capped = min(asked, context_limit - len(ids))
     return FittedPrompt(ids, messages, dropped, capped, capped < asked, start)
 

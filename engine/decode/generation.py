@@ -31,6 +31,8 @@ from flashdesk.engine.loading.memory_plan import context_that_fits
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.draft_length import AutoDraftLength, costs_file, load_costs, save_costs
 from flashdesk.engine.decode.kernel_warmup import compile_generation_kernels
+from flashdesk.engine.decode.grammar import Grammar, GrammarState, vocabulary
+from flashdesk.engine.decode.logprobs import TokenLogprob
 from flashdesk.engine.decode.prefix_cache import LOCAL, PrefixCache
 from flashdesk.engine.decode.speculative import AUTO, Decoder, SpecControl, StepResult
 from flashdesk.engine.decode.stats import SpecStats, StepRecord
@@ -49,6 +51,10 @@ class GenerationRequest:
     stop_strings: tuple[str, ...] = ()
     reuse: bool = True  # start from the longest prefix an earlier request left in the cache
     scope: str = LOCAL  # whose request: only prefixes left by requests of the same scope are reused
+    logprobs: int | None = None  # each emitted token's log probability and this many alternatives (None: none)
+    prompt_logprobs: bool = False  # the prompt's too (the prefill's event): the whole prompt runs, nothing reused
+    grammar: Grammar | None = None  # every sampled token within it (grammar.py)
+    stop_ids: tuple[int, ...] = ()  # tokens that end this reply beside the model's own (a tool call's <|tool_response>)
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,8 @@ class StepEvent:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     method: str | None = None  # the draft model that drafted ("dflash", "mtp"; None: a plain step)
+    logprobs: list[TokenLogprob] | None = None  # one per token of the reply in `emitted`, when asked
+    prompt_logprobs: list[TokenLogprob] | None = None  # the prefill's event, when asked: one per prompt token
 
 
 @dataclass(frozen=True)
@@ -358,7 +366,8 @@ class Engine:
         """
         prompt = list(request.prompt_ids)
         self.check_request(prompt, request.max_new_tokens)
-        eos = set() if request.ignore_eos else self.eos
+        eos = set() if request.ignore_eos else self.eos | set(request.stop_ids)
+        grammar = self.grammar_state(request.grammar) if request.grammar is not None else None
         measuring = []  # the methods whose costs this generation measures, if it drafts automatically
         for method, auto in self.autos.items():
             if auto.costs is None and method in self.costs_paths:
@@ -366,10 +375,10 @@ class Engine:
                 if auto.costs is None:
                     measuring.append(method)
         prefix = self._step_state()
-        reused = prefix.start(prompt, request.reuse, request.scope)
+        reused = prefix.start(prompt, request.reuse and not request.prompt_logprobs, request.scope)
         sampling = request.sampling  # with the checkpoint's suppressed tokens, greedy or not
-        if self.suppress_tokens and not sampling.suppress:
-            sampling = replace(sampling, suppress=self.suppress_tokens)
+        if self.suppress_tokens and not set(self.suppress_tokens) <= set(sampling.suppress):
+            sampling = replace(sampling, suppress=tuple(sorted({*sampling.suppress, *self.suppress_tokens})))
         decoder = Decoder(
             self.model,
             self.drafter,
@@ -384,6 +393,8 @@ class Engine:
             self.default_draft_length,
             self.mtp,
             self.default_method,
+            request.logprobs,
+            grammar,
         )
         text = _TextOutput(self.tokenizer, request.stop_strings)
         tokens: list[int] = []
@@ -393,7 +404,8 @@ class Engine:
         flight = None  # the next step, launched before this one's tokens are handed on
         try:
             t0 = time.perf_counter()
-            result = StepResult([decoder.prefill(prompt, reused)], [], 0, 0.0, 0.0)
+            first = decoder.prefill(prompt, reused, request.prompt_logprobs)
+            result = StepResult([first], [], 0, 0.0, 0.0, logprobs=decoder.first_logprobs)
             prefill_seconds = time.perf_counter() - t0
             index = 0
             while True:
@@ -423,6 +435,9 @@ class Engine:
                         )
                     )
                 seconds = prefill_seconds if index == 0 else result.draft_seconds + result.verify_seconds
+                logprobs = result.logprobs
+                if logprobs is not None and hit_at is not None:  # as the count: up to the stop string
+                    logprobs = logprobs[:hit_at]
                 whole = True
                 yield StepEvent(
                     index,
@@ -435,6 +450,8 @@ class Engine:
                     result.draft_seconds,
                     result.verify_seconds,
                     result.method,
+                    logprobs,
+                    decoder.prompt_logprobs if index == 0 else None,
                 )
                 whole = False
                 if finish:
@@ -468,6 +485,16 @@ class Engine:
         }
         reply_ids = tokens if counted is None else tokens[:counted]  # the cache holds all of `tokens`
         yield FinishEvent(finish, reply_ids, "".join(text.answer), "".join(text.thought), summary)
+
+    def grammar_state(self, grammar: Grammar) -> GrammarState:
+        """A matcher for one generation under `grammar`; a finished grammar allows only the end of
+        the model's turn (<turn|>, else the tokenizer's end token)."""
+        if self.tokenizer is None:
+            raise ValueError("a grammar needs the model's tokenizer, and this model folder has none")
+        turn_end = self.tokenizer.convert_tokens_to_ids("<turn|>")
+        if not isinstance(turn_end, int) or turn_end == self.tokenizer.unk_token_id:
+            turn_end = self.tokenizer.eos_token_id
+        return GrammarState(vocabulary(self.tokenizer, self.model.cfg.vocab_size, turn_end), grammar, self.model.device)
 
     @staticmethod
     def _abandon(decoder: Decoder, flight) -> bool:

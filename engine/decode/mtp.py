@@ -104,9 +104,11 @@ class MtpDrafter:
         k: int,
         sampling: SamplingParams,
         generator: torch.Generator | None,
+        guide=None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """k drafts after last [1] (not yet run through the target, at position cache.length): the
-        drafted ids [k] and, when sampling, the distributions they were drawn from [k, V]."""
+        drafted ids [k] and, when sampling, the distributions they were drawn from [k, V]. `guide`: a
+        grammar's walk (grammar.Walk), which masks each step's logits and follows its token."""
         if self.state is None:
             raise RuntimeError("an MTP round needs the prefill's hidden state first")
         length = cache.length + 1  # the sequence, the last token included
@@ -122,11 +124,15 @@ class MtpDrafter:
             embedding = F.embedding(token, self.target.embed) * self.target.embed_scale
             # the query's position, length - 1, is the cache's length: read where the device holds it
             logits, hidden = self.assistant.step(embedding, hidden, attend, cache.position)
+            if guide is not None:
+                logits = guide.masked(logits)
             if sampling.greedy:
                 token = logits.argmax(dim=-1)
             else:
                 p = probabilities(logits, sampling)
                 token = draw(p, generator)
                 probs.append(p)
+            if guide is not None:
+                guide.take(token)
             ids.append(token)
         return torch.cat(ids), torch.cat(probs) if probs else None

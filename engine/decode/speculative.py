@@ -10,7 +10,8 @@ A step never waits on the device until its one read: the tokens it emits, fetche
 token stays on the device as the next step's input, acceptance is computed on the device, and step
 times come from CUDA events read after that one read. On the Triton path (batch-invariant kernels)
 the verified block's drafter context is written before that read too, for every row: the rows that
-were not accepted are never held, and the next write overwrites them.
+were not accepted are never held, and the next write overwrites them. A generation that asks for
+logprobs (logprobs.py) reads them right after, once the device has finished the step.
 
 A step is `launch`ed (its device work enqueued) and then `finish`ed (read); in between, the caller
 can hand on the previous step's tokens while the device runs (Engine.generate does on a GPU).
@@ -29,12 +30,15 @@ from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import ForwardOutput, Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
 from flashdesk.engine.decode.draft_length import AutoDraftLength, StepCosts
+from flashdesk.engine.decode.grammar import GrammarState, Walk
+from flashdesk.engine.decode.logprobs import TokenLogprob, logprob_rows, spec_chosen, unpack
 from flashdesk.engine.decode.mtp import MtpDrafter, RoundState
 from flashdesk.kernels.backend import fallbacks, use_triton
 from flashdesk.protocol import AUTO_DRAFT_LENGTH
 from flashdesk.engine.decode.sampling import SamplingParams, draw, make_generator, probabilities, sample, verify_draft
 
 PENDING_LIMIT = 256  # rows of target features that may wait for the drafter before being folded in
+PROMPT_LOGPROB_ROWS = 256  # prompt rows per forward when their logprobs are asked (bounds the [rows, vocab] logits)
 
 
 def read_to_host(t: torch.Tensor) -> list[int]:
@@ -64,6 +68,7 @@ class StepResult:
     draft_seconds: float
     verify_seconds: float  # the target's pass (a plain step is all verify)
     method: str | None = None  # which draft model drafted (None: a plain step)
+    logprobs: list[TokenLogprob] | None = None  # one per emitted token, when the generation asks for them
 
 
 class _StepClock:
@@ -103,6 +108,8 @@ class InFlight:
     auto: bool = False  # the automatic draft length chose k (`finish` tells it the outcome)
     method: str | None = None  # the draft model that drafted (None: a plain step)
     round_state: RoundState | None = None  # MTP: what the next round drafted from before it (`abandon`)
+    logprobs: torch.Tensor | None = None  # logprob_rows of its rows, when asked (read after `readback`)
+    walk: Walk | None = None  # under a grammar: the matcher's path through the drafts (`finish` settles it)
 
 
 def _seconds(device: torch.device, fn, arg: int, repeats: int) -> float:
@@ -135,6 +142,8 @@ class Decoder:
         default_draft_length: int | str | None = None,
         mtp: MtpDrafter | None = None,
         default_method: str | None = None,
+        logprobs: int | None = None,
+        grammar: GrammarState | None = None,
     ):
         """`cache`, `ctx`: continue these from where they stand (a prefix cache placed them) instead
         of allocating new ones; `graphs`: a StepGraphs over them, which runs the decode, verify and
@@ -142,7 +151,9 @@ class Decoder:
         `auto`: each method's automatic draft length state (kept across generations by the
         engine); `default_method`: the method a control without one drafts with (None: DFlash
         where loaded); `default_draft_length`: what that method drafts when a control names no
-        length (None: its own default)."""
+        length (None: its own default); `logprobs`: each emitted token's log probability with that
+        many alternatives (logprobs.py; None: none are computed); `grammar`: the request's matcher,
+        whose mask every sampled position gets (grammar.py; a constrained step reads its drafts)."""
         self.model, self.drafter, self.mtp, self.sampling, self.eos = model, drafter, mtp, sampling, eos
         self.methods = {d.method: d for d in (drafter, mtp) if d is not None}
         slack = max(16, drafter.cfg.block_size) if drafter else 16
@@ -164,6 +175,10 @@ class Decoder:
         self.context_ahead = drafter is not None and use_triton(model.device) and not fallbacks()
         self.generator = make_generator(sampling, model.device)
         self.last: torch.Tensor | None = None  # [1]: sampled, not yet run through the target
+        self.logprobs = logprobs
+        self.grammar = grammar
+        self.first_logprobs: list[TokenLogprob] | None = None  # the prefill's token's, when asked
+        self.prompt_logprobs: list[TokenLogprob] | None = None  # prefill(prompt_logprobs=True)'s
 
     def _forward(self, ids: torch.Tensor, rows: str) -> ForwardOutput:
         if self.graphs is not None and self.graphs.covers(ids.shape[0]):
@@ -172,21 +187,37 @@ class Decoder:
             return out
         return self.model.forward(ids, self.cache, taps=self.taps, logits_rows=rows)
 
-    def prefill(self, prompt: list[int], start: int = 0) -> int:
+    def prefill(self, prompt: list[int], start: int = 0, prompt_logprobs: bool = False) -> int:
         """Run prompt[start:] (the cache and the drafter context hold the first `start` positions)
         and sample the first token. The drafter's context is built chunk by chunk as the target goes,
-        so no buffer grows with the prompt."""
+        so no buffer grows with the prompt. `prompt_logprobs`: also each prompt token's log
+        probability after the tokens before it (`self.prompt_logprobs`; the first has None), which
+        takes every row's logits: the whole prompt runs, in chunks of PROMPT_LOGPROB_ROWS."""
         if self.cache.length != start or (self.ctx is not None and self.ctx.length != start):
             raise ValueError(f"prefill from position {start}, but the cache holds {self.cache.length} positions")
+        if prompt_logprobs and start:
+            raise ValueError("a prompt's logprobs need the whole prompt run: prefill it from position 0")
         ids = torch.tensor(prompt[start:], dtype=torch.long, device=self.model.device)
-        for begin in range(0, len(ids), PREFILL_CHUNK):
-            out = self._forward(ids[begin : begin + PREFILL_CHUNK], "last")
+        chunk, top, rows = (PROMPT_LOGPROB_ROWS if prompt_logprobs else PREFILL_CHUNK), self.logprobs or 0, []
+        for begin in range(0, len(ids), chunk):
+            out = self._forward(ids[begin : begin + chunk], "all" if prompt_logprobs else "last")
             if out.taps is not None:
                 self.drafter.add_context(self.ctx, out.taps)
+            following = ids[begin + 1 : begin + 1 + chunk]  # the token each row is followed by
+            if prompt_logprobs and len(following):
+                rows.append(logprob_rows(out.logits[: len(following)], following, top))
         if self.mtp is not None:
             self.mtp.after_prefill(out.hidden[-1:].clone(), len(prompt))
-        self.last = sample(out.logits[-1:], self.sampling, self.generator)
-        return read_to_host(self.last)[0]
+        self.last = sample(self._masked(out.logits[-1:]), self.sampling, self.generator)
+        first = read_to_host(self.last)[0]
+        if self.grammar is not None:
+            self.grammar.consume(first)
+        if self.logprobs is not None:
+            self.first_logprobs = unpack(read_to_host(logprob_rows(out.logits[-1:], self.last, top)), [first])
+        if prompt_logprobs:
+            rest = unpack(read_to_host(torch.cat(rows)), prompt[1:]) if rows else []
+            self.prompt_logprobs = [TokenLogprob(prompt[0], None)] + rest  # nothing predicts the first
+        return first
 
     def step(self, remaining: int, control: SpecControl | None) -> StepResult:
         """Produce at most `remaining` (>= 1) tokens after the last one."""
@@ -260,9 +291,13 @@ class Decoder:
         if flight.k == 0:
             if flight.taps is not None:
                 self.pending.append(flight.taps.clone())  # a graph's buffer is overwritten by the next replay
-            result = StepResult(values, [], 0, 0.0, clock.seconds(0))
+            result = StepResult(values, [], 0, 0.0, clock.seconds(0), logprobs=self._read_logprobs(flight, values))
+            if self.grammar is not None:
+                self.grammar.consume(values[0])
         else:
             *draft_ids, accepted, bonus = values
+            if flight.walk is not None:  # keep the accepted drafts' state, then take the target's token
+                self.grammar.settle(flight.walk, accepted, bonus)
             emitted = (draft_ids[:accepted] + [bonus])[: flight.remaining]
             for i, token in enumerate(emitted):
                 if token in self.eos:
@@ -273,7 +308,15 @@ class Decoder:
                 self.ctx.advance(len(emitted))
             elif flight.taps is not None:  # a DFlash step verified on the torch path, or an MTP round
                 self.pending.append(flight.taps[: len(emitted)].clone())
-            result = StepResult(emitted, draft_ids, accepted, clock.seconds(0), clock.seconds(1), flight.method)
+            result = StepResult(
+                emitted,
+                draft_ids,
+                accepted,
+                clock.seconds(0),
+                clock.seconds(1),
+                flight.method,
+                self._read_logprobs(flight, emitted),
+            )
         if sum(rows.shape[0] for rows in self.pending) >= PENDING_LIMIT:  # DFlash unused for long
             self.flush_pending()
         if flight.auto:  # the method that drafted learns; every other forgets a little, to be retried
@@ -284,6 +327,13 @@ class Decoder:
                     chooser.forget()
         return result
 
+    @staticmethod
+    def _read_logprobs(flight: InFlight, emitted: list[int]) -> list[TokenLogprob] | None:
+        """The step's logprobs, read after its tokens (the device has finished the step by then)."""
+        if flight.logprobs is None:
+            return None
+        return unpack(read_to_host(flight.logprobs[: len(emitted)]), emitted)
+
     def abandon(self, flight: InFlight) -> None:
         """Undo a launched step that will not be finished: the cache and the next input go back to
         where they stood (the drafter's context was not advanced; what the step wrote past the held
@@ -291,6 +341,8 @@ class Decoder:
         over keys the undone verify rewrote: its drafts may differ from transformers', never the output."""
         self.cache.rollback(flight.start)
         self.last = flight.last
+        if flight.walk is not None:
+            flight.walk.undo()
         if self.mtp is not None:
             self.mtp.state = flight.round_state
 
@@ -331,9 +383,12 @@ class Decoder:
         out = self._forward(self.last, "last")
         if self.mtp is not None:  # the next MTP round drafts from this row
             self.mtp.after_forward(out.hidden[-1:].clone(), start, 1)
-        self.last = sample(out.logits[-1:], self.sampling, self.generator)
+        self.last = sample(self._masked(out.logits[-1:]), self.sampling, self.generator)
         clock.mark()
-        return InFlight(start, self.last, clock, out.taps)
+        flight = InFlight(start, self.last, clock, out.taps)
+        if self.logprobs is not None:
+            flight.logprobs = logprob_rows(out.logits[-1:], self.last, self.logprobs)
+        return flight
 
     def flush_pending(self) -> None:
         """Turn the target features gathered since the last draft into the drafter's context K/V."""
@@ -360,7 +415,10 @@ class Decoder:
         self.flush_pending()
         self.ctx.note_block(k + 1)
         draft_logits = self._draft_logits(k)
-        if self.sampling.greedy:
+        walk = self.grammar.walk() if self.grammar is not None else None
+        if walk is not None:  # row by row: each row masked with the state its drafts before it reach
+            draft, draft_probs = self._guided_draft(draft_logits, walk)
+        elif self.sampling.greedy:
             draft_probs, draft = None, draft_logits.argmax(dim=-1)
         else:
             draft_probs = probabilities(draft_logits, self.sampling)
@@ -369,7 +427,8 @@ class Decoder:
         start = self.cache.length
         out = self._forward(torch.cat([self.last, draft]), "all")
         taps = out.taps
-        accepted_t, bonus_t = verify_draft(draft, draft_probs, out.logits, self.sampling, self.generator)
+        logits = walk.target(out.logits) if walk is not None else out.logits
+        accepted_t, bonus_t = verify_draft(draft, draft_probs, logits, self.sampling, self.generator)
         if self.mtp is not None:  # the next MTP round drafts from the accepted row
             self.mtp.after_forward(out.hidden.index_select(0, accepted_t.view(1)), start, k + 1)
         ahead = self.context_ahead and self.ctx.holds_block(taps.shape[0])
@@ -378,20 +437,55 @@ class Decoder:
         clock.mark()
         self.last = bonus_t.view(1)  # when the step is cut short, the generation ends there anyway
         readback = torch.cat([draft, accepted_t.view(1), bonus_t.view(1)])
-        return InFlight(start, readback, clock, None if ahead else taps, ahead)
+        flight = InFlight(start, readback, clock, None if ahead else taps, ahead)
+        flight.logprobs = self._verify_logprobs(out.logits, draft, accepted_t, bonus_t)
+        flight.walk = walk
+        return flight
+
+    def _masked(self, logits: torch.Tensor) -> torch.Tensor:
+        """A row of logits [1, V] under the grammar's current mask (as it is without one)."""
+        return self.grammar.masked(logits) if self.grammar is not None else logits
+
+    def _guided_draft(self, draft_logits: torch.Tensor, walk: Walk) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """DFlash's drafts [k] (and their distributions [k, V] when sampling) drawn row by row, each
+        row masked with the grammar's state after the drafts before it."""
+        tokens, probs = [], []
+        for row in draft_logits.split(1):
+            masked = walk.masked(row)
+            if self.sampling.greedy:
+                token = masked.argmax(dim=-1)
+            else:
+                p = probabilities(masked, self.sampling)
+                token = draw(p, self.generator)
+                probs.append(p)
+            walk.take(token)
+            tokens.append(token)
+        return torch.cat(tokens), torch.cat(probs) if probs else None
 
     def _launch_mtp(self, k: int) -> InFlight:
         """An MTP round: k assistant steps, then the target's verify forward, which also gives the
         hidden state the next round drafts from (the accepted row's, picked on the device)."""
         clock = _StepClock(self.model.device)
         clock.mark()
-        draft, draft_probs = self.mtp.draft(self.cache, self.last, k, self.sampling, self.generator)
+        walk = self.grammar.walk() if self.grammar is not None else None
+        draft, draft_probs = self.mtp.draft(self.cache, self.last, k, self.sampling, self.generator, walk)
         clock.mark()
         start = self.cache.length
         out = self._forward(torch.cat([self.last, draft]), "all")
-        accepted_t, bonus_t = verify_draft(draft, draft_probs, out.logits, self.sampling, self.generator)
+        logits = walk.target(out.logits) if walk is not None else out.logits
+        accepted_t, bonus_t = verify_draft(draft, draft_probs, logits, self.sampling, self.generator)
         self.mtp.after_forward(out.hidden.index_select(0, accepted_t.view(1)), start, k + 1)
         clock.mark()
         self.last = bonus_t.view(1)
         readback = torch.cat([draft, accepted_t.view(1), bonus_t.view(1)])
-        return InFlight(start, readback, clock, out.taps)  # with a drafter loaded too: its context's rows
+        flight = InFlight(start, readback, clock, out.taps)  # with a drafter loaded too: its context's rows
+        flight.logprobs = self._verify_logprobs(out.logits, draft, accepted_t, bonus_t)
+        flight.walk = walk
+        return flight
+
+    def _verify_logprobs(self, logits, draft, accepted, bonus) -> torch.Tensor | None:
+        """The emitted tokens' rows of a verify pass, when logprobs are asked: the target's own
+        logits at each position, as a plain step there would have computed them."""
+        if self.logprobs is None:
+            return None
+        return logprob_rows(logits, spec_chosen(draft, accepted, bonus), self.logprobs)

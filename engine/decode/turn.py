@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 
 from flashdesk.engine.decode.conversation import DROP_OLDEST, FittedPrompt, fit_conversation
 from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest, StepEvent
+from flashdesk.engine.decode.grammar import Grammar
 from flashdesk.engine.decode.prefix_cache import LOCAL
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.stats import SpecStats, StepRecord
@@ -49,7 +50,8 @@ class ChatTurn:
 
     `fitted`: a prompt already built (the API server tokenizes on its own threads, so the engine's
     thread never waits on a long prompt's tokenizing); `scope`: whose prefixes it may reuse
-    (prefix_cache.py)."""
+    (prefix_cache.py); `logprobs`, `prompt_logprobs`, `grammar`, `stop_ids`: as GenerationRequest's (the
+    prompt's logprobs need the whole prompt run, so nothing is reused)."""
 
     def __init__(
         self,
@@ -65,6 +67,10 @@ class ChatTurn:
         reuse: bool = True,
         fitted: FittedPrompt | None = None,
         scope: str = LOCAL,
+        logprobs: int | None = None,
+        prompt_logprobs: bool = False,
+        grammar: Grammar | None = None,
+        stop_ids: tuple[int, ...] = (),
     ):
         self.engine = engine
         self.fitted = fitted or fit_conversation(
@@ -76,8 +82,19 @@ class ChatTurn:
             policy=policy,
         )
         self.prompt = self.fitted.ids
+        reuse = reuse and not prompt_logprobs
         self.request = GenerationRequest(
-            self.prompt, self.fitted.max_new_tokens, sampling, ignore_eos, tuple(stop), reuse=reuse, scope=scope
+            self.prompt,
+            self.fitted.max_new_tokens,
+            sampling,
+            ignore_eos,
+            tuple(stop),
+            reuse=reuse,
+            scope=scope,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            grammar=grammar,
+            stop_ids=stop_ids,
         )
         self.reused = engine.reusable_tokens(self.prompt, scope) if reuse else 0
         self.stats = SpecStats()

@@ -110,7 +110,7 @@ def _fetch_resumable(
         return set()
     storage = snapshot.parent.parent  # models--{org}--{name}
     try:
-        metadata = {}
+        metadata = {}  # name: (url, its ETag, its size)
         for name in todo:
             url = hf_hub_url(repo_id, name, revision=commit, endpoint=hub_endpoint())
             meta = get_hf_file_metadata(url, endpoint=hub_endpoint())
@@ -118,19 +118,19 @@ def _fetch_resumable(
                 raise FlashDeskError(
                     f"{hub_endpoint()} sent no ETag for {repo_id}/{name}: is HF_ENDPOINT a Hugging Face Hub?"
                 )
-            metadata[name] = (url, meta)
+            metadata[name] = (url, meta.etag, meta.size)
         if progress is not None:  # every file's size is known before the first byte: a stable total
-            for name, (_, meta) in metadata.items():
-                partial = storage / "blobs" / f"{meta.etag}.incomplete"
+            for name, (_, etag, size) in metadata.items():
+                partial = storage / "blobs" / f"{etag}.incomplete"
                 have = partial.stat().st_size if partial.is_file() and not fresh else 0
-                progress(name, min(have, meta.size or have), meta.size or 0)
-        _remove_stale_partials(storage, keep={meta.etag for _, meta in metadata.values()}, log=log)
+                progress(name, min(have, size or have), size or 0)
+        _remove_stale_partials(storage, keep={etag for _, etag, _ in metadata.values()}, log=log)
         verified = set()
-        for name, (url, meta) in metadata.items():
+        for name, (url, etag, size) in metadata.items():
             if _download_resumable(
-                storage, commit, name, url, meta.etag, meta.size, replace, fresh, show_progress, log, progress
+                storage, commit, name, url, etag, size, replace, fresh, show_progress, log, progress
             ):
-                verified.add(meta.etag)
+                verified.add(etag)
         return verified
     except (OSError, ValueError, httpx2.HTTPError) as exc:
         raise _download_error(repo_id, exc) from exc
@@ -235,8 +235,8 @@ def _download_to_partial(
         log(f"{filename}: continuing a partial download at {have} of {size} bytes")
     sha = hashlib.sha256()
     if check_sha and have:
-        with partial.open("rb") as f:
-            while chunk := f.read(1 << 24):
+        with partial.open("rb") as held:
+            while chunk := held.read(1 << 24):
                 sha.update(chunk)
     report = progress or (lambda file, done, total: None)
     report(filename, have, size or 0)

@@ -25,7 +25,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection, Mapping, Sequence
 
 from flashdesk.engine.errors import CheckpointError, FlashDeskError
 from flashdesk.engine.hub.hub_download import (
@@ -139,12 +139,14 @@ def check_folder(folder: str | Path) -> list[Problem]:
         problems.append(Problem("config.json", "missing"))
     except (OSError, ValueError) as exc:
         problems.append(Problem("config.json", f"unreadable or not JSON ({exc})"))
+    shards: Mapping[str, set[str] | None]  # the tensors the index places in each file (None: no index)
     if (folder / INDEX_FILE).is_file():
         try:
             weight_map = json.loads((folder / INDEX_FILE).read_text(encoding="utf-8"))["weight_map"]
-            shards: dict[str, set[str]] = {}
+            placed: dict[str, set[str]] = {}
             for name, shard in weight_map.items():
-                shards.setdefault(shard, set()).add(name)
+                placed.setdefault(shard, set()).add(name)
+            shards = placed
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             return problems + [Problem(INDEX_FILE, f"not a valid safetensors index ({exc})")]
     elif (folder / SINGLE_FILE).is_file():
@@ -328,7 +330,11 @@ def list_models() -> list[ModelEntry]:
 
 
 def _fetch(
-    repo_id: str, filename: str | None = None, revision: str | None = None, force: bool = False, skip: list[str] = ()
+    repo_id: str,
+    filename: str | None = None,
+    revision: str | None = None,
+    force: bool = False,
+    skip: Sequence[str] = (),
 ) -> Path:
     """snapshot_download (filename None) or hf_hub_download into the cache; errors as FlashDeskError.
 
@@ -337,15 +343,24 @@ def _fetch(
     import httpx2
     from huggingface_hub import hf_hub_download, snapshot_download
 
-    common = dict(cache_dir=hub_cache_dir(), endpoint=hub_endpoint(), force_download=force)
+    cache_dir, endpoint = hub_cache_dir(), hub_endpoint()
     try:
         if filename is None:
             return Path(
                 snapshot_download(
-                    repo_id, allow_patterns=ENGINE_FILES, ignore_patterns=SKIPPED_FILES + list(skip), **common
+                    repo_id,
+                    allow_patterns=ENGINE_FILES,
+                    ignore_patterns=SKIPPED_FILES + list(skip),
+                    cache_dir=cache_dir,
+                    endpoint=endpoint,
+                    force_download=force,
                 )
             )
-        return Path(hf_hub_download(repo_id, filename, revision=revision, **common))
+        return Path(
+            hf_hub_download(
+                repo_id, filename, revision=revision, cache_dir=cache_dir, endpoint=endpoint, force_download=force
+            )
+        )
     except (OSError, ValueError, httpx2.HTTPError) as exc:  # HfHubHTTPError and friends are OSErrors
         raise _download_error(repo_id, exc) from exc
 
@@ -431,7 +446,7 @@ def _report_small_files(repo_id: str, snapshot: Path, progress: Progress) -> Non
 
 
 def _check_download(
-    repo_id: str, snapshot: Path, show_progress: bool, verified: set[str] = frozenset()
+    repo_id: str, snapshot: Path, show_progress: bool, verified: Collection[str] = frozenset()
 ) -> list[Problem]:
     problems = cache_problems(repo_id, snapshot)
     problems += check_folder(snapshot)

@@ -51,8 +51,8 @@ def gpu_memory() -> tuple[str, int, int] | None:
     """(name, free bytes, total bytes) of GPU 0, or None without one."""
     fake = os.environ.get(FAKE_GPU_ENV)
     if fake:
-        name, free, total = fake.rsplit(",", 2)
-        return name.strip(), int(float(free) * GIB), int(float(total) * GIB)
+        name, free_gib, total_gib = fake.rsplit(",", 2)
+        return name.strip(), int(float(free_gib) * GIB), int(float(total_gib) * GIB)
     import torch
 
     if not torch.cuda.is_available():

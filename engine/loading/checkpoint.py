@@ -29,6 +29,7 @@ from flashdesk.engine.model.drafter import draft_expected_shapes
 from flashdesk.engine.errors import ConfigError, FlashDeskError
 from flashdesk.engine.loading.memory_plan import (
     GPU_KV_DTYPE,
+    DraftModels,
     MemoryPlan,
     drafter_weight_bytes,
     format_bytes,
@@ -389,13 +390,14 @@ def _estimate_cpu_memory(
     cfg: Gemma4Config,
     context: int,
     report: CheckpointReport,
-    draft: DraftConfig | AssistantConfig | None,
+    draft: DraftModels,
     flags: bool = True,
 ) -> None:
     """RAM on the CPU: float32 weights (int4 kept packed), KV and work buffers, as the engine runs there."""
-    context, note = _context(cfg, context, report, flags)
-    if context is None:
+    planned, note = _context(cfg, context, report, flags)
+    if planned is None:
         return
+    context = planned
     weights = report.loaded_bytes if report.loaded_bytes is not None else loaded_weight_bytes(cfg, CPU_DTYPE_BYTES)
     memory = plan_memory(cfg, weights, context, "float32", draft, dtype_bytes=CPU_DTYPE_BYTES, triton=False)
     report.memory = memory
@@ -408,12 +410,13 @@ def _estimate_memory(
     cfg: Gemma4Config,
     context: int,
     report: CheckpointReport,
-    draft: DraftConfig | AssistantConfig | None,
+    draft: DraftModels,
     flags: bool = True,
 ) -> None:
-    context, note = _context(cfg, context, report, flags)
-    if context is None:
+    planned, note = _context(cfg, context, report, flags)
+    if planned is None:
         return
+    context = planned
     weights = report.loaded_bytes if report.loaded_bytes is not None else loaded_weight_bytes(cfg)
     memory = plan_memory(cfg, weights, context, GPU_KV_DTYPE, draft)
     report.memory = memory

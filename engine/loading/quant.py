@@ -55,6 +55,8 @@ class QuantConfig:
                     f"differently ({_describe(found)} against {_describe(scheme)})"
                 )
             found = scheme
+        if found is None:
+            raise CheckpointError("a packed weight stored as no module at all")
         return found
 
     def _scheme_of(self, module: str, experts: str) -> Scheme | None:

@@ -166,17 +166,17 @@ def parse_config(raw: dict, source: str = "config.json") -> Gemma4Config:
     per_layer = text.get("per_layer_config")
     layers = []
     for i, kind in enumerate(layer_types):
-        spec = {"head_dim": head_dim, "num_key_value_heads": kv_heads}
+        sizes = {"head_dim": head_dim, "num_key_value_heads": kv_heads}
         if per_layer is not None:  # a config saved by transformers: explicit per-layer overrides
-            spec.update(per_layer.get(str(i), per_layer.get(i, per_layer.get(kind, {}))) or {})
+            sizes.update(per_layer.get(str(i), per_layer.get(i, per_layer.get(kind, {}))) or {})
         elif kind == FULL:
-            spec.update(full_overrides)
-        layer_kv = int(spec["num_key_value_heads"])
+            sizes.update(full_overrides)
+        layer_kv = int(sizes["num_key_value_heads"])
         if num_heads % layer_kv:
             raise ConfigError(
                 f"{source}: layer {i}: {num_heads} attention heads are not a multiple of {layer_kv} key/value heads"
             )
-        layers.append(LayerSpec(kind, int(spec["head_dim"]), layer_kv, k_eq_v and kind == FULL))
+        layers.append(LayerSpec(kind, int(sizes["head_dim"]), layer_kv, k_eq_v and kind == FULL))
 
     rope_params = text.get("rope_parameters") or {
         SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},

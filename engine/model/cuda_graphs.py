@@ -173,10 +173,17 @@ class StepGraphs:
         return self.model.compute(ids[:m], self.cache, self.taps, "all")
 
     def _draft(self, ids: torch.Tensor, k: int) -> torch.Tensor:
-        return self.drafter.draft_logits(self.ctx, ids[:1], k)
+        drafter, ctx = self._drafting()
+        return drafter.draft_logits(ctx, ids[:1], k)
 
     def _write_context(self, taps: torch.Tensor, rows: int) -> None:
-        self.drafter.write_context(self.ctx, taps[:rows])
+        drafter, ctx = self._drafting()
+        drafter.write_context(ctx, taps[:rows])
+
+    def _drafting(self) -> tuple[Drafter, DraftContext]:
+        if self.drafter is None or self.ctx is None:
+            raise RuntimeError("these step graphs were made without a drafter and its context: no drafter steps")
+        return self.drafter, self.ctx
 
 
 def draft_logits(

@@ -308,9 +308,10 @@ class Drafter:
         scale = cfg.head_dim**-0.5
         q, kv = qkv[:, : cfg.num_heads], qkv[:, cfg.num_heads :]
         if all(use_triton(q, family) for family in STEP_FAMILIES) and ctx.holds_block(t):
-            q = drafter_store_kv(q, kv, layer["q_norm"], layer["k_norm"], cos, sin, eps, ctx.slots(i))
+            normed = drafter_store_kv(q, kv, layer["q_norm"], layer["k_norm"], cos, sin, eps, ctx.slots(i))
+            assert normed is not None  # a q in, its norms out
             return attention_in_place(
-                q,
+                normed,
                 ctx.k[i],
                 ctx.v[i],
                 None,

@@ -93,7 +93,7 @@ class Gemma4:
         ]
         return KVCache(layouts, max_context, kv_dtype, self.dtype, self.device, slack)
 
-    def _rope_tables(self, positions: torch.Tensor) -> dict:
+    def _rope_tables(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """cos and sin [T, head_dim] of each layer kind at `positions`, as transformers computes
         them (fp32 angles, rounded to the model's dtype once), for all kinds in one multiply, one
         cos and one sin: 3 kernels a step instead of 7 a kind. A decode step's kind tables are
@@ -140,7 +140,17 @@ class Gemma4:
             logits = torch.tanh(logits / cap) * cap
         return ForwardOutput(logits, torch.cat([tapped[t] for t in taps], dim=-1) if taps else None, x)
 
-    def _layer(self, i: int, L: _Layer, h, x, reader: torch.Tensor, positions, rope, cache: KVCache):
+    def _layer(
+        self,
+        i: int,
+        L: _Layer,
+        h,
+        x,
+        reader: torch.Tensor,
+        positions,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache,
+    ):
         """The residual stream h and its input norm x -> the layer's output and its norm by the
         `reader` weight (the next layer's input norm, or the final norm), fused in the last kernel."""
         cfg, eps, n = self.cfg, self.cfg.rms_norm_eps, L.norms

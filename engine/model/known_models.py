@@ -12,10 +12,11 @@ module's attributes or functions (not `from ... import REAL_TARGET`) so that a s
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Any
 
 REAL_LAYERS = 30
 LAYER_TYPES = (["sliding_attention"] * 5 + ["full_attention"]) * 5
-REAL_TARGET = {  # google/gemma-4-26B-A4B-it text config
+REAL_TARGET: dict[str, Any] = {  # google/gemma-4-26B-A4B-it text config
     "architectures": ["Gemma4ForCausalLM"],
     "model_type": "gemma4_text",
     "vocab_size": 262144,
@@ -51,7 +52,7 @@ REAL_TARGET = {  # google/gemma-4-26B-A4B-it text config
     "pad_token_id": 0,
     "dtype": "bfloat16",
 }
-REAL_DRAFTER = {  # z-lab/gemma-4-26B-A4B-it-DFlash config.json
+REAL_DRAFTER: dict[str, Any] = {  # z-lab/gemma-4-26B-A4B-it-DFlash config.json
     "architectures": ["DFlashDraftModel"],
     "model_type": "qwen3",
     "hidden_size": 2816,
@@ -91,7 +92,7 @@ REAL_DRAFTER = {  # z-lab/gemma-4-26B-A4B-it-DFlash config.json
 # to 0.84 GB by these shapes, the size of the published bf16 copies. Defaults of transformers'
 # Gemma4AssistantConfig: num_centroids 2048 and centroid_intermediate_top_k 32 (unused without
 # ordered embeddings).
-REAL_ASSISTANT = {
+REAL_ASSISTANT: dict[str, Any] = {
     "architectures": ["Gemma4AssistantForCausalLM"],
     "model_type": "gemma4_assistant",
     "backbone_hidden_size": 2816,  # the target's hidden size

@@ -135,7 +135,8 @@ class KVCache:
         slots = positions if store.layout.window is None else positions % store.capacity
         store.k[slots] = kq
         store.v[slots] = vq
-        if ks is not None:
+        if ks is not None:  # quantized to fp8, so the store is fp8 and keeps scales
+            assert store.k_scale is not None and store.v_scale is not None
             store.k_scale[slots] = ks
             store.v_scale[slots] = vs
 
@@ -177,8 +178,10 @@ class KVCache:
                 scale,
                 self.max_context,
             )
+        assert v is not None  # k and v come together, or neither
         keys, values, key_pos = self.update(layer, self.length, k, v)
         if self._in_place(store):
+            assert store.k_scale is not None and store.v_scale is not None  # in place: fp8 keys
             end = keys.shape[0]
             return attention(
                 q,

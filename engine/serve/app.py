@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP API over a Runner: GET /v1/models, POST /v1/chat/completions (streamed or
-whole), GET /health and GET /metrics.
+"""The OpenAI-compatible HTTP API over a Runner: GET /v1/models, POST /v1/chat/completions and
+POST /v1/completions (streamed or whole), GET /health and GET /metrics.
 
 Around the routes, outermost first: the Host check (hosts.py), CORS (cors.py), the API key
 (auth.py), and the body gate (body.py: JSON only, bounded in size and time). A chat request then
@@ -35,6 +35,10 @@ from flashdesk.engine.serve.metrics import CONTENT_TYPE
 from flashdesk.engine.serve.prompt import PromptMaker
 from flashdesk.engine.serve.runner import CLIENT_GONE, STOPPING, Job, JobDelta, JobDone, JobFailed, JobStarted, Runner
 from flashdesk.engine.serve.schema import ChatCompletionRequest
+from flashdesk.engine.serve.tool_reply import ToolReply
+from flashdesk.engine.serve.tools import Plan, Structure, template_messages
+from flashdesk.engine.serve.text_job import text_job
+from flashdesk.engine.serve.text_schema import CompletionRequest
 
 OWNER = "flashdesk"
 EXPIRED = object()  # the request's time limit passed (on the job's event queue)
@@ -66,6 +70,7 @@ def create_app(
     defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, **(sampling_defaults or {})}
     tokenizer = getattr(runner, "tokenizer", None)
     prompts = PromptMaker(tokenizer, runner.context_limit) if tokenizer is not None else None
+    structure = Structure(tokenizer) if tokenizer is not None else None  # tools and response formats
     admission = Admission(limits.max_queue)
     app.state.prompts = prompts
 
@@ -101,7 +106,15 @@ def create_app(
     def value(given, name: str):
         return given if given is not None else defaults[name]
 
-    async def job_for(body: ChatCompletionRequest, scope: str) -> Job:
+    def plan_for(body: ChatCompletionRequest) -> Plan:
+        """What the request's tools and response format ask of the engine (a 400 when it cannot)."""
+        if structure is None:
+            if body.tools or body.response_format not in (None, {"type": "text"}):
+                raise ApiError(400, "this model has no tokenizer: no tools or response formats", "tools")
+            return Plan()
+        return structure.plan(body)
+
+    async def job_for(body: ChatCompletionRequest, scope: str, plan: Plan) -> Job:
         if body.model is not None and body.model != model:
             raise ApiError(
                 404,
@@ -125,13 +138,14 @@ def create_app(
             max(0, value(body.top_k, "top_k")),
             body.seed,
             min_p=value(body.min_p, "min_p"),
+            suppress=plan.suppress,
         )
-        messages = body.chat_messages()
+        messages = template_messages(body.chat_messages())
         fitted = None
         if prompts is not None:
             started = time.monotonic()
             try:
-                fitted = await prompts.fit(messages, body.thinking, max_tokens)
+                fitted = await prompts.fit(messages, body.thinking, max_tokens, plan.tools)
             except ApiError as exc:
                 runner.refused(exc.message, body.stream, time.monotonic() - started)
                 raise
@@ -145,10 +159,13 @@ def create_app(
             body.stream,
             fitted=fitted,
             scope=scope,
+            logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+            grammar=plan.grammar,
+            stop_ids=plan.stop_ids,
         )
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    def admit():
+        """A place in the bounded queue, or a 429."""
         place = admission.enter()
         if place is None:
             raise ApiError(
@@ -158,18 +175,44 @@ def create_app(
                 type_="rate_limit_error",
                 headers={"Retry-After": str(admission.retry_after())},
             )
+        return place
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        place = admit()
         try:
-            job = await job_for(body, request.scope.get(CLIENT_SCOPE, ANONYMOUS))
+            plan = plan_for(body)
+            job = await job_for(body, request.scope.get(CLIENT_SCOPE, ANONYMOUS), plan)
         except BaseException:
             place.leave()
             raise
-        return await _answer(runner, job, body, request, Completion(job.id, int(time.time()), model), limits, place)
+        completion = Completion(job.id, int(time.time()), model, logprobs=bool(body.logprobs))
+        if plan.calls:
+            completion = ToolReply(completion)
+        return await _answer(runner, job, body, request, completion, limits, place)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        place = admit()
+        try:
+            scope = request.scope.get(CLIENT_SCOPE, ANONYMOUS)
+            job, completion = await text_job(body, runner, prompts, defaults, model, scope)
+        except BaseException:
+            place.leave()
+            raise
+        return await _answer(runner, job, body, request, completion, limits, place)
 
     return app
 
 
 async def _answer(
-    runner: Runner, job: Job, body: ChatCompletionRequest, request: Request, completion: Completion, limits, place
+    runner: Runner,
+    job: Job,
+    body: ChatCompletionRequest | CompletionRequest,
+    request: Request,
+    completion,
+    limits,
+    place,
 ) -> Response:
     """Queue the job and answer with its reply (streamed or whole) or its refusal. The place in the
     queue is left when the answer is whole, or when a stream or its job ends, whichever comes first."""
@@ -252,6 +295,8 @@ async def _whole(job: Job, bridge: EventBridge, first, completion: Completion) -
     """Collect the reply (or the refusal, or the client's disconnect) into one response."""
     content: list[str] = []
     reasoning: list[str] = []
+    logprobs: list[dict] = []
+    prompt_logprobs = None
     item = first
     while True:
         if item is GONE:
@@ -262,8 +307,13 @@ async def _whole(job: Job, bridge: EventBridge, first, completion: Completion) -
         if isinstance(item, JobDelta):
             content.append(item.content)
             reasoning.append(item.reasoning)
+            logprobs += item.logprobs
+            prompt_logprobs = item.prompt_logprobs if item.prompt_logprobs is not None else prompt_logprobs
         elif isinstance(item, JobDone):
-            return JSONResponse(completion.whole("".join(content), "".join(reasoning), item.reason, item.usage))
+            reply = completion.whole(
+                "".join(content), "".join(reasoning), item.reason, item.usage, logprobs, prompt_logprobs
+            )
+            return JSONResponse(reply)
         item = await bridge.get()  # EXPIRED: the job stops after its step, and ends as TIME_LIMIT
 
 
@@ -272,7 +322,9 @@ async def _stream(job: Job, bridge: EventBridge, completion: Completion, include
     Closed early (the client disconnected), it cancels the job. `ended()` when it ends, either way."""
     done = False
     try:
-        yield completion.chunk({"role": "assistant", "content": ""}, with_usage=include_usage)
+        opening = completion.opening(include_usage)
+        if opening:
+            yield opening
         while True:
             item = await bridge.get()
             if item is GONE:
@@ -280,16 +332,15 @@ async def _stream(job: Job, bridge: EventBridge, completion: Completion, include
             if item is EXPIRED:  # the job stops after its step, and ends as TIME_LIMIT
                 continue
             if isinstance(item, JobDelta):
-                delta = {"reasoning_content": item.reasoning} if item.reasoning else {}
-                if item.content:
-                    delta["content"] = item.content
-                yield completion.chunk(delta, with_usage=include_usage)
+                chunk = completion.delta(item, include_usage)
+                if chunk:
+                    yield chunk
                 continue
             done = True  # the job is over: nothing to cancel from here on
             if _ended_badly(item):  # the engine failed, or the server is stopping: OpenAI streams an error
                 yield event(_error(item).body())
             else:
-                yield completion.chunk({}, item.reason, with_usage=include_usage)
+                yield completion.closing(item.reason, include_usage)
                 if include_usage:
                     yield completion.usage_chunk(item.usage)
             yield DONE

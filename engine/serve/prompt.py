@@ -14,6 +14,11 @@ refused before the template is even rendered (the body's size is bounded before 
 The reply's room: with `max_tokens`, the prompt must leave it min(max_tokens, a quarter of the
 context), as in the app; without, the reply may take what the context leaves after the prompt, at
 most DEFAULT_REPLY_CAP tokens, and only a prompt that fills the context is refused.
+
+A raw prompt (/v1/completions) is the model's input as written: its text is tokenized with control
+tokens read as such (it may write Gemma 4's chat format itself) and a <bos> put first unless it
+begins with one; token ids are taken as they are. It must leave room for all of `max_tokens`, as
+vLLM asks.
 """
 
 from __future__ import annotations
@@ -35,6 +40,23 @@ from flashdesk.engine.serve.errors import ApiError
 DEFAULT_REPLY_CAP = 32768  # tokens a reply without max_tokens may take, if the context leaves them
 THREADS = 2
 TOO_LONG = "context_length_exceeded"
+
+
+def fitted_text(ids: list[int], context_limit: int, max_tokens: int | None) -> FittedPrompt:
+    """A raw prompt's `ids` with room for `max_tokens` (None: what the context leaves, up to
+    DEFAULT_REPLY_CAP; 0: the prompt alone, which still runs one token), or a 400."""
+    room = 1 if max_tokens is None else max(1, max_tokens)
+    if len(ids) + room > context_limit:
+        raise ApiError(
+            400,
+            f"the prompt is {len(ids)} tokens and the reply needs {room} more (max_tokens), over this model's "
+            f"context of {context_limit} tokens: shorten the prompt or lower max_tokens",
+            "prompt",
+            TOO_LONG,
+        )
+    left = context_limit - len(ids)
+    reply = room if max_tokens is not None else min(left, DEFAULT_REPLY_CAP)
+    return FittedPrompt(ids, [], dropped=0, max_new_tokens=reply, capped=max_tokens is None and reply == left)
 
 
 def fitted_for(ids: list[int], messages: list[dict], context_limit: int, max_tokens: int | None) -> FittedPrompt:
@@ -93,18 +115,61 @@ class PromptMaker:
                 TOO_LONG,
             )
 
-    async def fit(self, messages: list[dict], thinking: bool, max_tokens: int | None) -> FittedPrompt:
+    async def fit(
+        self, messages: list[dict], thinking: bool, max_tokens: int | None, tools: list | None = None
+    ) -> FittedPrompt:
+        """The chat prompt of `messages` (with `tools` declared), fitted (fitted_for)."""
         self.check_size(messages, max_tokens)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._fit, messages, thinking, max_tokens)
+        return await loop.run_in_executor(self._pool, self._fit, messages, thinking, max_tokens, tools)
 
-    def _fit(self, messages: list[dict], thinking: bool, max_tokens: int | None) -> FittedPrompt:
+    async def fit_text(self, prompt: str | list[int], max_tokens: int | None) -> FittedPrompt:
+        """A raw prompt, text (tokenized on this maker's threads) or token ids, fitted (fitted_text)."""
+        if isinstance(prompt, list):
+            return fitted_text(list(prompt), self.context_limit, max_tokens)
+        least = -(-len(prompt) // self.longest)
+        if least + (1 if max_tokens is None else max(1, max_tokens)) > self.context_limit:
+            raise ApiError(
+                400,
+                f"the prompt is {len(prompt)} characters, at least {least} tokens, which with max_tokens is over "
+                f"this model's context of {self.context_limit} tokens",
+                "prompt",
+                TOO_LONG,
+            )
+        loop = asyncio.get_running_loop()
+        ids = await loop.run_in_executor(self._pool, self._text_ids, prompt)
+        return fitted_text(ids, self.context_limit, max_tokens)
+
+    async def text_of(self, ids: list[int]) -> str:
+        """The text of token ids (an echoed prompt given as ids), control tokens as their strings."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._decode, ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer().decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def _text_ids(self, text: str) -> list[int]:
+        tokenizer = self._tokenizer()
+        try:
+            text.encode("utf-8")  # a lone surrogate (JSON's \\ud800) has no UTF-8
+            ids = [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+        except (ValueError, TypeError, UnicodeError) as exc:
+            raise ApiError(400, f"the prompt cannot be tokenized: {exc}", "prompt") from None
+        bos = tokenizer.bos_token_id
+        return ids if bos is None or ids[:1] == [bos] else [bos] + ids
+
+    def _tokenizer(self):
+        """This thread's own copy of the tokenizer."""
         tokenizer = getattr(self._local, "tokenizer", None)
         if tokenizer is None:
             tokenizer = self._local.tokenizer = self._copies.get()
+        return tokenizer
+
+    def _fit(self, messages: list[dict], thinking: bool, max_tokens: int | None, tools=None) -> FittedPrompt:
+        tokenizer = self._tokenizer()
         try:
             check_messages(messages)
-            ids = build_prompt_ids(tokenizer, messages, enable_thinking=thinking)
+            ids = build_prompt_ids(tokenizer, messages, enable_thinking=thinking, tools=tools)
         except (FlashDeskError, ValueError, TemplateError) as exc:
             raise ApiError(400, f"the messages cannot be made into a prompt: {exc}", "messages") from None
         return fitted_for(ids, messages, self.context_limit, max_tokens)

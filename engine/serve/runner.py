@@ -25,11 +25,13 @@ from typing import Callable
 from jinja2 import TemplateError
 
 from flashdesk.engine.decode.conversation import STOP, FittedPrompt
+from flashdesk.engine.decode.grammar import Grammar
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.speculative import AUTO
 from flashdesk.engine.decode.turn import CANCELLED, ChatTurn, TurnEnd
 from flashdesk.engine.errors import ContextOverflowError, FlashDeskError
 from flashdesk.engine.serve.auth import ANONYMOUS
+from flashdesk.engine.serve.logprobs import TokenTexts, entries
 from flashdesk.engine.serve.metrics import ServeMetrics
 
 # statuses of finished jobs (JobRecord.status), as HTTP would say them
@@ -56,6 +58,8 @@ class JobStarted:
 class JobDelta:
     content: str  # answer text completed by this step
     reasoning: str  # thought text completed by this step
+    logprobs: tuple[dict, ...] = ()  # the step's tokens' (logprobs.py's chat shape), when the job asks
+    prompt_logprobs: tuple[dict, ...] | None = None  # the prompt's (the prefill's step), when the job asks
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,10 @@ class Job:
     sink: Callable[[object], None] = lambda event: None
     fitted: FittedPrompt | None = None
     scope: str = ANONYMOUS
+    logprobs: int | None = None  # each token's log probability with this many alternatives (None: none)
+    prompt_logprobs: bool = False  # the prompt's tokens' too
+    grammar: Grammar | None = None  # every token of the reply within it (response_format, a forced tool call)
+    stop_ids: tuple[int, ...] = ()  # tokens that end the reply beside the model's own (a tool call's)
     id: str = field(default_factory=lambda: new_id())
     cancel_event: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
@@ -192,6 +200,7 @@ class Runner:
         self._running: Job | None = None
         self._closed = False
         self._thread = None
+        self._texts: TokenTexts | None = None  # token texts for logprobs, made on the engine's thread
         if schedule is None:
             jobs: queue.Queue = queue.Queue()
             self._thread = threading.Thread(target=self._take, args=(jobs,), name="flashdesk-engine", daemon=True)
@@ -202,6 +211,12 @@ class Runner:
     @property
     def context_limit(self) -> int:
         return self.engine.context_limit
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The ids the model takes (a prompt of token ids is checked against it); None: unknown."""
+        model = getattr(self.engine, "model", None)
+        return model.cfg.vocab_size if model is not None else None
 
     @property
     def tokenizer(self):
@@ -284,6 +299,10 @@ class Runner:
                 policy=STOP,
                 fitted=job.fitted,
                 scope=job.scope,
+                logprobs=job.logprobs,
+                prompt_logprobs=job.prompt_logprobs,
+                grammar=job.grammar,
+                stop_ids=job.stop_ids,
             )
         except ContextOverflowError as exc:
             return JobFailed(REFUSED, str(exc), "context_length_exceeded"), -1
@@ -314,11 +333,21 @@ class Runner:
             self.metrics.first_token(time.perf_counter() - job.arrived, len(event.emitted))
         else:
             self.metrics.step(event.seconds, len(event.emitted), len(event.draft), event.accepted, event.method)
-        if event.answer or event.thought:
-            job.sink(JobDelta(event.answer, event.thought))
+        logprobs = self._shown(event.logprobs)
+        prompt = self._shown(event.prompt_logprobs) if event.prompt_logprobs is not None else None
+        if event.answer or event.thought or logprobs or prompt:
+            job.sink(JobDelta(event.answer, event.thought, logprobs, prompt))
         if self.step_delay:
             time.sleep(self.step_delay)
         return event.index
+
+    def _shown(self, logprobs) -> tuple[dict, ...]:
+        """A step's logprobs as the API shows them (the engine's thread: token texts need the tokenizer)."""
+        if not logprobs:
+            return ()
+        if self._texts is None:
+            self._texts = TokenTexts(self.engine.tokenizer)
+        return entries(logprobs, self._texts)
 
     def refused(self, message: str, stream: bool, seconds: float) -> None:
         """Record a request whose prompt was refused before it was queued (it cannot fit the context,

@@ -2,10 +2,11 @@
 
 Strict types (a number is not a string, a boolean is not 1, NaN is not a number), the OpenAI ranges
 (temperature 0..2, top_p in (0, 1]), and a 400 naming the field for every field of OpenAI's and
-vLLM's requests that would change the reply and that the engine cannot honour (several choices, log
-probabilities, tools and functions, response formats, penalties, grammars, beam search...), instead
-of silently ignoring it. What does not change the reply is taken and not used (`user`, `metadata`,
-`store`, `service_tier`, ...: METADATA). Fields neither API defines are ignored, as vLLM ignores
+vLLM's requests that would change the reply and that the engine cannot honour (several choices, the
+legacy functions, penalties, vLLM's guided decoding fields, beam search...), instead of silently
+ignoring it. `tools`, `tool_choice`, `parallel_tool_calls` and `response_format` are read in tools.py.
+What does not change the reply is taken and not used (`user`, `metadata`, `store`, `service_tier`,
+...: METADATA). Fields neither API defines are ignored, as vLLM ignores
 them, so clients that send vendor extras of their own still work.
 Thinking: `reasoning_effort` other than "none", or vLLM's `chat_template_kwargs.enable_thinking`
 (which wins when both are given). `top_k`, `min_p` and `ignore_eos` are vLLM's extensions.
@@ -18,10 +19,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from flashdesk.engine.decode.logprobs import MAX_TOP
+
 MAX_STOP_STRINGS = 16
 INT64 = 2**63
 # taken and not used: they describe the request, never the reply
-METADATA = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "parallel_tool_calls")
+METADATA = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
 
 
 def _absent(value: Any) -> bool:
@@ -37,7 +40,6 @@ def _one_of(*harmless: Any):
 UNSUPPORTED = {
     "functions": (_absent, "function calling is not supported by this server (functions is the older name of tools)"),
     "function_call": (_one_of("none"), "function calling is not supported by this server"),
-    "tool_choice": (_one_of("none", "auto"), "tool calls are not supported by this server"),
     "repetition_penalty": (_one_of(1, 1.0), "repetition_penalty is not supported (give 1 or leave it out)"),
     "audio": (_absent, "audio output is not supported: this server answers in text"),
     "modalities": (_one_of(["text"]), 'only the "text" modality is supported'),
@@ -55,8 +57,6 @@ UNSUPPORTED = {
     "include_stop_str_in_output": (_one_of(False), "include_stop_str_in_output is not supported"),
     "skip_special_tokens": (_one_of(True), "skip_special_tokens: false is not supported"),
     "echo": (_one_of(False), "echo is not supported"),
-    "add_generation_prompt": (_one_of(True), "add_generation_prompt: false is not supported"),
-    "continue_final_message": (_one_of(False), "continue_final_message is not supported (the user has the last word)"),
     "chat_template": (_absent, "a chat template of the request's own is not supported"),
     "documents": (_absent, "documents are not supported"),
     "prompt_logprobs": (_absent, "prompt_logprobs is not supported"),
@@ -93,15 +93,31 @@ def _text(content: Any) -> str:
     raise ValueError(f"content must be a string or a list of text parts, got {type(content).__name__}")
 
 
+def stop_strings(stop):
+    """`stop` as both APIs take it: a string, or a list of at most MAX_STOP_STRINGS strings."""
+    if stop is None or isinstance(stop, str):
+        return stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise refuse("stop", f"stop must be a string or a list of strings, got {stop!r}"[:200])
+    if len(stop) > MAX_STOP_STRINGS:
+        raise refuse("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
+    return stop
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str
+    tool_calls: list | None = None  # an assistant's earlier calls (checked in tools.py)
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _content_as_text(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("tool_calls") and "content" not in data:
+            data = {**data, "content": None}  # OpenAI's clients leave an assistant's empty content out
         if isinstance(data, dict) and "content" in data:
             content = data["content"]
             if content is None and data.get("role") == "assistant":  # an assistant turn with tool calls only
@@ -155,13 +171,18 @@ class ChatCompletionRequest(BaseModel):
     chat_template_kwargs: TemplateOptions | None = None
     ignore_eos: bool = False
     n: int = 1
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    tools: list | None = None
-    response_format: dict | None = None
+    logprobs: bool | None = None  # each reply token's log probability (engine/decode/logprobs.py)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP)  # and this many alternatives
+    tools: list | None = None  # functions the model may call (tools.py checks them)
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict | None = None  # text, json_object or json_schema (tools.py)
     presence_penalty: float | None = Field(None, allow_inf_nan=False)
     frequency_penalty: float | None = Field(None, allow_inf_nan=False)
     logit_bias: dict | None = None
+    # vLLM's pair for going on with a reply the last assistant message holds (one a context cut off)
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -173,25 +194,12 @@ class ChatCompletionRequest(BaseModel):
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_strings(cls, stop):
-        if stop is None or isinstance(stop, str):
-            return stop
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise refuse("stop", f"stop must be a string or a list of strings, got {stop!r}"[:200])
-        if len(stop) > MAX_STOP_STRINGS:
-            raise refuse("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
-        return stop
+        return stop_strings(stop)
 
     @model_validator(mode="after")
     def _supported(self) -> "ChatCompletionRequest":
         refusals = [
             (self.n != 1, "n", f"only n=1 is supported (one choice per request), got {self.n}"),
-            (bool(self.logprobs), "logprobs", "log probabilities are not supported"),
-            (bool(self.tools), "tools", "tool calls are not supported by this server"),
-            (
-                self.response_format is not None and self.response_format.get("type", "text") != "text",
-                "response_format",
-                "only the text response format is supported",
-            ),
             (
                 bool(self.presence_penalty),
                 "presence_penalty",
@@ -220,12 +228,31 @@ class ChatCompletionRequest(BaseModel):
                     f"a {role} message may only come first (Gemma 4's chat "
                     f"template has one system turn, at the start); messages[{i}] is one",
                 )
-        if roles[-1] != "user":
+        last = len(roles) - 1
+        if self.continue_final_message or not self.add_generation_prompt:
+            if not (self.continue_final_message and not self.add_generation_prompt):
+                raise refuse(
+                    "continue_final_message",
+                    "continue_final_message: true goes with add_generation_prompt: false (and only with it)",
+                )
+            if roles[-1] != "assistant" or self.messages[-1].tool_calls or not self.messages[-1].content:
+                raise refuse(
+                    f"messages[{last}].role",
+                    "continue_final_message goes on with the last message's text: it must be an assistant's",
+                )
+            if self.tools or self.response_format:
+                raise refuse("continue_final_message", "continue_final_message is not supported with tools or a format")
+        elif roles[-1] not in ("user", "tool"):
             raise refuse(
-                f"messages[{len(roles) - 1}].role",
-                f"the last message must be from the user (it is the "
-                f"{roles[-1]}'s): the model answers the last user message",
+                f"messages[{last}].role",
+                f"the last message must be from the user or a tool (it is the "
+                f"{roles[-1]}'s): the model answers the last user message, or goes on after a tool's result "
+                "(to go on with an assistant's reply, send continue_final_message: true and "
+                "add_generation_prompt: false)",
             )
+        for i, message in enumerate(self.messages):
+            if message.role == "tool" and (not i or roles[i - 1] not in ("assistant", "tool")):
+                raise refuse(f"messages[{i}].role", 'a message of role "tool" answers a call: it follows the calls')
         return self
 
     @property
@@ -246,4 +273,9 @@ class ChatCompletionRequest(BaseModel):
 
     def chat_messages(self) -> list[dict]:
         """The messages as the chat template takes them (developer is the system prompt)."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.content} for m in self.messages]
+        out = []
+        for m in self.messages:
+            message = {"role": "system" if m.role == "developer" else m.role, "content": m.content}
+            extra = {"tool_calls": m.tool_calls, "tool_call_id": m.tool_call_id, "name": m.name}
+            out.append({**message, **{k: v for k, v in extra.items() if v is not None}})
+        return out

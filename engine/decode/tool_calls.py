@@ -1,0 +1,338 @@
+"""Gemma 4's tool calls: the grammar that forces a valid call, and the model's calls read back as JSON.
+
+Gemma 4 writes a call as `<|tool_call>call:NAME{key:value,...}<tool_call|>` and then `<|tool_response>`,
+where it waits for the result. Its argument syntax is not JSON: keys are bare, strings are enclosed in
+the `<|"|>` control token (so they need no escapes), and objects and lists nest as in JSON; the chat
+template writes earlier calls the same way, keys in sorted order. The grammar here follows a tool's
+JSON-schema parameters in that syntax, with the control tokens as tokens (a model cannot spell them
+out in characters), so a forced call always parses and fits its parameters. `ArgsToJson` turns the
+syntax into JSON text as it streams, which is what OpenAI's `arguments` carry; `CallSplitter` cuts a
+streamed answer into its text and its calls.
+
+Torch-free: the HTTP side builds grammars and reads replies; the engine only applies the grammar.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+CALL_OPEN, CALL_CLOSE, RESPONSE_OPEN, QUOTE = "<|tool_call>", "<tool_call|>", "<|tool_response>", '<|"|>'
+CHANNEL_OPEN, CHANNEL_CLOSE = "<|channel>", "<channel|>"
+WORD = r"/[A-Za-z_][A-Za-z0-9_]*/"
+
+
+@dataclass(frozen=True)
+class Markers:
+    """The control tokens' ids in this tokenizer (looked up, never assumed)."""
+
+    call_open: int
+    call_close: int
+    response_open: int
+    quote: int
+    channel_open: int
+    channel_close: int
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> "Markers":
+        ids = []
+        for text in (CALL_OPEN, CALL_CLOSE, RESPONSE_OPEN, QUOTE, CHANNEL_OPEN, CHANNEL_CLOSE):
+            tid = tokenizer.convert_tokens_to_ids(text)
+            if not isinstance(tid, int) or tid == tokenizer.unk_token_id:
+                raise ValueError(f"this model's tokenizer has no {text} token: it cannot call tools")
+            ids.append(tid)
+        return cls(*ids)
+
+
+def _literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+class _Rules:
+    """Lark rules for Gemma's argument syntax, one per schema node, named in order."""
+
+    def __init__(self, markers: Markers):
+        self.q = f"<[{markers.quote}]>"
+        self.lines: list[str] = []
+        self.count = 0
+        self.generic: str | None = None
+
+    def add(self, body: str) -> str:
+        name = f"r{self.count}"
+        self.count += 1
+        self.lines.append(f"{name}: {body}")
+        return name
+
+    def string(self, enum: list | None = None, schema: dict | None = None) -> str:
+        if enum:
+            return f"{self.q} ({' | '.join(_literal(str(v)) for v in enum)}) {self.q}"
+        low, high = (schema or {}).get("minLength"), (schema or {}).get("maxLength")
+        if isinstance(low, int) or isinstance(high, int):
+            bounds = f"{low if isinstance(low, int) else 0},{high if isinstance(high, int) else ''}"
+            return f"{self.q} /(?s:.{{{bounds}}})/ {self.q}"
+        return f"{self.q} /(?s:.*)/ {self.q}"
+
+    def any_value(self) -> str:
+        """A value of any kind (a schema that says nothing, or what this grammar does not follow)."""
+        if self.generic is None:
+            self.generic = name = self.add("PLACEHOLDER")
+            pair = f'{WORD} ":" {name}'
+            array = f'"[" ({name} ("," {name})*)? "]"'
+            obj = f'"{{" ({pair} ("," {pair})*)? "}}"'
+            body = f'{self.string()} | NUMBER | "true" | "false" | "null" | {array} | {obj}'
+            self.lines[-1] = f"{name}: {body}"
+        return self.generic
+
+    def value(self, schema: Any) -> str:
+        if not isinstance(schema, dict) or not schema:
+            return self.any_value()
+        if "const" in schema:
+            return self._scalar(schema["const"])
+        if "enum" in schema:
+            return self.add(" | ".join(self._scalar(v) for v in schema["enum"]) or self.any_value())
+        for key in ("anyOf", "oneOf"):
+            if isinstance(schema.get(key), list) and schema[key]:
+                return self.add(" | ".join(self.value(s) for s in schema[key]))
+        kind = schema.get("type")
+        if isinstance(kind, list):
+            return self.add(" | ".join(self.value({**schema, "type": k}) for k in kind) or self.any_value())
+        body = {
+            "string": lambda: self.string(schema=schema),
+            "integer": lambda: "INTEGER",
+            "number": lambda: "NUMBER",
+            "boolean": lambda: '"true" | "false"',
+            "null": lambda: '"null"',
+            "array": lambda: self._array(schema),
+            "object": lambda: self.object(schema),
+        }.get(kind)
+        if body is None:
+            return self.any_value()
+        if schema.get("nullable"):
+            return self.add(f'{body()} | "null"')
+        return self.add(body())
+
+    def _scalar(self, value: Any) -> str:
+        if isinstance(value, str):
+            return self.string([value])
+        return _literal(json.dumps(value))  # true, false, null, a number: as written
+
+    def _array(self, schema: dict) -> str:
+        item = self.value(schema.get("items"))
+        return f'"[" ({item} ("," {item})*)? "]"'
+
+    def object(self, schema: dict) -> str:
+        """`{key:value,...}` with the schema's properties in sorted order (as the template writes
+        them), the required ones always and the others optional; free keys when none are named."""
+        props = schema.get("properties")
+        if not isinstance(props, dict):
+            return self.value_of_free_object()
+        required = set(schema.get("required") or ())
+        items = [(f'{_literal(key)} ":" {self.value(props[key])}', key in required) for key in sorted(props)]
+        return f'"{{" {self._sequence(items)} "}}"'
+
+    def value_of_free_object(self) -> str:
+        generic = self.any_value()
+        pair = f'{WORD} ":" {generic}'
+        return f'"{{" ({pair} ("," {pair})*)? "}}"'
+
+    def _sequence(self, items: list[tuple[str, bool]]) -> str:
+        """Items in order, a comma between those present; `(text, required)` each. Built from the
+        last: `rest` writes the items from i on after one already written (each with its comma),
+        `first` the same with nothing written yet (no comma before the first present one)."""
+        rest = first = None
+        for text, needed in reversed(items):
+            after = f" {rest}" if rest else ""
+            own_rest, own_first = f'"," {text}{after}', f"{text}{after}"
+            if needed:
+                rest, first = self.add(own_rest), self.add(own_first)
+            else:
+                rest, first = (
+                    self.add(f"({own_rest}) | {rest}" if rest else f"({own_rest})?"),
+                    self.add(f"({own_first}) | {first}" if first else f"({own_first})?"),
+                )
+        return first or ""
+
+
+def call_grammar(tools: list[dict], markers: Markers, *, parallel: bool = True, thinking: bool = False) -> str:
+    """A Lark grammar for one call (or, `parallel`, one or more) of `tools` (OpenAI's function
+    objects: name, parameters), each `<|tool_call>call:NAME{args}<tool_call|>`, then `<|tool_response>`;
+    with `thinking`, a thought may come first."""
+    rules = _Rules(markers)
+    calls = []
+    for tool in tools:
+        args = rules.object(tool.get("parameters") or {"type": "object", "properties": {}})
+        calls.append(f'"call:" {_literal(tool["name"])} {args}')
+    call = rules.add(f"<[{markers.call_open}]> ({' | '.join(calls)}) <[{markers.call_close}]>")
+    start = f"{call}+" if parallel else call
+    head = "thought? " if thinking else ""
+    lines = [f"start: {head}{start} <[{markers.response_open}]>"]
+    if thinking:
+        lines.append(f"thought: <[{markers.channel_open}]> /(?s:.*)/ <[{markers.channel_close}]>")
+    lines += rules.lines
+    lines += [r"INTEGER: /-?(0|[1-9][0-9]*)/", r"NUMBER: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/"]
+    return "\n".join(lines) + "\n"
+
+
+# -- reading calls back ------------------------------------------------------------------------------------
+
+
+class ArgsToJson:
+    """Gemma's argument syntax, streamed in, as JSON text streamed out: `push(text)` returns the JSON
+    its text completes (a marker split across pushes, or a bare word, is held until it is whole);
+    `done` once the outermost object has closed."""
+
+    def __init__(self):
+        self.stack: list[str] = []  # "{" (its next token is a key) / ":" (a value) / "["
+        self.held = ""
+        self.in_string = False
+        self.word = ""  # a bare key or scalar being read
+        self.done = False
+
+    def push(self, text: str) -> str:
+        out: list[str] = []
+        buf = self.held + text
+        self.held = ""
+        i = 0
+        while i < len(buf) and not self.done:
+            if self.in_string:
+                at = buf.find(QUOTE, i)
+                if at < 0:
+                    keep = _partial_tail(buf, QUOTE, i)
+                    out.append(json.dumps(buf[i : len(buf) - keep], ensure_ascii=False)[1:-1])
+                    self.held = buf[len(buf) - keep :]
+                    return "".join(out)
+                out.append(json.dumps(buf[i:at], ensure_ascii=False)[1:-1] + '"')
+                self.in_string = False
+                i = at + len(QUOTE)
+                if self.stack and self.stack[-1] == "{":  # a quoted key: its value follows the ':'
+                    self.stack[-1] = "key"
+                continue
+            if buf.startswith(QUOTE, i):
+                out.append('"')
+                self.in_string = True
+                i += len(QUOTE)
+                continue
+            if QUOTE.startswith(buf[i:]) and buf[i] == "<":  # a marker cut in two: wait for the rest
+                self.held = buf[i:]
+                break
+            ch = buf[i]
+            i += 1
+            if ch in "{[":
+                out.append(self._end_word() + ch)
+                self.stack.append("{" if ch == "{" else "[")
+            elif ch in "}]":
+                out.append(self._end_word() + ch)
+                if self.stack:
+                    self.stack.pop()
+                if self.stack and self.stack[-1] == ":":
+                    self.stack[-1] = "{"
+                self.done = not self.stack
+            elif ch == ":" and self.stack and self.stack[-1] in ("{", "key"):
+                key = self.word
+                self.word = ""
+                out.append((json.dumps(key) if self.stack[-1] == "{" else "") + ": ")
+                self.stack[-1] = ":"
+            elif ch == ",":
+                out.append(self._end_word() + ", ")
+                if self.stack and self.stack[-1] == ":":
+                    self.stack[-1] = "{"
+            elif not ch.isspace() or self.word:
+                self.word += ch
+        return "".join(out)
+
+    def _end_word(self) -> str:
+        """A bare scalar ends: as JSON (true, false, null and numbers are already; anything else is a string)."""
+        word, self.word = self.word.strip(), ""
+        if not word or (self.stack and self.stack[-1] == "{"):
+            return ""
+        try:
+            json.loads(word)
+            return word
+        except ValueError:
+            return json.dumps(word, ensure_ascii=False)
+
+
+def _partial_tail(text: str, marker: str, start: int = 0) -> int:
+    """How many characters at the end of text[start:] could begin `marker`."""
+    for k in range(min(len(marker) - 1, len(text) - start), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0
+
+
+@dataclass
+class Call:
+    name: str
+    arguments: str = ""  # JSON text, as streamed
+
+
+@dataclass
+class Piece:
+    """What a push of answer text gave: text for `content`, and per call its start and its arguments."""
+
+    text: str = ""
+    started: list[tuple[int, str]] = field(default_factory=list)  # (index, name)
+    arguments: list[tuple[int, str]] = field(default_factory=list)  # (index, JSON text)
+
+
+class CallSplitter:
+    """A streamed answer into its text and its tool calls. Text before, between and after calls is
+    content; `calls` are the calls read so far (the last may be incomplete)."""
+
+    def __init__(self):
+        self.calls: list[Call] = []
+        self.state = "text"  # "text", "name" (after <|tool_call>), "args"
+        self.held = ""
+        self.args: ArgsToJson | None = None
+
+    def push(self, text: str) -> Piece:
+        piece = Piece()
+        buf, self.held = self.held + text, ""
+        while buf:
+            if self.state == "text":
+                at = buf.find(CALL_OPEN)
+                if at < 0:
+                    keep = _partial_tail(buf, CALL_OPEN)
+                    piece.text += buf[: len(buf) - keep]
+                    self.held = buf[len(buf) - keep :]
+                    return piece
+                piece.text += buf[:at]
+                buf, self.state = buf[at + len(CALL_OPEN) :], "name"
+            elif self.state == "name":
+                at = buf.find("{")
+                if at < 0:
+                    self.held = buf
+                    return piece
+                name = buf[:at].strip().removeprefix("call:").strip()
+                self.calls.append(Call(name))
+                piece.started.append((len(self.calls) - 1, name))
+                self.args, self.state, buf = ArgsToJson(), "args", buf[at:]
+            else:
+                at = buf.find(CALL_CLOSE)
+                keep = _partial_tail(buf, CALL_CLOSE) if at < 0 else 0
+                part = buf[: len(buf) - keep] if at < 0 else buf[:at]
+                self.held = buf[len(buf) - keep :] if keep else ""
+                more = self.args.push(part)
+                if more:
+                    self.calls[-1].arguments += more
+                    piece.arguments.append((len(self.calls) - 1, more))
+                if at < 0:
+                    return piece
+                buf, self.state = buf[at + len(CALL_CLOSE) :], "text"
+        return piece
+
+    def finish(self) -> Piece:
+        """The end of the answer: held text is content (a marker's start was only text after all)."""
+        piece = Piece()
+        if self.state == "text":
+            piece.text, self.held = self.held, ""
+        return piece
+
+
+def complete(call: Call) -> bool:
+    """Whether a call's arguments are a whole JSON object."""
+    try:
+        return isinstance(json.loads(call.arguments), dict)
+    except ValueError:
+        return False

@@ -1,0 +1,151 @@
+"""Structured output (issue 34 item 2): a grammar masks every sampled position, and speculation stays
+exact under it. Greedy output with DFlash or MTP drafting equals greedy output without speculation
+for the same schema, sampled output stays within the grammar, and the matcher is rolled back to the
+accepted tokens at every step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest, StepEvent
+from flashdesk.engine.decode.grammar import json_grammar
+from flashdesk.engine.decode.sampling import SamplingParams
+from flashdesk.engine.decode.speculative import SpecControl
+from tiny_assistant import write_echo_assistant
+from tiny_drafter import PROMPTS
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "size": {"type": "integer", "minimum": 0, "maximum": 999},
+        "ok": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"enum": ["a", "bc", "the"]}, "maxItems": 3},
+    },
+    "required": ["name", "size", "ok", "tags"],
+    "additionalProperties": False,
+}
+
+
+def matches(value, schema: dict) -> bool:
+    """Whether `value` fits SCHEMA's kind of schema (the few keywords it uses)."""
+    if "enum" in schema:
+        return value in schema["enum"]
+    kind = schema["type"]
+    if kind == "object":
+        props = schema["properties"]
+        return (
+            isinstance(value, dict)
+            and set(schema["required"]) <= set(value) <= set(props)
+            and all(matches(v, props[k]) for k, v in value.items())
+        )
+    if kind == "array":
+        return (
+            isinstance(value, list)
+            and len(value) <= schema.get("maxItems", len(value))
+            and all(matches(v, schema["items"]) for v in value)
+        )
+    if kind == "string":
+        return isinstance(value, str) and len(value) <= schema.get("maxLength", len(value))
+    if kind == "integer":
+        return type(value) is int and schema["minimum"] <= value <= schema["maximum"]
+    return kind == "boolean" and isinstance(value, bool)
+
+
+@pytest.fixture(scope="module")
+def engines(spec_pair, tmp_path_factory):
+    """{"dflash": the trained pair's engine, "mtp": its target with an assistant}."""
+    from flashdesk.engine.decode.generation import Engine
+
+    engine, (target_dir, _), reference, _ = spec_pair
+    assistant_dir = tmp_path_factory.mktemp("structured-assistant")
+    write_echo_assistant(assistant_dir, reference, seed=4)
+    return {"dflash": engine, "mtp": Engine.load(target_dir, device="cpu", draft_dir=assistant_dir)}
+
+
+def run(engine, prompt, control, sampling=SamplingParams(), max_new=80, schema=SCHEMA):
+    request = GenerationRequest(prompt, max_new, sampling, grammar=json_grammar(schema))
+    events = list(engine.generate(request, control))
+    steps = [e for e in events if isinstance(e, StepEvent) and e.index > 0]
+    return events[-1], steps
+
+
+def reply(engine, finish: FinishEvent):
+    """The reply's JSON (the <turn|> that ended it is not part of it)."""
+    return json.loads(engine.tokenizer.decode(finish.token_ids[:-1]))
+
+
+@pytest.mark.parametrize("method", ["dflash", "mtp"])
+@pytest.mark.parametrize("prompt", PROMPTS[:2], ids=["chat", "short"])
+def test_greedy_output_under_a_schema_is_the_same_with_speculation(engines, method, prompt):
+    engine = engines[method]
+    plain, _ = run(engine, prompt, SpecControl(enabled=False))
+    assert plain.finish_reason == "stop" and plain.token_ids[-1] == 106  # the grammar's end: <turn|> only
+    assert matches(reply(engine, plain), SCHEMA)
+    rejected = 0
+    for k in (1, 3, 8, 15):
+        spec, steps = run(engine, prompt, SpecControl(True, k, method))
+        assert spec.token_ids == plain.token_ids, k
+        assert steps and all(s.method == method and len(s.draft) <= k for s in steps)
+        rejected += sum(s.accepted < len(s.draft) for s in steps)
+    assert rejected  # some drafts were refused, so the matcher was rolled back
+
+
+@pytest.mark.parametrize("method", ["dflash", "mtp"])
+def test_sampled_output_with_speculation_stays_within_the_grammar(engines, method):
+    engine = engines[method]
+    for seed in range(4):
+        sampling = SamplingParams(temperature=1.0, top_p=0.95, seed=seed)
+        finish, steps = run(engine, PROMPTS[0], SpecControl(True, 6, method), sampling)
+        assert finish.finish_reason == "stop", seed
+        assert matches(reply(engine, finish), SCHEMA), seed
+        assert sum(s.accepted for s in steps) > 0
+
+
+def test_sampling_under_a_schema_is_seeded_and_the_same_with_a_plain_step_each_time(engines):
+    """Seeded sampling repeats itself under a grammar, and a plain step's masked sample is the one
+    the grammar allows (every emitted prefix is a prefix of a sentence of the grammar)."""
+    engine = engines["dflash"]
+    sampling = SamplingParams(temperature=0.8, seed=11)
+    first, _ = run(engine, PROMPTS[1], SpecControl(enabled=False), sampling)
+    again, _ = run(engine, PROMPTS[1], SpecControl(enabled=False), sampling)
+    assert first.token_ids == again.token_ids
+    assert matches(reply(engine, first), SCHEMA)
+
+
+def test_the_matcher_holds_exactly_the_emitted_tokens_after_every_step(engines):
+    """Drafts consumed by a step's walk are taken back to the accepted ones: after each step the
+    matcher accepts the emitted tokens so far and nothing more (a fresh matcher fed them agrees)."""
+    engine = engines["mtp"]
+    grammar = json_grammar(SCHEMA)
+    seen = []
+    original = engine.grammar_state
+
+    def watched(g):
+        state = original(g)
+        seen.append(state)
+        return state
+
+    engine.grammar_state = watched
+    try:
+        tokens = []
+        for event in engine.generate(GenerationRequest(PROMPTS[0], 60, grammar=grammar), SpecControl(True, 5, "mtp")):
+            if isinstance(event, FinishEvent):
+                break
+            tokens += event.emitted
+            fresh = original(grammar)
+            kept = [t for t in tokens if t not in fresh.end_ids]  # the end token is no part of the history
+            assert all(fresh.consume(t) for t in kept)
+            assert torch.equal(fresh.bitmask(), seen[0].bitmask()), event.index
+    finally:
+        del engine.grammar_state
+
+
+def test_a_schema_the_library_cannot_compile_is_said_plainly():
+    from flashdesk.engine.decode.grammar import check
+
+    assert "bogus" in check(json_grammar({"type": "bogus"}))
+    assert check(json_grammar(SCHEMA)) == ""
