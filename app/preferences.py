@@ -82,7 +82,9 @@ class Preferences:
         if self.app_settings is not None and points is None:
             self.app_settings.show_font_size(font_size.current())
         conv = self.controller.conversation
-        if not self.controller.busy:  # a reply being written keeps its size until the chat is next built
+        # a reply being written, or a message being edited (its editor's text would go), keeps its size
+        # until the chat is next built
+        if not self.controller.busy and not self.chat.editing():
             self.chat.set_messages(self.store.messages(conv.id) if conv else [])  # their text sized anew
 
     def set_new_sampling(self, changes: dict) -> None:

@@ -163,6 +163,12 @@ def test_the_text_size_applies_at_once_and_at_the_next_start(qtbot, open_window,
     assert w.composer.edit.font().pointSizeF() == bigger  # the open window follows at once
     [message] = w.chat.widgets.values()  # and the chat, built again at the new size
     assert message.body.font().pointSizeF() == pytest.approx(bigger * BODY_SCALE)
+    message.edit_button.click()  # an open editor is not built away: what is typed in it stays
+    message.editor.setPlainText("Hello, half edited")
+    page.font_size.setValue(bigger + 1)
+    assert w.chat.widgets[message.message.id] is message and message.editor.toPlainText() == "Hello, half edited"
+    message.cancel_edit()
+    page.font_size.setValue(bigger)
 
     font = app.font()
     font.setPointSizeF(system)

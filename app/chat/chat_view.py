@@ -72,6 +72,10 @@ class ChatView(QScrollArea):
         self._follow = True
         self._hit = None
 
+    def editing(self) -> bool:
+        """Whether a message's editor is open (rebuilding the view would lose what is typed in it)."""
+        return any(w.editor.isVisibleTo(w) for w in self.widgets.values())
+
     def add(self, message: Message) -> MessageWidget:
         if message.id in self.widgets:  # a reply written on (Continue): followed as it grows, as a new one
             self._follow = True

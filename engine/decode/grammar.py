@@ -46,7 +46,7 @@ def lark(text: str) -> Grammar:
 def json_rule(schema: dict | None) -> str:
     """A Lark rule body for JSON matching `schema` (None: any JSON object), in JSON_STYLE."""
     schema = dict(schema) if schema else {"type": "object"}
-    schema["x-guidance"] = {**JSON_STYLE, **(schema.get("x-guidance") or {})}
+    schema["x-guidance"] = dict(JSON_STYLE)  # ours alone: a request's own options would reach llguidance
     return "%json " + json.dumps(schema, ensure_ascii=False)
 
 

@@ -128,7 +128,8 @@ class _Rules:
         if not isinstance(props, dict):
             return self.value_of_free_object()
         required = set(schema.get("required") or ())
-        items = [(f'{_literal(key)} ":" {self.value(props[key])}', key in required) for key in sorted(props)]
+        order = sorted(props, key=str.lower)  # as the template's dictsort writes them: case-insensitive
+        items = [(f'{_literal(key)} ":" {self.value(props[key])}', key in required) for key in order]
         return f'"{{" {self._sequence(items)} "}}"'
 
     def value_of_free_object(self) -> str:

@@ -180,8 +180,8 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         place = admit()
-        try:
-            plan = plan_for(body)
+        try:  # a schema's grammar may take seconds to build: off the loop that serves every client
+            plan = await asyncio.get_running_loop().run_in_executor(None, plan_for, body)
             job = await job_for(body, request.scope.get(CLIENT_SCOPE, ANONYMOUS), plan)
         except BaseException:
             place.leave()

@@ -14,11 +14,14 @@ nothing is added, and the browser keeps the reply from the page.
 
 from __future__ import annotations
 
+import re
+
 from flashdesk.engine.serve.errors import ApiError
 
 ANY = "*"
 METHODS = "GET, POST, OPTIONS"
 HEADERS = "Authorization, Content-Type"
+HEADER_LIST = re.compile(rb"^[A-Za-z0-9!#$%&'*+.^_`|~-]+(\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*$")  # RFC 9110 tokens
 EXPOSED = "Retry-After"  # a page may read how long to wait after a 429
 MAX_AGE = "600"  # seconds a browser may keep a preflight's answer
 
@@ -57,7 +60,9 @@ class Cors:
                     code="origin_not_allowed",
                 ).response()(scope, receive, send)
                 return
-            await send({"type": "http.response.start", "status": 204, "headers": self._headers(origin, preflight=True)})
+            asked = headers.get(b"access-control-request-headers", b"").strip()
+            preflight = self._headers(origin, preflight=asked if HEADER_LIST.match(asked) else b"")
+            await send({"type": "http.response.start", "status": 204, "headers": preflight})
             await send({"type": "http.response.body", "body": b""})
             return
         if not allowed:
@@ -71,15 +76,18 @@ class Cors:
 
         await self.app(scope, receive, with_cors)
 
-    def _headers(self, origin: bytes, preflight: bool = False) -> list[tuple[bytes, bytes]]:
+    def _headers(self, origin: bytes, preflight: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        """The CORS headers of a reply; `preflight`: the headers a preflight asked for (well-formed
+        names only; the openai package in a browser adds its own x-stainless-* ones), allowed with ours."""
         out = [
             (b"access-control-allow-origin", b"*" if ANY in self.origins else origin),
             (b"vary", b"Origin"),
         ]
-        if preflight:
+        if preflight is not None:
+            allowed = HEADERS.encode() + (b", " + preflight if preflight else b"")
             out += [
                 (b"access-control-allow-methods", METHODS.encode()),
-                (b"access-control-allow-headers", HEADERS.encode()),
+                (b"access-control-allow-headers", allowed),
                 (b"access-control-max-age", MAX_AGE.encode()),
             ]
         else:

@@ -113,7 +113,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         text = {
             404: f"no such endpoint: {request.method} {request.url.path} (this server has GET /v1/models, "
-            "POST /v1/chat/completions, GET /health and GET /metrics)",
+            "POST /v1/chat/completions, POST /v1/completions, GET /health and GET /metrics)",
             405: f"{request.method} is not allowed on {request.url.path}",
             413: "the request body is too large",
         }.get(exc.status_code, str(exc.detail))
@@ -124,4 +124,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> JSONResponse:
         log.error("%s %s failed:\n%s", request.method, request.url.path, traceback.format_exc())
-        return ApiError(500, f"internal server error: {type(exc).__name__}: {exc}").response()
+        return ApiError(500, f"internal server error ({type(exc).__name__}; the server's log has the rest)").response()

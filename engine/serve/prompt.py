@@ -34,6 +34,7 @@ from jinja2 import TemplateError
 
 from flashdesk.engine.decode.chat_format import build_prompt_ids
 from flashdesk.engine.decode.conversation import FittedPrompt, check_messages, reply_room
+from flashdesk.engine.decode.literal_text import literal_specials
 from flashdesk.engine.errors import FlashDeskError
 from flashdesk.engine.serve.errors import ApiError
 
@@ -88,21 +89,46 @@ def fitted_for(ids: list[int], messages: list[dict], context_limit: int, max_tok
     return FittedPrompt(ids, messages, dropped=0, max_new_tokens=reply, capped=reply < max_tokens)
 
 
+def _strings(value) -> list[str]:
+    """Every string in nested lists, tuples and dicts (their keys too)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (*_strings(k), *_strings(v))]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
 class PromptMaker:
     """Prompts for one tokenizer and context, made on `threads` threads."""
 
     def __init__(self, tokenizer: Any, context_limit: int, threads: int = THREADS):
         self.context_limit = context_limit
         self.longest = max((len(token) for token in tokenizer.get_vocab()), default=1) or 1
+        self.specials = literal_specials(tokenizer).pattern  # control tokens' strings
         self._copies: queue.SimpleQueue = queue.SimpleQueue()
         for _ in range(threads):
             self._copies.put(copy.deepcopy(tokenizer))
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="flashdesk-prompt")
 
-    def check_size(self, messages: list[dict], max_tokens: int | None) -> None:
-        """Refuse messages too long for the context whatever they tokenize to (no tokenizing)."""
+    def check_size(self, messages: list[dict], max_tokens: int | None, tools: list | None = None) -> None:
+        """Refuse messages (and tools, and earlier calls) too long for the context whatever they
+        tokenize to (no tokenizing); and control tokens' strings in tools and calls, which only
+        message content is guarded against (literal_text.py)."""
         chars = sum(len(m["content"]) for m in messages)
+        extra = [tools or [], *[(m.get("tool_calls"), m.get("name")) for m in messages]]
+        for text in _strings(extra):
+            chars += len(text)
+            if self.specials is not None and (found := self.specials.search(text)):
+                raise ApiError(
+                    400,
+                    f"a tool's text (its name, description, parameters, or a call's name or arguments) holds "
+                    f"the string of the control token {found.group()!r}, which the chat template would read as "
+                    "that token: leave it out",
+                    "tools",
+                )
         least = -(-chars // self.longest)
         room = reply_room(self.context_limit, max_tokens) if max_tokens is not None else 1
         if least + room > self.context_limit:
@@ -119,7 +145,7 @@ class PromptMaker:
         self, messages: list[dict], thinking: bool, max_tokens: int | None, tools: list | None = None
     ) -> FittedPrompt:
         """The chat prompt of `messages` (with `tools` declared), fitted (fitted_for)."""
-        self.check_size(messages, max_tokens)
+        self.check_size(messages, max_tokens, tools)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self._fit, messages, thinking, max_tokens, tools)
 

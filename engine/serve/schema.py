@@ -38,8 +38,8 @@ def _one_of(*harmless: Any):
 # fields of OpenAI's and vLLM's requests that would change the reply: the values that ask for
 # nothing, and why any other is refused (a 400 naming the field)
 UNSUPPORTED = {
-    "functions": (_absent, "function calling is not supported by this server (functions is the older name of tools)"),
-    "function_call": (_one_of("none"), "function calling is not supported by this server"),
+    "functions": (_absent, "functions is the older name of tools, which this server takes: send tools"),
+    "function_call": (_one_of("none"), "function_call is the older name of tool_choice, which this server takes"),
     "repetition_penalty": (_one_of(1, 1.0), "repetition_penalty is not supported (give 1 or leave it out)"),
     "audio": (_absent, "audio output is not supported: this server answers in text"),
     "modalities": (_one_of(["text"]), 'only the "text" modality is supported'),

@@ -39,10 +39,34 @@ def _bad(param: str, text: str) -> ApiError:
     return ApiError(400, text, param)
 
 
+MAX_TOOLS = 128
+MAX_PROPERTIES = 256  # of one object in a tool's parameters: the call grammar nests a rule per property
+MAX_DEPTH = 16  # of nested schemas in a tool's parameters
+
+
+def _bounded(schema: Any, where: str, depth: int = 0, limit: int = MAX_DEPTH) -> None:
+    """Refuse a schema too big for a grammar: deep or wide schemas build grammars whose checking can
+    exhaust the stack of the process that serves everyone."""
+    if depth > limit:
+        raise _bad(where, f"the schema nests more than {limit} levels deep")
+    if isinstance(schema, dict):
+        props = schema.get("properties")
+        if isinstance(props, dict) and len(props) > MAX_PROPERTIES:
+            raise _bad(where, f"an object in a tool's parameters has {len(props)} properties: at most {MAX_PROPERTIES}")
+        for value in schema.values():
+            _bounded(value, where, depth + 1, limit)
+    elif isinstance(schema, list):
+        for value in schema:
+            _bounded(value, where, depth + 1, limit)
+
+
 def functions(tools: Any) -> list[dict]:
-    """The request's tools' function objects, checked: a name each (unique), parameters an object schema."""
+    """The request's tools' function objects, checked: a name each (unique), parameters an object
+    schema of bounded size."""
     if not isinstance(tools, list):
         raise _bad("tools", 'tools must be a list of {"type": "function", "function": {...}} objects')
+    if len(tools) > MAX_TOOLS:
+        raise _bad("tools", f"{len(tools)} tools: at most {MAX_TOOLS}")
     found = []
     for i, tool in enumerate(tools):
         f = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
@@ -55,6 +79,7 @@ def functions(tools: Any) -> list[dict]:
             raise _bad(f"tools[{i}].function.parameters", "a function's parameters must be a JSON schema of an object")
         if not isinstance(f.get("description", ""), str):
             raise _bad(f"tools[{i}].function.description", "a function's description must be text")
+        _bounded(params, f"tools[{i}].function.parameters")
         found.append(f)
     names = [f["name"] for f in found]
     if len(set(names)) != len(names):
@@ -95,6 +120,7 @@ def _response_grammar(response_format: Any, thought: tuple[int, int] | None) -> 
     schema = spec.get("schema", {})
     if not isinstance(schema, dict) or not isinstance(spec.get("strict", False), (bool, type(None))):
         raise _bad("response_format", "json_schema.schema must be a JSON schema object, strict true or false")
+    _bounded(schema, "response_format", limit=2 * MAX_DEPTH)
     grammar = json_grammar(schema or None, thought)
     why = check(grammar)
     if why:
@@ -117,6 +143,9 @@ class Structure:
         thought = (m.channel_open, m.channel_close) if m is not None and body.thinking else None
         grammar = _response_grammar(body.response_format, thought)
         tools = functions(body.tools) if body.tools else []
+        if body.ignore_eos and (grammar is not None or tools):
+            shaped = "ignore_eos cannot go with a response_format or tools: a shaped reply ends with its shape"
+            raise _bad("ignore_eos", shaped)
         choice = _choice(body.tool_choice, [f["name"] for f in tools])
         if (tools or choice != "none") and m is None:
             raise _bad("tools", "this model's tokenizer has no tool-call tokens: it cannot call tools")
@@ -150,6 +179,8 @@ def template_messages(messages: list[dict]) -> list[dict]:
                 if not isinstance(f, dict) or not isinstance(f.get("name"), str):
                     shape = '{"id", "type": "function", "function": {"name", "arguments"}}'
                     raise _bad(where, f"{where} must be {shape}")
+                if not NAME.match(f["name"]):
+                    raise _bad(f"{where}.function.name", "a function's name is 1 to 64 letters, digits, _ or -")
                 try:
                     arguments = json.loads(f.get("arguments") or "{}")
                 except (TypeError, ValueError):
