@@ -750,8 +750,7 @@ class Worker:
                 if self.step_delay:
                     time.sleep(self.step_delay)
         finally:
-            # the engine settles its cache before the next request (Turn.run, a generator, is annotated as an Iterator)
-            steps.close()  # type: ignore[attr-defined]
+            steps.close()  # the engine settles its cache before the next request
             with self.state_lock:
                 self.active = None
                 self.cancels.pop(rid, None)

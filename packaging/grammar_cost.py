@@ -1,12 +1,10 @@
-"""What a grammar's token mask costs a decode step (docs/serving.md, "Structured output").
+"""What a grammar's token mask costs at Gemma 4's vocabulary (docs/serving.md, "Structured output").
 
-Two measures:
-1. The demo pair on this machine: a constrained generation with DFlash speculation, the time spent in
-   the grammar (masks computed, applied, tokens consumed, rolled back) against the steps' own time.
-2. Gemma 4's real vocabulary size, 262,144 tokens, with a synthetic tokenizer of that size (random
-   word pieces; llguidance's cost follows the vocabulary's size and the grammar's state): the time of
-   one mask computed and applied on the CPU, and of a whole step's grammar work for K drafts
-   (K + 1 masks, K drafts consumed, a rollback), JSON with free strings and with bounded ones.
+The share of a real decode step is `flashdesk bench`'s (its json task type). This times the pieces at
+Gemma 4's vocabulary size, 262,144 tokens, with a synthetic tokenizer of that size (random word pieces;
+llguidance's cost follows the vocabulary's size and the grammar's state): one mask computed and applied
+on the CPU, and a sampled step's grammar work for K drafts (K + 1 masks computed and applied, K drafts
+consumed, a rollback), JSON with free strings and with bounded ones.
 
     python packaging/grammar_cost.py [--drafts 15]
 """
@@ -43,61 +41,6 @@ SCHEMA = {
 }
 BOUNDED = {**SCHEMA, "properties": {**SCHEMA["properties"], "name": {"type": "string", "maxLength": 40}}}
 DOCUMENT = {"name": "Ada Lovelace of the analytical engine", "age": 36, "tags": ["math", "poetry"], "city": "London"}
-
-
-class Timed:
-    """Adds up the seconds spent in GrammarState's methods while it is installed."""
-
-    NAMES = ("bitmask", "apply", "consume", "rollback")
-
-    def __init__(self):
-        self.seconds = 0.0
-        self.saved = {}
-
-    def __enter__(self):
-        for name in self.NAMES:
-            original = self.saved[name] = getattr(GrammarState, name)
-
-            def timed(*args, _original=original, **kwargs):
-                t0 = time.perf_counter()
-                try:
-                    return _original(*args, **kwargs)
-                finally:
-                    self.seconds += time.perf_counter() - t0
-
-            setattr(GrammarState, name, timed)
-        return self
-
-    def __exit__(self, *exc):
-        for name, original in self.saved.items():
-            setattr(GrammarState, name, original)
-
-
-def demo_share(drafts: int) -> dict:
-    from flashdesk.engine.decode.chat_format import build_prompt_ids, messages_from
-    from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest, StepEvent
-    from flashdesk.engine.decode.speculative import SpecControl
-    from flashdesk.engine.hub.demo import create_demo
-
-    target, drafter = create_demo(Path(tempfile.mkdtemp()))
-    engine = Engine.load(target, device="cpu", draft_dir=drafter)
-    prompt = build_prompt_ids(engine.tokenizer, messages_from("Describe a person as JSON."), enable_thinking=False)
-    request = GenerationRequest(prompt, 200, grammar=json_grammar(BOUNDED))
-    list(engine.generate(request, SpecControl(True, drafts)))  # warm up
-    with Timed() as timed:
-        events = list(engine.generate(request, SpecControl(True, drafts)))
-    steps = [e for e in events if isinstance(e, StepEvent) and e.index > 0]
-    step_seconds = sum(e.seconds for e in steps)
-    finish = events[-1]
-    assert isinstance(finish, FinishEvent)
-    return {
-        "model": "demo pair (vocabulary 4,096), DFlash, this CPU",
-        "steps": len(steps),
-        "tokens": len(finish.token_ids),
-        "step_ms": 1e3 * step_seconds / len(steps),
-        "grammar_ms_per_step": 1e3 * timed.seconds / len(steps),
-        "share_of_step": timed.seconds / step_seconds,
-    }
 
 
 def synthetic_tokenizer(folder: Path, size: int = 262_144, seed: int = 0):
@@ -178,7 +121,7 @@ def main() -> None:
     parser.add_argument("--drafts", type=int, default=15)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(json.dumps({"demo": demo_share(args.drafts), "gemma4_vocabulary": full_vocabulary(args.drafts)}, indent=2))
+    print(json.dumps({"gemma4_vocabulary": full_vocabulary(args.drafts)}, indent=2))
 
 
 if __name__ == "__main__":

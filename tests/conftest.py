@@ -43,6 +43,8 @@ SLOW_TESTS = (
     "test_assistant.py::test_the_triton_path_with_fp8_kv_drafts_without_changing_the_output",
     "test_types.py::test_mypy_finds_nothing",  # mypy over what [tool.mypy] lists: about a minute cold
     "test_gpu_check_script.py::test_gpu_check_smoke",  # the GPU script's whole run on the CPU: 15 s
+    # 1,600 sampled generations (12 s); the greedy tests beside it check the penalties' rows exactly
+    "test_penalties.py::test_sampling_with_penalties_and_speculation_is_distributed_as_without",
 )
 DEFAULT_TIER = (
     "test_triton_path.py::test_triton_path_equals_transformers_and_the_torch_path[conditional-per_expert-False]",
@@ -63,6 +65,33 @@ def _no_kernel_fallbacks_left_behind():
         backend._fault_spec.cache_clear()
 
 
+# The default tier's longest files (tens of seconds each on two cores), longest first. pytest-xdist
+# hands out whole files in collection order (`--no-loadscope-reorder` in pyproject's addopts), so
+# starting these first leaves the short files to even out the workers at the end, rather than one
+# worker finishing a long file alone. Only the order of files changes; the rest follow in theirs.
+LONGEST_FIRST = (
+    "test_app_window",
+    "test_triton_path",
+    "test_lossless_sampling",
+    "test_app_context",
+    "test_self_test",
+    "test_worker",
+    "test_app_bench",
+    "test_app_download",
+    "test_app_recommended",
+    "test_serve_guard",
+    "test_checkpoint_variants",
+    "test_serve_panel",
+    "test_kernels_moe",
+    "test_project",
+    "test_models",
+    "test_prefix_reuse",
+    "test_serve",
+    "test_int4",
+)
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         nodeid = item.nodeid.removeprefix("tests/")
@@ -73,6 +102,10 @@ def pytest_collection_modifyitems(config, items):
             marker = "slow"
         if marker is not None:
             item.add_marker(getattr(pytest.mark, marker))
+    yield
+    # after the other plugins (the markers' deselection, the fixtures' grouping, kept within a file)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2], len(rank)))
 
 
 def _interpret_without_overflow_checks() -> None:
@@ -89,7 +122,41 @@ def _interpret_without_overflow_checks() -> None:
         pass
 
 
+def _find_interpreted_builtins_once() -> None:
+    """At every launch, and at every call of a jit function inside a kernel, the interpreter finds
+    triton.language's builtins to patch with `inspect.getmembers` over its modules and classes,
+    about a sixth of an interpreted run. Which names are builtins never changes: look them up once
+    (before any launch has patched one) and patch, as before, those of them not already patched."""
+    try:
+        import inspect
+
+        import triton.language as tl
+        import triton.runtime.interpreter as interpreter
+
+        is_builtin = tl.core.is_builtin
+        names: dict = {}
+
+        def builtin_names(pkg) -> list:
+            if pkg not in names:
+                names[pkg] = [name for name, member in inspect.getmembers(pkg) if is_builtin(member)]
+            return names[pkg]
+
+        for pkg in (tl, tl.tensor, tl.math, tl.core, tl.core.tensor, tl.core.tensor_descriptor_base):
+            builtin_names(pkg)  # all unpatched now: no kernel has run
+
+        def patch_builtin(pkg, builder, scope) -> None:
+            for name in builtin_names(pkg):
+                member = getattr(pkg, name)
+                if is_builtin(member):
+                    interpreter._patch_attr(pkg, name, member, builder, scope)
+
+        interpreter._patch_builtin = patch_builtin
+    except Exception:  # noqa: BLE001 - another triton version: look them up at every launch
+        pass
+
+
 _interpret_without_overflow_checks()
+_find_interpreted_builtins_once()
 
 
 @pytest.fixture(scope="session")

@@ -55,14 +55,14 @@ def _follow_up(turn: int) -> str:
 
 
 def _conversation(qtbot, window, reuse: bool) -> list[dict]:
-    """ROUNDS rounds of a long message (~450 tokens: the conversation grows) and then a short
+    """ROUNDS rounds of a long message (~200 tokens: the conversation grows) and then a short
     follow-up question; per follow-up what the engine and the window measured."""
     window.controller.reuse = reuse
     greedy(window, max_tokens=4)
     started, finished = _record(window)
     rows = []
     for turn in range(ROUNDS):
-        for text in (_long_message(turn), _follow_up(turn)):
+        for text in (_long_message(turn, sentences=5), _follow_up(turn)):
             send(qtbot, window, text, typed=False)
             wait_idle(qtbot, window)
         s, f = started[-1], finished[-1]

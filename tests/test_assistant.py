@@ -230,6 +230,18 @@ def test_the_triton_path_with_fp8_kv_drafts_without_changing_the_output(mtp_engi
     assert accepted > 0
 
 
+def test_penalties_keep_mtp_rounds_exact(mtp_engine):
+    """Each verify row of a round is penalized for the drafts before it, as plain decoding would be."""
+    from flashdesk.engine.decode.sampling import SamplingParams
+    from flashdesk.engine.decode.speculative import SpecControl
+
+    params = SamplingParams(repetition_penalty=1.5, presence_penalty=1.0, frequency_penalty=1.0)
+    plain = _tokens(mtp_engine, PROMPT, 16, SpecControl(False), params)
+    assert plain.token_ids != _tokens(mtp_engine, PROMPT, 16, SpecControl(False)).token_ids
+    for k in (2, 5):
+        assert _tokens(mtp_engine, PROMPT, 16, SpecControl(True, k, "mtp"), params).token_ids == plain.token_ids
+
+
 def test_toggling_and_changing_k_mid_generation_stays_exact(mtp_engine):
     """Plain steps between rounds hand the next round their hidden state and window."""
     from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest

@@ -56,7 +56,7 @@ def test_bench_refuses_bad_input(spec_pair, tmp_path, capsys):
 
 # -- by task type, on the demo pair ------------------------------------------------------------
 
-TASKS = ["code", "math", "reasoning", "chat", "summarization", "translation"]
+TASKS = ["code", "math", "reasoning", "chat", "summarization", "translation", "json"]
 TODAY = {
     "model",
     "draft",
@@ -83,7 +83,9 @@ TODAY_MODE = {
 
 
 def test_builtin_prompt_sets():
-    """Every task type has at least 16 prompts of our own, each {"prompt", "task"}, none repeated."""
+    """Every task type has at least 16 prompts of our own, each {"prompt", "task"} (and a schema the
+    library compiles, for the json task), none repeated."""
+    from flashdesk.engine.decode.grammar import check, json_grammar
     from flashdesk.engine.bench.prompts import PROMPTS_DIR, TASKS as BENCH_TASKS, task_prompts
 
     assert list(BENCH_TASKS) == TASKS
@@ -92,7 +94,9 @@ def test_builtin_prompt_sets():
     for task in TASKS:
         lines = (PROMPTS_DIR / f"{task}.jsonl").read_text(encoding="utf-8").splitlines()
         items = [json.loads(line) for line in lines if line.strip()]
-        assert len(items) >= 16 and all(set(i) == {"prompt", "task"} and i["task"] == task for i in items)
+        fields = {"prompt", "task", "schema"} if task == "json" else {"prompt", "task"}
+        assert len(items) >= 16 and all(set(i) == fields and i["task"] == task for i in items)
+        assert all(check(json_grammar(i["schema"])) == "" for i in items if "schema" in i)
         assert all(len(i["prompt"]) >= 20 for i in items) and len(task_prompts(task)) == len(items)
         assert not seen & {i["prompt"] for i in items}
         seen |= {i["prompt"] for i in items}
@@ -106,7 +110,7 @@ def test_bench_demo_by_task_json_chart_and_results(tmp_path, monkeypatch, capsys
     report = json.loads(captured.out)  # stdout is exactly one JSON object
     assert "bench" in captured.err and "100%" in captured.err  # the progress bar, on stderr
     assert TODAY <= set(report) and report["outputs_identical"] is True
-    assert report["prompts"] == 6 and report["categories"] == TASKS and report["tasks"] == TASKS
+    assert report["prompts"] == 7 and report["categories"] == TASKS and report["tasks"] == TASKS
     assert [m["mode"] for m in report["modes"]] == ["AR", "DFlash K=2", "DFlash auto"]
     assert [m["draft_length"] for m in report["modes"]] == [0, 2, "auto"]
     for m in report["modes"]:
@@ -121,6 +125,9 @@ def test_bench_demo_by_task_json_chart_and_results(tmp_path, monkeypatch, capsys
     assert len(k2["acceptance_by_position"]) == 2 and k2["mean_acceptance_length"] >= 1
     assert all(c["speedup_over_ar"] > 0 and c["mean_draft_length"] <= 2 for c in k2["by_task"].values())
     assert auto["steps"] > 0 and auto["tokens_per_second"] > 0
+    for m in report["modes"]:  # the grammar's share, on the json prompts alone
+        assert 0 < m["by_task"]["json"]["grammar_share"] < 1 and 0 < m["grammar_share"] < 1
+        assert all(c["grammar_share"] is None for task, c in m["by_task"].items() if task != "json")
     assert report["device_name"] and report["driver"] == "cpu" and report["energy"].startswith("n/a")
 
     chart = Path(report["chart"])
@@ -337,3 +344,16 @@ def test_the_kept_bench_sets_the_engine_default(spec_pair, tmp_path, monkeypatch
     events = list(engine.generate(GenerationRequest(PROMPTS[0], 24, ignore_eos=True), SpecControl(True, None)))
     drafted = [len(e.draft) for e in events[1:-1] if e.draft]
     assert drafted and max(drafted) == 3
+
+
+def test_compare_leaves_out_the_prompts_held_to_a_schema():
+    """The references know no grammar, so --compare runs the prompts without a schema: by default
+    the json task type is left out, and asked for by name it is refused."""
+    from flashdesk.engine.cli.bench import plan_from_args
+    from flashdesk.engine.cli.main import _parser
+
+    plan = plan_from_args(_parser().parse_args(["bench", "--demo", "--compare"]))
+    assert "json" not in plan.tasks and plan.items and not any(p.get("schema") for p in plan.items)
+    assert "json" in plan_from_args(_parser().parse_args(["bench", "--demo"])).tasks
+    with pytest.raises(ValueError, match="know no grammar"):
+        plan_from_args(_parser().parse_args(["bench", "--demo", "--compare", "--tasks", "code,json"]))

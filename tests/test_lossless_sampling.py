@@ -111,25 +111,32 @@ def test_engine_samples_with_speculation_like_without(spec_pair):
 def test_engine_samples_with_min_p_and_speculation_like_without(spec_pair):
     """min_p is applied to the target's rows at verification as at sampling: with and without the
     drafter, the first decoded tokens have the same distribution (two-sample chi-square)."""
-    engine = spec_pair[0]
-    prompt = [2, 105, 300, 301, 302, 106, 107, 105, 481, 107]
+    params = [SamplingParams(temperature=1.0, seed=seed, min_p=0.1) for seed in range(300)]
+    assert_same_distribution(first_tokens(spec_pair[0], params, True), first_tokens(spec_pair[0], params, False))
 
-    def outcomes(enabled):
-        seen = {}
-        for seed in range(300):
-            params = SamplingParams(temperature=1.0, seed=seed, min_p=0.1)
-            request = GenerationRequest(prompt, 3, params, ignore_eos=True)
-            finish = [e for e in engine.generate(request, SpecControl(enabled, 2)) if isinstance(e, FinishEvent)][0]
-            seen[tuple(finish.token_ids)] = seen.get(tuple(finish.token_ids), 0) + 1
-        return seen
 
-    with_spec, without = outcomes(True), outcomes(False)
-    keys = sorted(set(with_spec) | set(without))
-    a = torch.tensor([with_spec.get(k, 0) for k in keys], dtype=torch.float64)
-    b = torch.tensor([without.get(k, 0) for k in keys], dtype=torch.float64)
+PROMPT = [2, 105, 300, 301, 302, 106, 107, 105, 481, 107]
+
+
+def first_tokens(engine, params: list[SamplingParams], speculate: bool, prompt=PROMPT, n: int = 3) -> dict:
+    """How often each sequence of the first n tokens comes out, one generation per sampling (seed)."""
+    seen: dict = {}
+    for sampling in params:
+        request = GenerationRequest(prompt, n, sampling, ignore_eos=True)
+        finish = [e for e in engine.generate(request, SpecControl(speculate, 2)) if isinstance(e, FinishEvent)][0]
+        seen[tuple(finish.token_ids)] = seen.get(tuple(finish.token_ids), 0) + 1
+    return seen
+
+
+def assert_same_distribution(a_counts: dict, b_counts: dict, min_dof: int = 5) -> None:
+    """Two samples of equal size from the same distribution: a two-sample chi-square at significance
+    0.001, rare outcomes pooled (the approximation needs expected counts of 5 or more)."""
+    keys = sorted(set(a_counts) | set(b_counts))
+    a = torch.tensor([a_counts.get(k, 0) for k in keys], dtype=torch.float64)
+    b = torch.tensor([b_counts.get(k, 0) for k in keys], dtype=torch.float64)
     keep = (a + b) >= 5
     a = torch.cat([a[keep], a[~keep].sum()[None]])
     b = torch.cat([b[keep], b[~keep].sum()[None]])
     stat = float(((a - b) ** 2 / (a + b).clamp_min(1)).sum())
-    assert len(a) - 1 >= 5
+    assert len(a) - 1 >= min_dof
     assert stat < chi2_critical(len(a) - 1)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import socket
+import threading
 import time
 
 import httpx
@@ -391,6 +393,43 @@ def test_a_client_that_disconnects_stops_its_generation(served, client) -> None:
     assert record.last_step < 400  # 2000 tokens would take hundreds of steps
     reply = client.chat.completions.create(model="flashdesk-demo", messages=USER, max_tokens=4)
     assert reply.usage.completion_tokens >= 1  # the engine is free again
+
+
+def test_a_stream_whose_client_leaves_before_its_first_chunk_never_runs(served) -> None:
+    """A stream queued behind a busy engine, its client gone before anything was sent: the job is
+    cancelled where it waits, and runs no step (not left for the time limit)."""
+    base, runner = served
+    known = {r.id for r in runner.records}
+    runner.step_delay = 0.02
+    busy = threading.Thread(
+        target=lambda: httpx.post(
+            base + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=120,
+            json={"messages": USER, "max_tokens": 120, "ignore_eos": True},
+        )
+    )
+    try:
+        busy.start()
+        deadline = time.monotonic() + 30
+        while not runner.metrics.gauges["flashdesk_requests_running"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        host, port = base.removeprefix("http://").split(":")
+        body = json.dumps({"messages": USER, "max_tokens": 2000, "stream": True, "ignore_eos": True})
+        with socket.create_connection((host, int(port))) as raw:  # sends the request, reads nothing, leaves
+            raw.sendall(
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+            )
+            time.sleep(0.3)
+        busy.join(timeout=120)
+        deadline = time.monotonic() + 30
+        while len(new := [r for r in runner.records if r.id not in known]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        runner.step_delay = 0.0
+    left = [r for r in new if r.stream]
+    assert len(left) == 1 and left[0].reason == "cancelled" and left[0].last_step == -1, new
 
 
 def test_a_client_that_gives_up_on_a_whole_reply_stops_it(served) -> None:

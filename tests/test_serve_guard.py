@@ -442,9 +442,9 @@ REFUSED_FIELDS = [
     ("functions", [{"name": "f", "parameters": {}}]),
     ("function_call", {"name": "f"}),
     ("tool_choice", "required"),  # without tools (tools and response_format: tests/test_serve_structured.py)
-    ("repetition_penalty", 1.3),
+    ("repetition_penalty", 0),  # out of range (above 0)
     ("top_logprobs", 3),
-    ("presence_penalty", 0.5),
+    ("presence_penalty", 2.5),  # out of OpenAI's range, -2..2
     ("min_tokens", 5),
     ("guided_json", {"type": "object"}),
     ("best_of", 2),
@@ -478,3 +478,20 @@ def test_harmless_fields_are_taken_and_min_p_is_applied(runner) -> None:
             assert r.json()["choices"][0]["message"]["content"] == greedy, seed
         hot = [http.post(CHAT, json={**ask, "temperature": 2, "seed": s}).json() for s in (1, 2, 3)]
         assert any(h["choices"][0]["message"]["content"] != greedy for h in hot)  # without min_p: sampled
+
+
+def test_penalties_reach_the_sampler(runner) -> None:
+    """repetition, presence and frequency penalties change a greedy reply (their exactness against
+    transformers and under speculation: tests/test_penalties.py); 1 and 0 change nothing."""
+    ask = {"messages": HELLO, "max_tokens": 24, "temperature": 0}
+    with serving(runner) as base, httpx.Client(base_url=base, timeout=60) as http:
+
+        def reply(**extra) -> str:
+            r = http.post(CHAT, json={**ask, **extra})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["message"]["content"]
+
+        plain = reply()
+        assert reply(repetition_penalty=1, presence_penalty=0, frequency_penalty=0) == plain
+        for extra in ({"repetition_penalty": 3.0}, {"presence_penalty": 2}, {"frequency_penalty": 2}):
+            assert reply(**extra) != plain, extra

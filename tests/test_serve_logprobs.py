@@ -341,7 +341,7 @@ REFUSED = [
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"n": 2}, "n"),
     ({"best_of": 3}, "best_of"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"presence_penalty": -3}, "presence_penalty"),
     ({"logit_bias": {"5": 1}}, "logit_bias"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"response_format": {"type": "json_object"}}, "response_format"),

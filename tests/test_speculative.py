@@ -248,3 +248,20 @@ def test_suppress_tokens_are_read_from_the_generation_config(tmp_path):
         suppress_tokens(tmp_path, 512)
     (tmp_path / "generation_config.json").write_text("{}")
     assert suppress_tokens(tmp_path, 512) == ()
+
+
+def test_recommended_sampling_is_read_within_its_ranges(tmp_path):
+    """generation_config.json's sampling, as the window and serve start from it: greedy when
+    do_sample is false, and a value out of its range (or a boolean) left out rather than failing
+    every request that does not name it."""
+    from flashdesk.engine.loading.model_card import sampling_defaults
+
+    config = tmp_path / "generation_config.json"
+    config.write_text(json.dumps({"temperature": 1.0, "top_p": 0.95, "top_k": 64}))
+    assert sampling_defaults(tmp_path) == {"temperature": 1.0, "top_p": 0.95, "top_k": 64}
+    config.write_text(json.dumps({"temperature": 7, "top_p": 0, "top_k": True, "do_sample": True}))
+    assert sampling_defaults(tmp_path) == {}
+    config.write_text(json.dumps({"do_sample": False, "temperature": 0.7}))
+    assert sampling_defaults(tmp_path) == {"temperature": 0.0}
+    config.write_text("[1, 2]")
+    assert sampling_defaults(tmp_path) == {}

@@ -149,3 +149,92 @@ def test_a_schema_the_library_cannot_compile_is_said_plainly():
 
     assert "bogus" in check(json_grammar({"type": "bogus"}))
     assert check(json_grammar(SCHEMA)) == ""
+
+
+@pytest.fixture(scope="module")
+def demo_engine(tmp_path_factory):
+    from flashdesk.engine.decode.generation import Engine
+    from flashdesk.engine.hub.demo import create_demo
+
+    target, drafter = create_demo(tmp_path_factory.mktemp("structured-demo"))
+    return Engine.load(target, device="cpu", draft_dir=drafter)
+
+
+def _json_prompt_ids(engine, item) -> list[int]:
+    from flashdesk.engine.decode.chat_format import build_prompt_ids, messages_from
+
+    return build_prompt_ids(engine.tokenizer, messages_from(item["prompt"]), enable_thinking=False)
+
+
+def test_the_bench_json_prompts_decode_the_same_with_speculation_on_the_demo_pair(demo_engine):
+    """The demo pair under the bench's schemas: its drafter is far from the grammar (most of its
+    choices are refused and masked), and the target's choices are checked against masks on the
+    host; every greedy reply, and its logprobs, equal plain decoding's."""
+    from flashdesk.engine.bench.prompts import task_prompts
+
+    for item in task_prompts("json")[:6]:
+        ids = _json_prompt_ids(demo_engine, item)
+
+        def decode(control):
+            request = GenerationRequest(ids, 48, grammar=json_grammar(item["schema"]), logprobs=0)
+            events = list(demo_engine.generate(request, control))
+            logprobs = [t.logprob for e in events if isinstance(e, StepEvent) and e.logprobs for t in e.logprobs]
+            return events[-1].token_ids, logprobs
+
+        plain, plain_logprobs = decode(SpecControl(enabled=False))
+        for k in (4, 15):
+            spec, logprobs = decode(SpecControl(True, k))
+            assert spec == plain, (item["prompt"][:40], k)
+            assert logprobs == pytest.approx(plain_logprobs, abs=1e-4)
+
+
+def test_the_mask_is_the_rule_and_a_forced_token_is_all_it_allows(demo_engine):
+    """Two facts of llguidance the constrained greedy step relies on, checked along real replies:
+    its matcher takes some tokens its mask leaves out (a string's closing quote alone, where the
+    mask keeps only the quote joined to what follows), so choices are checked against masks, never
+    by whether the matcher takes them; and where it reports a forced token, the mask allows that
+    token alone, so a forced row needs no mask."""
+    import numpy as np
+
+    from flashdesk.engine.bench.prompts import task_prompts
+
+    taken_not_masked = forced_rows = 0
+    for item in task_prompts("json")[:4]:
+        request = GenerationRequest(_json_prompt_ids(demo_engine, item), 48, grammar=json_grammar(item["schema"]))
+        reply = list(demo_engine.generate(request, SpecControl(enabled=False)))[-1].token_ids
+        state = demo_engine.grammar_state(json_grammar(item["schema"]))
+        for token in reply[:-1]:
+            bitmask = state.bitmask()
+            allowed = np.flatnonzero(np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little"))
+            forced = state.forced()
+            if forced is not None:
+                forced_rows += 1
+                assert allowed.tolist() == [forced]
+            outside = set(range(0, 4096, 7)) - set(allowed.tolist())  # every 7th token the mask leaves out
+            taken_not_masked += sum(state.matcher.validate_tokens([t]) == 1 for t in outside)
+            assert token in allowed and state.consume(token)
+    assert taken_not_masked and forced_rows > 20
+
+
+def test_a_forced_token_the_sampling_suppresses_ends_the_reply_with_an_error_either_way(demo_engine):
+    """Where the grammar allows one token and the sampling never emits it (suppress_tokens), no
+    token can be chosen: plain decoding and speculation both stop with a GrammarError, rather than
+    emitting a token outside the grammar."""
+    from flashdesk.engine.bench.prompts import task_prompts
+    from flashdesk.engine.decode.grammar import GrammarError
+
+    item = task_prompts("json")[0]
+    ids, grammar = _json_prompt_ids(demo_engine, item), json_grammar(item["schema"])
+    reply = list(demo_engine.generate(GenerationRequest(ids, 24, grammar=grammar), SpecControl(False)))[-1]
+    state = demo_engine.grammar_state(grammar)
+    forced = None
+    for token in reply.token_ids:
+        if state.forced() is not None and token > 300:  # past the opening brace and quote
+            forced = token
+            break
+        state.consume(token)
+    assert forced is not None
+    sampling = SamplingParams(suppress=(forced,))
+    for control in (SpecControl(False), SpecControl(True, 4), SpecControl(True, 15)):
+        with pytest.raises(GrammarError, match="no token it allows could be chosen"):
+            list(demo_engine.generate(GenerationRequest(ids, 24, sampling, grammar=grammar), control))

@@ -9,8 +9,17 @@ import json
 import pytest
 import torch
 
-from flashdesk.engine.decode.grammar import GrammarState, lark, vocabulary
-from flashdesk.engine.decode.tool_calls import ArgsToJson, CallSplitter, Markers, call_grammar
+from flashdesk.engine.decode.grammar import GrammarError, GrammarState, lark, vocabulary
+from flashdesk.engine.decode.tool_calls import (
+    MARK,
+    ArgsToJson,
+    Call,
+    CallSplitter,
+    Markers,
+    call_grammar,
+    complete,
+    with_marks,
+)
 
 WEATHER = {
     "name": "get_weather",
@@ -102,3 +111,124 @@ def test_text_around_calls_is_content_and_each_call_has_its_index():
     assert "".join(p.text for p in pieces) + splitter.finish().text == "Let me look."
     assert [s for p in pieces for s in p.started] == [(0, "a"), (1, "b")]
     assert [(c.name, json.loads(c.arguments)) for c in splitter.calls] == [("a", {"x": 1}), ("b", {"y": "z"})]
+
+
+# -- issue 34: calls read by token, NaN, one call, the matcher's errors ----------------------------------------
+
+
+def spelled(tokenizer, text: str) -> list[int]:
+    """`text` in ordinary tokens only (a control token's string as its characters, as a model may write it)."""
+    ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert not set(ids) & set(tokenizer.added_tokens_decoder)
+    return ids
+
+
+def engine_text(tokenizer, ids: list[int], stops: tuple[str, ...] = ()) -> list[str]:
+    """The answer's text as serve gets it from the engine, one token a step: each step's text marked
+    where a control token's text begins (generation.StepEvent.controls, runner.Job.marks)."""
+    from flashdesk.engine.decode.generation import _TextOutput
+
+    out = _TextOutput(tokenizer, stops)
+    steps = []
+    for tid in ids:
+        answer = out.push([tid])[0]
+        steps.append(with_marks(answer, out.controls(answer)))
+    tail = out.finish()[0]
+    return steps + [with_marks(tail, out.controls(tail))]
+
+
+def test_a_control_tokens_characters_inside_an_argument_stay_in_the_argument(tokenizer):
+    """`<tool_call|>` and `<|"|>` typed in a string argument neither end the call nor the string: only
+    the real control tokens do (a stop string that is never hit holds text back, and cuts nothing)."""
+    m = Markers.of(tokenizer)
+    value = 'a<tool_call|>b<|"|>c}'
+    ids = (
+        spelled(tokenizer, "Sure. ")
+        + [m.call_open]
+        + spelled(tokenizer, "call:f{note:")
+        + [m.quote]
+        + spelled(tokenizer, value)
+        + [m.quote]
+        + spelled(tokenizer, ",n:2}")
+        + [m.call_close]
+        + spelled(tokenizer, " Done.")
+    )
+    for stops in ((), ("<tool_call|>x",)):
+        splitter = CallSplitter(marked=True)
+        text = "".join(splitter.push(step).text for step in engine_text(tokenizer, ids, stops)) + splitter.finish().text
+        assert text == "Sure.  Done." and MARK not in text
+        (call,) = splitter.calls
+        assert call.name == "f" and json.loads(call.arguments) == {"note": value, "n": 2} and complete(call)
+
+
+def test_a_calls_characters_in_plain_text_are_content_not_a_call(tokenizer):
+    """The whole call spelled out in ordinary tokens (a model quoting the format) is text."""
+    typed = 'Write <|tool_call>call:f{x:<|"|>y<|"|>}<tool_call|> to call.'
+    splitter = CallSplitter(marked=True)
+    pieces = [splitter.push(step) for step in engine_text(tokenizer, spelled(tokenizer, typed))]
+    assert "".join(p.text for p in pieces) + splitter.finish().text == typed
+    assert splitter.calls == [] and not any(p.started for p in pieces)
+
+
+def test_marks_stay_whole_however_the_text_is_cut():
+    text = 'x<|tool_call>call:f{s:<|"|>q<tool_call|><|"|>}<tool_call|><turn|>y'
+    stream = with_marks(text, [1, 22, 40, 46, 58])  # all but the `<tool_call|>` typed in the string
+    assert stream.replace(MARK, "") == text and stream.count(MARK + "<") == 5
+    for cut in range(1, len(stream)):
+        splitter = CallSplitter(marked=True)
+        text = splitter.push(stream[:cut]).text + splitter.push(stream[cut:]).text + splitter.finish().text
+        assert text == "x<turn|>y", cut  # a mark before another control token's text is dropped, its text kept
+        assert [(c.name, json.loads(c.arguments)) for c in splitter.calls] == [("f", {"s": "q<tool_call|>"})], cut
+
+
+@pytest.mark.parametrize("word", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_are_not_json_arguments(word):
+    convert = ArgsToJson()
+    arguments = convert.push(f"{{x:{word},y:1}}")
+    assert convert.done and not complete(Call("f", arguments))
+    assert not complete(Call("f", f'{{"x": {word}}}'))
+    assert complete(Call("f", f'{{"x": "{word}", "y": 1e999}}'))  # as a string, or a big number: JSON
+
+
+@pytest.mark.parametrize("word", ["NaN", "Infinity", "-Infinity"])
+def test_an_earlier_calls_nan_arguments_are_a_400(word):
+    from flashdesk.engine.serve.errors import ApiError
+    from flashdesk.engine.serve.tools import template_messages
+
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": f'{{"x": {word}}}'}}
+    with pytest.raises(ApiError) as caught:
+        template_messages([{"role": "assistant", "content": None, "tool_calls": [call]}])
+    assert caught.value.param == "messages[0].tool_calls[0].function.arguments"
+
+
+def _plan(tokenizer, **body):
+    from flashdesk.engine.serve.schema import ChatCompletionRequest
+    from flashdesk.engine.serve.tools import Structure
+
+    tools = [{"type": "function", "function": WEATHER}]
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=tools, **body)
+    return Structure(tokenizer).plan(request)
+
+
+def test_parallel_tool_calls_false_ends_an_auto_reply_at_its_first_calls_end(tokenizer):
+    m = Markers.of(tokenizer)
+    assert _plan(tokenizer, parallel_tool_calls=False).stop_ids == (m.response_open, m.call_close)
+    assert _plan(tokenizer, tool_choice="auto", parallel_tool_calls=False).stop_ids == (m.response_open, m.call_close)
+    assert _plan(tokenizer).stop_ids == _plan(tokenizer, parallel_tool_calls=True).stop_ids == (m.response_open,)
+    # a call its close token ended (it is not in the text) is whole
+    splitter = CallSplitter(marked=True)
+    splitter.push(f'{MARK}<|tool_call>call:f{{x:{MARK}<|"|>y{MARK}<|"|>}}')
+    (call,) = splitter.calls
+    assert complete(call) and json.loads(call.arguments) == {"x": "y"}
+
+
+def test_a_matcher_that_fails_mid_reply_is_an_error_not_a_quiet_end(tokenizer):
+    """In its error state llguidance's mask allows only the end token: the reply would end as if whole."""
+    state = GrammarState(vocabulary(tokenizer, 512, 106), lark('start: "ab" "c"\n'), torch.device("cpu"))
+    a, b, c = spelled(tokenizer, "abc")
+    assert state.consume(a) and not state.consume(c)  # a refused token is no error
+    state.matcher.consume_token(c)  # what a resource limit mid-reply does: the matcher fails
+    with pytest.raises(GrammarError, match="could not be held to its grammar"):
+        state.bitmask()
+    with pytest.raises(GrammarError):
+        state.consume(b)

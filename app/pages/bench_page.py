@@ -39,7 +39,7 @@ from flashdesk.app.panels.plots import GroupedBarPlot
 from flashdesk.app.wheel_guard import wheel_only_when_focused
 
 AUTO = p.AUTO_DRAFT_LENGTH
-TASKS = ("code", "math", "reasoning", "chat", "summarization", "translation")  # assets/prompts/
+TASKS = ("code", "math", "reasoning", "chat", "summarization", "translation", "json")  # assets/prompts/
 DRAFT_LENGTHS = (2, 4, 6, 8, 10, 12, 15)
 DEFAULT_LENGTHS = {4, 8, 15, AUTO}
 COLUMNS = ("Task", "Mode", "tok/s", "Speedup", "TTFT ms", "τ", "Accepted", "Mean K", "J/token")

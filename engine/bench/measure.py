@@ -3,6 +3,9 @@ one prompt in every mode back to back before the next prompt (interleaved), so d
 machine's load or clocks hits all modes alike and the ratios compare like with like. Every request
 prefills from scratch (no prefix reuse), so each mode's time to first token is measured the same way.
 
+Prompts with a JSON schema (the "json" task type) decode under its grammar, and each mode's cells
+report the grammar's share of their decode time (host time in the masks, GrammarState.seconds).
+
 `run_suite` is the whole run, with a progress callback and a stop check between engine steps:
 `flashdesk bench` draws a progress bar with it, the worker reports BenchProgress and honours Cancel.
 """
@@ -25,6 +28,7 @@ from flashdesk.engine.bench.chart import write_chart
 from flashdesk.engine.bench.results import best_draft_length, best_mode, model_label, results_key, save_run
 from flashdesk.engine.decode.chat_format import build_prompt_ids, messages_from
 from flashdesk.engine.decode.generation import Engine, FinishEvent, GenerationRequest
+from flashdesk.engine.decode.grammar import Grammar, check, json_grammar
 from flashdesk.engine.decode.speculative import SpecControl
 from flashdesk.engine.decode.stats import SpecStats, StepRecord
 from flashdesk.engine.errors import FlashDeskError
@@ -38,6 +42,8 @@ class Cell:
     prompts: int = 0
     prefill_seconds: float = 0.0
     energy_mj: float | None = 0.0  # None once a reading is missing
+    grammar_seconds: float = 0.0  # host time in grammar masks, over the prompts held to a schema
+    grammar_decode_seconds: float = 0.0  # those prompts' decode time
 
     def as_dict(self, baseline: float | None) -> dict:
         s = self.stats.summary()
@@ -60,6 +66,9 @@ class Cell:
             "tokens_per_step": s["decode_tokens"] / s["steps"] if s["steps"] else None,
             "energy_joules": joules,
             "joules_per_token": joules / s["decode_tokens"] if joules is not None and s["decode_tokens"] else None,
+            "grammar_share": (
+                self.grammar_seconds / self.grammar_decode_seconds if self.grammar_decode_seconds > 0 else None
+            ),
         }
 
 
@@ -111,13 +120,15 @@ def run_ours(
     result: ModeResult,
     energy=lambda: None,
     should_stop: Callable[[], bool] = lambda: False,
+    grammar: Grammar | None = None,
 ) -> list[int]:
-    """Decode one prompt greedily in one mode, from a cold prefill; add its steps to the mode's cell
-    for `task` and to its total. Energy is read after the prefill and at the end: decode only."""
+    """Decode one prompt greedily in one mode (under `grammar` when given), from a cold prefill; add
+    its steps to the mode's cell for `task` and to its total. Energy is read after the prefill and
+    at the end: decode only."""
     cell = result.cells.setdefault(task, Cell())
     start = finish = None
     records = []
-    events = engine.generate(GenerationRequest(ids, max_new, reuse=False), result.control())
+    events = engine.generate(GenerationRequest(ids, max_new, reuse=False, grammar=grammar), result.control())
     try:
         for event in events:
             if isinstance(event, FinishEvent):
@@ -138,15 +149,19 @@ def run_ours(
             if should_stop():
                 raise BenchCancelled()
     finally:
-        events.close()  # type: ignore[attr-defined]  # a generator, which Engine.generate annotates as an Iterator
+        events.close()  # the engine settles its cache
     if finish is None:
         raise FlashDeskError("the engine's generation ended without its finish event")
     end = energy()
     joules = end - start if start is not None and end is not None else None
     s = finish.stats
+    decode_seconds = sum(r.draft_seconds + r.verify_seconds for r in records)
     for c in (cell, result.total):
         for record in records:
             c.stats.add(record)
+        if s.get("grammar_seconds") is not None:
+            c.grammar_seconds += s["grammar_seconds"]
+            c.grammar_decode_seconds += decode_seconds
         c.prompts += 1
         c.prefill_seconds += s["prefill_seconds"]
         c.energy_mj = c.energy_mj + joules if c.energy_mj is not None and joules is not None else None
@@ -203,7 +218,8 @@ def reference_models(model_dir: str, draft_dir: str, device, dtype):
 
 
 def run_transformers(target, ids: list[int], max_new: int, stop: list[int], result: RefResult) -> None:
-    """transformers' greedy generate: decode time = the whole call minus a 1-token call (the prefill)."""
+    """transformers' greedy generate: decode time = the whole call minus a 1-token call (the prefill).
+    It knows no grammar: a prompt with a schema decodes freely (as in z-lab's loop)."""
     device = target.device
     x = torch.tensor([ids], device=device)
     with torch.inference_mode():
@@ -287,12 +303,13 @@ def run_suite(
     prompts = [
         build_prompt_ids(engine.tokenizer, messages_from(p["prompt"]), enable_thinking=False) for p in plan.items
     ]
+    grammars = [_grammar(p) for p in plan.items]
     modes = plan_modes(engine, plan)
     device = DeviceProbe(engine.model.device)
     max_new = plan.max_new_tokens
     try:
         runs = [
-            (m, lambda ids, task, m: run_ours(engine, ids, task, max_new, m, device.energy_mj, should_stop))
+            (m, lambda ids, task, m, g: run_ours(engine, ids, task, max_new, m, device.energy_mj, should_stop, g))
             for m in modes
         ]
         references: list[RefResult] = []
@@ -315,18 +332,29 @@ def run_suite(
                 if isinstance(result, ModeResult)
                 else RefResult(result.name, result.draft_length)
             )
-            run(prompts[0][:8], "warm-up", throwaway)
+            run(prompts[0][:8], "warm-up", throwaway, None)
             tick(f"warm-up | {result.name}")
         # every mode on one prompt before the next: drift in machine load hits all alike; the order of
         # the modes turns by one each prompt, so none always runs first after a new prompt
-        for i, (ids, item) in enumerate(zip(prompts, plan.items)):
+        for i, (ids, grammar, item) in enumerate(zip(prompts, grammars, plan.items)):
             shift = i % len(runs)
             for result, run in runs[shift:] + runs[:shift]:
-                run(ids, item["task"], result)
+                run(ids, item["task"], result, grammar)
                 tick(f"{item['task']} {i + 1}/{len(prompts)} | {result.name}")
     finally:
         device.close()
     return _report(engine, plan, model_dir, draft_dir, modes, references, device)
+
+
+def _grammar(item: dict) -> Grammar | None:
+    """A prompt's schema as its grammar (a FlashDeskError naming the prompt when it cannot be used)."""
+    if item.get("schema") is None:
+        return None
+    grammar = json_grammar(item["schema"])
+    problem = check(grammar)
+    if problem:
+        raise FlashDeskError(f"the schema of the prompt {item['prompt'][:40]!r} cannot be used: {problem}")
+    return grammar
 
 
 def _reference_runs(engine: Engine, plan: BenchPlan, model_dir, draft_dir):
@@ -343,8 +371,8 @@ def _reference_runs(engine: Engine, plan: BenchPlan, model_dir, draft_dir):
     references = [RefResult("transformers generate (AR)", 0)] + [
         RefResult(f"z-lab dflash_generate K={k}", k) for k in fixed
     ]
-    runs = [(references[0], lambda ids, task, m: run_transformers(target, ids, max_new, stop, m))]
-    runs += [(m, lambda ids, task, m: run_reference(target, drafter, ids, max_new, stop, m)) for m in references[1:]]
+    runs = [(references[0], lambda ids, task, m, g: run_transformers(target, ids, max_new, stop, m))]
+    runs += [(m, lambda ids, task, m, g: run_reference(target, drafter, ids, max_new, stop, m)) for m in references[1:]]
     return references, runs
 
 

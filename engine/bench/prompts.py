@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from flashdesk import paths
 from flashdesk.engine.errors import FlashDeskError
 from flashdesk.protocol import AUTO_DRAFT_LENGTH as AUTO
 from flashdesk.protocol import METHOD_NAMES
 
-TASKS = ("code", "math", "reasoning", "chat", "summarization", "translation")
-PROMPTS_DIR = paths.assets_dir() / "prompts"  # one JSON-lines file per task type, {"task", "prompt"}
+# "json": replies held to a JSON schema (each prompt's "schema"), where the bench shows the grammar's cost
+TASKS = ("code", "math", "reasoning", "chat", "summarization", "translation", "json")
+PROMPTS_DIR = paths.assets_dir() / "prompts"  # one JSON-lines file per task type, {"task", "prompt"[, "schema"]}
 DEFAULT_PROMPTS_PER_TASK = 4  # keeps a run short (a CPU demo run: seconds); --full takes them all
 AUTO_MODE = "DFlash auto"
 AUTO_METHOD_MODE = "auto method"  # each step the method and draft length expected fastest
@@ -20,7 +22,8 @@ METHODS = ("dflash", "mtp", AUTO)
 
 
 def _read_jsonl(path: Path, default_task: str) -> list[dict]:
-    """JSON lines with "prompt" (and "task" or "category"), or plain text, one prompt per line."""
+    """JSON lines with "prompt" (and "task" or "category", and a JSON "schema" the reply is held to),
+    or plain text, one prompt per line."""
     prompts = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         line = line.strip()
@@ -30,7 +33,12 @@ def _read_jsonl(path: Path, default_task: str) -> list[dict]:
             try:
                 item = json.loads(line)
                 task = item.get("task") or item.get("category") or default_task
-                prompts.append({"prompt": str(item["prompt"]), "task": str(task)})
+                prompt: dict[str, Any] = {"prompt": str(item["prompt"]), "task": str(task)}
+                if item.get("schema") is not None:
+                    if not isinstance(item["schema"], dict):
+                        raise ValueError("its schema is not a JSON object")
+                    prompt["schema"] = item["schema"]
+                prompts.append(prompt)
             except (ValueError, KeyError, AttributeError) as exc:
                 raise FlashDeskError(f'{path}:{number}: not a JSON object with a "prompt": {exc}') from exc
         else:

@@ -49,6 +49,10 @@ def format_report(report: dict) -> str:
         lines += ["", "acceptance by draft position (1, 2, ...), all tasks:"]
         for m in spec:
             lines.append(f"{m['mode']:<15}" + "".join(f"{p:>5.0%}" for p in m["acceptance_by_position"][:16]))
+    constrained = [m for m in report["modes"] if m.get("grammar_share") is not None]
+    if constrained:
+        lines += ["", "grammar masks (the prompts held to a JSON schema), share of their decode time:"]
+        lines += [f"{m['mode']:<15}{m['grammar_share']:>6.1%}" for m in constrained]
     lines.append("")
     lines.append(
         "outputs identical across modes: "

@@ -65,9 +65,13 @@ def plan_from_args(args) -> BenchPlan:
         items = [p for t in tasks for p in task_prompts(t)]
         if per_task is None and not args.full:
             per_task = DEFAULT_PROMPTS_PER_TASK
-    return BenchPlan(
-        select_prompts(items, tasks, per_task), tasks, lengths, args.max_new_tokens, per_task, bool(args.compare)
-    )
+    items = select_prompts(items, tasks, per_task)
+    if args.compare:  # transformers' generate and z-lab's loop know no grammar: their times would not compare
+        if args.tasks is not None and any(p.get("schema") for p in items):
+            raise ValueError("--compare times references that know no grammar: leave prompts with a schema out")
+        items = [p for p in items if not p.get("schema")]
+        tasks = [t for t in tasks if any(p["task"] == t for p in items)]
+    return BenchPlan(items, tasks, lengths, args.max_new_tokens, per_task, bool(args.compare))
 
 
 def run_bench(args) -> int:

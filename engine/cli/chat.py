@@ -8,17 +8,22 @@ context first: it drops the oldest turns (keeping the system prompt) or refuses 
 Interactive mode streams the answer to stdout and everything else (thoughts, notes, the stats
 line, command replies, errors) to stderr, so `flashdesk chat ... > answers.txt` keeps only answers.
 `--jsonl` prints exactly one JSON object per request line on stdout and nothing else.
+
+`--tools FILE` lets the model call the user's Python functions or shell commands (tool_files.py):
+each call is shown and runs only once the user says yes (or with `--yes`), and its result goes back
+to the model, round after round, until it answers in text (tool_loop.py).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from flashdesk.engine.decode.conversation import check_policy, fit_conversation
 from flashdesk.engine.decode.speculative import AUTO
+from flashdesk.engine.decode.tool_calls import CallSplitter, with_marks
 from flashdesk.engine.errors import ContextOverflowError, FlashDeskError
 
 COMMANDS = {
@@ -55,6 +60,10 @@ class Reply:
     stats: dict
     dropped_messages: int
     regenerated: bool = False
+    calls: list = field(default_factory=list)  # this round's ToolCalls (tool_loop.py)
+    tool_calls: list[dict] = field(default_factory=list)  # every call of the message, its result with it
+    rounds: int = 1
+    note: str | None = None  # what the tool loop did that the user should know
 
     def to_json(self) -> dict:
         out = {
@@ -69,6 +78,10 @@ class Reply:
         }
         if self.regenerated:
             out["regenerated"] = True
+        if self.tool_calls or self.rounds > 1:
+            out |= {"tool_calls": self.tool_calls, "rounds": self.rounds}
+        if self.note:
+            out["note"] = self.note
         return out
 
 
@@ -152,6 +165,7 @@ class ChatSession:
         policy: str,
         model: str | None = None,
         draft: str | None = None,
+        toolbox=None,
     ):
         if engine.tokenizer is None:
             raise FlashDeskError(
@@ -165,6 +179,7 @@ class ChatSession:
         self.sampling, self.max_new_tokens, self.ignore_eos = sampling, max_new_tokens, ignore_eos
         self.stop_strings, self.reuse, self.policy = tuple(stop_strings), reuse, check_policy(policy)
         self.model, self.draft = model, draft
+        self.toolbox = toolbox  # tool_loop.ToolBox, or None: no tools
         self.history: list[dict] = []  # user and assistant messages, the system prompt apart
         self.totals = Totals()
 
@@ -174,31 +189,62 @@ class ChatSession:
         head = [{"role": "system", "content": self.system}] if self.system else []
         return head + self.history
 
-    def send(self, text: str, on_step=None, on_fit=None) -> Reply:
-        """Add a user message and answer it. On any failure (context, Ctrl-C) the message is taken back."""
+    def send(self, text: str, on_step=None, on_fit=None, on_call=None) -> Reply:
+        """Add a user message and answer it. On any failure (context, Ctrl-C) the message is taken back,
+        with the rounds of tool calls it led to. `on_call(call)` runs or declines each tool call."""
         if not text.strip():
             raise CommandError("the message is empty")
-        self.history.append({"role": "user", "content": text})
+        before = self.history
+        self.history = before + [{"role": "user", "content": text}]
         try:
-            return self._answer(on_step, on_fit)
+            return self._turn(on_step, on_fit, on_call)
         except BaseException:
-            self.history.pop()
+            self.history = before
             raise
 
-    def regenerate(self, on_step=None, on_fit=None) -> Reply:
-        """Drop the last reply and answer the last user message again; on failure the old reply stays."""
-        if not self.history or self.history[-1]["role"] != "assistant":
+    def regenerate(self, on_step=None, on_fit=None, on_call=None) -> Reply:
+        """Drop the last reply (its tool calls too) and answer the last user message again; on failure
+        the old reply stays."""
+        users = [i for i, m in enumerate(self.history) if m["role"] == "user"]
+        if not users or users[-1] == len(self.history) - 1:
             raise CommandError("nothing to regenerate: there is no reply yet")
-        old = self.history.pop()
+        before = self.history
+        self.history = before[: users[-1] + 1]
         try:
-            reply = self._answer(on_step, on_fit)
+            reply = self._turn(on_step, on_fit, on_call)
         except BaseException:
-            self.history.append(old)
+            self.history = before
             raise
         reply.regenerated = True
         return reply
 
-    def _answer(self, on_step, on_fit) -> Reply:
+    def _turn(self, on_step, on_fit, on_call) -> Reply:
+        """Answer the last user message: with tools, round after round while the model calls them."""
+        if self.toolbox is None:
+            return self._answer(on_step, on_fit)
+        from flashdesk.engine.cli.tool_loop import MAX_ROUNDS
+
+        done: list[dict] = []
+        index = 0
+        while True:
+            shape = self.toolbox.shape(self.toolbox.round_choice(index), self.thinking)
+            reply = self._answer(on_step, on_fit, shape)
+            for call in reply.calls:
+                if on_call is not None:
+                    on_call(call)  # the front end asks the user, then runs or declines it
+                if call.result is None:
+                    call.decline()
+                self.history.append(call.message())
+                done.append(call.record())
+            index += 1
+            reply.tool_calls, reply.rounds = done, index
+            if not reply.calls:  # an answer in text (the round after the last allowed one cannot call)
+                break
+        if index > MAX_ROUNDS:
+            reply.note = f"{MAX_ROUNDS} rounds of tool calls, the limit per message: then it answered without tools"
+        return reply
+
+    def _answer(self, on_step, on_fit, shape=None) -> Reply:
         from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest
 
         try:
@@ -209,6 +255,7 @@ class ChatSession:
                 context_limit=self.engine.context_limit,
                 max_new_tokens=self.max_new_tokens,
                 policy=self.policy,
+                tools=self.toolbox.declared if self.toolbox is not None else None,
             )
         except ContextOverflowError as exc:
             hint = (
@@ -219,16 +266,28 @@ class ChatSession:
             raise ContextOverflowError(f"context full: {exc} [chat: {hint}]") from None
         if on_fit is not None:
             on_fit(fitted)
+        sampling = self.sampling
+        if shape is not None and shape.suppress:
+            sampling = replace(sampling, suppress=tuple(sampling.suppress) + shape.suppress)
         request = GenerationRequest(
-            fitted.ids, fitted.max_new_tokens, self.sampling, self.ignore_eos, self.stop_strings, reuse=self.reuse
+            fitted.ids,
+            fitted.max_new_tokens,
+            sampling,
+            self.ignore_eos,
+            self.stop_strings,
+            reuse=self.reuse,
+            grammar=shape.grammar if shape is not None else None,
+            stop_ids=shape.stop_ids if shape is not None else (),
         )
-        steps, finish = [], None
+        steps, finish, marked = [], None, []
         events = self.engine.generate(request, self.control)
         try:
             for event in events:
                 if isinstance(event, FinishEvent):
                     finish = event
                     break
+                if self.toolbox is not None and event.answer:
+                    marked.append(with_marks(event.answer, event.controls))  # calls are read by token
                 if event.index > 0:
                     step = {"emitted": event.emitted, "draft": event.draft, "accepted": event.accepted}
                     steps.append(step | ({"method": event.method} if event.method else {}))
@@ -242,18 +301,26 @@ class ChatSession:
         if finish is None:
             raise FlashDeskError("the engine's generation ended without its finish event")
         stats = dict(finish.stats)  # with reused_tokens + prefill_tokens = prompt_tokens
+        text, calls, cut = finish.text, [], False
+        if self.toolbox is not None:
+            from flashdesk.engine.cli.tool_loop import assistant_message
+
+            text, calls, cut = self.toolbox.read("".join(marked))
         reply = Reply(
             fitted.ids,
             finish.token_ids,
-            finish.text,
+            text,
             finish.thought,
             fitted.finish_reason(finish.finish_reason, len(finish.token_ids)),
             steps,
             stats,
             fitted.dropped,
+            calls=calls,
+            note="the reply ended inside a tool call: that call was not run" if cut else None,
         )
+        message = assistant_message(text, calls) if self.toolbox is not None else {"role": "assistant", "content": text}
         first = 1 if self.system else 0  # the history follows the fitted prompt: dropped turns stay dropped
-        self.history = fitted.messages[first:] + [{"role": "assistant", "content": finish.text}]
+        self.history = fitted.messages[first:] + [message]
         self.totals.add(reply)
         return reply
 
@@ -288,7 +355,9 @@ class ChatSession:
             "context_limit": self.engine.context_limit,
             "context_policy": self.policy,
             "reuse": self.reuse,
-        }
+        } | (
+            {"tools": list(self.toolbox.tools), "tool_choice": self.toolbox.choice} if self.toolbox is not None else {}
+        )
 
     def _need_drafter(self, name: str) -> None:
         if self.control is None:
@@ -375,11 +444,14 @@ def _err(text: str) -> None:
 
 
 class _Stream:
-    """Streams one reply: the answer to stdout, thoughts to stderr between markers."""
+    """Streams one reply: the answer to stdout, thoughts to stderr between markers; with tools, the
+    calls' markup is cut out (each call is shown when it is confirmed)."""
 
-    def __init__(self):
+    def __init__(self, tools: bool = False):
         self.thinking = False
         self.wrote = False
+        self.tools = tools
+        self.splitter = CallSplitter(marked=True)
 
     def fit(self, fitted) -> None:
         if fitted.dropped:
@@ -392,9 +464,10 @@ class _Stream:
                 self.thinking = True
             sys.stderr.write(event.thought)
             sys.stderr.flush()
-        if event.answer:
+        answer = self.splitter.push(with_marks(event.answer, event.controls)).text if self.tools else event.answer
+        if answer:
             self._end_thought()
-            sys.stdout.write(event.answer)
+            sys.stdout.write(answer)
             sys.stdout.flush()
             self.wrote = True
 
@@ -405,9 +478,36 @@ class _Stream:
             self.thinking = False
 
     def end(self) -> None:
+        """The end of a reply, or of one round of a tool loop (a round that only called writes no line)."""
         self._end_thought()
-        sys.stdout.write("\n")
+        tail = self.splitter.finish().text
+        self.splitter = CallSplitter(marked=True)
+        if self.tools and not (self.wrote or tail):
+            return
+        sys.stdout.write(tail + "\n")
         sys.stdout.flush()
+        self.wrote = False
+
+    def call(self, call, yes: bool) -> None:
+        """One tool call: shown, then run if the user says yes (or with --yes), else declined."""
+        self.end()
+        _err(f"[tool call] {call.shown()}")
+        if yes or _ask("run it? [y/N] "):
+            result = call.run()
+            _err(f"[tool result] {result if len(result) <= 400 else result[:400] + ' ...'}")
+        else:
+            call.decline()
+            _err("[declined: the model is told so]")
+
+
+def _ask(question: str) -> bool:
+    """A yes/no question on the terminal (stdin): only y or yes is a yes; the end of input is a no."""
+    sys.stderr.write(question)
+    sys.stderr.flush()
+    answer = sys.stdin.readline()
+    if not sys.stdin.isatty():
+        _err(answer.strip())
+    return answer.strip().lower() in ("y", "yes")
 
 
 def stats_line(reply: Reply) -> str:
@@ -422,6 +522,8 @@ def stats_line(reply: Reply) -> str:
     ]
     if reply.finish_reason != "stop":
         parts.append(f"finish: {reply.finish_reason}")
+    if reply.rounds > 1:
+        parts.append(f"{reply.rounds} rounds, {len(reply.tool_calls)} tool call(s)")
     return "[" + ", ".join(parts) + "]"
 
 
@@ -465,7 +567,7 @@ def _describe(name: str, result: dict) -> str:
     return "ok"
 
 
-def _interactive(session: ChatSession) -> int:
+def _interactive(session: ChatSession, yes: bool = False) -> int:
     tty = sys.stdin.isatty()
     if tty:
         _err("flashdesk chat: /help lists the commands, /bye or Ctrl-D leaves, Ctrl-C stops a reply")
@@ -487,7 +589,11 @@ def _interactive(session: ChatSession) -> int:
         text = line.rstrip("\n")
         if not text.strip():
             continue
-        stream = _Stream()
+        stream = _Stream(tools=session.toolbox is not None)
+
+        def on_call(call, stream=stream) -> None:
+            stream.call(call, yes)
+
         try:
             if text.lstrip().startswith("/"):
                 name, value = _split_command(text)
@@ -499,17 +605,20 @@ def _interactive(session: ChatSession) -> int:
                     continue
                 if value is not None:
                     raise CommandError("/regenerate takes no argument")
-                reply = session.regenerate(stream.step, stream.fit)
+                reply = session.regenerate(stream.step, stream.fit, on_call)
             else:
-                reply = session.send(text, stream.step, stream.fit)
+                reply = session.send(text, stream.step, stream.fit, on_call)
         except KeyboardInterrupt:
             stream.end()
-            _err("[cancelled: the message and its partial reply are left out of the history]")
+            what = "partial reply and its tool calls" if session.toolbox is not None else "partial reply"
+            _err(f"[cancelled: the message and its {what} are left out of the history]")
             continue
         except (FlashDeskError, ValueError) as exc:  # CommandError, context full, bad request
             _err(f"error: {exc}")
             continue
         stream.end()
+        if reply.note:
+            _err(f"[{reply.note}]")
         _err(stats_line(reply))
 
 
@@ -536,6 +645,11 @@ def _parse_request(line: str) -> tuple[str, object]:
     return ALIASES.get(name, name), request.get("value", inline)
 
 
+def _run(call) -> None:
+    """--jsonl runs every call (run_chat asks for --yes): there is no one to ask."""
+    call.run()
+
+
 def _jsonl(session: ChatSession) -> int:
     def emit(obj: dict) -> None:
         sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
@@ -549,11 +663,11 @@ def _jsonl(session: ChatSession) -> int:
             name, value = _parse_request(line)
             if name == "user":
                 assert isinstance(value, str)  # _parse_request checked it
-                emit(session.send(value).to_json())
+                emit(session.send(value, on_call=_run).to_json())
             elif name == "regenerate":
                 if value is not None:
                     raise CommandError("regenerate takes no value")
-                emit(session.regenerate().to_json())
+                emit(session.regenerate(on_call=_run).to_json())
             else:
                 result = session.command(name, value)
                 emit({"command": name, "ok": True, **result})
@@ -568,13 +682,23 @@ def _jsonl(session: ChatSession) -> int:
 
 
 def run_chat(args) -> int:
-    from flashdesk.engine.decode.sampling import SamplingParams
-    from flashdesk.engine.cli.cli_args import load_engine
+    from flashdesk.engine.cli.cli_args import load_engine, sampling_from
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+    sampling = sampling_from(args)
+    yes = bool(getattr(args, "yes", False))
+    tools = _tool_files(args, yes)  # a bad tool file is said before the model loads
     engine, control = load_engine(args)
+    toolbox = None
+    if tools:
+        from flashdesk.engine.cli.tool_loop import ToolBox
+
+        if engine.tokenizer is None:
+            raise FlashDeskError(f"{args.model}: no tokenizer, so no tools: --tools needs the model's chat template")
+        toolbox = ToolBox(tools, engine.tokenizer, args.tool_choice)
+        asks = "--yes: each call runs without asking" if yes else "each call is shown and asks y/N first"
+        _err(f"[tools: {', '.join(toolbox.tools)}; --tool-choice {toolbox.choice}; {asks}]")
     session = ChatSession(
         engine,
         control,
@@ -588,5 +712,25 @@ def run_chat(args) -> int:
         policy=args.context_policy,
         model=args.model,
         draft=args.draft,
+        toolbox=toolbox,
     )
-    return _jsonl(session) if args.jsonl else _interactive(session)
+    return _jsonl(session) if args.jsonl else _interactive(session, yes)
+
+
+def _tool_files(args, yes: bool) -> list:
+    """The tools of --tools, with the flags that go with them checked."""
+    paths, choice = getattr(args, "tools", None) or [], getattr(args, "tool_choice", "auto")
+    if not paths:
+        if choice != "auto" or yes:
+            raise ValueError("--tool-choice and --yes go with --tools FILE")
+        return []
+    if args.ignore_eos:
+        raise ValueError("--ignore-eos cannot go with --tools: a tool call ends its reply")
+    if args.jsonl and not yes:
+        raise ValueError("--jsonl with --tools needs --yes: there is no one to confirm each call")
+    from flashdesk.engine.cli.tool_files import load_tools
+    from flashdesk.engine.cli.tool_loop import check_choice
+
+    tools = load_tools(paths)
+    check_choice(choice, [tool.name for tool in tools])
+    return tools

@@ -7,8 +7,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flashdesk.engine.errors import FlashDeskError
+
+if TYPE_CHECKING:
+    from flashdesk.engine.decode.sampling import SamplingParams
 
 
 def add_generation_flags(parser: argparse.ArgumentParser, system_help: str) -> None:
@@ -27,6 +31,12 @@ def add_generation_flags(parser: argparse.ArgumentParser, system_help: str) -> N
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0, help="0 turns top-k off")
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below this share of the top one's")
+    parser.add_argument(
+        "--repetition-penalty", type=float, default=1.0, help="above 1: tokens already used are less likely"
+    )
+    parser.add_argument("--presence-penalty", type=float, default=0.0, help="-2 to 2, on the reply's tokens")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0, help="-2 to 2, per use in the reply")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
@@ -34,6 +44,22 @@ def add_generation_flags(parser: argparse.ArgumentParser, system_help: str) -> N
     parser.add_argument("--context", type=positive_int, help="context limit in tokens (default: the model's)")
     parser.add_argument("--quantize", choices=["int4"], help="quantize a bf16 checkpoint to int4 while loading")
     add_speculation_flags(parser)
+
+
+def sampling_from(args: argparse.Namespace) -> SamplingParams:
+    """The sampling the shared flags ask for (a ValueError naming an impossible value)."""
+    from flashdesk.engine.decode.sampling import SamplingParams
+
+    return SamplingParams(
+        args.temperature,
+        args.top_p,
+        args.top_k,
+        args.seed,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+    )
 
 
 def add_speculation_flags(parser: argparse.ArgumentParser) -> None:

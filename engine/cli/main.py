@@ -15,6 +15,7 @@ from flashdesk.engine.cli.cli_args import (
     load_engine,
     positive_int,
     resolve_models,
+    sampling_from,
 )
 
 
@@ -53,6 +54,21 @@ def _parser() -> argparse.ArgumentParser:
         help="when the conversation outgrows the context: drop its oldest turns (keeping the "
         "system prompt; the default) or stop with a message",
     )
+    chat.add_argument(
+        "--tools",
+        action="append",
+        metavar="FILE",
+        help="tools the model may call (repeatable): a .py file (its public functions) or a .json / .toml "
+        "file of shell commands; each call is shown and runs only if you answer y",
+    )
+    chat.add_argument(
+        "--tool-choice",
+        default="auto",
+        metavar="auto|none|required|NAME",
+        help="the first round of each message: the model decides (auto), never calls (none), must call "
+        "a tool (required) or the tool NAME; later rounds are auto",
+    )
+    chat.add_argument("--yes", action="store_true", help="run the model's tool calls without asking")
 
     bench = sub.add_parser(
         "bench",
@@ -231,11 +247,10 @@ def _parse_ids(text: str) -> list[int]:
 def run_generate(args) -> int:
     from flashdesk.engine.decode.chat_format import build_prompt_ids, messages_from
     from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest
-    from flashdesk.engine.decode.sampling import SamplingParams
 
     if args.max_new_tokens < 1:  # as `chat` and `bench` say it, before the model loads
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)  # refuses impossible values
+    sampling = sampling_from(args)  # refuses impossible values
     prompt_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     engine, control = load_engine(args)
     if prompt_ids is None:

@@ -76,6 +76,7 @@ def fit_conversation(
     context_limit: int,
     max_new_tokens: int,
     policy: str = DROP_OLDEST,
+    tools: list | None = None,
 ) -> FittedPrompt:
     """Build the prompt; when it leaves the reply less than `reply_room`, drop the oldest turns
     (keeping the system prompt and the last user message) until it takes at most half of the rest
@@ -85,6 +86,8 @@ def fit_conversation(
     filled the context once, so when the last turn alone is still too long, the start of the reply
     is left out of the prompt too: the user's message and the reply's latest text are what the
     model needs to go on.
+
+    `tools`: OpenAI's function tools, declared in the system turn (chat_format.build_prompt_ids).
 
     Raises ContextOverflowError with what to do when even the last message alone does not fit.
     """
@@ -96,7 +99,7 @@ def fit_conversation(
     limit = context_limit - room
 
     def render(kept: list[dict]) -> list[int]:
-        return build_prompt_ids(tokenizer, kept, enable_thinking=thinking)
+        return build_prompt_ids(tokenizer, kept, enable_thinking=thinking, tools=tools)
 
     def build(start: int) -> tuple[list[dict], list[int]]:
         kept = head + messages[start:]

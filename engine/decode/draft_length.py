@@ -86,6 +86,8 @@ class AutoDraftLength:
 
     def rate(self, k: int) -> float:
         """Expected tokens per second of a step with k drafts."""
+        if self.costs is None:
+            raise RuntimeError("the automatic draft length needs step costs: calibrate first")
         return self.expected_tokens(k) / self.costs.step(k)
 
     def choose(self, limit: int) -> int:

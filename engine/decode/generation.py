@@ -10,9 +10,9 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -73,6 +73,9 @@ class StepEvent:
     method: str | None = None  # the draft model that drafted ("dflash", "mtp"; None: a plain step)
     logprobs: list[TokenLogprob] | None = None  # one per token of the reply in `emitted`, when asked
     prompt_logprobs: list[TokenLogprob] | None = None  # the prefill's event, when asked: one per prompt token
+    # where in `answer` the text of a control token (an added token: <|tool_call>, <|"|>) begins, so a
+    # reader tells the model's real control tokens from their characters spelled out (tool_calls.py)
+    controls: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,13 @@ class _TextOutput:
         self.splitter = ChannelSplitter(tokenizer) if tokenizer is not None else None
         self.stops = StopStrings(list(stop_strings))
         self.answer, self.thought = [], []
+        self.tokenizer = tokenizer
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self.control_ids = frozenset(int(tid) for tid in added)  # tokens whose text is never spelled out
+        self._control_texts: dict[int, str] = {}
+        self._fed = 0  # answer characters handed to the stop strings (their output is a prefix of them)
+        self._shown = 0  # answer characters of the events so far
+        self._marks: list[int] = []  # where a control token's text begins in the answer, not yet in an event
 
     def push(self, ids: list[int]) -> tuple[str, str, int | None]:
         """The text `ids` complete, and where a stop string was hit: how many of `ids` it took (the
@@ -99,7 +109,10 @@ class _TextOutput:
             return "", "", None
         answer, thought = [], []
         for i, tid in enumerate(ids):
-            more_answer, more_thought, hit = self._route(self.splitter.push(tid))
+            pieces = self.splitter.push(tid)
+            if tid in self.control_ids:
+                self._mark(pieces, tid)
+            more_answer, more_thought, hit = self._route(pieces)
             answer.append(more_answer)
             thought.append(more_thought)
             if hit:
@@ -114,10 +127,28 @@ class _TextOutput:
         self.answer.append(tail)
         return answer + tail, thought
 
+    def _mark(self, pieces, tid: int) -> None:
+        """Note where control token `tid`'s text begins in the answer: at the end of the piece it completes."""
+        text = self._control_texts.get(tid)
+        if text is None:
+            text = self._control_texts[tid] = self.tokenizer.decode([tid], skip_special_tokens=False)
+        if text and pieces and pieces[-1].channel == ANSWER and pieces[-1].text.endswith(text):
+            fed = sum(len(piece.text) for piece in pieces if piece.channel == ANSWER)
+            self._marks.append(self._fed + fed - len(text))
+
+    def controls(self, answer: str) -> tuple[int, ...]:
+        """Where control tokens' text begins in `answer`, the answer text of the next event."""
+        start = self._shown
+        self._shown += len(answer)
+        found = tuple(at - start for at in self._marks if at < self._shown)
+        self._marks = [at for at in self._marks if at >= self._shown]
+        return found
+
     def _route(self, pieces) -> tuple[str, str, bool]:
         answer, thought, hit = [], [], False
         for piece in pieces:
             if piece.channel == ANSWER:
+                self._fed += len(piece.text)
                 text, hit = self.stops.push(piece.text)
                 answer.append(text)
                 if hit:
@@ -191,6 +222,8 @@ class Engine:
 
     @auto.setter
     def auto(self, value: AutoDraftLength) -> None:
+        if self.default_method is None:
+            raise ValueError("no draft model is loaded: there is no automatic draft length to set")
         self.autos[self.default_method] = value
 
     @property
@@ -246,10 +279,10 @@ class Engine:
         one during the first replies; the seconds it took, or None where kernels do not compile
         ahead (the torch kernels, the interpreter). Allocates the step state (the memory plan
         counts it); before the first generation only (the cache must be empty)."""
-        self._step_state()
+        state = self._step_state()
         rows = self.max_draft_length + 1
         return compile_generation_kernels(
-            self.model, self._cache, self.drafter, self._ctx, block_rows=rows, mtp=self.mtp
+            self.model, state.cache, self.drafter, state.ctx, block_rows=rows, mtp=self.mtp
         )
 
     def reusable_tokens(self, prompt_ids: list[int], scope: str = LOCAL) -> int:
@@ -358,7 +391,7 @@ class Engine:
 
     def generate(
         self, request: GenerationRequest, control: SpecControl | None = None
-    ) -> Iterator[StepEvent | FinishEvent]:
+    ) -> Generator[StepEvent | FinishEvent, None, None]:
         """Prefill, then one event per decode step, then a FinishEvent. Greedy when temperature is 0.
 
         With a drafter loaded, `control` (default: speculation on, full draft length) is read at the
@@ -407,6 +440,7 @@ class Engine:
             first = decoder.prefill(prompt, reused, request.prompt_logprobs)
             result = StepResult([first], [], 0, 0.0, 0.0, logprobs=decoder.first_logprobs)
             prefill_seconds = time.perf_counter() - t0
+            grammar_at_prefill = grammar.seconds if grammar is not None else 0.0
             index = 0
             while True:
                 tokens += result.emitted
@@ -452,6 +486,7 @@ class Engine:
                     result.method,
                     logprobs,
                     decoder.prompt_logprobs if index == 0 else None,
+                    controls=text.controls(answer),
                 )
                 whole = False
                 if finish:
@@ -469,8 +504,9 @@ class Engine:
                 whole = whole and self._abandon(decoder, flight)
             self._settle(decoder, prompt + tokens[:-1] if whole else None)
             for method in measuring:
-                if self.autos[method].costs is not None:  # measured by this generation: keep them
-                    save_costs(self.costs_paths[method], self.autos[method].costs)
+                costs = self.autos[method].costs
+                if costs is not None:  # measured by this generation: keep them
+                    save_costs(self.costs_paths[method], costs)
         summary = {
             "prompt_tokens": len(prompt),
             "reused_tokens": reused,
@@ -482,6 +518,8 @@ class Engine:
             "cuda_graphs": self.cuda_graphs(),
             "pipelined": self.pipelined,
             "method": self.method,  # the default; each step's is in stats' by_method
+            # host time in the grammar's masks over the decode steps (None: no grammar)
+            "grammar_seconds": grammar.seconds - grammar_at_prefill if grammar is not None else None,
         }
         reply_ids = tokens if counted is None else tokens[:counted]  # the cache holds all of `tokens`
         yield FinishEvent(finish, reply_ids, "".join(text.answer), "".join(text.thought), summary)
@@ -513,6 +551,7 @@ class Engine:
                 decoder.flush_pending()
             except Exception:  # noqa: BLE001 - the state is unknown; the next request starts afresh
                 held = None
+        assert self._prefix is not None  # generate allocated the step state (_step_state)
         self._prefix.finish(held)
 
 

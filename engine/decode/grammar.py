@@ -11,14 +11,17 @@ is 0. Sampling from masked logits is sampling from the grammar-restricted distri
 rejection rule keeps that exact (sampling.verify_draft), so speculation stays lossless.
 
 The matcher runs on the host and needs each drafted token, so a constrained step reads its drafts
-back as it draws them; unconstrained steps are untouched. Masks are llguidance's bitmasks (one bit a
-token, int32 words), unpacked on the logits' device.
+back as it draws them (greedy: the block's argmaxes at once, speculative.py); unconstrained steps are
+untouched. Masks are llguidance's bitmasks (one bit a token, int32 words), unpacked on the logits'
+device. `GrammarState.seconds` adds up the host time spent in the grammar, for the bench's share of a step.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +87,25 @@ def vocabulary(tokenizer: Any, vocab_size: int, end_id: int) -> llguidance.LLTok
         return known[key]
 
 
+class GrammarError(RuntimeError):
+    """The matcher failed mid-reply (a resource limit, a token it could not take). It then allows only the
+    end token, which would end the reply quietly as if it were whole: the generation stops with this instead."""
+
+
+def _timed(method):
+    """Add the method's time to its GrammarState's `seconds` (perf_counter: well under a microsecond)."""
+
+    @functools.wraps(method)
+    def timed(self, *args):
+        started = time.perf_counter()
+        try:
+            return method(self, *args)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    return timed
+
+
 class GrammarState:
     """One generation's matcher, and its masks on the logits' device."""
 
@@ -96,13 +118,25 @@ class GrammarState:
         self.words = (self.vocab_size + 31) // 32
         self.device = device
         self._shifts = torch.arange(32, dtype=torch.int32, device=device)
+        self._forbidden = torch.tensor(float("-inf"), device=device)
+        self.seconds = 0.0  # host time spent in the methods below
+        self._forced_ahead: list[int] = []  # the forced tokens from here on, while they are taken in turn
+        self._unforced_here = False  # known: the current state forces nothing (asked, or just past a run)
 
+    @_timed
     def bitmask(self) -> torch.Tensor:
         """The current state's allowed tokens: int32 words [W] on the host, bit j of word i for token 32i + j."""
         out = torch.empty(self.words, dtype=torch.int32)
         self.matcher.unsafe_compute_mask_ptr(out.data_ptr(), self.words * 4)
+        self._check()
         return out
 
+    def _check(self) -> None:
+        if self.matcher.is_error():
+            error = self.matcher.get_error().strip().split("\n")[0][:500]  # not its state and grammar dump
+            raise GrammarError(f"the reply could not be held to its grammar: {error}")
+
+    @_timed
     def apply(self, logits: torch.Tensor, bitmasks: torch.Tensor) -> torch.Tensor:
         """logits [n, V] with the tokens each row's bitmask [n, W] forbids at -inf (a new tensor)."""
         if self.device.type == "cpu":  # numpy unpacks bits several times faster than torch's shifts here
@@ -114,18 +148,86 @@ class GrammarState:
         vocab = logits.shape[-1]
         if allowed.shape[-1] < vocab:  # ids past the tokenizer's: never allowed
             allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[-1]))
-        return logits.masked_fill(~allowed[:, :vocab], float("-inf"))
+        return torch.where(allowed[:, :vocab], logits, self._forbidden)  # twice masked_fill's speed on the CPU
+
+    @_timed
+    def masked_argmax(self, row: torch.Tensor, bitmask: torch.Tensor) -> int:
+        """The likeliest token of a row of logits [1, V] that a bitmask [W] allows (the first among
+        ties, as argmax): on the CPU in numpy, a few times faster than masking a tensor; on a GPU
+        masked there, then read."""
+        if self.device.type != "cpu":
+            return int(self.apply(row, bitmask[None]).argmax(dim=-1).tolist()[0])
+        allowed = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little").view(np.bool_)
+        scores = row[0].float().numpy()
+        allowed = allowed[: scores.shape[0]]
+        return int(np.where(allowed, scores[: allowed.shape[0]], -np.inf).argmax())
 
     def masked(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [1, V] masked with the current state."""
         return self.apply(logits, self.bitmask().unsqueeze(0))
 
+    @_timed
+    def forced(self) -> int | None:
+        """The one token the current state allows, where the grammar forces it (a JSON key, a
+        separator), else None: llguidance's fast-forward tokens, several times cheaper than a mask.
+        Where they exist, the mask allows exactly the first, and after it is taken exactly the next
+        (tests/test_structured_output.py), so one call serves a run of them (about 3.7 on JSON)."""
+        if not self._forced_ahead and not self._unforced_here:
+            self._forced_ahead = [int(t) for t in self.matcher.compute_ff_tokens()]
+            self._unforced_here = not self._forced_ahead
+        return self._forced_ahead[0] if self._forced_ahead else None
+
+    def rule(self) -> torch.Tensor | int:
+        """What the current state allows: the token it forces, else its bitmask [W]."""
+        forced = self.forced()
+        return forced if forced is not None else self.bitmask()
+
+    @_timed
+    def valid(self, token: int) -> bool:
+        """Whether the matcher would take `token` here (no mask computed, about a microsecond). Not
+        the rule: the mask may still leave it out (see `allows`); a draft may go by it, a kept token not."""
+        return self.matcher.validate_tokens([int(token)]) == 1
+
+    @_timed
+    def allows(self, bitmask: torch.Tensor, token: int) -> bool:
+        """Whether a bitmask [W] lets `token` through (an id past the tokenizer's never is). The mask,
+        not `consume`, is the rule: the matcher takes some tokens its mask leaves out (a string's
+        closing quote alone, where the mask keeps only the quote joined to what follows)."""
+        word = token >> 5
+        return word < bitmask.shape[0] and bool((int(bitmask.numpy()[word]) >> (token & 31)) & 1)
+
+    @_timed
     def consume(self, token: int) -> bool:
         """Advance past `token`; False (and no change) when the grammar refuses it, or when it is the
-        end token of a finished grammar (which ends the reply, and is no part of the matcher's history)."""
-        return self.matcher.try_consume_tokens([int(token)]) == 1
+        end token of a finished grammar (which ends the reply, and is no part of the matcher's history);
+        GrammarError when the matcher has failed, or refuses a token its own mask allowed (llguidance
+        forces a literal's `<turn|>` as that control token, then refuses it: the reply would stall there)."""
+        token = int(token)
+        taken = self.matcher.try_consume_tokens([token]) == 1
+        self._check()
+        if taken:  # a forced run goes on past its own token (and ends where llguidance's run ends); any other leaves it
+            in_run = self._forced_ahead[:1] == [token]
+            self._forced_ahead = self._forced_ahead[1:] if in_run else []
+            self._unforced_here = in_run and not self._forced_ahead
+        if not taken and token not in self.end_ids and token < self.vocab_size:
+            word = int(self.bitmask()[token >> 5])
+            if (word >> (token & 31)) & 1:
+                raise GrammarError(
+                    f"the reply could not be held to its grammar: token {token}, which its mask allowed, was refused"
+                )
+        return taken
 
+    def keep(self, token: int) -> None:
+        """Take a token the reply keeps (chosen under the mask): GrammarError where the grammar refuses
+        it, which happens only when no allowed token could be chosen (the sampling suppresses every
+        token the grammar allows there): the reply cannot go on within its grammar."""
+        if not self.consume(token) and int(token) not in self.end_ids:
+            raise GrammarError("the reply could not be held to its grammar: no token it allows could be chosen")
+
+    @_timed
     def rollback(self, tokens: int) -> None:
+        if tokens:
+            self._forced_ahead, self._unforced_here = [], False
         if tokens and not self.matcher.rollback(tokens):
             raise RuntimeError(f"the grammar could not take back {tokens} tokens: {self.matcher.get_error()}")
 
@@ -135,7 +237,8 @@ class GrammarState:
     def settle(self, walk: "Walk", accepted: int, bonus: int) -> None:
         """After a verified step: keep the `accepted` drafts the walk consumed, then take the target's token."""
         self.rollback(walk.consumed - min(accepted, walk.consumed))
-        self.consume(bonus)
+        if accepted <= walk.consumed:  # else the drafts ended with a finished grammar's end token: so does the reply
+            self.keep(bonus)
 
     def accepting(self) -> bool:
         """Whether what was consumed so far is a complete sentence of the grammar."""
@@ -151,6 +254,7 @@ class Walk:
     def __init__(self, state: GrammarState):
         self.state = state
         self.bitmasks: list[torch.Tensor] = []
+        self.rules: list[torch.Tensor | int | None] = []  # next_rule's, row by row (None: not computed)
         self.consumed = 0  # drafts the matcher advanced past (the end token is not one)
         self.refused = False
 
@@ -159,11 +263,22 @@ class Walk:
             return torch.full((self.state.words,), -1, dtype=torch.int32)
         return self.state.bitmask()
 
-    def masked(self, logits: torch.Tensor) -> torch.Tensor:
-        """A draft row [1, V] masked with the state before it (recorded for the target's row)."""
+    def next_mask(self) -> torch.Tensor:
+        """The bitmask [W] at the walk's state: before the next draft (recorded for the target's row)."""
         bitmask = self._next()
         self.bitmasks.append(bitmask)
-        return self.state.apply(logits, bitmask.unsqueeze(0))
+        return bitmask
+
+    def next_rule(self) -> torch.Tensor | int:
+        """What the walk's state allows, recorded for the target's row: the token it forces, else
+        its bitmask [W]."""
+        rule = self._next() if self.refused else self.state.rule()
+        self.rules.append(rule)
+        return rule
+
+    def masked(self, logits: torch.Tensor) -> torch.Tensor:
+        """A draft row [1, V] masked with the state before it (recorded for the target's row)."""
+        return self.state.apply(logits, self.next_mask().unsqueeze(0))
 
     def take(self, token: torch.Tensor | int) -> None:
         """Advance past a drafted token (read from the device: the matcher is on the host)."""

@@ -55,6 +55,7 @@ def compile_generation_kernels(
             out = model.forward(ids, cache, taps=taps, logits_rows="last")  # a prompt's chunk
             features = out.taps
             if mtp is not None:  # a round over the chunk's K/V: the assistant's kernels
+                assert out.hidden is not None  # Gemma4.compute always returns the final norm's output
                 mtp.after_prefill(out.hidden[-1:], chunk)
                 mtp.draft(cache, ids[:1], 1, SamplingParams(), None)
                 mtp.state = None
@@ -63,6 +64,7 @@ def compile_generation_kernels(
                 for logits_rows in ("last", "all") if m == 1 else ("all",):
                     model.compute(ids[:m], cache, taps, logits_rows)
             if drafter is not None:
+                assert ctx is not None and features is not None  # a drafter comes with its context; taps asked
                 # the context a prompt's chunk, a step's accepted tokens or plain steps' features add
                 for c in sorted({chunk, min(chunk, PENDING_LIMIT), *range(1, rows + 1)}):
                     drafter.add_context(ctx, features[:c])

@@ -59,6 +59,8 @@ class LiteralSpecials:
 
     def prompt_ids(self, tokenizer: Any, messages: list[dict], options: dict) -> list[int]:
         """The chat template's ids for `messages` (apply_chat_template's `options`), typed markers as text."""
+        pattern = self.pattern
+        assert pattern is not None  # called only when found_in: the tokenizer has special tokens
         texts = list(_texts(messages))
         mark = next(chr(c) for c in PRIVATE_USE if not any(chr(c) in text for text in texts))
         typed: list[str] = []
@@ -67,11 +69,11 @@ class LiteralSpecials:
             typed.append(match.group(0))
             return f"{mark}{len(typed) - 1}{mark}"
 
-        escaped = [_map_text(m, lambda text: self.pattern.sub(hide, text)) for m in messages]
+        escaped = [_map_text(m, lambda text: pattern.sub(hide, text)) for m in messages]
         rendered = tokenizer.apply_chat_template(escaped, tokenize=False, **options)
         restore = re.compile(f"{re.escape(mark)}(\\d+){re.escape(mark)}")
         ids: list[int] = []
-        pieces = _split_keep(self.pattern, rendered)
+        pieces = _split_keep(pattern, rendered)
         for i, piece in enumerate(pieces):
             if i % 2:  # one of the template's own markers
                 ids.append(self.ids[piece])

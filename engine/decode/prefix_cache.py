@@ -57,7 +57,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def _host_copy(buffers: list[tuple[torch.Tensor, bool]], length: int, rings_only: bool) -> list[torch.Tensor | None]:
     """Host copies of the rings (whole) and, unless rings_only, of the full layers' first `length`."""
-    out = []
+    out: list[torch.Tensor | None] = []
     for tensor, ring in buffers:
         if ring:
             out.append(tensor.to("cpu", copy=True))
@@ -215,12 +215,11 @@ class PrefixCache:
     def finish(self, tokens: list[int] | None) -> None:
         """The request is over: the device buffers hold `tokens` (None: unknown, after a failure)."""
         running, self.running = self.running, None
-        whole = (
+        if not (
             tokens is not None
             and self.cache.length == len(tokens)
             and (self.ctx is None or self.ctx.length == len(tokens))
-        )
-        if not whole:
+        ):  # not what the buffers hold: unknown
             self.active = None
             return
         snaps = [s for s in (running.snapshots if running else []) if s.valid <= len(tokens)]
@@ -250,6 +249,7 @@ class PrefixCache:
         self.kept.append(seq)
 
     def _load(self, seq: Sequence) -> None:
+        assert seq.kept is not None  # a sequence in self.kept has its host copies (_keep)
         self._place(len(seq.tokens), seq.high, *seq.kept)
         seq.kept = None
 

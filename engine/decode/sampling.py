@@ -11,12 +11,13 @@ distribution it would have sampled from, and speculative sampling stays lossless
 sees both through the same filters. Tokens in `suppress` (a
 checkpoint's generation_config.json `suppress_tokens`) get a score of -inf before anything else,
 as transformers' SuppressTokensLogitsProcessor does: never emitted, greedy or sampled, and a draft
-proposing one is rejected.
+proposing one is rejected. Penalties on tokens already used come before all of this (penalties.py).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,9 @@ class SamplingParams:
     seed: int | None = None
     suppress: tuple[int, ...] = ()  # token ids never emitted
     min_p: float = 0.0  # 0: off
+    repetition_penalty: float = 1.0  # 1: off (penalties.py)
+    presence_penalty: float = 0.0  # 0: off
+    frequency_penalty: float = 0.0  # 0: off
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -40,6 +44,11 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 < self.repetition_penalty < math.inf:
+            raise ValueError(f"repetition_penalty must be above 0 (1 turns it off), got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2] (0 turns it off), got {getattr(self, name)}")
 
     @property
     def greedy(self) -> bool:
@@ -129,6 +138,7 @@ def verify_draft(
         best = suppressed(target_logits, params).argmax(dim=-1)
         accepted = (draft == best[:k]).int().cumprod(0).sum()
         return accepted, best.index_select(0, accepted.view(1)).view(())
+    assert draft_probs is not None  # sampled drafts come with their distributions
     p = probabilities(target_logits, params)
     rows = torch.arange(k, device=draft.device)
     p_d, q_d = p[rows, draft], draft_probs[rows, draft]

@@ -11,7 +11,9 @@ token stays on the device as the next step's input, acceptance is computed on th
 times come from CUDA events read after that one read. On the Triton path (batch-invariant kernels)
 the verified block's drafter context is written before that read too, for every row: the rows that
 were not accepted are never held, and the next write overwrites them. A generation that asks for
-logprobs (logprobs.py) reads them right after, once the device has finished the step.
+logprobs (logprobs.py) reads them right after, once the device has finished the step. A step under a
+grammar (grammar.py) reads its drafts before the verify, for the matcher on the host: greedy, all at
+once (and a row again where the grammar refuses its choice); sampled, one by one.
 
 A step is `launch`ed (its device work enqueued) and then `finish`ed (read); in between, the caller
 can hand on the previous step's tokens while the device runs (Engine.generate does on a GPU).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,20 +33,47 @@ from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import ForwardOutput, Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
 from flashdesk.engine.decode.draft_length import AutoDraftLength, StepCosts
-from flashdesk.engine.decode.grammar import GrammarState, Walk
+from flashdesk.engine.decode.grammar import GrammarError, GrammarState, Walk
 from flashdesk.engine.decode.logprobs import TokenLogprob, logprob_rows, spec_chosen, unpack
 from flashdesk.engine.decode.mtp import MtpDrafter, RoundState
+from flashdesk.engine.decode.penalties import Penalties, wanted
 from flashdesk.kernels.backend import fallbacks, use_triton
 from flashdesk.protocol import AUTO_DRAFT_LENGTH
-from flashdesk.engine.decode.sampling import SamplingParams, draw, make_generator, probabilities, sample, verify_draft
+from flashdesk.engine.decode.sampling import (
+    SamplingParams,
+    draw,
+    make_generator,
+    probabilities,
+    sample,
+    suppressed,
+    verify_draft,
+)
 
 PENDING_LIMIT = 256  # rows of target features that may wait for the drafter before being folded in
 PROMPT_LOGPROB_ROWS = 256  # prompt rows per forward when their logprobs are asked (bounds the [rows, vocab] logits)
 
 
-def read_to_host(t: torch.Tensor) -> list[int]:
-    """The one device-to-host read of a step (tests watch that nothing else reads)."""
+def read_to_host(t: torch.Tensor) -> list[Any]:
+    """The one device-to-host read of a step (tests watch that nothing else reads): ids for a
+    tensor of tokens, rows of floats for `logprob_rows`."""
     return t.tolist()
+
+
+def _choose(state: GrammarState, rule: torch.Tensor | int, token: int, row: torch.Tensor) -> int:
+    """A greedy choice under a row's rule (Walk.next_rule): the forced token; else the row's argmax
+    `token` where the mask allows it, which is then the masked argmax too; else the masked row's
+    argmax (on a GPU, masked there and read)."""
+    if isinstance(rule, int):
+        return rule
+    if state.allows(rule, token):
+        return token
+    return state.masked_argmax(row, rule)
+
+
+def _hidden(out: ForwardOutput) -> torch.Tensor:
+    """A forward's final-norm rows, which the MTP assistant drafts from."""
+    assert out.hidden is not None  # Gemma4.compute always returns the final norm's output
+    return out.hidden
 
 
 AUTO = AUTO_DRAFT_LENGTH  # SpecControl.draft_length: pick each step's draft length (draft_length.py)
@@ -77,7 +107,7 @@ class _StepClock:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.marks = []
+        self.marks: list[Any] = []  # CUDA events, or perf_counter seconds
 
     def mark(self) -> None:
         if self.cuda:
@@ -110,6 +140,10 @@ class InFlight:
     round_state: RoundState | None = None  # MTP: what the next round drafted from before it (`abandon`)
     logprobs: torch.Tensor | None = None  # logprob_rows of its rows, when asked (read after `readback`)
     walk: Walk | None = None  # under a grammar: the matcher's path through the drafts (`finish` settles it)
+    # greedy under a grammar: the target's rows (penalized, suppressed), verified on the host at `finish`
+    guided_rows: torch.Tensor | None = None
+    raw_logits: torch.Tensor | None = None  # and its own logits, for logprobs
+    hidden: torch.Tensor | None = None  # and its hidden states, for an MTP assistant loaded beside
 
 
 def _seconds(device: torch.device, fn, arg: int, repeats: int) -> float:
@@ -177,8 +211,31 @@ class Decoder:
         self.last: torch.Tensor | None = None  # [1]: sampled, not yet run through the target
         self.logprobs = logprobs
         self.grammar = grammar
+        self.penalties: Penalties | None = None  # the sampling's penalties on used tokens (made at prefill)
         self.first_logprobs: list[TokenLogprob] | None = None  # the prefill's token's, when asked
         self.prompt_logprobs: list[TokenLogprob] | None = None  # prefill(prompt_logprobs=True)'s
+
+    # What a path needs present, where it is known to be: DFlash's paths run only with the drafter
+    # loaded (its context is made with it), MTP's with the assistant, and a step only after prefill.
+    @property
+    def _drafter(self) -> Drafter:
+        assert self.drafter is not None  # a DFlash path: the drafter is loaded
+        return self.drafter
+
+    @property
+    def _ctx(self) -> DraftContext:
+        assert self.ctx is not None  # made with the drafter
+        return self.ctx
+
+    @property
+    def _mtp(self) -> MtpDrafter:
+        assert self.mtp is not None  # an MTP path: the assistant is loaded
+        return self.mtp
+
+    @property
+    def _last(self) -> torch.Tensor:
+        assert self.last is not None  # set by prefill
+        return self.last
 
     def _forward(self, ids: torch.Tensor, rows: str) -> ForwardOutput:
         if self.graphs is not None and self.graphs.covers(ids.shape[0]):
@@ -202,16 +259,20 @@ class Decoder:
         for begin in range(0, len(ids), chunk):
             out = self._forward(ids[begin : begin + chunk], "all" if prompt_logprobs else "last")
             if out.taps is not None:
-                self.drafter.add_context(self.ctx, out.taps)
+                self._drafter.add_context(self._ctx, out.taps)
             following = ids[begin + 1 : begin + 1 + chunk]  # the token each row is followed by
             if prompt_logprobs and len(following):
                 rows.append(logprob_rows(out.logits[: len(following)], following, top))
         if self.mtp is not None:
-            self.mtp.after_prefill(out.hidden[-1:].clone(), len(prompt))
-        self.last = sample(self._masked(out.logits[-1:]), self.sampling, self.generator)
+            self.mtp.after_prefill(_hidden(out)[-1:].clone(), len(prompt))
+        if wanted(self.sampling):
+            self.penalties = Penalties(self.sampling, out.logits.shape[-1], self.model.device, prompt)
+        self.last = self._pick(out.logits[-1:])
         first = read_to_host(self.last)[0]
+        if self.penalties is not None:
+            self.penalties.add([first])
         if self.grammar is not None:
-            self.grammar.consume(first)
+            self.grammar.keep(first)
         if self.logprobs is not None:
             self.first_logprobs = unpack(read_to_host(logprob_rows(out.logits[-1:], self.last, top)), [first])
         if prompt_logprobs:
@@ -242,9 +303,11 @@ class Decoder:
         plain step. An automatic choice measures the method's step costs at its first use."""
         if not self.methods or (control is not None and not control.enabled):
             return None, 0, False
-        method = control.method if control is not None and control.method else self.default_method
+        default = self.default_method
+        assert default is not None  # a draft model is loaded: the default is one
+        method = control.method if control is not None and control.method else default
         if method not in self.methods and not (method == AUTO and len(self.methods) > 1):
-            method = self.default_method  # a draft model not loaded, or no second one to choose
+            method = default  # a draft model not loaded, or no second one to choose
         wanted = control.draft_length if control is not None and control.draft_length else None
         if method == AUTO:
             wanted = AUTO
@@ -259,8 +322,9 @@ class Decoder:
             measured = [name for name in candidates if self.auto[name].costs is not None]
             if measured:
                 return (*self._fastest(measured, remaining), True)
-            method = method if method != AUTO else self.default_method  # none measured yet: the default
+            method = method if method != AUTO else default  # none measured yet: the default
             wanted = self.methods[method].default_draft_length
+        assert isinstance(wanted, int)  # a length: AUTO was handled above
         k = max(0, min(wanted, self.methods[method].max_draft_length, self._limit(method, remaining)))
         return method, k, False
 
@@ -272,6 +336,7 @@ class Decoder:
             k = chooser.choose(self._limit(name, remaining))
             if best is None or chooser.rate(k) > best[0]:
                 best = (chooser.rate(k), name, k)
+        assert best is not None  # methods is not empty
         return best[1], best[2]
 
     def _room_to_measure(self, method: str) -> bool:
@@ -287,16 +352,22 @@ class Decoder:
     def finish(self, flight: InFlight) -> StepResult:
         """Read a launched step's tokens (the step's one device-to-host read) and keep what it verified."""
         values = read_to_host(flight.readback)
-        clock = flight.clock
+        clock, read_at = flight.clock, time.perf_counter()
+        if flight.guided_rows is not None:
+            values = self._verify_guided(flight, values)
         if flight.k == 0:
             if flight.taps is not None:
                 self.pending.append(flight.taps.clone())  # a graph's buffer is overwritten by the next replay
-            result = StepResult(values, [], 0, 0.0, clock.seconds(0), logprobs=self._read_logprobs(flight, values))
             if self.grammar is not None:
-                self.grammar.consume(values[0])
+                self.grammar.keep(values[0])
+            if self.penalties is not None:
+                self.penalties.add(values)
+            verify = clock.seconds(0) + self._host_seconds(read_at)
+            result = StepResult(values, [], 0, 0.0, verify, logprobs=self._read_logprobs(flight, values))
         else:
             *draft_ids, accepted, bonus = values
-            if flight.walk is not None:  # keep the accepted drafts' state, then take the target's token
+            if flight.walk is not None and flight.guided_rows is None:  # keep the accepted drafts, take the bonus
+                assert self.grammar is not None  # a walk is the grammar's
                 self.grammar.settle(flight.walk, accepted, bonus)
             emitted = (draft_ids[:accepted] + [bonus])[: flight.remaining]
             for i, token in enumerate(emitted):
@@ -304,8 +375,10 @@ class Decoder:
                     emitted = emitted[: i + 1]
                     break
             self.cache.rollback(flight.start + len(emitted))  # keep the anchor and the accepted drafts
+            if self.penalties is not None:
+                self.penalties.add(emitted)
             if flight.ahead:
-                self.ctx.advance(len(emitted))
+                self._ctx.advance(len(emitted))
             elif flight.taps is not None:  # a DFlash step verified on the torch path, or an MTP round
                 self.pending.append(flight.taps[: len(emitted)].clone())
             result = StepResult(
@@ -313,7 +386,7 @@ class Decoder:
                 draft_ids,
                 accepted,
                 clock.seconds(0),
-                clock.seconds(1),
+                clock.seconds(1) + self._host_seconds(read_at),
                 flight.method,
                 self._read_logprobs(flight, emitted),
             )
@@ -326,6 +399,11 @@ class Decoder:
                 else:
                     chooser.forget()
         return result
+
+    def _host_seconds(self, since: float) -> float:
+        """The host's work on a step after its read, counted in its time where it is a grammar's
+        (verifying on the host, settling the matcher): elsewhere it is a few bookkeeping calls."""
+        return time.perf_counter() - since if self.grammar is not None else 0.0
 
     @staticmethod
     def _read_logprobs(flight: InFlight, emitted: list[int]) -> list[TokenLogprob] | None:
@@ -352,10 +430,11 @@ class Decoder:
         held length, the next step overwrites). Each is run once first (a CUDA graph is captured, a
         kernel compiled), then timed `repeats` times."""
         method = method or self.default_method
+        assert method is not None  # a draft model is loaded
         max_k = self.methods[method].max_draft_length
         self.flush_pending()
         start = self.cache.length
-        ids = self.last.repeat(max_k + 1)
+        ids = self._last.repeat(max_k + 1)
 
         def verify(m: int) -> None:
             self._forward(ids[:m], "all")
@@ -365,9 +444,9 @@ class Decoder:
 
         def draft(k: int) -> None:
             if method == "mtp":
-                self.mtp.draft(self.cache, self.last, k, self.sampling, throwaway)
+                self._mtp.draft(self.cache, self._last, k, self.sampling, throwaway)
                 return
-            self.ctx.note_block(k + 1)
+            self._ctx.note_block(k + 1)
             self._draft_logits(k)
 
         timed = lambda fn, n: _seconds(self.model.device, fn, n, repeats)  # noqa: E731
@@ -380,10 +459,10 @@ class Decoder:
         clock = _StepClock(self.model.device)
         start = self.cache.length
         clock.mark()
-        out = self._forward(self.last, "last")
+        out = self._forward(self._last, "last")
         if self.mtp is not None:  # the next MTP round drafts from this row
-            self.mtp.after_forward(out.hidden[-1:].clone(), start, 1)
-        self.last = sample(self._masked(out.logits[-1:]), self.sampling, self.generator)
+            self.mtp.after_forward(_hidden(out)[-1:].clone(), start, 1)
+        self.last = self._pick(out.logits[-1:])
         clock.mark()
         flight = InFlight(start, self.last, clock, out.taps)
         if self.logprobs is not None:
@@ -395,27 +474,29 @@ class Decoder:
         if self.pending:
             taps = torch.cat(self.pending)
             self._write_context(taps)
-            self.ctx.advance(taps.shape[0])
+            self._ctx.advance(taps.shape[0])
             self.pending = []
 
     def _write_context(self, taps: torch.Tensor) -> None:
         """Drafter.write_context at the context's length, replayed from a CUDA graph where one covers it."""
-        if self.graphs is not None and self.graphs.covers_context(self.ctx, taps.shape[0]):
+        if self.graphs is not None and self.graphs.covers_context(self._ctx, taps.shape[0]):
             self.graphs.write_context(taps)
         else:
-            self.drafter.write_context(self.ctx, taps)
+            self._drafter.write_context(self._ctx, taps)
 
     def _draft_logits(self, k: int) -> torch.Tensor:
         """Drafter.draft_logits after the last token, replayed from a CUDA graph where one covers it."""
-        return cuda_graphs.draft_logits(self.graphs, self.drafter, self.ctx, self.last, k)
+        return cuda_graphs.draft_logits(self.graphs, self._drafter, self._ctx, self._last, k)
 
     def _launch_speculative(self, k: int) -> InFlight:
         clock = _StepClock(self.model.device)
         clock.mark()
         self.flush_pending()
-        self.ctx.note_block(k + 1)
+        self._ctx.note_block(k + 1)
         draft_logits = self._draft_logits(k)
         walk = self.grammar.walk() if self.grammar is not None else None
+        if walk is not None and self.sampling.greedy:
+            return self._launch_guided_greedy(k, draft_logits, walk, clock)
         if walk is not None:  # row by row: each row masked with the state its drafts before it reach
             draft, draft_probs = self._guided_draft(draft_logits, walk)
         elif self.sampling.greedy:
@@ -425,13 +506,14 @@ class Decoder:
             draft = draw(draft_probs, self.generator)
         clock.mark()
         start = self.cache.length
-        out = self._forward(torch.cat([self.last, draft]), "all")
+        out = self._forward(torch.cat([self._last, draft]), "all")
         taps = out.taps
-        logits = walk.target(out.logits) if walk is not None else out.logits
+        assert taps is not None  # the drafter's layers are tapped
+        logits = self._target_rows(out.logits, draft, walk)
         accepted_t, bonus_t = verify_draft(draft, draft_probs, logits, self.sampling, self.generator)
         if self.mtp is not None:  # the next MTP round drafts from the accepted row
-            self.mtp.after_forward(out.hidden.index_select(0, accepted_t.view(1)), start, k + 1)
-        ahead = self.context_ahead and self.ctx.holds_block(taps.shape[0])
+            self.mtp.after_forward(_hidden(out).index_select(0, accepted_t.view(1)), start, k + 1)
+        ahead = self.context_ahead and self._ctx.holds_block(taps.shape[0])
         if ahead:  # before the read: the device goes on while the host waits
             self._write_context(taps)
         clock.mark()
@@ -442,25 +524,127 @@ class Decoder:
         flight.walk = walk
         return flight
 
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """The next token [1] after a row of logits [1, V]: where a grammar forces one, that token (no
+        mask computed, nothing drawn: it is what any sampling of the masked row gives); else sampled
+        from the row with the penalties and under the mask."""
+        forced = self.grammar.forced() if self.grammar is not None else None
+        if forced is None:
+            return sample(self._masked(logits), self.sampling, self.generator)
+        if forced in self.sampling.suppress:  # the one allowed token is never emitted
+            raise GrammarError("the reply could not be held to its grammar: no token it allows could be chosen")
+        return torch.tensor([forced], dtype=torch.long).to(logits.device)
+
     def _masked(self, logits: torch.Tensor) -> torch.Tensor:
-        """A row of logits [1, V] under the grammar's current mask (as it is without one)."""
+        """A row of logits [1, V] with the penalties and under the grammar's current mask (as it is without them)."""
+        if self.penalties is not None:
+            logits = self.penalties.apply(logits)
         return self.grammar.masked(logits) if self.grammar is not None else logits
 
-    def _guided_draft(self, draft_logits: torch.Tensor, walk: Walk) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """DFlash's drafts [k] (and their distributions [k, V] when sampling) drawn row by row, each
+    def _target_rows(self, logits: torch.Tensor, draft: torch.Tensor, walk: Walk | None) -> torch.Tensor:
+        """A verify pass's rows [k + 1, V], each as plain decoding would have sampled it after the
+        drafts before it: penalized counting them, masked with the grammar's state after them."""
+        if self.penalties is not None:
+            logits = self.penalties.apply(logits, draft)
+        return walk.target(logits) if walk is not None else logits
+
+    def _guided_draft(self, draft_logits: torch.Tensor, walk: Walk) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled DFlash drafts [k] and their distributions [k, V] under a grammar, row by row, each
         row masked with the grammar's state after the drafts before it."""
         tokens, probs = [], []
         for row in draft_logits.split(1):
-            masked = walk.masked(row)
-            if self.sampling.greedy:
-                token = masked.argmax(dim=-1)
-            else:
-                p = probabilities(masked, self.sampling)
-                token = draw(p, self.generator)
-                probs.append(p)
+            p = probabilities(walk.masked(row), self.sampling)
+            token = draw(p, self.generator)
             walk.take(token)
             tokens.append(token)
-        return torch.cat(tokens), torch.cat(probs) if probs else None
+            probs.append(p)
+        return torch.cat(tokens), torch.cat(probs)
+
+    def _launch_guided_greedy(self, k: int, draft_logits: torch.Tensor, walk: Walk, clock: _StepClock) -> InFlight:
+        """A greedy DFlash step under a grammar: one read for its drafts, masks computed only for the
+        rows the verification reaches, and applied only where a choice falls outside them.
+
+        A row's masked argmax is its plain argmax whenever the row's mask allows that token. The
+        drafter's argmaxes are read at once (its rows do not depend on the drafts before them) and
+        walked through the matcher (`_guided_greedy_draft`); the target's argmaxes come back with the
+        step's read and are checked on the host against each row's rule, as far as the drafts are
+        accepted (`_verify_guided`). Where the grammar forces a token (a JSON key, a separator) no
+        mask is computed at all: the row's choice is that token."""
+        draft = self._guided_greedy_draft(draft_logits, walk)
+        clock.mark()
+        start = self.cache.length
+        out = self._forward(torch.cat([self._last, draft]), "all")
+        rows = self.penalties.apply(out.logits, draft) if self.penalties is not None else out.logits
+        rows = suppressed(rows, self.sampling)
+        taps = out.taps
+        assert taps is not None  # the drafter's layers are tapped
+        ahead = self.context_ahead and self._ctx.holds_block(taps.shape[0])
+        if ahead:
+            self._write_context(taps)
+        clock.mark()
+        readback = torch.cat([draft, rows.argmax(dim=-1)])
+        flight = InFlight(start, readback, clock, None if ahead else taps, ahead)
+        flight.walk, flight.guided_rows, flight.raw_logits = walk, rows, out.logits
+        flight.hidden = out.hidden if self.mtp is not None else None
+        return flight
+
+    def _guided_greedy_draft(self, draft_logits: torch.Tensor, walk: Walk) -> torch.Tensor:
+        """The drafter's argmaxes, read at once and walked through the matcher: a forced row takes its
+        token; an argmax the matcher takes stands, its row's mask left for the verification to
+        compute if it gets there; any other is replaced by its row's masked argmax (masked and read
+        again). Past a draft the matcher cannot take (the end of a finished grammar) the rows are
+        left as proposed: none can be accepted."""
+        tokens = read_to_host(draft_logits.argmax(dim=-1))
+        state = walk.state
+        for i, token in enumerate(tokens):
+            if walk.refused:
+                break
+            rule: torch.Tensor | int | None = state.forced()
+            if rule is None and not state.valid(token):
+                rule = state.bitmask()
+            if rule is not None:
+                tokens[i] = _choose(state, rule, token, draft_logits[i : i + 1])
+            walk.rules.append(rule)
+            walk.take(tokens[i])
+        return torch.tensor(tokens, dtype=torch.long).to(draft_logits.device)
+
+    def _verify_guided(self, flight: InFlight, values: list[int]) -> list[int]:
+        """Greedy verification under a grammar, on the host: the drafts while each equals the
+        target's masked argmax at its row, then that argmax (the bonus), as plain decoding would
+        pick them. The matcher goes back to the step's start and takes each kept token in turn, so
+        a row's rule is its state's: the walk's where drafting computed it, else computed here,
+        only for the rows the verification reaches. A forced token is the row's choice whatever
+        the logits; else the target's plain argmax is the masked one when the mask allows it, and
+        where it does not the row is masked on the device and read. Returns drafts + [accepted,
+        bonus] (a plain verify's read) and sets the next step's input, as the device does for the
+        other steps."""
+        k, walk, rows = flight.k, flight.walk, flight.guided_rows
+        assert walk is not None and rows is not None
+        draft_ids, best = values[:k], values[k:]
+        state = walk.state
+        state.rollback(walk.consumed)
+        accepted = 0
+        for i in range(k + 1):
+            rule = walk.rules[i] if i < len(walk.rules) else None
+            if rule is None:  # a draft the matcher took, or past the drafts
+                rule = state.rule()
+            if isinstance(rule, int) and rule in self.sampling.suppress:  # the one allowed token is never emitted
+                raise GrammarError("the reply could not be held to its grammar: no token it allows could be chosen")
+            token = _choose(state, rule, best[i], rows[i : i + 1])
+            state.keep(token)  # the accepted draft, or the bonus
+            if not (i < walk.consumed and token == draft_ids[i]):
+                break
+            accepted += 1
+        device = self.model.device
+        self.last = torch.tensor([token], dtype=torch.long).to(device)
+        if self.mtp is not None:  # the next MTP round drafts from the accepted row
+            assert flight.hidden is not None
+            self.mtp.after_forward(flight.hidden[accepted : accepted + 1].clone(), flight.start, k + 1)
+        if self.logprobs is not None:
+            chosen = torch.tensor(draft_ids[:accepted] + [token], dtype=torch.long).to(device)
+            assert flight.raw_logits is not None
+            flight.logprobs = logprob_rows(flight.raw_logits[: accepted + 1], chosen, self.logprobs)
+        return draft_ids + [accepted, token]
 
     def _launch_mtp(self, k: int) -> InFlight:
         """An MTP round: k assistant steps, then the target's verify forward, which also gives the
@@ -468,13 +652,14 @@ class Decoder:
         clock = _StepClock(self.model.device)
         clock.mark()
         walk = self.grammar.walk() if self.grammar is not None else None
-        draft, draft_probs = self.mtp.draft(self.cache, self.last, k, self.sampling, self.generator, walk)
+        mtp, last = self._mtp, self._last
+        draft, draft_probs = mtp.draft(self.cache, last, k, self.sampling, self.generator, walk)
         clock.mark()
         start = self.cache.length
-        out = self._forward(torch.cat([self.last, draft]), "all")
-        logits = walk.target(out.logits) if walk is not None else out.logits
+        out = self._forward(torch.cat([last, draft]), "all")
+        logits = self._target_rows(out.logits, draft, walk)
         accepted_t, bonus_t = verify_draft(draft, draft_probs, logits, self.sampling, self.generator)
-        self.mtp.after_forward(out.hidden.index_select(0, accepted_t.view(1)), start, k + 1)
+        mtp.after_forward(_hidden(out).index_select(0, accepted_t.view(1)), start, k + 1)
         clock.mark()
         self.last = bonus_t.view(1)
         readback = torch.cat([draft, accepted_t.view(1), bonus_t.view(1)])

@@ -9,6 +9,14 @@ out in characters), so a forced call always parses and fits its parameters. `Arg
 syntax into JSON text as it streams, which is what OpenAI's `arguments` carry; `CallSplitter` cuts a
 streamed answer into its text and its calls.
 
+Reading calls back by token, not by characters: a model can spell `<tool_call|>` or `<|"|>` out in
+ordinary tokens (inside a string argument, or in plain text), and the detokenized text of those is the
+same as the control token's. So a reply read for calls is *marked*: the engine says where each control
+token's text begins (generation.StepEvent.controls), `with_marks` puts MARK there, and a marked reader
+(`CallSplitter(marked=True)`) takes only MARK and a marker's text for the token; the characters alone
+stay text. Unmarked reading (the default) takes the characters for the token, for text whose tokens
+are not known.
+
 Torch-free: the HTTP side builds grammars and reads replies; the engine only applies the grammar.
 """
 
@@ -16,11 +24,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 CALL_OPEN, CALL_CLOSE, RESPONSE_OPEN, QUOTE = "<|tool_call>", "<tool_call|>", "<|tool_response>", '<|"|>'
 CHANNEL_OPEN, CHANNEL_CLOSE = "<|channel>", "<channel|>"
 WORD = r"/[A-Za-z_][A-Za-z0-9_]*/"
+# Put before a control token's text in a marked reply: a lone surrogate, which no decoded text holds
+# (tokenizers decode to valid Unicode), so a model can never write it.
+MARK = "\udfff"
+NON_FINITE = ("NaN", "Infinity", "-Infinity")  # Python's json reads them; they are not JSON
 
 
 @dataclass(frozen=True)
@@ -105,7 +117,7 @@ class _Rules:
             "null": lambda: '"null"',
             "array": lambda: self._array(schema),
             "object": lambda: self.object(schema),
-        }.get(kind)
+        }.get(kind if isinstance(kind, str) else "")
         if body is None:
             return self.any_value()
         if schema.get("nullable"):
@@ -178,47 +190,106 @@ def call_grammar(tools: list[dict], markers: Markers, *, parallel: bool = True, 
 # -- reading calls back ------------------------------------------------------------------------------------
 
 
+def with_marks(text: str, controls: Sequence[int]) -> str:
+    """`text` with MARK before each control token's text, `controls` being where those begin in it
+    (generation.StepEvent.controls): a reply as a marked reader takes it."""
+    if not controls:
+        return text
+    out, last = [], 0
+    for at in sorted(controls):
+        out += [text[last:at], MARK]
+        last = at
+    out.append(text[last:])
+    return "".join(out)
+
+
+class _Lexer:
+    """Streamed text cut into plain text and control tokens (each one of `names`), as (text, is_control)
+    parts. Marked: a control token is MARK and its name, and any other MARK is dropped (another control
+    token's text is text here); unmarked: a name's characters anywhere are the token. A control token's
+    text cut across pushes is held until it is whole."""
+
+    def __init__(self, names: tuple[str, ...], marked: bool):
+        self.names, self.marked = names, marked
+        self.held = ""
+
+    def push(self, text: str) -> list[tuple[str, bool]]:
+        buf, self.held = self.held + text, ""
+        parts: list[tuple[str, bool]] = []
+        i = 0
+        while i < len(buf):
+            at, name = self._find(buf, i)
+            if at < 0:
+                keep = 0 if self.marked else max(_partial_tail(buf, n, i) for n in self.names)
+                parts.append((buf[i : len(buf) - keep], False))
+                self.held = buf[len(buf) - keep :]
+                break
+            parts.append((buf[i:at], False))
+            if name is None:  # a marked token cut short: wait for the rest
+                self.held = buf[at:]
+                break
+            if name:
+                parts.append((name, True))
+            i = at + len(name) + (1 if self.marked else 0)
+        return [(part, control) for part, control in parts if part]
+
+    def _find(self, buf: str, start: int) -> tuple[int, str | None]:
+        """The next control token from `start`: (where, its name); (where, "") at the mark of another
+        control token (its text is text); (where, None) where a marked one may be cut short; (-1, None)
+        when there is none."""
+        if not self.marked:
+            found = [(at, name) for name in self.names if (at := buf.find(name, start)) >= 0]
+            return min(found) if found else (-1, None)
+        at = buf.find(MARK, start)
+        if at < 0:
+            return -1, None
+        for name in self.names:
+            if buf.startswith(name, at + 1):
+                return at, name
+        left = len(buf) - at - 1  # a name longer than what is left may yet come whole
+        return at, None if any(left < len(name) and name.startswith(buf[at + 1 :]) for name in self.names) else ""
+
+    def finish(self) -> str:
+        """What is held, as text: a marker's start at the very end was only text after all."""
+        held, self.held = self.held.replace(MARK, ""), ""
+        return held
+
+
 class ArgsToJson:
     """Gemma's argument syntax, streamed in, as JSON text streamed out: `push(text)` returns the JSON
     its text completes (a marker split across pushes, or a bare word, is held until it is whole);
-    `done` once the outermost object has closed."""
+    `done` once the outermost object has closed. `marked`: strings open and close only at a marked
+    `<|"|>` (module docstring). `text` and `quote` take the parts of a call CallSplitter has cut."""
 
-    def __init__(self):
+    def __init__(self, marked: bool = False):
         self.stack: list[str] = []  # "{" (its next token is a key) / ":" (a value) / "["
-        self.held = ""
+        self.lexer = _Lexer((QUOTE,), marked)
         self.in_string = False
         self.word = ""  # a bare key or scalar being read
         self.done = False
 
     def push(self, text: str) -> str:
+        return "".join(self.quote() if control else self.text(part) for part, control in self.lexer.push(text))
+
+    def quote(self) -> str:
+        """The `<|"|>` token: a string opens or closes."""
+        if self.done:
+            return ""
+        self.in_string = not self.in_string
+        if not self.in_string and self.stack and self.stack[-1] == "{":  # a quoted key: its value follows the ':'
+            self.stack[-1] = "key"
+        return '"'
+
+    def text(self, text: str) -> str:
+        """Text between control tokens."""
+        if self.done:
+            return ""
+        if self.in_string:
+            return json.dumps(text, ensure_ascii=False)[1:-1]
         out: list[str] = []
-        buf = self.held + text
-        self.held = ""
-        i = 0
-        while i < len(buf) and not self.done:
-            if self.in_string:
-                at = buf.find(QUOTE, i)
-                if at < 0:
-                    keep = _partial_tail(buf, QUOTE, i)
-                    out.append(json.dumps(buf[i : len(buf) - keep], ensure_ascii=False)[1:-1])
-                    self.held = buf[len(buf) - keep :]
-                    return "".join(out)
-                out.append(json.dumps(buf[i:at], ensure_ascii=False)[1:-1] + '"')
-                self.in_string = False
-                i = at + len(QUOTE)
-                if self.stack and self.stack[-1] == "{":  # a quoted key: its value follows the ':'
-                    self.stack[-1] = "key"
-                continue
-            if buf.startswith(QUOTE, i):
-                out.append('"')
-                self.in_string = True
-                i += len(QUOTE)
-                continue
-            if QUOTE.startswith(buf[i:]) and buf[i] == "<":  # a marker cut in two: wait for the rest
-                self.held = buf[i:]
+        for ch in text:
+            if self.done:
                 break
-            ch = buf[i]
-            i += 1
             if ch in "{[":
                 out.append(self._end_word() + ch)
                 self.stack.append("{" if ch == "{" else "[")
@@ -243,15 +314,28 @@ class ArgsToJson:
         return "".join(out)
 
     def _end_word(self) -> str:
-        """A bare scalar ends: as JSON (true, false, null and numbers are already; anything else is a string)."""
+        """A bare scalar ends: as JSON (true, false, null and numbers are already; NaN and Infinity stay as
+        written, which is not JSON, so the call is malformed; anything else is a string)."""
         word, self.word = self.word.strip(), ""
         if not word or (self.stack and self.stack[-1] == "{"):
             return ""
-        try:
-            json.loads(word)
+        if word in NON_FINITE or _is_json(word):
             return word
-        except ValueError:
-            return json.dumps(word, ensure_ascii=False)
+        return json.dumps(word, ensure_ascii=False)
+
+
+def not_json(name: str) -> Any:
+    """json.loads' parse_constant: NaN, Infinity and -Infinity, which Python's json reads, are not JSON."""
+    raise ValueError(f"{name} is not JSON")
+
+
+def _is_json(text: str) -> bool:
+    """Whether `text` is JSON (Python's json also reads NaN, Infinity and -Infinity, which JSON has not)."""
+    try:
+        json.loads(text, parse_constant=not_json)
+        return True
+    except ValueError:
+        return False
 
 
 def _partial_tail(text: str, marker: str, start: int = 0) -> int:
@@ -279,61 +363,60 @@ class Piece:
 
 class CallSplitter:
     """A streamed answer into its text and its tool calls. Text before, between and after calls is
-    content; `calls` are the calls read so far (the last may be incomplete)."""
+    content; `calls` are the calls read so far (the last may be incomplete). `marked`: the answer is
+    marked (module docstring), and only marked control tokens open and close calls and strings."""
 
-    def __init__(self):
+    def __init__(self, marked: bool = False):
         self.calls: list[Call] = []
         self.state = "text"  # "text", "name" (after <|tool_call>), "args"
-        self.held = ""
-        self.args: ArgsToJson | None = None
+        self.lexer = _Lexer((CALL_OPEN, CALL_CLOSE, QUOTE), marked)
+        self.marked = marked
+        self.head = ""  # the call's name so far, up to its "{"
+        self.args = ArgsToJson(marked)
 
     def push(self, text: str) -> Piece:
         piece = Piece()
-        buf, self.held = self.held + text, ""
-        while buf:
-            if self.state == "text":
-                at = buf.find(CALL_OPEN)
-                if at < 0:
-                    keep = _partial_tail(buf, CALL_OPEN)
-                    piece.text += buf[: len(buf) - keep]
-                    self.held = buf[len(buf) - keep :]
-                    return piece
-                piece.text += buf[:at]
-                buf, self.state = buf[at + len(CALL_OPEN) :], "name"
+        for part, control in self.lexer.push(text):
+            if control and part == CALL_OPEN:  # a call opens (one left open is left incomplete)
+                self.state, self.head = "name", ""
+            elif self.state == "text":
+                piece.text += part
+            elif control and part == CALL_CLOSE:  # the call ends, whole or not
+                self.state = "text"
             elif self.state == "name":
-                at = buf.find("{")
-                if at < 0:
-                    self.held = buf
-                    return piece
-                name = buf[:at].strip().removeprefix("call:").strip()
-                self.calls.append(Call(name))
-                piece.started.append((len(self.calls) - 1, name))
-                self.args, self.state, buf = ArgsToJson(), "args", buf[at:]
+                self._name(part, piece)
+            elif control:
+                self._arguments(self.args.quote(), piece)
             else:
-                at = buf.find(CALL_CLOSE)
-                keep = _partial_tail(buf, CALL_CLOSE) if at < 0 else 0
-                part = buf[: len(buf) - keep] if at < 0 else buf[:at]
-                self.held = buf[len(buf) - keep :] if keep else ""
-                more = self.args.push(part)
-                if more:
-                    self.calls[-1].arguments += more
-                    piece.arguments.append((len(self.calls) - 1, more))
-                if at < 0:
-                    return piece
-                buf, self.state = buf[at + len(CALL_CLOSE) :], "text"
+                self._arguments(self.args.text(part), piece)
         return piece
+
+    def _name(self, text: str, piece: Piece) -> None:
+        """Text after <|tool_call>: `call:NAME` up to the "{" that opens the arguments."""
+        self.head += text
+        at = self.head.find("{")
+        if at < 0:
+            return
+        name = self.head[:at].strip().removeprefix("call:").strip()
+        self.calls.append(Call(name))
+        piece.started.append((len(self.calls) - 1, name))
+        self.args, self.state = ArgsToJson(self.marked), "args"
+        self._arguments(self.args.text(self.head[at:]), piece)
+
+    def _arguments(self, more: str, piece: Piece) -> None:
+        if more:
+            self.calls[-1].arguments += more
+            piece.arguments.append((len(self.calls) - 1, more))
 
     def finish(self) -> Piece:
         """The end of the answer: held text is content (a marker's start was only text after all)."""
-        piece = Piece()
-        if self.state == "text":
-            piece.text, self.held = self.held, ""
-        return piece
+        held = self.lexer.finish()
+        return Piece(held if self.state == "text" else "")
 
 
 def complete(call: Call) -> bool:
-    """Whether a call's arguments are a whole JSON object."""
+    """Whether a call's arguments are a whole JSON object (NaN and Infinity are not JSON)."""
     try:
-        return isinstance(json.loads(call.arguments), dict)
+        return isinstance(json.loads(call.arguments, parse_constant=not_json), dict)
     except ValueError:
         return False

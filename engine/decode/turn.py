@@ -9,8 +9,9 @@ statistics and stop between steps in exactly the same way. Each adds only its ow
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 from flashdesk.engine.decode.conversation import DROP_OLDEST, FittedPrompt, fit_conversation
 from flashdesk.engine.decode.generation import FinishEvent, GenerationRequest, StepEvent
@@ -115,7 +116,9 @@ class ChatTurn:
             **(engine_stats or {}),
         }
 
-    def run(self, control=None, should_stop: Callable[[], bool] = lambda: False) -> Iterator[TurnStep | TurnEnd]:
+    def run(
+        self, control=None, should_stop: Callable[[], bool] = lambda: False
+    ) -> Generator[TurnStep | TurnEnd, None, None]:
         """Yield a TurnStep per engine step, then one TurnEnd. `should_stop` is asked after each step
         (once its consumer has handled it): True ends the turn there as "cancelled", and the engine
         keeps what it computed for the next turn's prefix."""

@@ -52,4 +52,13 @@ def sampling_defaults(folder: Path) -> dict:
         return {}
     if data.get("do_sample") is False:
         return {"temperature": 0.0}
-    return {k: data[k] for k in ("temperature", "top_p", "top_k") if isinstance(data.get(k), (int, float))}
+    valid = {  # a value out of its range is left out (the engine's own default stands), not refused per request
+        "temperature": lambda v: 0 <= v <= 2,
+        "top_p": lambda v: 0 < v <= 1,
+        "top_k": lambda v: v >= 0 and v == int(v),
+    }
+    return {
+        k: data[k]
+        for k, ok in valid.items()
+        if isinstance(data.get(k), (int, float)) and not isinstance(data[k], bool) and ok(data[k])
+    }

@@ -21,7 +21,6 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.turn import CANCELLED
 from flashdesk.engine.serve.auth import ANONYMOUS, CLIENT_SCOPE, BearerAuth, parse_keys
 from flashdesk.engine.serve.body import BodyGate
@@ -37,7 +36,7 @@ from flashdesk.engine.serve.runner import CLIENT_GONE, STOPPING, Job, JobDelta, 
 from flashdesk.engine.serve.schema import ChatCompletionRequest
 from flashdesk.engine.serve.tool_reply import ToolReply
 from flashdesk.engine.serve.tools import Plan, Structure, template_messages
-from flashdesk.engine.serve.text_job import text_job
+from flashdesk.engine.serve.text_job import sampling_for, text_job
 from flashdesk.engine.serve.text_schema import CompletionRequest
 
 OWNER = "flashdesk"
@@ -67,7 +66,8 @@ def create_app(
     app.add_middleware(Cors, origins=cors_origins)  # a preflight carries no key
     app.add_middleware(HostCheck, allowed=hosts if hosts is not None else allowed_hosts("127.0.0.1"))
     created = int(time.time())
-    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, **(sampling_defaults or {})}
+    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+    defaults.update(sampling_defaults or {})
     tokenizer = getattr(runner, "tokenizer", None)
     prompts = PromptMaker(tokenizer, runner.context_limit) if tokenizer is not None else None
     structure = Structure(tokenizer) if tokenizer is not None else None  # tools and response formats
@@ -103,9 +103,6 @@ def create_app(
             )
         return model_card()
 
-    def value(given, name: str):
-        return given if given is not None else defaults[name]
-
     def plan_for(body: ChatCompletionRequest) -> Plan:
         """What the request's tools and response format ask of the engine (a 400 when it cannot)."""
         if structure is None:
@@ -132,14 +129,7 @@ def create_app(
                 param,
                 "context_length_exceeded",
             )
-        sampling = SamplingParams(
-            value(body.temperature, "temperature"),
-            value(body.top_p, "top_p"),
-            max(0, value(body.top_k, "top_k")),
-            body.seed,
-            min_p=value(body.min_p, "min_p"),
-            suppress=plan.suppress,
-        )
+        sampling = sampling_for(body, defaults, plan.suppress)
         messages = template_messages(body.chat_messages())
         fitted = None
         if prompts is not None:
@@ -162,6 +152,7 @@ def create_app(
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
             grammar=plan.grammar,
             stop_ids=plan.stop_ids,
+            marks=plan.calls,
         )
 
     def admit():
@@ -186,9 +177,8 @@ def create_app(
         except BaseException:
             place.leave()
             raise
-        completion = Completion(job.id, int(time.time()), model, logprobs=bool(body.logprobs))
-        if plan.calls:
-            completion = ToolReply(completion)
+        plain = Completion(job.id, int(time.time()), model, logprobs=bool(body.logprobs))
+        completion = ToolReply(plain) if plan.calls else plain
         return await _answer(runner, job, body, request, completion, limits, place)
 
     @app.post("/v1/completions")

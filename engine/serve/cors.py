@@ -51,9 +51,9 @@ class Cors:
             return
         headers = dict(scope["headers"])
         origin = headers.get(b"origin")
-        allowed = self._allowed(origin)
+        allowed: bytes | None = origin if self._allowed(origin) else None  # the origin, when it may call
         if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
-            if not allowed:
+            if allowed is None:
                 await ApiError(
                     403,
                     "this origin may not call the API from a browser (flashdesk serve --cors-origins allows origins)",
@@ -61,17 +61,17 @@ class Cors:
                 ).response()(scope, receive, send)
                 return
             asked = headers.get(b"access-control-request-headers", b"").strip()
-            preflight = self._headers(origin, preflight=asked if HEADER_LIST.match(asked) else b"")
+            preflight = self._headers(allowed, preflight=asked if HEADER_LIST.match(asked) else b"")
             await send({"type": "http.response.start", "status": 204, "headers": preflight})
             await send({"type": "http.response.body", "body": b""})
             return
-        if not allowed:
+        if allowed is None:
             await self.app(scope, receive, send)
             return
 
         async def with_cors(message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *self._headers(origin)]}
+                message = {**message, "headers": [*message.get("headers", []), *self._headers(allowed)]}
             await send(message)
 
         await self.app(scope, receive, with_cors)

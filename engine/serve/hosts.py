@@ -44,7 +44,7 @@ def machine_names() -> set[str]:
     names = {hostname, f"{hostname}.local"}  # .local: its name on the network (mDNS)
     try:
         for info in socket.getaddrinfo(hostname, None):
-            names.add(info[4][0].lower())
+            names.add(str(info[4][0]).lower())  # an IP address (an int only where Python lacks IPv6)
     except OSError:
         pass
     for family, probe in ((socket.AF_INET, "10.254.254.254"), (socket.AF_INET6, "fd00::1")):

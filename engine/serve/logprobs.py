@@ -71,9 +71,11 @@ def legacy(items: list[dict], offset: int = 0) -> dict:
         tokens.append(item["token"])
         values.append(item["logprob"])
         top = item["top_logprobs"]
-        shown: dict[str, float] | None = None if top is None else {}
-        for t in top or ():  # two tokens of the same text: the likelier (listed first) is kept
-            shown.setdefault(t["token"], t["logprob"])
+        shown: dict[str, float] | None = None
+        if top is not None:
+            shown = {}
+            for t in top:  # two tokens of the same text: the likelier (listed first) is kept
+                shown.setdefault(t["token"], t["logprob"])
         tops.append(shown)
         offsets.append(offset)
         offset += len(item["token"])

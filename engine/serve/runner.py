@@ -28,6 +28,7 @@ from flashdesk.engine.decode.conversation import STOP, FittedPrompt
 from flashdesk.engine.decode.grammar import Grammar
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.speculative import AUTO
+from flashdesk.engine.decode.tool_calls import with_marks
 from flashdesk.engine.decode.turn import CANCELLED, ChatTurn, TurnEnd
 from flashdesk.engine.errors import ContextOverflowError, FlashDeskError
 from flashdesk.engine.serve.auth import ANONYMOUS
@@ -146,6 +147,7 @@ class Job:
     prompt_logprobs: bool = False  # the prompt's tokens' too
     grammar: Grammar | None = None  # every token of the reply within it (response_format, a forced tool call)
     stop_ids: tuple[int, ...] = ()  # tokens that end the reply beside the model's own (a tool call's)
+    marks: bool = False  # content marks where control tokens' text begins (tool_calls.with_marks): read for calls
     id: str = field(default_factory=lambda: new_id())
     cancel_event: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
@@ -200,12 +202,13 @@ class Runner:
         self._running: Job | None = None
         self._closed = False
         self._thread = None
+        self._jobs: queue.Queue[Job | None] | None = None  # the own thread's queue (None: its end)
         self._texts: TokenTexts | None = None  # token texts for logprobs, made on the engine's thread
         if schedule is None:
-            jobs: queue.Queue = queue.Queue()
+            jobs: queue.Queue[Job | None] = queue.Queue()
             self._thread = threading.Thread(target=self._take, args=(jobs,), name="flashdesk-engine", daemon=True)
             self._thread.start()
-            schedule = jobs.put
+            self._jobs, schedule = jobs, jobs.put
         self._schedule = schedule
 
     @property
@@ -235,7 +238,7 @@ class Runner:
             return control.method
         return self.engine.method
 
-    def _take(self, jobs: queue.Queue) -> None:
+    def _take(self, jobs: queue.Queue[Job | None]) -> None:
         while (job := jobs.get()) is not None:
             self.execute(job)
 
@@ -263,8 +266,8 @@ class Runner:
             self._finish(job, JobFailed(STOPPING, "the server stopped before this request ran", "server_stopping"), -1)
         if running is not None:
             running.cancel(by_server=True)
-        if self._thread is not None:
-            self._schedule(None)
+        if self._jobs is not None:
+            self._jobs.put(None)  # the runner's own thread ends
 
     def execute(self, job: Job) -> None:
         """Run a submitted job on the calling thread (the one that owns the engine)."""
@@ -336,7 +339,8 @@ class Runner:
         logprobs = self._shown(event.logprobs)
         prompt = self._shown(event.prompt_logprobs) if event.prompt_logprobs is not None else None
         if event.answer or event.thought or logprobs or prompt:
-            job.sink(JobDelta(event.answer, event.thought, logprobs, prompt))
+            content = with_marks(event.answer, event.controls) if job.marks else event.answer
+            job.sink(JobDelta(content, event.thought, logprobs, prompt))
         if self.step_delay:
             time.sleep(self.step_delay)
         return event.index

@@ -3,13 +3,13 @@
 Strict types (a number is not a string, a boolean is not 1, NaN is not a number), the OpenAI ranges
 (temperature 0..2, top_p in (0, 1]), and a 400 naming the field for every field of OpenAI's and
 vLLM's requests that would change the reply and that the engine cannot honour (several choices, the
-legacy functions, penalties, vLLM's guided decoding fields, beam search...), instead of silently
+legacy functions, vLLM's guided decoding fields, beam search...), instead of silently
 ignoring it. `tools`, `tool_choice`, `parallel_tool_calls` and `response_format` are read in tools.py.
 What does not change the reply is taken and not used (`user`, `metadata`, `store`, `service_tier`,
 ...: METADATA). Fields neither API defines are ignored, as vLLM ignores
 them, so clients that send vendor extras of their own still work.
 Thinking: `reasoning_effort` other than "none", or vLLM's `chat_template_kwargs.enable_thinking`
-(which wins when both are given). `top_k`, `min_p` and `ignore_eos` are vLLM's extensions.
+(which wins when both are given). `top_k`, `min_p`, `repetition_penalty` and `ignore_eos` are vLLM's extensions.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ def _one_of(*harmless: Any):
 UNSUPPORTED = {
     "functions": (_absent, "functions is the older name of tools, which this server takes: send tools"),
     "function_call": (_one_of("none"), "function_call is the older name of tool_choice, which this server takes"),
-    "repetition_penalty": (_one_of(1, 1.0), "repetition_penalty is not supported (give 1 or leave it out)"),
     "audio": (_absent, "audio output is not supported: this server answers in text"),
     "modalities": (_one_of(["text"]), 'only the "text" modality is supported'),
     "prediction": (_absent, "predicted outputs are not supported"),
@@ -177,8 +176,9 @@ class ChatCompletionRequest(BaseModel):
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict | None = None  # text, json_object or json_schema (tools.py)
-    presence_penalty: float | None = Field(None, allow_inf_nan=False)
-    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
+    presence_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)  # OpenAI's, on the reply's tokens
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)  # vLLM's; 1: off
     logit_bias: dict | None = None
     # vLLM's pair for going on with a reply the last assistant message holds (one a context cut off)
     continue_final_message: bool = False
@@ -200,16 +200,6 @@ class ChatCompletionRequest(BaseModel):
     def _supported(self) -> "ChatCompletionRequest":
         refusals = [
             (self.n != 1, "n", f"only n=1 is supported (one choice per request), got {self.n}"),
-            (
-                bool(self.presence_penalty),
-                "presence_penalty",
-                "presence_penalty is not supported (give 0 or leave it out)",
-            ),
-            (
-                bool(self.frequency_penalty),
-                "frequency_penalty",
-                "frequency_penalty is not supported (give 0 or leave it out)",
-            ),
             (bool(self.logit_bias), "logit_bias", "logit_bias is not supported"),
             (
                 self.stream_options is not None and not self.stream,

@@ -94,6 +94,7 @@ class Server(uvicorn.Server):
 def config(app, *, quiet: bool, limits: Limits = Limits()) -> uvicorn.Config:
     """quiet: no logging set up (the worker's stderr is the app's crash report) and no access log;
     `limits.header_seconds`: the deadline for a request's headers (connections.py)."""
+    from uvicorn.config import LOGGING_CONFIG
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     return uvicorn.Config(
@@ -102,7 +103,8 @@ def config(app, *, quiet: bool, limits: Limits = Limits()) -> uvicorn.Config:
         timeout_graceful_shutdown=GRACE_SECONDS,
         server_header=False,
         http=with_header_deadline(AutoHTTPProtocol, limits.header_seconds),
-        **({"log_config": None, "access_log": False} if quiet else {}),
+        log_config=None if quiet else LOGGING_CONFIG,  # uvicorn's default unless quiet
+        access_log=not quiet,
     )
 
 

@@ -19,8 +19,8 @@ from flashdesk.engine.serve.text_completion import TextCompletion
 from flashdesk.engine.serve.text_schema import CompletionRequest
 
 
-def sampling_for(body, defaults: dict) -> SamplingParams:
-    """A request's sampling, the model's generation_config filling what it leaves out."""
+def sampling_for(body, defaults: dict, suppress: tuple[int, ...] = ()) -> SamplingParams:
+    """A request's sampling (chat's or text's), the model's generation_config filling what it leaves out."""
 
     def value(given, name: str):
         return given if given is not None else defaults[name]
@@ -30,7 +30,11 @@ def sampling_for(body, defaults: dict) -> SamplingParams:
         value(body.top_p, "top_p"),
         max(0, value(body.top_k, "top_k")),
         body.seed,
+        suppress=suppress,
         min_p=value(body.min_p, "min_p"),
+        repetition_penalty=value(body.repetition_penalty, "repetition_penalty"),
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
     )
 
 

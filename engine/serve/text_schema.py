@@ -7,7 +7,7 @@ number (the alternatives per token, up to 20, as vLLM allows), and `echo` puts t
 for. `max_tokens` defaults to 16, as OpenAI's; 0 asks for the prompt alone (with `echo`).
 
 As in chat (schema.py), a field that would change the reply and that this engine cannot honour gets
-a 400 naming it: `suffix` (fill-in-the-middle), several choices, penalties, `logit_bias`, and the
+a 400 naming it: `suffix` (fill-in-the-middle), several choices, `logit_bias`, and the
 chat fields that mean nothing for a raw prompt (`messages`, tools, response formats, thinking).
 """
 
@@ -84,8 +84,9 @@ class CompletionRequest(BaseModel):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP)
     echo: bool = False
     suffix: str | None = None
-    presence_penalty: float | None = Field(None, allow_inf_nan=False)
-    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
+    presence_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)  # OpenAI's, on the reply's tokens
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)  # vLLM's; 1: off
     logit_bias: dict | None = None
 
     @field_validator("prompt", mode="before")
@@ -113,8 +114,6 @@ class CompletionRequest(BaseModel):
         refusals = [
             (self.n != 1, "n", f"only n=1 is supported (one choice per request), got {self.n}"),
             (bool(self.suffix), "suffix", "suffix (text after the insertion, fill-in-the-middle) is not supported"),
-            (bool(self.presence_penalty), "presence_penalty", "presence_penalty is not supported (give 0)"),
-            (bool(self.frequency_penalty), "frequency_penalty", "frequency_penalty is not supported (give 0)"),
             (bool(self.logit_bias), "logit_bias", "logit_bias is not supported"),
             (
                 self.stream_options is not None and not self.stream,

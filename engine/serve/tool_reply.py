@@ -5,13 +5,21 @@ Whole replies carry `message.tool_calls` (and `content` null when there is no te
 call's first delta with its index, id, type and name as soon as the name is written, then its
 arguments as JSON fragments, as OpenAI streams them; the client joins the fragments of each index.
 It wraps the request's Completion (completion.py), which writes every object.
+
+The reply's text comes marked (the job's `marks`, tool_calls.py): only the model's real control tokens
+open and close calls and their strings, so `<tool_call|>` typed inside an argument, or a call's
+characters in plain text, stay text. A call whose arguments are not a JSON object (malformed, cut
+short, or holding NaN or Infinity) is left out of a whole reply; a stream has sent it as it came.
 """
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from flashdesk.engine.decode.tool_calls import CallSplitter, Piece, complete
+from flashdesk.engine.serve.completion import Completion
+from flashdesk.engine.serve.runner import JobDelta, Usage
 
 
 def call_id() -> str:
@@ -21,15 +29,15 @@ def call_id() -> str:
 class ToolReply:
     """Completion's objects for a reply read for tool calls (other attributes are the Completion's)."""
 
-    def __init__(self, completion):
+    def __init__(self, completion: Completion):
         self.inner = completion
-        self.splitter = CallSplitter()
+        self.splitter = CallSplitter(marked=True)
         self.ids: list[str] = []
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def whole(self, content: str, reasoning: str, reason: str, usage, *more) -> dict:
+    def whole(self, content: str, reasoning: str, reason: str, usage: Usage, *more: Any) -> dict:
         text = self.splitter.push(content).text + self.splitter.finish().text
         calls = [call for call in self.splitter.calls if complete(call)]
         reply = self.inner.whole(text, reasoning, reason, usage, *more)
@@ -44,9 +52,9 @@ class ToolReply:
                 choice["finish_reason"] = "tool_calls"
         return reply
 
-    def delta(self, item, with_usage: bool = False) -> str | None:
+    def delta(self, item: JobDelta, with_usage: bool = False) -> str | None:
         piece = self.splitter.push(item.content)
-        delta = {"reasoning_content": item.reasoning} if item.reasoning else {}
+        delta: dict[str, Any] = {"reasoning_content": item.reasoning} if item.reasoning else {}
         if piece.text:
             delta["content"] = piece.text
         calls = self._calls(piece)

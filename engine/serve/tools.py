@@ -4,10 +4,11 @@ that end the reply. Each malformed or impossible ask is a 400 naming its field.
 
 - `response_format` json_object / json_schema: the answer is JSON (matching the schema), by grammar.
 - `tool_choice` "auto" (the default with tools): the model may answer or call; it stops at
-  `<|tool_response>`, where a call waits for its result. "none": the tools are still declared (the
-  conversation may hold earlier calls), and `<|tool_call>` is never emitted. "required" or a named
-  function: a grammar built from the tools' parameters forces one call (more with
-  `parallel_tool_calls`), so a valid call comes out whatever the model.
+  `<|tool_response>`, where a call waits for its result, and with `parallel_tool_calls` false at the
+  `<tool_call|>` that closes its first call (so at most one comes out, and nothing is generated only to
+  be thrown away). "none": the tools are still declared (the conversation may hold earlier calls), and
+  `<|tool_call>` is never emitted. "required" or a named function: a grammar built from the tools'
+  parameters forces one call (more with `parallel_tool_calls`), so a valid call comes out whatever the model.
 - Earlier calls (`tool_calls` of assistant messages, their `arguments` JSON text) and `tool` messages
   are handed to the chat template, which writes them in Gemma 4's format.
 """
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashdesk.engine.decode.grammar import Grammar, check, json_grammar, lark
-from flashdesk.engine.decode.tool_calls import Markers, call_grammar
+from flashdesk.engine.decode.tool_calls import Markers, call_grammar, not_json
 from flashdesk.engine.serve.errors import ApiError
+from flashdesk.engine.serve.schema import ChatCompletionRequest
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 
@@ -32,7 +34,7 @@ class Plan:
     grammar: Grammar | None = None
     suppress: tuple[int, ...] = ()
     stop_ids: tuple[int, ...] = ()
-    calls: bool = False  # the reply may hold tool calls: read them back
+    calls: bool = False  # the reply may hold tool calls: read them back (from a marked reply: the Job's `marks`)
 
 
 def _bad(param: str, text: str) -> ApiError:
@@ -137,7 +139,7 @@ class Structure:
         except ValueError:
             self.markers = None
 
-    def plan(self, body) -> Plan:
+    def plan(self, body: ChatCompletionRequest) -> Plan:
         """The plan for a ChatCompletionRequest (schema.py), or a 400."""
         m = self.markers
         thought = (m.channel_open, m.channel_close) if m is not None and body.thinking else None
@@ -147,13 +149,16 @@ class Structure:
             shaped = "ignore_eos cannot go with a response_format or tools: a shaped reply ends with its shape"
             raise _bad("ignore_eos", shaped)
         choice = _choice(body.tool_choice, [f["name"] for f in tools])
-        if (tools or choice != "none") and m is None:
-            raise _bad("tools", "this model's tokenizer has no tool-call tokens: it cannot call tools")
+        if m is None:
+            if tools or choice != "none":
+                raise _bad("tools", "this model's tokenizer has no tool-call tokens: it cannot call tools")
+            return Plan(None, grammar)
         declared = [{"type": "function", "function": f} for f in tools] or None
         if choice == "none":
             return Plan(declared, grammar, (m.call_open,) if tools else ())
         if choice == "auto":
-            return Plan(declared, grammar, stop_ids=(m.response_open,), calls=grammar is None)
+            one = (m.call_close,) if body.parallel_tool_calls is False else ()  # the first call ends the reply
+            return Plan(declared, grammar, stop_ids=(m.response_open, *one), calls=grammar is None)
         if grammar is not None:
             raise _bad("response_format", "a JSON response_format and a forced tool call cannot both shape the reply")
         forced = tools if choice == "required" else [f for f in tools if f["name"] == choice]
@@ -181,8 +186,8 @@ def template_messages(messages: list[dict]) -> list[dict]:
                     raise _bad(where, f"{where} must be {shape}")
                 if not NAME.match(f["name"]):
                     raise _bad(f"{where}.function.name", "a function's name is 1 to 64 letters, digits, _ or -")
-                try:
-                    arguments = json.loads(f.get("arguments") or "{}")
+                try:  # NaN and Infinity, which Python's json reads, are not JSON
+                    arguments = json.loads(f.get("arguments") or "{}", parse_constant=not_json)
                 except (TypeError, ValueError):
                     raise _bad(f"{where}.function.arguments", "a call's arguments must be JSON text") from None
                 if not isinstance(arguments, dict):
