@@ -45,6 +45,20 @@ SLOW_TESTS = (
     "test_gpu_check_script.py::test_gpu_check_smoke",  # the GPU script's whole run on the CPU: 15 s
     # 1,600 sampled generations (12 s); the greedy tests beside it check the penalties' rows exactly
     "test_penalties.py::test_sampling_with_penalties_and_speculation_is_distributed_as_without",
+    # each below has a cousin in the default tier that checks the same through another door:
+    # the window's test_speculation_changes_mid_reply_take_effect_and_change_nothing sends the worker
+    # the same messages (auto draft lengths: test_draft_length.py)
+    "test_worker.py::test_speculation_changes_apply_mid_generation_and_change_nothing",
+    "test_worker.py::test_cancel_stops_within_one_step",  # the window's test_escape_stops_within_one_step
+    # test_serve.py::test_the_command_prints_its_url_serves_and_stops_on_ctrl_c: the same command's life
+    "test_serve_guard.py::test_sigterm_stops_the_server_with_its_closing_line_and_ipv6_loopback_binds",
+    # min_p at verification: test_rejection_sampling_reproduces_the_target_distribution[min-p]; the
+    # engine's sampling with speculation: test_engine_samples_with_speculation_like_without
+    "test_lossless_sampling.py::test_engine_samples_with_min_p_and_speculation_like_without",
+    "test_lossless_sampling.py::test_rejection_sampling_reproduces_the_target_distribution[top-p]",  # [min-p-top-p]
+    # an interpreted end-to-end Triton-path run beside the default variant; its kernels' cases
+    # (channel-wise, group 8, symmetric or not, dense beside int4) run in test_kernels_linear/_moe
+    "test_checkpoint_variants.py::test_the_mixed_variant_runs_the_triton_path_as_the_torch_path",
 )
 DEFAULT_TIER = (
     "test_triton_path.py::test_triton_path_equals_transformers_and_the_torch_path[conditional-per_expert-False]",
@@ -71,23 +85,30 @@ def _no_kernel_fallbacks_left_behind():
 # worker finishing a long file alone. Only the order of files changes; the rest follow in theirs.
 LONGEST_FIRST = (
     "test_app_window",
-    "test_triton_path",
-    "test_lossless_sampling",
     "test_app_context",
     "test_self_test",
+    "test_lossless_sampling",
+    "test_triton_path",
     "test_worker",
     "test_app_bench",
-    "test_app_download",
-    "test_app_recommended",
-    "test_serve_guard",
     "test_checkpoint_variants",
     "test_serve_panel",
-    "test_kernels_moe",
+    "test_app_download",
     "test_project",
-    "test_models",
+    "test_app_recommended",
+    "test_structured_output",
     "test_prefix_reuse",
+    "test_kernels_moe",
+    "test_models",
     "test_serve",
+    "test_bench",
+    "test_speculative",
+    "test_serve_worker",
+    "test_serve_guard",
     "test_int4",
+    "test_app_remote",
+    "test_app_branches",
+    "test_memory_plan",
 )
 
 

@@ -63,11 +63,26 @@ def test_triton_path_equals_transformers_and_the_torch_path(int4_pair):
         assert plain.stats["kernels"] == "triton (interpreter)"
         assert plain.token_ids == torch_tokens
         accepted = 0
-        for k in (1, 7, 15):
+        for k in (7, 15):  # K=1: the test below
             spec = generate(fp8, prompt, TOKENS, SpecControl(True, k))
             assert spec.token_ids == plain.token_ids, f"speculation changed the output at K={k}"
             accepted += spec.stats["accepted"]
     assert accepted > 0  # the trained drafter really gets drafts through the Triton verify
+
+
+def test_one_draft_a_step_on_the_triton_path_changes_nothing(int4_pair):
+    """K=1, the smallest verify block (two rows), one step per token or two: the slowest of the
+    draft lengths under the interpreter, so apart from the one variant in the default tier."""
+    target, drafter, _ = int4_pair
+    prompt = PROMPTS[0]
+    fp8 = Engine.load(target, device="cpu", kv_dtype="fp8", draft_dir=drafter)
+    with kernels("torch"):
+        plain = generate(fp8, prompt, TOKENS, SpecControl(False)).token_ids
+    with kernels("triton"):
+        spec = generate(fp8, prompt, TOKENS, SpecControl(True, 1))
+    assert spec.stats["kernels"] == "triton (interpreter)"
+    assert spec.token_ids == plain, "speculation changed the output at K=1"
+    assert spec.stats["accepted"] > 0
 
 
 def test_kernels_are_named_for_each_choice():
