@@ -188,32 +188,38 @@ def test_the_bench_json_prompts_decode_the_same_with_speculation_on_the_demo_pai
             assert logprobs == pytest.approx(plain_logprobs, abs=1e-4)
 
 
-def test_the_mask_is_the_rule_and_a_forced_token_is_all_it_allows(demo_engine):
-    """Two facts of llguidance the constrained greedy step relies on, checked along real replies:
-    its matcher takes some tokens its mask leaves out (a string's closing quote alone, where the
-    mask keeps only the quote joined to what follows), so choices are checked against masks, never
-    by whether the matcher takes them; and where it reports a forced token, the mask allows that
-    token alone, so a forced row needs no mask."""
+def test_the_mask_is_the_rule_a_forced_token_is_all_it_allows_and_a_free_state_masks_nothing_it_takes(demo_engine):
+    """Three facts of llguidance the constrained greedy step relies on, checked along real replies
+    over the whole vocabulary: its matcher takes some tokens its mask leaves out (a string's closing
+    quote alone, where the mask keeps only the quote joined to what follows), so a choice is checked
+    against the mask, not by whether the matcher takes it; where it reports a forced token, the
+    mask allows that token alone, so a forced row needs no mask; and where it forces no byte at all
+    (`free`), the mask is exactly the tokens the matcher takes, so a free row needs none either
+    (the end token aside: it is allowed where the grammar may end)."""
     import numpy as np
 
     from flashdesk.engine.bench.prompts import task_prompts
 
-    taken_not_masked = forced_rows = 0
+    taken_not_masked = forced_rows = free_rows = 0
     for item in task_prompts("json")[:4]:
         request = GenerationRequest(_json_prompt_ids(demo_engine, item), 48, grammar=json_grammar(item["schema"]))
         reply = list(demo_engine.generate(request, SpecControl(enabled=False)))[-1].token_ids
         state = demo_engine.grammar_state(json_grammar(item["schema"]))
         for token in reply[:-1]:
             bitmask = state.bitmask()
-            allowed = np.flatnonzero(np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little"))
+            allowed = set(np.flatnonzero(np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")).tolist())
+            taken = {t for t in range(4096) if t not in state.end_ids and state.valid(t)}
+            assert allowed - state.end_ids <= taken
             forced = state.forced()
             if forced is not None:
                 forced_rows += 1
-                assert allowed.tolist() == [forced]
-            outside = set(range(0, 4096, 7)) - set(allowed.tolist())  # every 7th token the mask leaves out
-            taken_not_masked += sum(state.matcher.validate_tokens([t]) == 1 for t in outside)
+                assert allowed == {forced}
+            if state.free():
+                free_rows += 1
+                assert allowed - state.end_ids == taken
+            taken_not_masked += len(taken - allowed)
             assert token in allowed and state.consume(token)
-    assert taken_not_masked and forced_rows > 20
+    assert taken_not_masked and forced_rows > 20 and free_rows > 20
 
 
 def test_a_forced_token_the_sampling_suppresses_ends_the_reply_with_an_error_either_way(demo_engine):
@@ -238,3 +244,42 @@ def test_a_forced_token_the_sampling_suppresses_ends_the_reply_with_an_error_eit
     for control in (SpecControl(False), SpecControl(True, 4), SpecControl(True, 15)):
         with pytest.raises(GrammarError, match="no token it allows could be chosen"):
             list(demo_engine.generate(GenerationRequest(ids, 24, sampling, grammar=grammar), control))
+
+
+def test_a_draft_the_matcher_refuses_takes_its_next_candidate_and_a_mask_only_where_none_is_taken(demo_engine):
+    """Constrained greedy drafting: where the matcher refuses a row's argmax, the row's likeliest
+    candidate it takes is drafted with no mask computed (the verification masks the rows it
+    reaches); only where it takes none of the candidates is the row masked, for its masked argmax."""
+    import numpy as np
+
+    from flashdesk.engine.bench.prompts import task_prompts
+    from flashdesk.engine.decode.speculative import DRAFT_CANDIDATES, Decoder
+
+    item = task_prompts("json")[0]
+    grammar = json_grammar(item["schema"])
+    request = GenerationRequest(_json_prompt_ids(demo_engine, item), 24, grammar=grammar)
+    reply = list(demo_engine.generate(request, SpecControl(enabled=False)))[-1].token_ids
+    state = demo_engine.grammar_state(grammar)
+    for token in reply:  # up to the first state that forces nothing
+        if state.forced() is None:
+            break
+        state.consume(token)
+    masks = []
+    bitmask = state.bitmask
+    state.bitmask = lambda: masks.append(1) or bitmask()  # type: ignore[method-assign]
+    refused = [t for t in range(4096) if not state.valid(t)]
+    allowed = np.flatnonzero(np.unpackbits(bitmask().numpy().view(np.uint8), bitorder="little"))
+
+    logits = torch.zeros(1, 4096)
+    logits[0, refused[:2]] = torch.tensor([3.0, 2.0])
+    logits[0, allowed[-1]] = 1.0  # the third candidate
+    walk = state.walk()
+    assert Decoder._guided_greedy_draft(None, logits, walk).tolist() == [allowed[-1]]  # type: ignore[arg-type]
+    assert not masks
+    walk.undo()
+
+    logits[0, refused[:DRAFT_CANDIDATES]] = torch.arange(DRAFT_CANDIDATES, 0, -1, dtype=torch.float) + 1
+    walk = state.walk()
+    assert Decoder._guided_greedy_draft(None, logits, walk).tolist() == [allowed[-1]]  # type: ignore[arg-type]
+    assert len(masks) == 1
+    walk.undo()

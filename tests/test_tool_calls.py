@@ -232,3 +232,47 @@ def test_a_matcher_that_fails_mid_reply_is_an_error_not_a_quiet_end(tokenizer):
         state.bitmask()
     with pytest.raises(GrammarError):
         state.consume(b)
+
+
+BOOK = {
+    "name": "book",
+    "parameters": {
+        "type": "object",
+        "$defs": {
+            "room": {"type": "object", "properties": {"floor": {"type": "integer", "minimum": 1, "maximum": 9}}},
+            "tree": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/tree"}}}},
+        },
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]+$"},
+            "note": {"type": "string", "pattern": "a/b"},
+            "room": {"$ref": "#/$defs/room", "description": "where"},
+            "guests": {"type": "integer", "minimum": 1},
+            "price": {"type": "number", "exclusiveMaximum": 100},
+            "plan": {"$ref": "#/$defs/tree"},
+        },
+        "required": ["code", "guests", "room"],
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("args", "taken"),
+    [
+        ('code:<|"|>ABC-12<|"|>,guests:2,room:{floor:3}', True),
+        ('code:<|"|>ABC-12<|"|>,guests:2,note:<|"|>x a/b y<|"|>,price:99.5,room:{floor:9}', True),
+        ('code:<|"|>ABC-12<|"|>,guests:2,plan:{kids:[{kids:[1]}]},room:{}', True),  # recursive: any value
+        ('code:<|"|>abc-12<|"|>,guests:2,room:{floor:3}', False),  # not the pattern
+        ('code:<|"|>ABC-12 <|"|>,guests:2,room:{floor:3}', False),  # anchored at the end
+        ('code:<|"|>ABC-12<|"|>,guests:2,note:<|"|>ab<|"|>,room:{floor:3}', False),  # the pattern is nowhere in it
+        ('code:<|"|>ABC-12<|"|>,guests:0,room:{floor:3}', False),  # under the minimum
+        ('code:<|"|>ABC-12<|"|>,guests:2,room:{floor:12}', False),  # over the $ref's maximum
+        ('code:<|"|>ABC-12<|"|>,guests:2,price:100,room:{floor:3}', False),  # not under the exclusive maximum
+    ],
+)
+def test_the_forcing_grammar_follows_patterns_number_bounds_and_local_refs(tokenizer, args, taken):
+    markers = Markers.of(tokenizer)
+    grammar = lark(call_grammar([BOOK], markers))
+    state = GrammarState(vocabulary(tokenizer, 512, 106), grammar, torch.device("cpu"))
+    ids = tokenizer(f"<|tool_call>call:book{{{args}}}<tool_call|>", add_special_tokens=False)["input_ids"]
+    ids.append(markers.response_open)
+    assert (all(state.consume(t) for t in ids) and state.accepting()) == taken

@@ -122,6 +122,10 @@ class GrammarState:
         self.seconds = 0.0  # host time spent in the methods below
         self._forced_ahead: list[int] = []  # the forced tokens from here on, while they are taken in turn
         self._unforced_here = False  # known: the current state forces nothing (asked, or just past a run)
+        self._free = False  # known: the current state forces no bytes (asked here)
+        # asking for the forced bytes forces them into the parser, as a mask would, except where the grammar
+        # turns forcing off: there the question would change the answers, so it is not asked
+        self._forcing = "no_forcing" not in grammar.spec
 
     @_timed
     def bitmask(self) -> torch.Tensor:
@@ -151,16 +155,22 @@ class GrammarState:
         return torch.where(allowed[:, :vocab], logits, self._forbidden)  # twice masked_fill's speed on the CPU
 
     @_timed
-    def masked_argmax(self, row: torch.Tensor, bitmask: torch.Tensor) -> int:
+    def masked_argmax(self, row: torch.Tensor, bitmask: torch.Tensor) -> tuple[int, bool]:
         """The likeliest token of a row of logits [1, V] that a bitmask [W] allows (the first among
-        ties, as argmax): on the CPU in numpy, a few times faster than masking a tensor; on a GPU
-        masked there, then read."""
-        if self.device.type != "cpu":
-            return int(self.apply(row, bitmask[None]).argmax(dim=-1).tolist()[0])
-        allowed = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little").view(np.bool_)
-        scores = row[0].float().numpy()
-        allowed = allowed[: scores.shape[0]]
-        return int(np.where(allowed, scores[: allowed.shape[0]], -np.inf).argmax())
+        ties, as argmax), and whether its score is finite (not where the row rules out every token
+        the mask allows: suppressed tokens, a drafter's reduced vocabulary). On the CPU in numpy, a
+        few times faster than masking a tensor; on a GPU masked there, then read."""
+        if self.device.type == "cpu":
+            allowed = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little").view(np.bool_)
+            scores = row[0].float().numpy()
+            allowed = allowed[: scores.shape[0]]
+            masked = np.where(allowed, scores[: allowed.shape[0]], -np.inf)
+            token = int(masked.argmax())
+            return token, bool(np.isfinite(masked[token]))
+        masked_row = self.apply(row, bitmask[None])[0]
+        best = masked_row.argmax()
+        token, finite = torch.stack([best, torch.isfinite(masked_row[best]).long()]).tolist()
+        return token, bool(finite)
 
     def masked(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [1, V] masked with the current state."""
@@ -171,16 +181,22 @@ class GrammarState:
         """The one token the current state allows, where the grammar forces it (a JSON key, a
         separator), else None: llguidance's fast-forward tokens, several times cheaper than a mask.
         Where they exist, the mask allows exactly the first, and after it is taken exactly the next
-        (tests/test_structured_output.py), so one call serves a run of them (about 3.7 on JSON)."""
+        (tests/test_structured_output.py), so one call serves a run of them (about 3.7 on JSON).
+        The forced bytes are asked first: where there are none (most states that force no token),
+        that one call says so, and the state is `free`."""
         if not self._forced_ahead and not self._unforced_here:
-            self._forced_ahead = [int(t) for t in self.matcher.compute_ff_tokens()]
+            self._free = self._forcing and not self.matcher.compute_ff_bytes()
+            self._forced_ahead = [] if self._free else [int(t) for t in self.matcher.compute_ff_tokens()]
             self._unforced_here = not self._forced_ahead
         return self._forced_ahead[0] if self._forced_ahead else None
 
-    def rule(self) -> torch.Tensor | int:
-        """What the current state allows: the token it forces, else its bitmask [W]."""
-        forced = self.forced()
-        return forced if forced is not None else self.bitmask()
+    def free(self) -> bool:
+        """Whether the current state forces no bytes at all, as `forced` found it here (never where
+        the grammar turns forcing off): its mask is then exactly the tokens the matcher takes
+        (llguidance masks a state's forced bytes as a prefix every allowed token must start with,
+        and allows the end token only where the grammar may end), so `valid` is the rule for any
+        other token (tests/test_structured_output.py)."""
+        return self._unforced_here and self._free
 
     @_timed
     def valid(self, token: int) -> bool:
@@ -206,6 +222,7 @@ class GrammarState:
         taken = self.matcher.try_consume_tokens([token]) == 1
         self._check()
         if taken:  # a forced run goes on past its own token (and ends where llguidance's run ends); any other leaves it
+            self._free = False
             in_run = self._forced_ahead[:1] == [token]
             self._forced_ahead = self._forced_ahead[1:] if in_run else []
             self._unforced_here = in_run and not self._forced_ahead
@@ -227,7 +244,7 @@ class GrammarState:
     @_timed
     def rollback(self, tokens: int) -> None:
         if tokens:
-            self._forced_ahead, self._unforced_here = [], False
+            self._forced_ahead, self._unforced_here, self._free = [], False, False
         if tokens and not self.matcher.rollback(tokens):
             raise RuntimeError(f"the grammar could not take back {tokens} tokens: {self.matcher.get_error()}")
 
@@ -254,8 +271,10 @@ class Walk:
     def __init__(self, state: GrammarState):
         self.state = state
         self.bitmasks: list[torch.Tensor] = []
-        self.rules: list[torch.Tensor | int | None] = []  # next_rule's, row by row (None: not computed)
         self.consumed = 0  # drafts the matcher advanced past (the end token is not one)
+        # row by row, as far as greedy drafting walked: whether the grammar forced its token; whether it forced no byte
+        self.forced: list[bool] = []
+        self.free: list[bool] = []
         self.refused = False
 
     def _next(self) -> torch.Tensor:
@@ -268,13 +287,6 @@ class Walk:
         bitmask = self._next()
         self.bitmasks.append(bitmask)
         return bitmask
-
-    def next_rule(self) -> torch.Tensor | int:
-        """What the walk's state allows, recorded for the target's row: the token it forces, else
-        its bitmask [W]."""
-        rule = self._next() if self.refused else self.state.rule()
-        self.rules.append(rule)
-        return rule
 
     def masked(self, logits: torch.Tensor) -> torch.Tensor:
         """A draft row [1, V] masked with the state before it (recorded for the target's row)."""

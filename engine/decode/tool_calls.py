@@ -23,6 +23,7 @@ Torch-free: the HTTP side builds grammars and reads replies; the engine only app
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -61,6 +62,20 @@ def _literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+# a number's bounds in JSON Schema, which llguidance's JSON grammar (`%json` in Lark) enforces
+NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+
+
+def _whole_match(pattern: str) -> str:
+    """A JSON Schema `pattern` (which matches anywhere in the string unless anchored) as a Lark
+    regex over the whole string: `^`/`$` anchors dropped, any text allowed where it is not anchored."""
+    body = pattern
+    starts, ends = body.startswith("^"), body.endswith("$") and not body.endswith("\\$")
+    body = body[1 if starts else 0 : len(body) - 1 if ends else len(body)]
+    body = "(?:" + re.sub(r"(?<!\\)/", r"\/", body) + ")"  # a slash ends a Lark regex
+    return ("" if starts else "(?s:.*)") + body + ("" if ends else "(?s:.*)")
+
+
 class _Rules:
     """Lark rules for Gemma's argument syntax, one per schema node, named in order."""
 
@@ -69,6 +84,8 @@ class _Rules:
         self.lines: list[str] = []
         self.count = 0
         self.generic: str | None = None
+        self.root: dict = {}  # the parameters schema whose local `$ref`s are being followed
+        self.following: list[str] = []  # the `$ref`s being inlined (one met again is recursive: any value there)
 
     def add(self, body: str) -> str:
         name = f"r{self.count}"
@@ -79,6 +96,9 @@ class _Rules:
     def string(self, enum: list | None = None, schema: dict | None = None) -> str:
         if enum:
             return f"{self.q} ({' | '.join(_literal(str(v)) for v in enum)}) {self.q}"
+        pattern = (schema or {}).get("pattern")
+        if isinstance(pattern, str):
+            return f"{self.q} /{_whole_match(pattern)}/ {self.q}"
         low, high = (schema or {}).get("minLength"), (schema or {}).get("maxLength")
         if isinstance(low, int) or isinstance(high, int):
             bounds = f"{low if isinstance(low, int) else 0},{high if isinstance(high, int) else ''}"
@@ -99,6 +119,8 @@ class _Rules:
     def value(self, schema: Any) -> str:
         if not isinstance(schema, dict) or not schema:
             return self.any_value()
+        if isinstance(schema.get("$ref"), str):
+            return self._ref(schema)
         if "const" in schema:
             return self._scalar(schema["const"])
         if "enum" in schema:
@@ -109,10 +131,11 @@ class _Rules:
         kind = schema.get("type")
         if isinstance(kind, list):
             return self.add(" | ".join(self.value({**schema, "type": k}) for k in kind) or self.any_value())
+        bounded = {key: schema[key] for key in NUMBER_BOUNDS if isinstance(schema.get(key), (int, float))}
         body = {
             "string": lambda: self.string(schema=schema),
-            "integer": lambda: "INTEGER",
-            "number": lambda: "NUMBER",
+            "integer": lambda: f"%json {json.dumps({'type': 'integer', **bounded})}" if bounded else "INTEGER",
+            "number": lambda: f"%json {json.dumps({'type': 'number', **bounded})}" if bounded else "NUMBER",
             "boolean": lambda: '"true" | "false"',
             "null": lambda: '"null"',
             "array": lambda: self._array(schema),
@@ -123,6 +146,22 @@ class _Rules:
         if schema.get("nullable"):
             return self.add(f'{body()} | "null"')
         return self.add(body())
+
+    def _ref(self, schema: dict) -> str:
+        """A local `$ref` (`#/$defs/...`, `#/definitions/...`, any JSON pointer into the parameters),
+        inlined with the keys beside it; a recursive one, or one that does not resolve, takes any value."""
+        ref = schema["$ref"]
+        target: Any = self.root if ref.startswith("#") else None
+        for part in ref[1:].split("/")[1:] if target is not None else []:
+            key = part.replace("~1", "/").replace("~0", "~")
+            target = target.get(key) if isinstance(target, dict) else None
+        if not isinstance(target, dict) or ref in self.following:
+            return self.any_value()
+        self.following.append(ref)
+        try:
+            return self.value({**target, **{k: v for k, v in schema.items() if k != "$ref"}})
+        finally:
+            self.following.pop()
 
     def _scalar(self, value: Any) -> str:
         if isinstance(value, str):
@@ -174,7 +213,9 @@ def call_grammar(tools: list[dict], markers: Markers, *, parallel: bool = True, 
     rules = _Rules(markers)
     calls = []
     for tool in tools:
-        args = rules.object(tool.get("parameters") or {"type": "object", "properties": {}})
+        parameters = tool.get("parameters")
+        rules.root = parameters if isinstance(parameters, dict) and parameters else {"type": "object", "properties": {}}
+        args = rules.value(rules.root) if "$ref" in rules.root else rules.object(rules.root)
         calls.append(f'"call:" {_literal(tool["name"])} {args}')
     call = rules.add(f"<[{markers.call_open}]> ({' | '.join(calls)}) <[{markers.call_close}]>")
     start = f"{call}+" if parallel else call
