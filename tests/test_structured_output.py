@@ -188,6 +188,36 @@ def test_the_bench_json_prompts_decode_the_same_with_speculation_on_the_demo_pai
             assert logprobs == pytest.approx(plain_logprobs, abs=1e-4)
 
 
+def test_greedy_output_under_a_schema_with_penalties_and_suppressed_tokens_is_the_same_with_speculation(demo_engine):
+    """The host's verification with the sampling's penalties and suppressed tokens on the target's
+    rows (a token plain decoding would pick is suppressed): each reply equals plain decoding's."""
+    from flashdesk.engine.bench.prompts import task_prompts
+    from flashdesk.engine.decode.grammar import GrammarError
+
+    for item in task_prompts("json")[6:9]:
+        ids, grammar = _json_prompt_ids(demo_engine, item), json_grammar(item["schema"])
+        first = list(demo_engine.generate(GenerationRequest(ids, 40, grammar=grammar), SpecControl(False)))[-1]
+        state, free_tokens = demo_engine.grammar_state(grammar), []
+        for token in first.token_ids[:-1]:  # the tokens chosen where the grammar forced no byte
+            if state.forced() is None and state.free():
+                free_tokens.append(token)
+            state.consume(token)
+        for token in reversed(free_tokens):  # one whose suppression leaves the reply a choice at every step
+            sampling = SamplingParams(repetition_penalty=1.3, presence_penalty=0.4, suppress=(token,))
+            request = GenerationRequest(ids, 40, sampling, grammar=grammar)
+            try:
+                plain = list(demo_engine.generate(request, SpecControl(False)))
+            except GrammarError:  # the grammar later forces it: no reply without it
+                continue
+            break
+        else:
+            pytest.fail("every token chosen at a free state is forced later in the reply")
+        assert plain[-1].token_ids != first.token_ids
+        for k in (4, 15):
+            request = GenerationRequest(ids, 40, sampling, grammar=grammar)
+            assert list(demo_engine.generate(request, SpecControl(True, k)))[-1].token_ids == plain[-1].token_ids, k
+
+
 def test_the_mask_is_the_rule_a_forced_token_is_all_it_allows_and_a_free_state_masks_nothing_it_takes(demo_engine):
     """Three facts of llguidance the constrained greedy step relies on, checked along real replies
     over the whole vocabulary: its matcher takes some tokens its mask leaves out (a string's closing
@@ -200,11 +230,18 @@ def test_the_mask_is_the_rule_a_forced_token_is_all_it_allows_and_a_free_state_m
 
     from flashdesk.engine.bench.prompts import task_prompts
 
+    from flashdesk.engine.decode.grammar import lark
+    from flashdesk.engine.decode.tool_calls import Markers, call_grammar
+
+    items = task_prompts("json")[:4]
+    tool = {"name": "note", "parameters": {"type": "object", "properties": items[0]["schema"]["properties"]}}
+    call = lark(call_grammar([tool], Markers.of(demo_engine.tokenizer)))  # control tokens, %json numbers
+    cases = [(_json_prompt_ids(demo_engine, item), json_grammar(item["schema"])) for item in items]
     taken_not_masked = forced_rows = free_rows = 0
-    for item in task_prompts("json")[:4]:
-        request = GenerationRequest(_json_prompt_ids(demo_engine, item), 48, grammar=json_grammar(item["schema"]))
+    for ids, grammar in cases + [(cases[0][0], call)]:
+        request = GenerationRequest(ids, 48, grammar=grammar)
         reply = list(demo_engine.generate(request, SpecControl(enabled=False)))[-1].token_ids
-        state = demo_engine.grammar_state(json_grammar(item["schema"]))
+        state = demo_engine.grammar_state(grammar)
         for token in reply[:-1]:
             bitmask = state.bitmask()
             allowed = set(np.flatnonzero(np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")).tolist())
@@ -282,4 +319,39 @@ def test_a_draft_the_matcher_refuses_takes_its_next_candidate_and_a_mask_only_wh
     walk = state.walk()
     assert Decoder._guided_greedy_draft(None, logits, walk).tolist() == [allowed[-1]]  # type: ignore[arg-type]
     assert len(masks) == 1
+    walk.undo()
+
+
+def test_a_constrained_draft_stops_walking_where_the_drafter_has_lost_the_grammar(demo_engine):
+    """After LOST_ROWS rows where the matcher takes none of the candidates (each masked for its
+    masked argmax), the walk stops: the rest stay as proposed, unwalked, and none is accepted."""
+    from flashdesk.engine.bench.prompts import task_prompts
+    from flashdesk.engine.decode.speculative import DRAFT_CANDIDATES, LOST_ROWS, Decoder
+
+    item = task_prompts("json")[0]
+    grammar = json_grammar(item["schema"])
+    request = GenerationRequest(_json_prompt_ids(demo_engine, item), 24, grammar=grammar)
+    reply = list(demo_engine.generate(request, SpecControl(enabled=False)))[-1].token_ids
+    state = demo_engine.grammar_state(grammar)
+    for token in reply:  # into the first state that forces nothing
+        if state.forced() is None:
+            break
+        state.consume(token)
+    chosen, refused = [], []  # at each state the walk passes: a token the matcher takes, and four it refuses
+    for _ in range(LOST_ROWS + 1):
+        chosen.append(next(t for t in range(4096) if t not in state.end_ids and state.valid(t)))
+        refused.append([t for t in range(4096) if not state.valid(t)][:DRAFT_CANDIDATES])
+        assert state.consume(chosen[-1])
+    state.rollback(LOST_ROWS + 1)
+    masks = []
+    bitmask = state.bitmask
+    state.bitmask = lambda: masks.append(1) or bitmask()  # type: ignore[method-assign]
+    logits = torch.zeros(LOST_ROWS + 2, 4096)
+    for row, (good, bad) in enumerate(zip(chosen, refused)):
+        logits[row, bad] = torch.arange(DRAFT_CANDIDATES, 0, -1, dtype=torch.float) + 1
+        logits[row, good] = 1.0
+    walk = state.walk()
+    draft = Decoder._guided_greedy_draft(None, logits, walk).tolist()  # type: ignore[arg-type]
+    assert len(masks) == LOST_ROWS and walk.consumed == LOST_ROWS and len(walk.forced) == LOST_ROWS + 1
+    assert draft[:LOST_ROWS] == chosen[:LOST_ROWS] and draft[LOST_ROWS] == refused[LOST_ROWS][0]
     walk.undo()

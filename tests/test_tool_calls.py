@@ -249,6 +249,9 @@ BOOK = {
             "guests": {"type": "integer", "minimum": 1},
             "price": {"type": "number", "exclusiveMaximum": 100},
             "plan": {"$ref": "#/$defs/tree"},
+            "when": {"type": "string", "pattern": "^noon|pm$"},
+            "path": {"type": "string", "pattern": "^x/\\d/y$"},
+            "look": {"type": "string", "pattern": "^(?=a)"},
         },
         "required": ["code", "guests", "room"],
     },
@@ -260,7 +263,14 @@ BOOK = {
     [
         ('code:<|"|>ABC-12<|"|>,guests:2,room:{floor:3}', True),
         ('code:<|"|>ABC-12<|"|>,guests:2,note:<|"|>x a/b y<|"|>,price:99.5,room:{floor:9}', True),
-        ('code:<|"|>ABC-12<|"|>,guests:2,plan:{kids:[{kids:[1]}]},room:{}', True),  # recursive: any value
+        ('code:<|"|>ABC-12<|"|>,guests:2,plan:{kids:[{kids:[]},{}]},room:{}', True),  # a recursive $ref
+        ('code:<|"|>ABC-12<|"|>,guests:2,plan:{kids:[{kids:[1]}]},room:{}', False),  # recursion is enforced
+        ('code:<|"|>ABC-12<|"|>,guests:2,room:{floor:3},when:<|"|>noon<|"|>', True),  # ^a|b$: either end
+        ('code:<|"|>ABC-12<|"|>,guests:2,room:{floor:3},when:<|"|>at 9pm<|"|>', True),
+        ('code:<|"|>ABC-12<|"|>,guests:2,room:{floor:3},when:<|"|>at noon!<|"|>', False),
+        ('code:<|"|>ABC-12<|"|>,guests:2,path:<|"|>x/7/y<|"|>,room:{floor:3}', True),  # a slash, \d
+        ('code:<|"|>ABC-12<|"|>,guests:2,path:<|"|>x/٧/y<|"|>,room:{floor:3}', False),  # \d is ASCII, as in JSON Schema
+        ('code:<|"|>ABC-12<|"|>,guests:2,look:<|"|>anything<|"|>,room:{floor:3}', True),  # a lookahead: not enforced
         ('code:<|"|>abc-12<|"|>,guests:2,room:{floor:3}', False),  # not the pattern
         ('code:<|"|>ABC-12 <|"|>,guests:2,room:{floor:3}', False),  # anchored at the end
         ('code:<|"|>ABC-12<|"|>,guests:2,note:<|"|>ab<|"|>,room:{floor:3}', False),  # the pattern is nowhere in it
@@ -276,3 +286,30 @@ def test_the_forcing_grammar_follows_patterns_number_bounds_and_local_refs(token
     ids = tokenizer(f"<|tool_call>call:book{{{args}}}<tool_call|>", add_special_tokens=False)["input_ids"]
     ids.append(markers.response_open)
     assert (all(state.consume(t) for t in ids) and state.accepting()) == taken
+
+
+def test_refs_resolve_only_as_pointers_and_are_written_once(tokenizer):
+    """`#name` is no pointer (it does not silently become the root); a chain of definitions each
+    used twice is written once each, not 2^depth times; a bound that is a boolean is no bound."""
+    markers = Markers.of(tokenizer)
+    defs = {
+        f"d{i}": {
+            "type": "object",
+            "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}, "b": {"$ref": f"#/$defs/d{i + 1}"}},
+        }
+        for i in range(30)
+    }
+    defs["d30"] = {"type": "integer", "minimum": True}
+    tool = {
+        "name": "deep",
+        "parameters": {
+            "type": "object",
+            "$defs": defs,
+            "properties": {"x": {"$ref": "#/$defs/d0"}, "y": {"$ref": "#node"}},
+        },
+    }
+    text = call_grammar([tool], markers)
+    assert len(text) < 20_000 and "minimum" not in text
+    state = GrammarState(vocabulary(tokenizer, 512, 106), lark(text), torch.device("cpu"))
+    ids = tokenizer('<|tool_call>call:deep{y:<|"|>free<|"|>}<tool_call|>', add_special_tokens=False)["input_ids"]
+    assert all(state.consume(t) for t in ids + [markers.response_open]) and state.accepting()

@@ -11,9 +11,10 @@ is 0. Sampling from masked logits is sampling from the grammar-restricted distri
 rejection rule keeps that exact (sampling.verify_draft), so speculation stays lossless.
 
 The matcher runs on the host and needs each drafted token, so a constrained step reads its drafts
-back as it draws them (greedy: the block's argmaxes at once, speculative.py); unconstrained steps are
-untouched. Masks are llguidance's bitmasks (one bit a token, int32 words), unpacked on the logits'
-device. `GrammarState.seconds` adds up the host time spent in the grammar, for the bench's share of a step.
+back as it draws them (greedy: a few likeliest tokens a row, at once, and a mask only where a row's
+choice needs one, speculative.py); unconstrained steps are untouched. Masks are llguidance's bitmasks
+(one bit a token, int32 words), unpacked on the logits' device. `GrammarState.seconds` adds up the host
+time spent in the grammar, for the bench's share of a step.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class GrammarState:
         self._free = False  # known: the current state forces no bytes (asked here)
         # asking for the forced bytes forces them into the parser, as a mask would, except where the grammar
         # turns forcing off: there the question would change the answers, so it is not asked
-        self._forcing = "no_forcing" not in grammar.spec
+        self._forcing = vocab.is_canonical and "no_forcing" not in grammar.spec
 
     @_timed
     def bitmask(self) -> torch.Tensor:
@@ -263,15 +264,16 @@ class GrammarState:
 
 
 class Walk:
-    """One speculative step's path through its drafts: the bitmask before each draft and after the
-    last, the matcher advanced past each draft it allows. Once a draft is refused, the rows after it
-    cannot be accepted, and are left unmasked; so are the rows after the end token of a finished
-    grammar (the reply ends there)."""
+    """One speculative step's path through its drafts, the matcher advanced past each draft it
+    takes. A sampled step records the bitmask before each draft and after the last; a greedy one,
+    what the grammar forced at each row it walked. Once a draft is refused, the rows after it cannot
+    be accepted, and are left unmasked; so are the rows after the end token of a finished grammar
+    (the reply ends there)."""
 
     def __init__(self, state: GrammarState):
         self.state = state
         self.bitmasks: list[torch.Tensor] = []
-        self.consumed = 0  # drafts the matcher advanced past (the end token is not one)
+        self.consumed = 0  # drafts the matcher advanced past (not an end token, which ends the reply)
         # row by row, as far as greedy drafting walked: whether the grammar forced its token; whether it forced no byte
         self.forced: list[bool] = []
         self.free: list[bool] = []

@@ -574,11 +574,12 @@ class Decoder:
         rows the verification reaches, and applied only where a choice falls outside them.
 
         A row's masked argmax is its plain argmax whenever the row's mask allows that token. The
-        drafter's argmaxes are read at once (its rows do not depend on the drafts before them) and
-        walked through the matcher (`_guided_greedy_draft`); the target's argmaxes come back with the
-        step's read and are checked on the host against each row's rule, as far as the drafts are
-        accepted (`_verify_guided`). Where the grammar forces a token (a JSON key, a separator) no
-        mask is computed at all: the row's choice is that token."""
+        drafter's few likeliest tokens a row are read at once (its rows do not depend on the drafts
+        before them) and walked through the matcher (`_guided_greedy_draft`); the target's argmaxes
+        come back with the step's read and are checked on the host against each row's rule, as far
+        as the drafts are accepted (`_verify_guided`). Where the grammar forces a token (a JSON key,
+        a separator) no mask is computed at all: the row's choice is that token; nor where it
+        forces no byte and the matcher takes the target's choice (`_row_choice`)."""
         draft = self._guided_greedy_draft(draft_logits, walk)
         clock.mark()
         start = self.cache.length
@@ -643,8 +644,10 @@ class Decoder:
         state.rollback(walk.consumed)
         accepted = 0
         for i in range(k + 1):
-            token = self._row_choice(walk, i, draft_ids, best[i], rows[i : i + 1])
-            state.keep(token)  # the accepted draft, or the bonus
+            emitted = i < flight.remaining  # a row past them (all k = remaining drafts kept) is never emitted
+            token = self._row_choice(walk, i, draft_ids, best[i], rows[i : i + 1], emitted)
+            if emitted:
+                state.keep(token)  # the accepted draft, or the bonus
             if not (i < walk.consumed and token == draft_ids[i]):
                 break
             accepted += 1
@@ -659,22 +662,28 @@ class Decoder:
             flight.logprobs = logprob_rows(flight.raw_logits[: accepted + 1], chosen, self.logprobs)
         return draft_ids + [accepted, token]
 
-    def _row_choice(self, walk: Walk, i: int, draft_ids: list[int], best: int, row: torch.Tensor) -> int:
+    def _row_choice(
+        self, walk: Walk, i: int, draft_ids: list[int], best: int, row: torch.Tensor, emitted: bool = True
+    ) -> int:
         """Row i's masked argmax, the matcher at the row's state, as cheaply as the state allows: a
         token the grammar forced there (the walk's draft) is the choice, whatever the logits; where
         it forced no byte, the target's plain argmax `best` is the choice if the matcher takes it
-        (its mask is then the tokens the matcher takes); else the row's mask decides (`_choose`)."""
+        (its mask is then the tokens the matcher takes); else the row's mask decides (`_choose`).
+        A row none of whose allowed tokens can be chosen ends the reply with a GrammarError, as a
+        plain step does, unless it is not `emitted` (past the tokens the reply may still have)."""
         state = walk.state
-        walked = i < len(walk.forced)
-        forced = draft_ids[i] if walked and walk.forced[i] else (None if walked else state.forced())
+        if i < len(walk.forced):  # a row the walk reached: what the grammar forces there is known
+            forced, free = (draft_ids[i] if walk.forced[i] else None), walk.free[i]
+        else:
+            forced = state.forced()
+            free = state.free()
         if forced is not None:
-            if forced in self.sampling.suppress:  # the one allowed token is never emitted
+            if forced in self.sampling.suppress and emitted:
                 raise GrammarError("the reply could not be held to its grammar: no token it allows could be chosen")
             return forced
-        free = walk.free[i] if walked else state.free()
         if free and best not in state.end_ids and state.valid(best):
             return best
-        return _choose(state, state.bitmask(), best, row)
+        return _choose(state, state.bitmask(), best, row, draft=not emitted)
 
     def _launch_mtp(self, k: int) -> InFlight:
         """An MTP round: k assistant steps, then the target's verify forward, which also gives the

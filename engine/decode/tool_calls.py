@@ -23,9 +23,10 @@ Torch-free: the HTTP side builds grammars and reads replies; the engine only app
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+import llguidance
 
 CALL_OPEN, CALL_CLOSE, RESPONSE_OPEN, QUOTE = "<|tool_call>", "<tool_call|>", "<|tool_response>", '<|"|>'
 CHANNEL_OPEN, CHANNEL_CLOSE = "<|channel>", "<channel|>"
@@ -62,18 +63,58 @@ def _literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+# keys beside a `$ref` that constrain nothing
+ANNOTATIONS = ("description", "title", "examples", "default", "$comment", "deprecated")
 # a number's bounds in JSON Schema, which llguidance's JSON grammar (`%json` in Lark) enforces
 NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 
 
-def _whole_match(pattern: str) -> str:
-    """A JSON Schema `pattern` (which matches anywhere in the string unless anchored) as a Lark
-    regex over the whole string: `^`/`$` anchors dropped, any text allowed where it is not anchored."""
-    body = pattern
-    starts, ends = body.startswith("^"), body.endswith("$") and not body.endswith("\\$")
-    body = body[1 if starts else 0 : len(body) - 1 if ends else len(body)]
-    body = "(?:" + re.sub(r"(?<!\\)/", r"\/", body) + ")"  # a slash ends a Lark regex
-    return ("" if starts else "(?s:.*)") + body + ("" if ends else "(?s:.*)")
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _branches(pattern: str) -> list[str]:
+    """A regex's top-level alternatives (its `|` outside groups and classes, escapes skipped)."""
+    out, depth, in_class, start, i = [], 0, False, 0, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c in "()":
+            depth += 1 if c == "(" else -1
+        elif c == "|" and depth == 0:
+            out.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    return out + [pattern[start:]]
+
+
+def _anchored_end(branch: str) -> bool:
+    """Whether a branch ends with a `$` anchor (not an escaped dollar: an even run of backslashes before it)."""
+    if not branch.endswith("$"):
+        return False
+    slashes = len(branch[:-1]) - len(branch[:-1].rstrip("\\"))
+    return slashes % 2 == 0
+
+
+def whole_match(pattern: str) -> str | None:
+    """A JSON Schema `pattern` (ECMA semantics: it matches anywhere in the string unless anchored,
+    `\\d` and `\\w` are ASCII) as a Lark regex over the whole string, each top-level alternative
+    anchored on its own; None where llguidance cannot compile it (a lookaround, an inner anchor)."""
+    parts = []
+    for branch in _branches(pattern):
+        starts, ends = branch.startswith("^"), _anchored_end(branch)
+        body = branch[1 if starts else 0 : len(branch) - 1 if ends else len(branch)]
+        body = llguidance.regex_to_lark(body, "dw") if body else ""
+        parts.append(("" if starts else "(?s:.*)") + f"(?:{body})" + ("" if ends else "(?s:.*)"))
+    regex = "(?:" + "|".join(parts) + ")"
+    ok = not llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(f"start: /{regex}/\n"))
+    return regex if ok else None
 
 
 class _Rules:
@@ -85,7 +126,8 @@ class _Rules:
         self.count = 0
         self.generic: str | None = None
         self.root: dict = {}  # the parameters schema whose local `$ref`s are being followed
-        self.following: list[str] = []  # the `$ref`s being inlined (one met again is recursive: any value there)
+        self.following: list[str] = []  # the constrained `$ref`s being inlined (one met again: any value there)
+        self.refs: dict[str, str] = {}  # each plain `$ref`'s rule
 
     def add(self, body: str) -> str:
         name = f"r{self.count}"
@@ -97,8 +139,9 @@ class _Rules:
         if enum:
             return f"{self.q} ({' | '.join(_literal(str(v)) for v in enum)}) {self.q}"
         pattern = (schema or {}).get("pattern")
-        if isinstance(pattern, str):
-            return f"{self.q} /{_whole_match(pattern)}/ {self.q}"
+        regex = whole_match(pattern) if isinstance(pattern, str) else None
+        if regex is not None:
+            return f"{self.q} /{regex}/ {self.q}"
         low, high = (schema or {}).get("minLength"), (schema or {}).get("maxLength")
         if isinstance(low, int) or isinstance(high, int):
             bounds = f"{low if isinstance(low, int) else 0},{high if isinstance(high, int) else ''}"
@@ -131,7 +174,7 @@ class _Rules:
         kind = schema.get("type")
         if isinstance(kind, list):
             return self.add(" | ".join(self.value({**schema, "type": k}) for k in kind) or self.any_value())
-        bounded = {key: schema[key] for key in NUMBER_BOUNDS if isinstance(schema.get(key), (int, float))}
+        bounded = {key: schema[key] for key in NUMBER_BOUNDS if _is_number(schema.get(key))}
         body = {
             "string": lambda: self.string(schema=schema),
             "integer": lambda: f"%json {json.dumps({'type': 'integer', **bounded})}" if bounded else "INTEGER",
@@ -147,21 +190,38 @@ class _Rules:
             return self.add(f'{body()} | "null"')
         return self.add(body())
 
-    def _ref(self, schema: dict) -> str:
-        """A local `$ref` (`#/$defs/...`, `#/definitions/...`, any JSON pointer into the parameters),
-        inlined with the keys beside it; a recursive one, or one that does not resolve, takes any value."""
-        ref = schema["$ref"]
-        target: Any = self.root if ref.startswith("#") else None
-        for part in ref[1:].split("/")[1:] if target is not None else []:
+    def resolved(self, schema: dict) -> dict:
+        """`schema` with a local `$ref` (`#`, `#/$defs/...`, any JSON pointer into the parameters)
+        followed, the keys beside it kept; {} where it does not resolve."""
+        ref = schema.get("$ref")
+        if not isinstance(ref, str):
+            return schema
+        target: Any = self.root if ref == "#" or ref.startswith("#/") else None
+        for part in ref[2:].split("/") if ref.startswith("#/") else []:
             key = part.replace("~1", "/").replace("~0", "~")
             target = target.get(key) if isinstance(target, dict) else None
-        if not isinstance(target, dict) or ref in self.following:
-            return self.any_value()
-        self.following.append(ref)
-        try:
-            return self.value({**target, **{k: v for k, v in schema.items() if k != "$ref"}})
-        finally:
-            self.following.pop()
+        if not isinstance(target, dict):
+            return {}
+        return {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+
+    def _ref(self, schema: dict) -> str:
+        """A local `$ref`: one named rule per reference (so a recursive one recurses in the grammar,
+        and one used many times is written once); one with constraints beside it, inlined."""
+        ref = schema["$ref"]
+        beside = {k for k in schema if k not in ("$ref", *ANNOTATIONS)}
+        if beside:
+            if ref in self.following:  # recursive and constrained: not followed further
+                return self.any_value()
+            self.following.append(ref)
+            try:
+                return self.value(self.resolved(schema))
+            finally:
+                self.following.pop()
+        if ref not in self.refs:
+            at = len(self.lines)
+            self.refs[ref] = name = self.add("PLACEHOLDER")  # named first: the target may refer to it
+            self.lines[at] = f"{name}: {self.value(self.resolved({'$ref': ref}))}"
+        return self.refs[ref]
 
     def _scalar(self, value: Any) -> str:
         if isinstance(value, str):
@@ -215,7 +275,8 @@ def call_grammar(tools: list[dict], markers: Markers, *, parallel: bool = True, 
     for tool in tools:
         parameters = tool.get("parameters")
         rules.root = parameters if isinstance(parameters, dict) and parameters else {"type": "object", "properties": {}}
-        args = rules.value(rules.root) if "$ref" in rules.root else rules.object(rules.root)
+        rules.refs = {}  # a reference is to its own tool's parameters
+        args = rules.object(rules.resolved(rules.root))
         calls.append(f'"call:" {_literal(tool["name"])} {args}')
     call = rules.add(f"<[{markers.call_open}]> ({' | '.join(calls)}) <[{markers.call_close}]>")
     start = f"{call}+" if parallel else call
