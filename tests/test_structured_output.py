@@ -290,7 +290,7 @@ def test_a_draft_the_matcher_refuses_takes_its_next_candidate_and_a_mask_only_wh
     import numpy as np
 
     from flashdesk.engine.bench.prompts import task_prompts
-    from flashdesk.engine.decode.speculative import DRAFT_CANDIDATES, Decoder
+    from flashdesk.engine.decode.guided_greedy import DRAFT_CANDIDATES, draft_tokens
 
     item = task_prompts("json")[0]
     grammar = json_grammar(item["schema"])
@@ -311,13 +311,13 @@ def test_a_draft_the_matcher_refuses_takes_its_next_candidate_and_a_mask_only_wh
     logits[0, refused[:2]] = torch.tensor([3.0, 2.0])
     logits[0, allowed[-1]] = 1.0  # the third candidate
     walk = state.walk()
-    assert Decoder._guided_greedy_draft(None, logits, walk).tolist() == [allowed[-1]]  # type: ignore[arg-type]
+    assert draft_tokens(logits.topk(DRAFT_CANDIDATES).indices.tolist(), logits, walk) == [allowed[-1]]
     assert not masks
     walk.undo()
 
     logits[0, refused[:DRAFT_CANDIDATES]] = torch.arange(DRAFT_CANDIDATES, 0, -1, dtype=torch.float) + 1
     walk = state.walk()
-    assert Decoder._guided_greedy_draft(None, logits, walk).tolist() == [allowed[-1]]  # type: ignore[arg-type]
+    assert draft_tokens(logits.topk(DRAFT_CANDIDATES).indices.tolist(), logits, walk) == [allowed[-1]]
     assert len(masks) == 1
     walk.undo()
 
@@ -326,7 +326,7 @@ def test_a_constrained_draft_stops_walking_where_the_drafter_has_lost_the_gramma
     """After LOST_ROWS rows where the matcher takes none of the candidates (each masked for its
     masked argmax), the walk stops: the rest stay as proposed, unwalked, and none is accepted."""
     from flashdesk.engine.bench.prompts import task_prompts
-    from flashdesk.engine.decode.speculative import DRAFT_CANDIDATES, LOST_ROWS, Decoder
+    from flashdesk.engine.decode.guided_greedy import DRAFT_CANDIDATES, LOST_ROWS, draft_tokens
 
     item = task_prompts("json")[0]
     grammar = json_grammar(item["schema"])
@@ -351,7 +351,7 @@ def test_a_constrained_draft_stops_walking_where_the_drafter_has_lost_the_gramma
         logits[row, bad] = torch.arange(DRAFT_CANDIDATES, 0, -1, dtype=torch.float) + 1
         logits[row, good] = 1.0
     walk = state.walk()
-    draft = Decoder._guided_greedy_draft(None, logits, walk).tolist()  # type: ignore[arg-type]
+    draft = draft_tokens(logits.topk(DRAFT_CANDIDATES).indices.tolist(), logits, walk)
     assert len(masks) == LOST_ROWS and walk.consumed == LOST_ROWS and len(walk.forced) == LOST_ROWS + 1
     assert draft[:LOST_ROWS] == chosen[:LOST_ROWS] and draft[LOST_ROWS] == refused[LOST_ROWS][0]
     walk.undo()

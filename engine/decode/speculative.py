@@ -33,6 +33,7 @@ from flashdesk.engine.model.drafter import DraftContext, Drafter
 from flashdesk.engine.model.gemma4 import ForwardOutput, Gemma4
 from flashdesk.engine.model.kv_cache import KVCache
 from flashdesk.engine.decode.draft_length import AutoDraftLength, StepCosts
+from flashdesk.engine.decode import guided_greedy
 from flashdesk.engine.decode.grammar import GrammarError, GrammarState, Walk
 from flashdesk.engine.decode.logprobs import TokenLogprob, logprob_rows, spec_chosen, unpack
 from flashdesk.engine.decode.mtp import MtpDrafter, RoundState
@@ -59,31 +60,11 @@ def read_to_host(t: torch.Tensor) -> list[Any]:
     return t.tolist()
 
 
-def _choose(state: GrammarState, bitmask: torch.Tensor, token: int, row: torch.Tensor, draft: bool = False) -> int:
-    """A greedy choice under a row's bitmask [W]: the row's argmax `token` where the mask allows
-    it, which is then the masked argmax too; else the masked row's argmax (on a GPU, masked there
-    and read). A target's row whose every allowed token scores -inf (the sampling suppresses them)
-    has no choice: GrammarError; a draft row's choice is only a proposal."""
-    if state.allows(bitmask, token):
-        return token
-    choice, finite = state.masked_argmax(row, bitmask)
-    if not finite and not draft:
-        raise GrammarError("the reply could not be held to its grammar: no token it allows could be chosen")
-    return choice
-
-
 def _hidden(out: ForwardOutput) -> torch.Tensor:
     """A forward's final-norm rows, which the MTP assistant drafts from."""
     assert out.hidden is not None  # Gemma4.compute always returns the final norm's output
     return out.hidden
 
-
-# a constrained greedy draft row's likeliest tokens, tried against the matcher (a microsecond each) before
-# its mask is computed (tens of microseconds): as many drafts accepted as with the masked argmax, on JSON
-DRAFT_CANDIDATES = 4
-# rows of one constrained greedy draft that get a mask because the matcher takes none of their candidates; past
-# them the drafter has lost the grammar's path, and the walk stops (on the bench's JSON, as many drafts accepted)
-LOST_ROWS = 2
 
 AUTO = AUTO_DRAFT_LENGTH  # SpecControl.draft_length: pick each step's draft length (draft_length.py)
 
@@ -541,7 +522,7 @@ class Decoder:
         if forced is None:
             return sample(self._masked(logits), self.sampling, self.generator)
         if forced in self.sampling.suppress:  # the one allowed token is never emitted
-            raise GrammarError("the reply could not be held to its grammar: no token it allows could be chosen")
+            raise GrammarError(guided_greedy.NO_CHOICE)
         return torch.tensor([forced], dtype=torch.long).to(logits.device)
 
     def _masked(self, logits: torch.Tensor) -> torch.Tensor:
@@ -575,12 +556,15 @@ class Decoder:
 
         A row's masked argmax is its plain argmax whenever the row's mask allows that token. The
         drafter's few likeliest tokens a row are read at once (its rows do not depend on the drafts
-        before them) and walked through the matcher (`_guided_greedy_draft`); the target's argmaxes
+        before them) and walked through the matcher (`guided_greedy.draft_tokens`); the target's argmaxes
         come back with the step's read and are checked on the host against each row's rule, as far
         as the drafts are accepted (`_verify_guided`). Where the grammar forces a token (a JSON key,
         a separator) no mask is computed at all: the row's choice is that token; nor where it
-        forces no byte and the matcher takes the target's choice (`_row_choice`)."""
-        draft = self._guided_greedy_draft(draft_logits, walk)
+        forces no byte and the matcher takes the target's choice (`guided_greedy.row_choice`)."""
+        top = min(guided_greedy.DRAFT_CANDIDATES, draft_logits.shape[-1])
+        candidates = read_to_host(draft_logits.topk(top, dim=-1).indices)
+        draft = torch.tensor(guided_greedy.draft_tokens(candidates, draft_logits, walk), dtype=torch.long)
+        draft = draft.to(draft_logits.device)
         clock.mark()
         start = self.cache.length
         out = self._forward(torch.cat([self._last, draft]), "all")
@@ -598,43 +582,11 @@ class Decoder:
         flight.hidden = out.hidden if self.mtp is not None else None
         return flight
 
-    def _guided_greedy_draft(self, draft_logits: torch.Tensor, walk: Walk) -> torch.Tensor:
-        """The drafter's choices, read at once (a few likeliest tokens a row) and walked through the
-        matcher: a forced row takes its token; else the row's likeliest token the matcher takes
-        stands (a draft is only a proposal: the verification holds the reply to the mask), its
-        row's mask left for the verification to compute if it gets there; where the matcher takes
-        none of them, the row's masked argmax (masked and read again). Past a draft the matcher
-        cannot take (the end of a finished grammar) the rows are left as proposed: none can be
-        accepted."""
-        top = min(DRAFT_CANDIDATES, draft_logits.shape[-1])
-        candidates = read_to_host(draft_logits.topk(top, dim=-1).indices)
-        tokens = [row[0] for row in candidates]
-        state, lost = walk.state, 0
-        for i, row in enumerate(candidates):
-            if walk.refused:
-                break
-            forced = state.forced()
-            walk.forced.append(forced is not None)
-            walk.free.append(state.free())
-            if forced is not None:
-                tokens[i] = forced
-            else:
-                taken = next((token for token in row if state.valid(token)), None)
-                if taken is None:
-                    lost += 1
-                    if lost > LOST_ROWS:  # the rest stay as proposed, unwalked: none will be accepted
-                        break
-                    # still the argmax where it is an end token the mask allows (a finished grammar)
-                    taken = _choose(state, state.bitmask(), row[0], draft_logits[i : i + 1], draft=True)
-                tokens[i] = taken
-            walk.take(tokens[i])
-        return torch.tensor(tokens, dtype=torch.long).to(draft_logits.device)
-
     def _verify_guided(self, flight: InFlight, values: list[int]) -> list[int]:
         """Greedy verification under a grammar, on the host: the drafts while each equals the
         target's masked argmax at its row, then that argmax (the bonus), as plain decoding would
         pick them. The matcher goes back to the step's start and takes each kept token in turn, so
-        a row's rule is its state's, as the walk found it where it got there (`_row_choice`).
+        a row's rule is its state's, as the walk found it where it got there (`guided_greedy.row_choice`).
         Returns drafts + [accepted, bonus] (a plain verify's read) and sets the next step's input,
         as the device does for the other steps."""
         k, walk, rows = flight.k, flight.walk, flight.guided_rows
@@ -645,7 +597,8 @@ class Decoder:
         accepted = 0
         for i in range(k + 1):
             emitted = i < flight.remaining  # a row past them (all k = remaining drafts kept) is never emitted
-            token = self._row_choice(walk, i, draft_ids, best[i], rows[i : i + 1], emitted)
+            row = rows[i : i + 1]
+            token = guided_greedy.row_choice(walk, i, draft_ids, best[i], row, self.sampling.suppress, emitted)
             if emitted:
                 state.keep(token)  # the accepted draft, or the bonus
             if not (i < walk.consumed and token == draft_ids[i]):
@@ -661,29 +614,6 @@ class Decoder:
             assert flight.raw_logits is not None
             flight.logprobs = logprob_rows(flight.raw_logits[: accepted + 1], chosen, self.logprobs)
         return draft_ids + [accepted, token]
-
-    def _row_choice(
-        self, walk: Walk, i: int, draft_ids: list[int], best: int, row: torch.Tensor, emitted: bool = True
-    ) -> int:
-        """Row i's masked argmax, the matcher at the row's state, as cheaply as the state allows: a
-        token the grammar forced there (the walk's draft) is the choice, whatever the logits; where
-        it forced no byte, the target's plain argmax `best` is the choice if the matcher takes it
-        (its mask is then the tokens the matcher takes); else the row's mask decides (`_choose`).
-        A row none of whose allowed tokens can be chosen ends the reply with a GrammarError, as a
-        plain step does, unless it is not `emitted` (past the tokens the reply may still have)."""
-        state = walk.state
-        if i < len(walk.forced):  # a row the walk reached: what the grammar forces there is known
-            forced, free = (draft_ids[i] if walk.forced[i] else None), walk.free[i]
-        else:
-            forced = state.forced()
-            free = state.free()
-        if forced is not None:
-            if forced in self.sampling.suppress and emitted:
-                raise GrammarError("the reply could not be held to its grammar: no token it allows could be chosen")
-            return forced
-        if free and best not in state.end_ids and state.valid(best):
-            return best
-        return _choose(state, state.bitmask(), best, row, draft=not emitted)
 
     def _launch_mtp(self, k: int) -> InFlight:
         """An MTP round: k assistant steps, then the target's verify forward, which also gives the
