@@ -273,3 +273,40 @@ def test_a_browser_preflight_may_ask_for_the_openai_packages_own_headers() -> No
     ]
     assert b"x-stainless-os" in allowed and b"Authorization" in allowed
     assert b"evil" not in preflight(b"x-ok, \r\nevil: 1")[b"access-control-allow-headers"]  # not echoed when malformed
+
+
+BOOK = {
+    "type": "function",
+    "function": {
+        "name": "book",
+        "parameters": {
+            "type": "object",
+            "$defs": {
+                "room": {
+                    "type": "object",
+                    "properties": {"floor": {"type": "integer", "minimum": 1, "maximum": 9}},
+                    "required": ["floor"],
+                }
+            },
+            "properties": {
+                "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
+                "guests": {"type": "integer", "minimum": 1, "exclusiveMaximum": 5},
+                "room": {"$ref": "#/$defs/room"},
+            },
+            "required": ["code", "guests", "room"],
+        },
+    },
+}
+
+
+def test_a_forced_call_keeps_to_patterns_bounds_and_refs_whatever_the_sampling(client):
+    import re
+
+    for seed in range(3):
+        reply = client.chat.completions.create(
+            model=MODEL, messages=ASK, tools=[BOOK], tool_choice="required", max_tokens=120, temperature=1.5, seed=seed
+        )
+        (call,) = reply.choices[0].message.tool_calls
+        args = json.loads(call.function.arguments)
+        assert re.fullmatch(r"[A-Z]{3}-[0-9]{2}", args["code"]), args
+        assert 1 <= args["guests"] < 5 and 1 <= args["room"]["floor"] <= 9, args
