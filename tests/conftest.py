@@ -56,6 +56,13 @@ SLOW_TESTS = (
     # engine's sampling with speculation: test_engine_samples_with_speculation_like_without
     "test_lossless_sampling.py::test_engine_samples_with_min_p_and_speculation_like_without",
     "test_lossless_sampling.py::test_rejection_sampling_reproduces_the_target_distribution[top-p]",  # [min-p-top-p]
+    # every family faulty at once: the default tier's test_with_every_kernel_faulty_the_engine_falls_back_and_says_so
+    # loads with them all faulty (each caught, each named); test_only_the_injected_faults_fail runs the self-tests
+    "test_self_test.py::test_every_injected_fault_is_caught",
+    # `doctor --kernels` in its own process: test_only_the_injected_faults_fail passes every other family in-process
+    "test_self_test.py::test_doctor_kernels_passes_every_family_through_the_interpreter",
+    # top-k at verification: the plain and min-p-top-p cases beside it run the same filters' path
+    "test_lossless_sampling.py::test_rejection_sampling_reproduces_the_target_distribution[top-k]",
     # an interpreted end-to-end Triton-path run beside the default variant; its kernels' cases
     # (channel-wise, group 8, symmetric or not, dense beside int4) run in test_kernels_linear/_moe
     "test_checkpoint_variants.py::test_the_mixed_variant_runs_the_triton_path_as_the_torch_path",
