@@ -187,6 +187,20 @@ _interpret_without_overflow_checks()
 _find_interpreted_builtins_once()
 
 
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    """The demo pair on the CPU behind serve's Runner (speculation on), one per test file that asks."""
+    from flashdesk.engine.decode.generation import Engine
+    from flashdesk.engine.decode.speculative import SpecControl
+    from flashdesk.engine.hub.demo import create_demo
+    from flashdesk.engine.serve.runner import Runner
+
+    target, drafter = create_demo(tmp_path_factory.mktemp("runner-demo"))
+    runner = Runner(Engine.load(target, device="cpu", draft_dir=drafter), SpecControl(enabled=True))
+    yield runner
+    runner.close()
+
+
 @pytest.fixture(scope="session")
 def spec_pair(tmp_path_factory):
     """A tiny target and a drafter trained on it: (our engine, our engine's folder pair, the

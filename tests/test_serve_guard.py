@@ -14,25 +14,11 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from flashdesk.engine.hub.demo import create_demo
 
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "hi"}]
 HELLO = [{"role": "user", "content": "Write a Python function to return the n-th Fibonacci number."}]
 KEY, OTHER = "key-one", "key-two"
-
-
-@pytest.fixture(scope="module")
-def runner(tmp_path_factory):
-    """The demo pair on the CPU behind a Runner that every server of these tests shares."""
-    from flashdesk.engine.decode.generation import Engine
-    from flashdesk.engine.decode.speculative import SpecControl
-    from flashdesk.engine.serve.runner import Runner
-
-    target, drafter = create_demo(tmp_path_factory.mktemp("guard-demo"))
-    runner = Runner(Engine.load(target, device="cpu", draft_dir=drafter), SpecControl(enabled=True))
-    yield runner
-    runner.close()
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,6 @@ import pytest
 from flashdesk.engine.decode.grammar import lark
 from flashdesk.engine.decode.sampling import SamplingParams
 from flashdesk.engine.decode.tool_calls import Markers, call_grammar
-from flashdesk.engine.hub.demo import create_demo
 from flashdesk.engine.serve.completion import Completion
 from flashdesk.engine.serve.runner import Job, JobDelta, JobDone, JobFailed
 from flashdesk.engine.serve.tool_reply import ToolReply
@@ -35,18 +34,6 @@ def unforced(grammar_text: str) -> str:
     and the tokenizer reads `<tool_call|>` there as the control token, which the matcher then refuses
     (the last test). Unforced, the model writes the literal's characters in ordinary tokens."""
     return '%llguidance {"no_forcing": true}\n' + grammar_text
-
-
-@pytest.fixture(scope="module")
-def runner(tmp_path_factory):
-    from flashdesk.engine.decode.generation import Engine
-    from flashdesk.engine.decode.speculative import SpecControl
-    from flashdesk.engine.serve.runner import Runner
-
-    target, drafter = create_demo(tmp_path_factory.mktemp("tool-tokens-demo"))
-    runner = Runner(Engine.load(target, device="cpu", draft_dir=drafter), SpecControl(enabled=True))
-    yield runner
-    runner.close()
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import llguidance
 
@@ -135,6 +135,13 @@ class _Rules:
         self.lines.append(f"{name}: {body}")
         return name
 
+    def add_recursive(self, body: Callable[[str], str]) -> str:
+        """A rule whose body may name the rule itself: named first, its body written then."""
+        at = len(self.lines)
+        name = self.add("PLACEHOLDER")
+        self.lines[at] = f"{name}: {body(name)}"
+        return name
+
     def string(self, enum: list | None = None, schema: dict | None = None) -> str:
         if enum:
             return f"{self.q} ({' | '.join(_literal(str(v)) for v in enum)}) {self.q}"
@@ -151,12 +158,14 @@ class _Rules:
     def any_value(self) -> str:
         """A value of any kind (a schema that says nothing, or what this grammar does not follow)."""
         if self.generic is None:
-            self.generic = name = self.add("PLACEHOLDER")
-            pair = f'{WORD} ":" {name}'
-            array = f'"[" ({name} ("," {name})*)? "]"'
-            obj = f'"{{" ({pair} ("," {pair})*)? "}}"'
-            body = f'{self.string()} | NUMBER | "true" | "false" | "null" | {array} | {obj}'
-            self.lines[-1] = f"{name}: {body}"
+
+            def body(name: str) -> str:
+                pair = f'{WORD} ":" {name}'
+                array = f'"[" ({name} ("," {name})*)? "]"'
+                obj = f'"{{" ({pair} ("," {pair})*)? "}}"'
+                return f'{self.string()} | NUMBER | "true" | "false" | "null" | {array} | {obj}'
+
+            self.generic = self.add_recursive(body)
         return self.generic
 
     def value(self, schema: Any) -> str:
@@ -218,9 +227,12 @@ class _Rules:
             finally:
                 self.following.pop()
         if ref not in self.refs:
-            at = len(self.lines)
-            self.refs[ref] = name = self.add("PLACEHOLDER")  # named first: the target may refer to it
-            self.lines[at] = f"{name}: {self.value(self.resolved({'$ref': ref}))}"
+
+            def body(name: str) -> str:
+                self.refs[ref] = name  # the target may refer to it
+                return self.value(self.resolved({"$ref": ref}))
+
+            self.add_recursive(body)
         return self.refs[ref]
 
     def _scalar(self, value: Any) -> str:
