@@ -71,7 +71,8 @@ def check(
     A module is "pkg.mod" (its compile_specs) or "pkg.mod:function". Returns one row per
     (kernel, arch): kernel, module, arch, ok, error, registers, shared_bytes, local_bytes,
     stack_bytes, spill_stores, seconds (of one compile), pdl (its PTX waits on the kernels
-    before it: compiled with PDL, as on sm_90 and later); a module that cannot be imported or
+    before it: compiled with PDL, as on sm_90 and later), prefetch (it asks L2 for its first
+    weights before that wait); a module that cannot be imported or
     listed gives one row with arch "all". ok is False on a compile error, local memory
     (local_bytes > 0: spills) or shared memory over the card's per-block limit; error says which.
     With `perf`, each compiled row also has spill_bytes (local_bytes), the performance model's
@@ -243,6 +244,7 @@ def _compile(module: str, index: int, name: str, cap: int, perf: bool = False) -
         spill_stores=spill_stores,
         seconds=seconds,
         pdl=pdl_in_ptx(compiled.asm["ptx"]),
+        prefetch=prefetch_in_ptx(compiled.asm["ptx"]),
     )
     if perf:
         row["spill_bytes"] = local
@@ -263,6 +265,14 @@ def pdl_in_ptx(ptx: str) -> bool:
     first = next((i for i, line in enumerate(lines) if accesses.search(line)), None)
     released = any("griddepcontrol.launch_dependents" in line for line in lines)
     return wait is not None and released and (first is None or wait < first)
+
+
+def prefetch_in_ptx(ptx: str) -> bool:
+    """Whether a kernel asks L2 for data before its wait (grid_dependency.prefetch_rows): its
+    first loads' DRAM latency then passes while the kernel before it drains."""
+    lines = ptx.splitlines()
+    wait = next((i for i, line in enumerate(lines) if "griddepcontrol.wait" in line), None)
+    return wait is not None and any("prefetch.global.L2" in line for line in lines[:wait])
 
 
 def _perf_fields(spec, compiled, cap: int, registers: int, shared: int) -> dict:

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from flashdesk.kernels.backend import LAUNCH_STAGES, CompileSpec, pdl_options
-from flashdesk.kernels.grid_dependency import enter
+from flashdesk.kernels.grid_dependency import enter, prefetch_tile, prefetch_vector
 from flashdesk.kernels.norm_triton import row_shape, row_tile
 
 if TYPE_CHECKING:  # the front's types; at run time the front calls this module, not the reverse
@@ -61,8 +61,15 @@ def _attention_out_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
+    rows, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
+    prefetch_tile(a_ptr, rows, D, BLOCK, PDL)
+    prefetch_tile(res_ptr, rows, D, BLOCK, PDL)
+    prefetch_vector(w_post_ptr, D, BLOCK, PDL)
+    prefetch_vector(w_pre_ptr, D, BLOCK, PDL)
+    if MOE:
+        prefetch_vector(w_experts_ptr, D, BLOCK, PDL)
+        prefetch_vector(router_scale_ptr, D, BLOCK, PDL)
     enter(PDL)
-    _, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
     ty: tl.constexpr = h_ptr.dtype.element_ty
     a = tl.load(a_ptr + at, mask=ok, other=0.0).to(tl.float32)
     h = _round(
@@ -101,8 +108,17 @@ def _mlp_out_kernel(
 ):
     """TOP_K 0: the experts' output is rows [R, D]; else each row's TOP_K weighted expert outputs
     [R, TOP_K, D] fp32, summed in order and rounded (as moe's sum kernel would)."""
-    enter(PDL)
     rows, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
+    prefetch_tile(dense_ptr, rows, D, BLOCK, PDL)
+    prefetch_tile(res_ptr, rows, D, BLOCK, PDL)
+    prefetch_vector(w_out_ptr, D, BLOCK, PDL)
+    prefetch_vector(w_next_ptr, D, BLOCK, PDL)
+    if MOE:
+        PAIRS: tl.constexpr = TOP_K + (TOP_K == 0)  # rows [R, TOP_K, D], or [R, D] when summed
+        prefetch_tile(experts_ptr, rows, PAIRS * D, PAIRS * BLOCK, PDL)
+        prefetch_vector(w_dense_ptr, D, BLOCK, PDL)
+        prefetch_vector(w_experts_ptr, D, BLOCK, PDL)
+    enter(PDL)
     ty: tl.constexpr = h_ptr.dtype.element_ty
     m = tl.load(dense_ptr + at, mask=ok, other=0.0).to(tl.float32)
     if MOE:

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from flashdesk.kernels.backend import ARRIVAL_COUNTERS, CompileSpec, arrival_counters, interpreted, pdl_options
-from flashdesk.kernels.grid_dependency import enter
+from flashdesk.kernels.grid_dependency import enter, prefetch_rows
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.glu import gate
 
@@ -180,22 +180,31 @@ def _linear_kernel(
 
     Weight loads have no row mask: rows past N read row N - 1 and are never stored (fewer live
     predicates; ptxas 13 spilled one across the loop). x is masked, so columns past K add 0."""
-    enter(PDL)
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     c = tl.arange(0, BLOCK_N)
     rows, _ = _tile_rows(pid_n, c, N, ACTIVATION, BLOCK_N)
     m_mask = offs_m < M
     x_rows = x_ptr + offs_m[:, None] * K
+    k_start = pid_s * K_CHUNK
+    AHEAD: tl.constexpr = K_CHUNK if K_CHUNK < 2 * BLOCK_K else 2 * BLOCK_K  # columns prefetched: two steps
     if INT4:
         w_rows = w_ptr + rows[:, None] * (K // 8)
         scale_rows = scale_ptr + (rows * (K // GROUP))[:, None]
         zero_rows = zero_ptr + (rows * (K // GROUP))[:, None]
+        prefetch_rows(w_rows, k_start // 2, AHEAD // 2, K // 2, PDL)
+        s_bytes: tl.constexpr = scale_ptr.dtype.element_ty.primitive_bitwidth // 8
+        prefetch_rows(scale_rows, k_start // GROUP * s_bytes, s_bytes, K // GROUP * s_bytes, PDL)
+        if HAS_ZERO:
+            z_bytes: tl.constexpr = zero_ptr.dtype.element_ty.primitive_bitwidth // 8
+            prefetch_rows(zero_rows, k_start // GROUP * z_bytes, z_bytes, K // GROUP * z_bytes, PDL)
     else:
         w_rows = w_ptr + rows[:, None] * K
+        w_bytes: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+        prefetch_rows(w_rows, k_start * w_bytes, AHEAD * w_bytes, K * w_bytes, PDL)
+    enter(PDL)  # weights are never written by the step: prefetched before the wait, x after it
     dot_ty = tl.float32 if DOT_FP32 else x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    k_start = pid_s * K_CHUNK
     # the bits of 1.0, from a value the compiler cannot see (N >= 0), so that it stays in a
     # register and `(bits & mask) | one` compiles to one LOP3 instead of two
     one = 0x3F800000 | (N >> 31)

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from flashdesk.kernels.backend import MAX_REGISTERS, CompileSpec, arrival_counters, interpreted, pdl_options
-from flashdesk.kernels.grid_dependency import enter
+from flashdesk.kernels.grid_dependency import enter, prefetch_rows
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.linear import linear
 from flashdesk.kernels.linear_triton import gelu_tanh, small_tiles
@@ -393,11 +393,14 @@ def _router_kernel(
     the partials in chunk order, rounds the logits to x's dtype, then routes and groups the pairs.
     The tiles and the order are the linear kernel's for this weight (linear_triton.small_tiles),
     so the logits are the bits `linear` gives: one launch where there were two."""
-    enter(PDL)
     s = tl.program_id(0)
     t = tl.arange(0, BLOCK_T)
     e = tl.arange(0, BLOCK_E)
     rows = router_ptr + tl.minimum(e, E - 1)[:, None] * D  # rows past E read row E - 1, never stored
+    AHEAD: tl.constexpr = K_CHUNK if K_CHUNK < 2 * BLOCK_D else 2 * BLOCK_D  # columns prefetched: two steps
+    w_bytes: tl.constexpr = router_ptr.dtype.element_ty.primitive_bitwidth // 8
+    prefetch_rows(rows, s * K_CHUNK * w_bytes, AHEAD * w_bytes, D * w_bytes, PDL)
+    enter(PDL)  # the router weight is never written by the step: prefetched before the wait
     dot_ty = tl.float32 if DOT_FP32 else x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_T, BLOCK_E), tl.float32)
     for k0 in range(s * K_CHUNK, tl.minimum(s * K_CHUNK + K_CHUNK, D), BLOCK_D):

@@ -12,7 +12,9 @@ from a cubin and a launch list without a GPU (docs/performance-model.md gives th
   replicates more than the bytes allow is bound by issue, not by DRAM;
 - launches: each kernel pays a gap after the previous one and one DRAM latency to fill and drain;
   with programmatic dependent launch (sm_90 and later), a kernel that follows one that released
-  it early is already launched when that one ends, and pays a shorter gap.
+  it early is already launched when that one ends, and pays a shorter gap; if it asked L2 for its
+  first weights before waiting, their DRAM latency passed during that one's tail, and what is
+  left is an L2 hit's.
 
 A launch is modeled as latency + max(bytes / achieved bandwidth, issue time) + gap, where the
 achieved bandwidth is min(efficiency x peak, bytes in flight over its resident blocks / latency).
@@ -47,6 +49,7 @@ class Card:
     warps_per_sm: int = 48
     blocks_per_sm: int = 16
     latency_s: float = 600e-9  # DRAM load-to-use under load
+    l2_latency_s: float = 200e-9  # an L2 hit's load-to-use: the first loads of a kernel that prefetched them
     launch_gap_s: float = 1.0e-6  # between dependent kernels replayed from a CUDA graph
     # the same with programmatic dependent launch (sm_90+): the next kernel's launch overlaps this
     # one; what is left is the wait's release after this one completes (an estimate to calibrate)
@@ -162,7 +165,8 @@ def launch_seconds(card: Card, launch: dict, row: dict | None, released: bool = 
     """One launch: latency + max(bytes / achieved bandwidth, issue time) + gap. `launch` has
     programs and bytes (the bytes it reads and writes); without a compiled row (a torch op, an
     unlisted kernel) it streams at the card's efficiency. released: the kernel before it released
-    it early (see pdl); the gap is then card.pdl_gap_s."""
+    it early (see pdl); the gap is then card.pdl_gap_s, and if it prefetched its first weights
+    before its wait (row "prefetch") their latency is an L2 hit's."""
     nbytes = launch["bytes"]
     bandwidth = card.efficiency * card.bandwidth
     issue = 0.0
@@ -176,8 +180,11 @@ def launch_seconds(card: Card, launch: dict, row: dict | None, released: bool = 
         per_sm = math.ceil(programs / card.sms)
         warp_instructions = per_sm * max(1.0, passes) * row["loop_instructions"] * row["num_warps"]
         issue = warp_instructions / (ISSUE_PER_CLOCK * card.clock_hz)
-    gap = card.pdl_gap_s if released and pdl(launch, row) else card.launch_gap_s
-    return card.latency_s + max(nbytes / bandwidth, issue) + gap
+    early = released and pdl(launch, row)
+    gap = card.pdl_gap_s if early else card.launch_gap_s
+    # a kernel launched early that asked L2 for its first weights before its wait finds them there
+    latency = card.l2_latency_s if early and row.get("prefetch") else card.latency_s
+    return latency + max(nbytes / bandwidth, issue) + gap
 
 
 def pdl(launch: dict, row: dict | None) -> bool:

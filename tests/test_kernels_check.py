@@ -124,29 +124,53 @@ def test_a_kernel_waits_on_the_kernels_before_it_where_the_arch_has_pdl(rows):
     assert [r["pdl"] for r in _by_kernel(rows, "tiny_scale")] == [False, False]
 
 
+# what a kernel may call before its wait: index arithmetic, and L2 prefetches of what it reads first
+INDEX_MATH = {"program_id", "arange", "minimum", "where", "to", "num_programs", "_tile_rows", "row_tile"}
+PREFETCHES = {"prefetch_rows", "prefetch_tile", "prefetch_vector"}
+
+
 def test_every_engine_kernel_waits_before_it_touches_memory():
     """Launched with PDL, a kernel may start while the one before it still runs: each engine
-    kernel's first statement must be the wait (grid_dependency.enter), or it could read what is not
-    yet written, or write what is still being read."""
+    kernel waits (grid_dependency.enter) before anything that could read what is not yet written,
+    or write what is still being read. Before the wait it may only compute indices and prefetch
+    weights (which no kernel writes); the PTX check (pdl_in_ptx) sees no load or store before it."""
     import ast
     from pathlib import Path
 
-    kernels, wrong = [], []
+    kernels, wrong, prefetching = [], [], []
     for path in sorted(Path(kcheck.__file__).parent.glob("*.py")):
         for node in ast.parse(path.read_text()).body:
             if not (isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel")):
                 continue
             kernels.append(node.name)
-            body = (
-                node.body[1:]
-                if isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
-                else node.body
-            )
             params = {arg.arg: default for arg, default in zip(node.args.args[::-1], node.args.defaults[::-1])}
-            first = ast.unparse(body[0])
-            if first != "enter(PDL)" or ast.unparse(params.get("PDL", ast.Constant(None))) != "False":
-                wrong.append(f"{path.name}:{node.name} starts with {first!r}")
+            statements = [ast.unparse(statement) for statement in node.body]
+            if "enter(PDL)" not in statements or ast.unparse(params.get("PDL", ast.Constant(None))) != "False":
+                wrong.append(f"{path.name}:{node.name} never calls enter(PDL)")
+                continue
+            before = node.body[: statements.index("enter(PDL)")]
+            calls = {
+                ast.unparse(call.func).rpartition(".")[2]
+                for b in before
+                for call in ast.walk(b)
+                if isinstance(call, ast.Call)
+            }
+            if calls - INDEX_MATH - PREFETCHES:
+                wrong.append(f"{path.name}:{node.name} calls {sorted(calls - INDEX_MATH - PREFETCHES)} before its wait")
+            if calls & PREFETCHES:
+                prefetching.append(node.name)
     assert len(kernels) >= 17 and not wrong, wrong
+    assert {"_linear_kernel", "_router_kernel", "_attention_out_kernel", "_mlp_out_kernel"} <= set(prefetching)
+
+
+def test_weight_streaming_kernels_prefetch_before_their_wait_where_the_arch_has_pdl():
+    """The prefetch is in the PTX before griddepcontrol.wait on sm_90 (kernels.check's `prefetch`),
+    not on sm_89 (no PDL: nothing to overlap), and it leaves the wait before every load."""
+    rows = kcheck.check(["sm_89", "sm_90"], kernel_filter="linear_small_w4_n2816_k4096_g32")
+    assert [(r["arch"], r["ok"], r["pdl"], r["prefetch"]) for r in rows[:2]] == [
+        ("sm_89", True, False, False),
+        ("sm_90", True, True, True),
+    ]
 
 
 def test_bad_signature_is_an_error_row(rows):

@@ -96,6 +96,22 @@ def test_a_kernel_released_early_pays_the_shorter_gap():
     assert first["modeled_seconds"] == pytest.approx(perf_model.launch_seconds(card, torch_op, None) + plain + released)
 
 
+def test_a_kernel_that_prefetched_before_its_wait_pays_an_l2_hit_not_a_dram_latency():
+    """Released early, a kernel that asked L2 for its first reads before waiting (row "prefetch")
+    finds them there: it pays l2_latency_s. Without the early release the prefetch overlaps
+    nothing and it pays the DRAM latency."""
+    card = perf_model.CARDS["h200"]
+    row = {"blocks_per_sm": 4, "bytes_in_flight_per_block": 8192, "loop_load_bytes": 8192}
+    row |= {"loop_instructions": 100, "num_warps": 4, "pdl": True}
+    launch = {"key": "k", "programs": 132, "bytes": 10**6, "read_bytes": 10**6, "count": 1, "pdl": True}
+    waits = perf_model.launch_seconds(card, launch, row, released=True)
+    prefetched = perf_model.launch_seconds(card, launch, row | {"prefetch": True}, released=True)
+    assert card.l2_latency_s < card.latency_s
+    assert waits - prefetched == pytest.approx(card.latency_s - card.l2_latency_s)
+    alone = perf_model.launch_seconds(card, launch, row | {"prefetch": True}, released=False)
+    assert alone == perf_model.launch_seconds(card, launch, row, released=False)
+
+
 def test_a_step_model_counts_launches_bytes_and_unmatched_kernels():
     card = perf_model.CARDS["rtx4090"]
     launches = [
