@@ -10,11 +10,13 @@ stream order. It then lets the next kernel launch (griddepcontrol.launch_depende
 waits in turn. PDL is a constexpr because the instructions exist only on sm_90 and later (and not
 in Triton's interpreter): backend.pdl_options decides it per device, kernels.check per arch.
 
-Before it waits, a kernel asks L2 for what it reads first (`prefetch_rows`): a weight-streaming
-kernel its first weight tiles, a norm chain its rows and norm weights. The DRAM latency of those
-loads then passes while the kernel before it drains. A prefetch only warms L2 and every write
-lands in L2, so it cannot return stale data whoever writes the lines; a kernel still loads
-nothing before its wait, and prefetches only addresses it computes from its program id.
+Before it waits, a kernel asks L2 for what it reads first from DRAM (`prefetch_rows`): a
+weight-streaming kernel its first weight tiles, a norm chain its norm weights and the residual
+rows an earlier layer wrote (not what the kernel just before writes: that lands in L2 anyway, and
+fetching the old lines would only cost bandwidth). The DRAM latency of those loads then passes
+while the kernel before it drains. A prefetch only warms L2 and every write lands in L2, so it can
+never return stale data; a kernel still loads nothing before its wait, and prefetches only
+addresses inside its tensors, computed from its program id.
 """
 
 from __future__ import annotations
@@ -53,10 +55,11 @@ def prefetch_rows(rows, first_byte, ROW_BYTES: tl.constexpr, end_byte, PDL: tl.c
 
 
 @triton.jit
-def prefetch_tile(ptr, rows, D, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """prefetch_rows of whole rows `rows` ([ROWS] indices) of a [R, D] tensor, D <= BLOCK."""
+def prefetch_tile(ptr, rows, R, D, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """prefetch_rows of whole rows `rows` ([ROWS] indices, those past R clamped to the last) of a
+    [R, D] tensor, D <= BLOCK."""
     size: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
-    prefetch_rows(ptr + rows[:, None] * D, 0, BLOCK * size, D * size, PDL)
+    prefetch_rows(ptr + tl.minimum(rows, R - 1)[:, None] * D, 0, BLOCK * size, D * size, PDL)
 
 
 @triton.jit

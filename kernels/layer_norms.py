@@ -70,6 +70,8 @@ class MlpOutWeights(NamedTuple):
 
 
 def mlp_out_reference(dense, experts, residual, eps, w: MlpOutWeights):
+    if dense.dim() == 3:  # per-chunk fp32 partials: summed in chunk order, rounded
+        dense = ordered_sum(dense.movedim(0, -1)).to(residual.dtype)
     m = dense
     if experts is not None and experts.dim() == 3:
         experts = ordered_sum(experts.movedim(1, -1)).to(dense.dtype)
@@ -86,7 +88,9 @@ def mlp_out_norms(
     MLP's output or, with the experts' output, norm(dense) * w.dense + norm(experts) * w.experts;
     and norm(h) * next_norm, the next layer's input. Rows [T, D]. `experts` may also be each
     token's weighted expert outputs [T, K, D] fp32 (`moe(..., summed=False)`): they are summed here
-    in top-k order and rounded, as the experts' own sum would be, so the MoE needs no sum kernel."""
+    in top-k order and rounded, as the experts' own sum would be, so the MoE needs no sum kernel.
+    `dense` may likewise be the dense MLP's per-chunk partials [S, T, D] fp32
+    (`moe.dense_and_routed_moe`), summed here in chunk order and rounded."""
     if use_triton(dense, "mlp_out_norms"):
         from flashdesk.kernels.layer_norms_triton import mlp_out_triton
 

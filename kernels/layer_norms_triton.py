@@ -62,8 +62,7 @@ def _attention_out_kernel(
     PDL: tl.constexpr = False,
 ):
     rows, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
-    prefetch_tile(a_ptr, rows, D, BLOCK, PDL)
-    prefetch_tile(res_ptr, rows, D, BLOCK, PDL)
+    prefetch_tile(res_ptr, rows, R, D, BLOCK, PDL)  # an earlier layer's output; `a` is o_proj's, in L2
     prefetch_vector(w_post_ptr, D, BLOCK, PDL)
     prefetch_vector(w_pre_ptr, D, BLOCK, PDL)
     if MOE:
@@ -104,23 +103,27 @@ def _mlp_out_kernel(
     TOP_K: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
+    DENSE_PARTS: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
     """TOP_K 0: the experts' output is rows [R, D]; else each row's TOP_K weighted expert outputs
-    [R, TOP_K, D] fp32, summed in order and rounded (as moe's sum kernel would)."""
+    [R, TOP_K, D] fp32, summed in order and rounded (as moe's sum kernel would). DENSE_PARTS 0:
+    the dense MLP's output is rows [R, D]; else its fp32 partials [DENSE_PARTS, R, D] (the chunks
+    the expert kernels ran it as), summed in chunk order and rounded."""
     rows, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
-    prefetch_tile(dense_ptr, rows, D, BLOCK, PDL)
-    prefetch_tile(res_ptr, rows, D, BLOCK, PDL)
+    prefetch_tile(res_ptr, rows, R, D, BLOCK, PDL)  # attention's; the MLPs' outputs are in L2
     prefetch_vector(w_out_ptr, D, BLOCK, PDL)
     prefetch_vector(w_next_ptr, D, BLOCK, PDL)
     if MOE:
-        PAIRS: tl.constexpr = TOP_K + (TOP_K == 0)  # rows [R, TOP_K, D], or [R, D] when summed
-        prefetch_tile(experts_ptr, rows, PAIRS * D, PAIRS * BLOCK, PDL)
         prefetch_vector(w_dense_ptr, D, BLOCK, PDL)
         prefetch_vector(w_experts_ptr, D, BLOCK, PDL)
     enter(PDL)
     ty: tl.constexpr = h_ptr.dtype.element_ty
     m = tl.load(dense_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    if DENSE_PARTS:
+        for p in tl.static_range(1, DENSE_PARTS):  # chunk order: the same bits for any row count
+            m += tl.load(dense_ptr + p * R * D + at, mask=ok, other=0.0)
+        m = _round(m, ty)
     if MOE:
         if TOP_K:
             pairs = experts_ptr + rows[:, None] * (TOP_K * D) + cols[None, :]
@@ -192,9 +195,17 @@ def attention_out_triton(
 def mlp_out_triton(
     dense: torch.Tensor, experts: torch.Tensor | None, residual: torch.Tensor, eps: float, w: MlpOutWeights
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    dense, residual = _rows(dense), _rows(residual)
-    t, d = dense.shape
-    h, x = torch.empty_like(dense), torch.empty_like(dense)
+    residual = _rows(residual)
+    t, d = residual.shape
+    parts = 0
+    if dense.dim() == 3:  # the dense MLP's per-chunk partials, from the expert kernels
+        parts = dense.shape[0]
+        if dense.dtype != torch.float32 or dense.shape[1:] != (t, d):
+            raise ValueError(f"dense partials must be fp32 [S, {t}, {d}], got {dense.dtype} {tuple(dense.shape)}")
+        dense = dense.contiguous()
+    else:
+        dense = _rows(dense)
+    h, x = torch.empty_like(residual), torch.empty_like(residual)
     moe = experts is not None
     top_k = 0
     if experts is not None:
@@ -227,6 +238,7 @@ def mlp_out_triton(
             TOP_K=top_k,
             ROWS=rows,
             BLOCK=block,
+            DENSE_PARTS=parts,
             num_warps=warps,
             num_stages=LAUNCH_STAGES,
             **pdl_options(dense.device),
@@ -266,7 +278,18 @@ def compile_specs() -> list[CompileSpec]:
         "x_ptr": "*bf16",
     } | rows
     mlp_out = {name: mlp_out.get(name, "constexpr") for name in _mlp_out_kernel.arg_names}
+    # the dense MLP's output as rows (prefill) or as the expert kernels' 3 chunk partials (decode, verify)
+    partials = mlp_out | {"dense_ptr": "*fp32"}
     return [
         CompileSpec("attention_out_norms[D=2816]", _attention_out_kernel, attention_out, flags, warps),
-        CompileSpec("mlp_out_norms[D=2816, top 8]", _mlp_out_kernel, mlp_out, flags | {"TOP_K": 8}, warps),
+        CompileSpec(
+            "mlp_out_norms[D=2816, top 8]", _mlp_out_kernel, mlp_out, flags | {"TOP_K": 8, "DENSE_PARTS": 0}, warps
+        ),
+        CompileSpec(
+            "mlp_out_norms[D=2816, top 8, dense in 3 parts]",
+            _mlp_out_kernel,
+            partials,
+            flags | {"TOP_K": 8, "DENSE_PARTS": 3},
+            warps,
+        ),
     ]

@@ -113,7 +113,7 @@ def gelu_tanh(g):
 
 
 @triton.jit
-def _gated(gate, up, ACTIVATION: tl.constexpr):
+def gated_product(gate, up, ACTIVATION: tl.constexpr):
     """act(gate) * up, each rounded to the activations' dtype as the torch ops round."""
     g = gate.to(tl.float32)
     if ACTIVATION == "gelu_tanh":
@@ -142,7 +142,7 @@ def _glu(tile, ty: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr
     outputs and the rest the matching up outputs: [BLOCK_M, BLOCK_N / 2] in ty, gate and up each
     rounded to ty first, as a torch linear rounds its output."""
     gate, up = tl.split(tl.permute(tl.reshape(tile, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-    return _gated(gate.to(ty), up.to(ty), ACTIVATION)
+    return gated_product(gate.to(ty), up.to(ty), ACTIVATION)
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count: M = 1 is not special

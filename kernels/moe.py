@@ -16,10 +16,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from typing import NamedTuple
+
 from flashdesk.kernels.backend import faulty, use_triton
 from flashdesk.kernels.int4 import Int4Weight, as_dense
-from flashdesk.kernels.linear import linear
+from flashdesk.kernels.linear import glu_linear, linear
 from flashdesk.kernels.router import ordered_sum, route
+
+
+class DenseMlp(NamedTuple):
+    """A layer's dense GLU MLP (gelu_tanh) beside its experts: its input rows [T, D] and weights,
+    [gate; up] [2N, D] and down [D, N]."""
+
+    x: torch.Tensor
+    gate_up: Int4Weight | torch.Tensor
+    down: Int4Weight | torch.Tensor
 
 
 def moe_reference(
@@ -105,3 +116,25 @@ def routed_moe(
         return faulty("moe", fused_router_moe(x, gate_up, down, router_x, router, top_k, per_expert_scale, summed))
     top_w, top_idx = route(linear(router_x, router), top_k, per_expert_scale)
     return moe(x, gate_up, down, top_idx, top_w, summed)
+
+
+def dense_and_routed_moe(
+    dense: DenseMlp, x, gate_up, down, router_x: torch.Tensor, router, top_k: int, per_expert_scale: torch.Tensor
+):
+    """A MoE layer's two feed-forwards, for layer_norms.mlp_out_norms: (m, experts), m the dense
+    MLP's output [T, D] and experts each token's weighted expert outputs [T, K, D] fp32 (or [T, D]).
+    On the fused path, where the dense MLP's intermediate is a whole number of experts' (Gemma 4
+    26B-A4B: 2,112 = 3 x 704), its chunks run as extra slots of the expert kernels, two launches a
+    layer fewer: m is then its per-chunk fp32 partials [S, T, D], summed in order and rounded
+    where they are read."""
+    fused = all(use_triton(x, family) for family in ("moe", "router", "linear"))
+    if fused and isinstance(gate_up, Int4Weight) and isinstance(down, Int4Weight):
+        from flashdesk.kernels.moe_triton import dense_chunks, fused_router_moe
+
+        if dense_chunks(dense, x, gate_up, down):
+            experts, partials = fused_router_moe(
+                x, gate_up, down, router_x, router, top_k, per_expert_scale, summed=False, dense=dense
+            )
+            return faulty("moe", (partials, experts))
+    m = linear(glu_linear(dense.x, dense.gate_up, "gelu_tanh"), dense.down)
+    return m, routed_moe(x, gate_up, down, router_x, router, top_k, per_expert_scale, summed=False)

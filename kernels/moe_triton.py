@@ -11,6 +11,11 @@ Launches with grids that depend only on shapes (CUDA-graph friendly, no host syn
    (the reference rounds h to x's dtype too), at the pair's sorted position.
 2. down + routing weight: one program per (slot, block of D); y = down_e h times the pair's weight,
    fp32, stored at the pair's original (t, k) position.
+   On the small path the layer's dense GLU MLP can ride along (`dense_chunks`): its intermediate
+   cut into expert-sized chunks, each an extra slot at the end of both grids whose rows are the
+   tokens; its h rows and its unweighted fp32 partials follow the pairs', and the norms after the
+   MLPs add the partials in chunk order. Each kind of slot runs its own loop (`_gate_up_rows`,
+   `_down_rows`) with its strides compile-time, so the experts' registers do not change.
 3. out[t] = sum over k = 0..K-1 of y[t, k] in that fixed order, cast to x's dtype; skipped when
    the caller sums y itself (the model's norms after the MLPs do, in the same order).
 
@@ -23,7 +28,8 @@ than 16 tokens) uses tl.dot on BLOCK_M = 64 tiles for throughput; it is not batc
 Tiles come from the shapes alone (`tiles`): the real experts' configs below, and for a tiny expert
 (the CPU test models) the whole matrix as one tile. The CPU tests run these kernels through Triton's
 interpreter, which pays per executed op and far more per nested @triton.jit call, per program: so
-the int4 decoding and GeGLU are written inline and the int4 addressing is set up once per program.
+the int4 decoding and GeGLU are written inline and the int4 addressing is set up once per program
+(one nested call a program picks the slot's loop).
 """
 
 import torch
@@ -34,7 +40,8 @@ from flashdesk.kernels.backend import MAX_REGISTERS, CompileSpec, arrival_counte
 from flashdesk.kernels.grid_dependency import enter, prefetch_rows
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.linear import linear
-from flashdesk.kernels.linear_triton import gelu_tanh, small_tiles
+from flashdesk.kernels.moe import DenseMlp
+from flashdesk.kernels.linear_triton import gated_product, gelu_tanh, small_tiles
 from flashdesk.kernels.router_triton import ROUTE_ROWS, route_rows, route_triton
 
 SMALL_T = 16  # up to this many tokens: the batch-invariant path (decode, verify)
@@ -60,38 +67,30 @@ ROUTER_STAGES = 2  # a router program walks two K steps: the second loads while 
 
 
 @triton.jit
-def _gate_up_kernel(
+def _gate_up_rows(
     x_ptr,
     packed_ptr,
     scale_ptr,
     zero_ptr,
     pair_ptr,
-    slot_begin_ptr,
-    slot_end_ptr,
-    slot_expert_ptr,
     h_ptr,
+    begin,
+    end,
     D: tl.constexpr,
     I: tl.constexpr,
     GROUP: tl.constexpr,
     TOP_K: tl.constexpr,
+    UP_ROWS: tl.constexpr,
+    DENSE_ROWS: tl.constexpr,
     HAS_ZERO: tl.constexpr,
     USE_DOT: tl.constexpr,
     DOT_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
-    """h[pair] = gelu_tanh(gate_e x) * up_e x for one slot's pairs and one block of I."""
-    enter(PDL)
-    slot = tl.program_id(0)
-    begin = tl.load(slot_begin_ptr + slot)
-    end = tl.load(slot_end_ptr + slot)
-    expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
-    packed_ptr += expert * (2 * I * (D // 8))
-    scale_ptr += expert * (2 * I * (D // GROUP))
-    if HAS_ZERO:
-        zero_ptr += expert * (2 * I * (D // GROUP))
+    """Rows begin..end of h for one block of I, from gate rows at packed_ptr and up rows UP_ROWS
+    below them: an expert's pairs (x rows by pair), or with DENSE_ROWS a dense chunk's tokens."""
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     kk = tl.arange(0, BLOCK_K)
     if USE_DOT:  # weight tiles [BLOCK_K, BLOCK_N], as tl.dot takes them
@@ -100,16 +99,21 @@ def _gate_up_kernel(
     else:  # [BLOCK_N, BLOCK_K], against [BLOCK_M, 1, BLOCK_K] rows
         wn = n[:, None]
         wk = kk[None, :]
-    # int4 addressing (int4.py) at k = 0, set up once: the up rows sit I rows below the gate rows
+    # int4 addressing (int4.py) at k = 0, set up once
     words = packed_ptr + wn * (D // 8) + wk // 8
+    up_words: tl.constexpr = UP_ROWS * (D // 8)
     shift = (wk & 7) << 2  # 4 * (k % 8)
     gate_groups = wn * (D // GROUP)
-    up_groups = gate_groups + I * (D // GROUP)
+    up_groups = gate_groups + UP_ROWS * (D // GROUP)
     n_ok = wn < I
+    ty: tl.constexpr = h_ptr.dtype.element_ty
     for m0 in range(begin, end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         m_ok = rows < end
-        tokens = (tl.load(pair_ptr + rows, mask=m_ok, other=0) // TOP_K).to(tl.int64)
+        if DENSE_ROWS:
+            tokens = (rows - begin).to(tl.int64)
+        else:
+            tokens = (tl.load(pair_ptr + rows, mask=m_ok, other=0) // TOP_K).to(tl.int64)
         x_rows = x_ptr + tokens[:, None] * D + kk[None, :]
         if USE_DOT:
             gate = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
@@ -125,7 +129,7 @@ def _gate_up_kernel(
             x = tl.load(x_rows + k0, mask=x_ok, other=0.0)
             group = (k0 + wk) // GROUP
             qg = ((tl.load(words + k0 // 8, mask=w_ok, other=0) >> shift) & 0xF) - 8
-            qu = ((tl.load(words + (I * (D // 8) + k0 // 8), mask=w_ok, other=0) >> shift) & 0xF) - 8
+            qu = ((tl.load(words + (up_words + k0 // 8), mask=w_ok, other=0) >> shift) & 0xF) - 8
             if HAS_ZERO:
                 qg -= tl.load(zero_ptr + gate_groups + group, mask=w_ok, other=0)
                 qu -= tl.load(zero_ptr + up_groups + group, mask=w_ok, other=0)
@@ -146,47 +150,129 @@ def _gate_up_kernel(
         if not USE_DOT:
             gate = tl.sum(gate3, axis=2)
             up = tl.sum(up3, axis=2)
-        h = gelu_tanh(gate) * up
+        if DENSE_ROWS:  # gate, up, act(gate) and the product rounded, as linear_triton's GLU epilogue
+            h = gated_product(gate.to(ty), up.to(ty), "gelu_tanh")
+        else:
+            h = gelu_tanh(gate) * up
         tl.store(
             h_ptr + rows[:, None].to(tl.int64) * I + n[None, :],
-            h.to(h_ptr.dtype.element_ty),
+            h.to(ty),
             mask=m_ok[:, None] & (n < I)[None, :],
         )
 
 
-@triton.jit
-def _down_kernel(
-    h_ptr,
+@triton.jit(do_not_specialize=["T"])
+def _gate_up_kernel(
+    x_ptr,
     packed_ptr,
     scale_ptr,
     zero_ptr,
     pair_ptr,
-    weight_ptr,
     slot_begin_ptr,
     slot_end_ptr,
     slot_expert_ptr,
-    y_ptr,
+    h_ptr,
+    dense_x_ptr,
+    dense_packed_ptr,
+    dense_scale_ptr,
+    dense_zero_ptr,
+    T,
     D: tl.constexpr,
     I: tl.constexpr,
     GROUP: tl.constexpr,
+    TOP_K: tl.constexpr,
     HAS_ZERO: tl.constexpr,
     USE_DOT: tl.constexpr,
     DOT_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DENSE: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
-    """y[pair] = weight[pair] * down_e h[pair] (fp32) for one slot's pairs and one block of D."""
+    """h[pair] = gelu_tanh(gate_e x) * up_e x for one slot's pairs and one block of I. The last
+    DENSE slots of the grid are the dense MLP's chunks (`_experts`): chunk j computes act(gate_j x)
+    * up_j x from the dense [gate; up] rows j * I.. for every token's dense_x row, into h rows
+    T * TOP_K + j * T.. Each kind of slot runs its own loop, with its strides compile-time."""
     enter(PDL)
     slot = tl.program_id(0)
-    begin = tl.load(slot_begin_ptr + slot)
-    end = tl.load(slot_end_ptr + slot)
-    expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
-    packed_ptr += expert * (D * (I // 8))
-    scale_ptr += expert * (D * (I // GROUP))
-    if HAS_ZERO:
-        zero_ptr += expert * (D * (I // GROUP))
+    slots = tl.num_programs(0) - DENSE
+    if slot < slots:  # an expert's [gate; up] rows, 2I of them
+        expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
+        _gate_up_rows(
+            x_ptr,
+            packed_ptr + expert * (2 * I * (D // 8)),
+            scale_ptr + expert * (2 * I * (D // GROUP)),
+            zero_ptr + expert * (2 * I * (D // GROUP)),
+            pair_ptr,
+            h_ptr,
+            tl.load(slot_begin_ptr + slot),
+            tl.load(slot_end_ptr + slot),
+            D,
+            I,
+            GROUP,
+            TOP_K,
+            I,
+            False,
+            HAS_ZERO,
+            USE_DOT,
+            DOT_FP32,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
+    elif DENSE:  # dense chunk j: gate rows j * I.., up rows DENSE * I below them
+        chunk = slot - slots
+        _gate_up_rows(
+            dense_x_ptr,
+            dense_packed_ptr + chunk * (I * (D // 8)),
+            dense_scale_ptr + chunk * (I * (D // GROUP)),
+            dense_zero_ptr + chunk * (I * (D // GROUP)),
+            pair_ptr,
+            h_ptr,
+            T * TOP_K + chunk * T,
+            T * TOP_K + chunk * T + T,
+            D,
+            I,
+            GROUP,
+            TOP_K,
+            DENSE * I,
+            True,
+            HAS_ZERO,
+            USE_DOT,
+            DOT_FP32,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
+
+
+@triton.jit
+def _down_rows(
+    h_ptr,
+    packed_ptr,
+    scale_ptr,
+    zero_ptr,
+    pair_ptr,
+    weight_ptr,
+    y_ptr,
+    begin,
+    end,
+    D: tl.constexpr,
+    I: tl.constexpr,
+    GROUP: tl.constexpr,
+    ROW: tl.constexpr,
+    DENSE_ROWS: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Rows begin..end of h through I columns of a down weight whose rows are ROW wide, for one
+    block of D: an expert's pairs, weighted, into y's pair rows; or with DENSE_ROWS a dense
+    chunk's rows, unweighted, into y's rows of the same index."""
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     kk = tl.arange(0, BLOCK_K)
     if USE_DOT:  # weight tiles oriented as in _gate_up_kernel
@@ -195,9 +281,9 @@ def _down_kernel(
     else:
         wn = n[:, None]
         wk = kk[None, :]
-    words = packed_ptr + wn * (I // 8) + wk // 8
+    words = packed_ptr + wn * (ROW // 8) + wk // 8
     shift = (wk & 7) << 2  # 4 * (k % 8)
-    groups = wn * (I // GROUP)
+    groups = wn * (ROW // GROUP)
     n_ok = wn < D
     for m0 in range(begin, end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
@@ -227,9 +313,99 @@ def _down_kernel(
                 acc3 += h.to(tl.float32)[:, None, :] * w[None, :, :]
         if not USE_DOT:
             acc = tl.sum(acc3, axis=2)
-        pairs = tl.load(pair_ptr + rows, mask=m_ok, other=0)
-        y = acc * tl.load(weight_ptr + pairs, mask=m_ok, other=0.0)[:, None]
-        tl.store(y_ptr + pairs[:, None].to(tl.int64) * D + n[None, :], y, mask=m_ok[:, None] & (n < D)[None, :])
+        if DENSE_ROWS:  # its own row of y, unweighted
+            y_rows = rows.to(tl.int64)
+            y = acc
+        else:
+            pairs = tl.load(pair_ptr + rows, mask=m_ok, other=0)
+            y_rows = pairs.to(tl.int64)
+            y = acc * tl.load(weight_ptr + pairs, mask=m_ok, other=0.0)[:, None]
+        tl.store(y_ptr + y_rows[:, None] * D + n[None, :], y, mask=m_ok[:, None] & (n < D)[None, :])
+
+
+@triton.jit(do_not_specialize=["T"])
+def _down_kernel(
+    h_ptr,
+    packed_ptr,
+    scale_ptr,
+    zero_ptr,
+    pair_ptr,
+    weight_ptr,
+    slot_begin_ptr,
+    slot_end_ptr,
+    slot_expert_ptr,
+    y_ptr,
+    dense_packed_ptr,
+    dense_scale_ptr,
+    dense_zero_ptr,
+    T,
+    D: tl.constexpr,
+    I: tl.constexpr,
+    GROUP: tl.constexpr,
+    TOP_K: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DENSE: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
+):
+    """y[pair] = weight[pair] * down_e h[pair] (fp32) for one slot's pairs and one block of D; the
+    last DENSE slots (the dense MLP's chunks) write chunk j's unweighted partial, its h rows through
+    columns j * I.. of the dense down weight, into y rows T * TOP_K + j * T.."""
+    enter(PDL)
+    slot = tl.program_id(0)
+    slots = tl.num_programs(0) - DENSE
+    if slot < slots:
+        expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
+        _down_rows(
+            h_ptr,
+            packed_ptr + expert * (D * (I // 8)),
+            scale_ptr + expert * (D * (I // GROUP)),
+            zero_ptr + expert * (D * (I // GROUP)),
+            pair_ptr,
+            weight_ptr,
+            y_ptr,
+            tl.load(slot_begin_ptr + slot),
+            tl.load(slot_end_ptr + slot),
+            D,
+            I,
+            GROUP,
+            I,
+            False,
+            HAS_ZERO,
+            USE_DOT,
+            DOT_FP32,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
+    elif DENSE:
+        chunk = slot - slots
+        _down_rows(
+            h_ptr,
+            dense_packed_ptr + chunk * (I // 8),
+            dense_scale_ptr + chunk * (I // GROUP),
+            dense_zero_ptr + chunk * (I // GROUP),
+            pair_ptr,
+            weight_ptr,
+            y_ptr,
+            T * TOP_K + chunk * T,
+            T * TOP_K + chunk * T + T,
+            D,
+            I,
+            GROUP,
+            DENSE * I,
+            True,
+            HAS_ZERO,
+            USE_DOT,
+            DOT_FP32,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
 
 
 @triton.jit
@@ -538,14 +714,17 @@ def fused_moe(
     top_idx: torch.Tensor,
     top_w: torch.Tensor,
     summed: bool = True,
-) -> torch.Tensor:
+    dense: DenseMlp | None = None,
+):
     """x [T, D], gate_up [E, 2I, D], down [E, D, I] int4, top_idx/top_w [T, K] -> [T, D] in x's
-    dtype; summed=False skips the third launch and returns the weighted pair outputs [T, K, D] fp32."""
+    dtype; summed=False skips the third launch and returns the weighted pair outputs [T, K, D] fp32.
+    With a `dense` MLP that fits (dense_chunks), (that, its per-chunk partials): see _experts."""
     n_tokens, top_k = top_idx.shape
     if n_tokens == 0:
         return _nothing(x, top_k, summed)
     grouping = _group_pairs(top_idx, gate_up.shape[0])
-    return _experts(x, gate_up, down, top_w.reshape(-1).to(torch.float32).contiguous(), top_k, grouping, summed)
+    weight = top_w.reshape(-1).to(torch.float32).contiguous()
+    return _experts(x, gate_up, down, weight, top_k, grouping, summed, dense)
 
 
 def fused_routed_moe(
@@ -556,14 +735,15 @@ def fused_routed_moe(
     top_k: int,
     per_expert_scale: torch.Tensor,
     summed: bool = True,
-) -> torch.Tensor:
+    dense: DenseMlp | None = None,
+):
     """router.route of the router's logits [T, E], then fused_moe. When one program groups the
     block's pairs (decode, verify) it routes them first: one launch instead of two."""
     n_tokens, n_experts = logits.shape
     n_pairs, slots = n_tokens * top_k, min(n_experts, n_tokens * top_k)
     if not n_tokens or n_pairs > GROUP_PAIRS or n_experts > GROUP_PAIRS or not 0 < top_k <= n_experts:
         top_w, top_idx = route_triton(logits, top_k, per_expert_scale)  # (it refuses a bad top_k)
-        return fused_moe(x, gate_up, down, top_idx, top_w, summed)
+        return fused_moe(x, gate_up, down, top_idx, top_w, summed, dense)
     device = logits.device
     weight = torch.empty(n_pairs, dtype=torch.float32, device=device)
     ids, order = (torch.empty(n_pairs, dtype=torch.int32, device=device) for _ in range(2))
@@ -591,7 +771,7 @@ def fused_routed_moe(
         maxnreg=MAX_REGISTERS,
         **pdl_options(logits.device),
     )
-    return _experts(x, gate_up, down, weight, top_k, (order, begin, end, expert), summed)
+    return _experts(x, gate_up, down, weight, top_k, (order, begin, end, expert), summed, dense)
 
 
 def _router_launch(router_x: torch.Tensor, router, top_k: int):
@@ -619,13 +799,15 @@ def fused_router_moe(
     top_k: int,
     per_expert_scale: torch.Tensor,
     summed: bool = True,
-) -> torch.Tensor:
+    dense: DenseMlp | None = None,
+):
     """The router's logits linear(router_x, router), their routing, then fused_moe. For a dense
     router on a decode or verify block the projection, the routing and the grouping of the pairs
     are one kernel (`_router_kernel`); otherwise `linear`, then fused_routed_moe."""
     tiles = _router_launch(router_x, router, top_k)
     if tiles is None:
-        return fused_routed_moe(x, gate_up, down, linear(router_x, router), top_k, per_expert_scale, summed)
+        logits = linear(router_x, router)
+        return fused_routed_moe(x, gate_up, down, logits, top_k, per_expert_scale, summed, dense)
     n_tokens, (n_experts, d) = router_x.shape[0], router.shape
     if router_x.shape[1] != d:
         raise ValueError(f"router input {tuple(router_x.shape)} does not match a router of {d} inputs")
@@ -657,7 +839,7 @@ def fused_router_moe(
         maxnreg=MAX_REGISTERS,
         **pdl_options(device),
     )
-    return _experts(x, gate_up, down, weight, top_k, (order, begin, end, expert), summed)
+    return _experts(x, gate_up, down, weight, top_k, (order, begin, end, expert), summed, dense)
 
 
 def _router_constexprs(n_experts: int, d: int, top_k: int, tiles) -> dict:
@@ -681,6 +863,33 @@ def _nothing(x: torch.Tensor, top_k: int, summed: bool) -> torch.Tensor:
     return torch.empty_like(x) if summed else torch.empty(0, top_k, x.shape[1], device=x.device, dtype=torch.float32)
 
 
+def dense_chunks(dense: DenseMlp | None, x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight) -> int:
+    """How many expert-sized chunks the dense MLP runs as in the expert kernels (0: it cannot).
+
+    It can on the small path (x: the experts' input rows) when its input matches x's rows, dtype
+    and device, its weights are contiguous int4 in the experts' format (group size, zero points,
+    scale dtype), and its intermediate is a whole number of expert intermediates, each a whole
+    number of down groups and words: Gemma 4 26B-A4B's 2,112 is three of 704. Its two launches a
+    layer then disappear."""
+    if dense is None or not 0 < x.shape[0] <= SMALL_T:
+        return 0
+    if not (isinstance(dense.gate_up, Int4Weight) and isinstance(dense.down, Int4Weight)):
+        return 0
+    weights = (gate_up, down, dense.gate_up, dense.down)
+    _, two_i, d = gate_up.shape
+    inter = two_i // 2
+    formats = {(w.group_size, w.zero is None, w.scale.dtype) for w in weights}
+    parts = [t for w in (dense.gate_up, dense.down) for t in (w.packed, w.scale, w.zero) if t is not None]
+    same_input = (dense.x.shape, dense.x.dtype, dense.x.device) == (x.shape, x.dtype, x.device)
+    if len(formats) != 1 or not same_input or not all(t.is_contiguous() for t in parts):
+        return 0
+    if inter % down.group_size or inter % 8 or dense.down.shape[-1] % inter:
+        return 0
+    chunks = dense.down.shape[-1] // inter
+    shapes = tuple(dense.gate_up.shape) == (2 * chunks * inter, d) and tuple(dense.down.shape) == (d, chunks * inter)
+    return chunks if shapes else 0
+
+
 def _experts(
     x: torch.Tensor,
     gate_up: Int4Weight,
@@ -689,19 +898,31 @@ def _experts(
     top_k: int,
     grouping: tuple,
     summed: bool,
-) -> torch.Tensor:
+    dense: DenseMlp | None = None,
+):
     """The expert launches on pairs already grouped by expert (order, begin, end, expert), with
-    their routing weights [T * K] fp32; T > 0."""
+    their routing weights [T * K] fp32; T > 0. With a `dense` MLP that fits (`dense_chunks`) its
+    chunks run as extra slots of the same two launches, and the result is (the experts' output,
+    the dense MLP's per-chunk fp32 partials [S, T, D]): summed in chunk order and rounded they are
+    its output (mlp_out_norms does that)."""
     n_tokens = x.shape[0]
     n_experts, two_i, d = gate_up.shape
     inter = two_i // 2
     x = x.contiguous()
     pairs, begin, end, expert = grouping
     small = n_tokens <= SMALL_T
+    chunks = dense_chunks(dense, x, gate_up, down)
+    slots = begin.numel() + chunks
+    d_x, d_gate_up, d_down = x, gate_up, down  # with no chunks they stand in, never read
+    if chunks:  # dense_chunks checked its weights are int4
+        assert dense is not None and isinstance(dense.gate_up, Int4Weight) and isinstance(dense.down, Int4Weight)
+        d_x, d_gate_up, d_down = dense.x.contiguous(), dense.gate_up, dense.down
     common = dict(USE_DOT=not small, DOT_FP32=interpreted() or x.dtype == torch.float32) | pdl_options(x.device)
+    common |= dict(DENSE=chunks, TOP_K=top_k)
+    rows = n_tokens * (top_k + chunks)
     bm, bn, bk, warps = tiles(SMALL_GATE_UP if small else LARGE_GATE_UP, inter, d, small)
-    h = torch.empty(n_tokens * top_k, inter, device=x.device, dtype=x.dtype)
-    _gate_up_kernel[(begin.numel(), triton.cdiv(inter, bn))](
+    h = torch.empty(rows, inter, device=x.device, dtype=x.dtype)
+    _gate_up_kernel[(slots, triton.cdiv(inter, bn))](
         x,
         gate_up.packed,
         gate_up.scale,
@@ -711,10 +932,14 @@ def _experts(
         end,
         expert,
         h,
+        d_x,
+        d_gate_up.packed,
+        d_gate_up.scale,
+        _zero_arg(d_gate_up),
+        n_tokens,
         D=d,
         I=inter,
         GROUP=gate_up.group_size,
-        TOP_K=top_k,
         HAS_ZERO=gate_up.zero is not None,
         BLOCK_M=bm,
         BLOCK_N=bn,
@@ -724,8 +949,8 @@ def _experts(
         **common,
     )
     bm, bn, bk, warps = tiles(SMALL_DOWN if small else LARGE_DOWN, d, inter, small)
-    y = torch.empty(n_tokens * top_k, d, device=x.device, dtype=torch.float32)
-    _down_kernel[(begin.numel(), triton.cdiv(d, bn))](
+    y = torch.empty(rows, d, device=x.device, dtype=torch.float32)
+    _down_kernel[(slots, triton.cdiv(d, bn))](
         h,
         down.packed,
         down.scale,
@@ -736,6 +961,10 @@ def _experts(
         end,
         expert,
         y,
+        d_down.packed,
+        d_down.scale,
+        _zero_arg(d_down),
+        n_tokens,
         D=d,
         I=inter,
         GROUP=down.group_size,
@@ -747,17 +976,21 @@ def _experts(
         num_stages=NUM_STAGES,
         **common,
     )
-    if not summed:
-        return y.view(n_tokens, top_k, d)
-    out = torch.empty(n_tokens, d, device=x.device, dtype=x.dtype)
-    _sum_top_k_kernel[(n_tokens, triton.cdiv(d, SUM_BLOCK))](
-        y, out, D=d, TOP_K=top_k, BLOCK=SUM_BLOCK, num_warps=4, num_stages=NUM_STAGES, **pdl_options(y.device)
-    )
-    return out
+    partials = y[n_tokens * top_k :].view(chunks, n_tokens, d)
+    y = y[: n_tokens * top_k]
+    if summed:
+        out = torch.empty(n_tokens, d, device=x.device, dtype=x.dtype)
+        _sum_top_k_kernel[(n_tokens, triton.cdiv(d, SUM_BLOCK))](
+            y, out, D=d, TOP_K=top_k, BLOCK=SUM_BLOCK, num_warps=4, num_stages=NUM_STAGES, **pdl_options(y.device)
+        )
+    else:
+        out = y.view(n_tokens, top_k, d)
+    return (out, partials) if chunks else out
 
 
 # Real shapes: Gemma 4 26B-A4B experts, bf16 activations, int4 group 32.
 REAL_D, REAL_I, REAL_TOP_K, REAL_GROUP, REAL_EXPERTS = 2816, 704, 8, 32, 128
+REAL_DENSE_CHUNKS = 3  # the dense MLP's intermediate, 2,112, is three experts' 704
 
 
 def compile_specs() -> list[CompileSpec]:
@@ -772,20 +1005,23 @@ def compile_specs() -> list[CompileSpec]:
         "slot_expert_ptr": "*i32",
     }
     for has_zero in (False, True):
-        zero = {"zero_ptr": "*i8" if has_zero else "*i32"}
-        for small in (True, False):
-            path = "small" if small else "large"
+        zero = "*i8" if has_zero else "*i32"
+        dense_weights = {"dense_packed_ptr": "*i32", "dense_scale_ptr": "*bf16", "dense_zero_ptr": zero, "T": "i32"}
+        # the small path with and without the dense MLP's chunks (REAL_DENSE_CHUNKS), the large without
+        for small, chunks in ((True, 0), (True, REAL_DENSE_CHUNKS), (False, 0)):
+            path = ("small" if small else "large") + (f"_dense{chunks}" if chunks else "")
             flags = dict(GROUP=REAL_GROUP, HAS_ZERO=has_zero, USE_DOT=not small, DOT_FP32=False, D=REAL_D, I=REAL_I)
+            flags |= dict(TOP_K=REAL_TOP_K, DENSE=chunks)
             bm, bn, bk, warps = tiles(SMALL_GATE_UP if small else LARGE_GATE_UP, REAL_I, REAL_D, small)
-            sig = {"x_ptr": "*bf16", **pointers, **zero, "h_ptr": "*bf16"}
-            consts = dict(flags, TOP_K=REAL_TOP_K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
-            specs.append(
-                _spec(f"moe_gate_up_{path}_{'asym' if has_zero else 'sym'}", _gate_up_kernel, sig, consts, warps)
-            )
-            bm, bn, bk, warps = tiles(SMALL_DOWN if small else LARGE_DOWN, REAL_D, REAL_I, small)
-            sig = {"h_ptr": "*bf16", **pointers, **zero, "weight_ptr": "*fp32", "y_ptr": "*fp32"}
+            sig = {"x_ptr": "*bf16", **pointers, "zero_ptr": zero, "h_ptr": "*bf16", "dense_x_ptr": "*bf16"}
             consts = dict(flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
-            specs.append(_spec(f"moe_down_{path}_{'asym' if has_zero else 'sym'}", _down_kernel, sig, consts, warps))
+            name = f"moe_gate_up_{path}_{'asym' if has_zero else 'sym'}"
+            specs.append(_spec(name, _gate_up_kernel, sig | dense_weights, consts, warps))
+            bm, bn, bk, warps = tiles(SMALL_DOWN if small else LARGE_DOWN, REAL_D, REAL_I, small)
+            sig = {"h_ptr": "*bf16", **pointers, "zero_ptr": zero, "weight_ptr": "*fp32", "y_ptr": "*fp32"}
+            consts = dict(flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+            name = f"moe_down_{path}_{'asym' if has_zero else 'sym'}"
+            specs.append(_spec(name, _down_kernel, sig | dense_weights, consts, warps))
     specs.append(
         _spec(
             "moe_sum_top_k",

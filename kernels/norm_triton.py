@@ -16,7 +16,7 @@ import triton.language as tl
 
 from flashdesk.kernels.attention_triton import store_quantized
 from flashdesk.kernels.backend import LAUNCH_STAGES, MAX_REGISTERS, CompileSpec, pdl_options
-from flashdesk.kernels.grid_dependency import enter, prefetch_rows, prefetch_tile, prefetch_vector
+from flashdesk.kernels.grid_dependency import enter, prefetch_vector
 from flashdesk.kernels.kv_write import KVSlots
 
 TILE = 4096  # elements per program: one 2816-wide hidden row (padded), or several narrow rows
@@ -56,9 +56,8 @@ def _rms_norm_kernel(
     PDL: tl.constexpr = False,
 ):
     """out = norm(x) * w [+ residual] [* scale], rounded to the output type after each step."""
-    rows, cols, at, mask = row_tile(R, D, ROWS, BLOCK)
-    prefetch_tile(x_ptr, rows, D, BLOCK, PDL)
-    if HAS_WEIGHT:
+    _, cols, at, mask = row_tile(R, D, ROWS, BLOCK)
+    if HAS_WEIGHT:  # x is the kernel before's output, in L2
         prefetch_vector(w_ptr, D, BLOCK, PDL)
     enter(PDL)
     x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
@@ -123,9 +122,7 @@ def _head_norms_kernel(
     t, j = rows // HEADS, rows % HEADS
     is_q = (j < H)[:, None]
     src = tl.where(j < H, q_src_ptr + t * q_stride + j * D, kv_src_ptr + t * kv_stride + (j - H) * D)[:, None]
-    IN_BYTES: tl.constexpr = D * (q_src_ptr.dtype.element_ty.primitive_bitwidth // 8)
-    prefetch_rows(src, 0, IN_BYTES, IN_BYTES, PDL)
-    prefetch_vector(q_w_ptr, D, D, PDL)
+    prefetch_vector(q_w_ptr, D, D, PDL)  # the norm weights; the heads are the projection's output, in L2
     prefetch_vector(k_w_ptr, D, D, PDL)
     enter(PDL)
     x = tl.load(src + cols[None, :], mask=ok, other=0.0).to(tl.float32)

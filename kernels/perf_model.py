@@ -183,7 +183,7 @@ def launch_seconds(card: Card, launch: dict, row: dict | None, released: bool = 
     early = released and pdl(launch, row)
     gap = card.pdl_gap_s if early else card.launch_gap_s
     # a kernel launched early that asked L2 for its first weights before its wait finds them there
-    latency = card.l2_latency_s if early and row.get("prefetch") else card.latency_s
+    latency = card.l2_latency_s if early and row is not None and row.get("prefetch") else card.latency_s
     return latency + max(nbytes / bandwidth, issue) + gap
 
 

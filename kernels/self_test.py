@@ -284,11 +284,14 @@ def _layer_norms(d: Dims, device, which: str) -> tuple[float, bool]:
 
         return _error(*_both(lambda: run(slice(0, 16)))), _rows_alone(run)
     weights = MlpOutWeights(ws[0], ws[1], ws[2], scalar, ws[3])
-
-    def run_mlp(rows):
-        return mlp_out_norms(dense[rows], experts[rows], residual[rows], 1e-6, weights)
-
-    return _error(*_both(lambda: run_mlp(slice(0, 16)))), _rows_alone(run_mlp)
+    # the dense MLP's output as rows, and as the expert kernels' three fp32 chunk partials
+    parts = _randn(3, 16, d.hidden, gen=gen, device=device, dtype=torch.float32)
+    runs = [
+        lambda rows: mlp_out_norms(dense[rows], experts[rows], residual[rows], 1e-6, weights),
+        lambda rows: mlp_out_norms(parts[:, rows], experts[rows], residual[rows], 1e-6, weights),
+    ]
+    worst = max(_error(*_both(lambda: run(slice(0, 16)))) for run in runs)
+    return worst, all(_rows_alone(run) for run in runs)
 
 
 def _router(d: Dims, device) -> tuple[float, None]:
@@ -311,25 +314,36 @@ def _router(d: Dims, device) -> tuple[float, None]:
 
 
 def _moe(d: Dims, device) -> tuple[float, bool]:
-    """The routed experts as a decode or verify block runs them (the router's projection, routing,
-    grouping and both expert kernels). Each token's router input is one-hot and the router's weights
-    multiples of 1/16, so its logits are exact and distinct on every path: no tie can pick another
-    expert on one of them (router's own check covers ties)."""
-    from flashdesk.kernels.moe import routed_moe
+    """The routed experts and the dense MLP beside them as a decode or verify block runs them (the
+    router's projection, routing, grouping and both expert kernels, which also run the dense MLP's
+    expert-sized chunks, as in the real model, whose 2,112 is three experts' 704). Each token's
+    router input is one-hot and the router's weights multiples of 1/16, so its logits are exact and
+    distinct on every path: no tie can pick another expert on one of them (router's own check
+    covers ties)."""
+    from flashdesk.kernels.moe import DenseMlp, dense_and_routed_moe
+    from flashdesk.kernels.router import ordered_sum
 
     gen = _gen(8)
     gate_up = _int4(gen, (d.experts, 2 * d.expert_inter, d.hidden), d.group, device)
     down = _int4(gen, (d.experts, d.hidden, d.expert_inter), d.group, device)
+    dense_inter = max(1, d.dense_inter // d.expert_inter) * d.expert_inter  # whole experts: the fused path
+    dense_gate_up = _int4(gen, (2 * dense_inter, d.hidden), d.group, device)
+    dense_down = _int4(gen, (d.hidden, dense_inter), d.group, device)
     router = torch.zeros(d.experts, d.hidden)
     for t in range(16):
         router[:, t] = torch.randperm(d.experts, generator=gen) / 16
     router = router.to(device=device, dtype=torch.bfloat16)
     router_x = torch.eye(16, d.hidden).to(device=device, dtype=torch.bfloat16)
     scale = (torch.rand(d.experts, generator=gen) + 0.5).to(device)
-    x = _randn(16, d.hidden, gen=gen, device=device)
+    x, dense_x = (_randn(16, d.hidden, gen=gen, device=device) for _ in range(2))
+
+    def rows_of(m, experts):  # either path's outputs as rows [T, D]: parts summed in order, rounded
+        m = ordered_sum(m.movedim(0, -1)).to(x.dtype) if m.dim() == 3 else m
+        return m, ordered_sum(experts.movedim(1, -1)).to(x.dtype) if experts.dim() == 3 else experts
 
     def run(rows):
-        return routed_moe(x[rows], gate_up, down, router_x[rows], router, d.top_k, scale, summed=True)
+        dense = DenseMlp(dense_x[rows], dense_gate_up, dense_down)
+        return rows_of(*dense_and_routed_moe(dense, x[rows], gate_up, down, router_x[rows], router, d.top_k, scale))
 
     worst = max(_error(*_both(lambda: run(slice(0, rows)))) for rows in (1, 16))
     return worst, _rows_alone(run)

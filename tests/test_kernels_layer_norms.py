@@ -105,6 +105,28 @@ def test_the_norms_after_the_mlps_are_one_kernel(dtype, d, experts_out):
     _check_rows(lambda d_, r, *e: ln.mlp_out_norms(d_, e[0] if e else None, r, EPS, w), inputs, ("h", "next_x"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_dense_mlps_chunk_partials_sum_in_order_to_its_output(dtype):
+    """The dense MLP's output as the expert kernels' per-chunk fp32 partials [S, T, D]: the kernel
+    and the reference sum them in chunk order and round, the same bits as the rounded sum given."""
+    d = 64
+    rand = _rows(d, dtype, seed=3)
+    dense_w, experts_w, out_w, next_w = _weights(d, 2, 4)
+    w = ln.MlpOutWeights(dense_w, experts_w, out_w, torch.tensor([0.37]).to(dtype), next_w)
+    experts, residual = rand(5, d, scale=5.0), rand(5, d)
+    partials = torch.randn(3, 5, d, generator=torch.Generator().manual_seed(9)) * 0.7
+    summed = ordered_sum(partials.movedim(0, -1)).to(dtype)
+    for choice in ("triton", "torch"):
+        with kernels(choice):
+            for got, want in zip(
+                ln.mlp_out_norms(partials, experts, residual, EPS, w),
+                ln.mlp_out_norms(summed, experts, residual, EPS, w),
+            ):
+                assert torch.equal(got, want), choice
+    with kernels("triton"), pytest.raises(ValueError, match="dense partials must be fp32"):
+        ln.mlp_out_norms(partials.to(dtype) if dtype != torch.float32 else partials[:, :4], experts, residual, EPS, w)
+
+
 def test_the_chains_compute_what_the_layer_defines():
     """The references spelled out op by op as docs/model.md (one decoder layer) defines the layer, in fp32:
     a wrong weight or a missing residual here would pass the fused-against-reference tests."""

@@ -13,8 +13,9 @@ from flashdesk.kernels import moe_triton
 from flashdesk.kernels.backend import kernels
 from flashdesk.kernels.int4 import Int4Weight, pack_int4
 from flashdesk.kernels.launch_log import describe_launch
-from flashdesk.kernels.moe import moe_reference
-from flashdesk.kernels.moe_triton import compile_specs, fused_moe, fused_router_moe, fused_routed_moe, tiles
+from flashdesk.kernels.moe import DenseMlp, moe_reference
+from flashdesk.kernels.moe_triton import compile_specs, dense_chunks, fused_moe, fused_router_moe, fused_routed_moe
+from flashdesk.kernels.moe_triton import tiles
 from flashdesk.kernels.router import ordered_sum
 
 pytestmark = pytest.mark.skipif(not moe_triton.interpreted(), reason="needs TRITON_INTERPRET=1 before triton import")
@@ -114,6 +115,78 @@ def test_unsummed_pair_outputs_sum_in_top_k_order_to_the_output():
     pairs = fused_moe(x, gate_up, down, top_idx, top_w, summed=False)
     assert pairs.shape == (5, 3, x.shape[1]) and pairs.dtype == torch.float32
     assert torch.equal(ordered_sum(pairs.movedim(1, -1)).to(x.dtype), fused_moe(x, gate_up, down, top_idx, top_w))
+
+
+def dense_mlp(seed, tokens, chunks, group, asym, dtype=torch.float32, dims=WHOLE) -> DenseMlp:
+    """A dense GLU MLP whose intermediate is `chunks` experts' I, in the experts' int4 format."""
+    d, i = dims
+    gen = torch.Generator().manual_seed(seed)
+    gate_up = random_int4(gen, (1, 2 * chunks * i, d), group, asym, dtype)[0]
+    down = random_int4(gen, (1, d, chunks * i), group, asym, dtype)[0]
+    return DenseMlp(torch.randn(tokens, d, generator=gen).to(dtype), gate_up, down)
+
+
+def dense_reference(dense: DenseMlp) -> torch.Tensor:
+    """down(gelu_tanh(gate x) * up x) on the dequantized weights, in fp32 throughout."""
+    gate, up = (dense.x @ dense.gate_up.dequantize(torch.float32).T).chunk(2, dim=-1)
+    g = 0.5 * gate * (1 + torch.tanh(0.7978845608028654 * (gate + 0.044715 * gate**3)))
+    return (g * up) @ dense.down.dequantize(torch.float32).T
+
+
+DENSE_CASES = [(1, 2, 8, False, WHOLE), (5, 3, 16, True, WHOLE), (16, 2, 8, True, TILED), (1, 3, 16, False, TILED)]
+
+
+@pytest.mark.parametrize("tokens,top_k,group,asym,dims", DENSE_CASES)
+def test_a_dense_mlp_runs_as_extra_slots_of_the_expert_kernels(tokens, top_k, group, asym, dims):
+    """With a dense MLP of whole expert-sized chunks the two expert launches also compute it: the
+    experts' outputs keep their bits, and the chunks' fp32 partials summed in order are the dense
+    MLP (against an fp32 torch reference on the dequantized weights)."""
+    args = problem(tokens * 7 + top_k, tokens, top_k, group, asym, dims=dims)
+    dense = dense_mlp(tokens, tokens, 3, group, asym, dims=dims)
+    assert dense_chunks(dense, args[0], args[1], args[2]) == 3
+    experts, partials = fused_moe(*args, summed=False, dense=dense)
+    assert torch.equal(experts, fused_moe(*args, summed=False))
+    assert partials.shape == (3, tokens, dims[0]) and partials.dtype == torch.float32
+    torch.testing.assert_close(ordered_sum(partials.movedim(0, -1)), dense_reference(dense), rtol=1e-5, atol=1e-4)
+
+
+def test_the_dense_chunks_are_batch_invariant_and_rounded_as_the_glu_linear_rounds():
+    """A token's dense partials have the same bits alone as among 16; in bf16 the chunks round
+    gate, up, act(gate) and the product as the linear's GLU epilogue does, so they land within the
+    reference's own bf16 error of the fp32 function."""
+    x, gate_up, down, top_idx, top_w = problem(21, 16, 2, 8, True, torch.bfloat16, dims=TILED)
+    dense = dense_mlp(5, 16, 2, 8, True, torch.bfloat16, dims=TILED)
+    _, full = fused_moe(x, gate_up, down, top_idx, top_w, summed=False, dense=dense)
+    for rows in ([0], [3, 9, 15]):
+        part = DenseMlp(dense.x[rows], dense.gate_up, dense.down)
+        _, partials = fused_moe(x[rows], gate_up, down, top_idx[rows], top_w[rows], summed=False, dense=part)
+        assert torch.equal(partials, full[:, rows]), rows
+    truth = dense_reference(DenseMlp(dense.x.float(), *(_as_fp32(w) for w in dense[1:])))
+    gate, up = (dense.x @ dense.gate_up.dequantize(torch.bfloat16).T).chunk(2, dim=-1)
+    bf16 = (torch.nn.functional.gelu(gate, approximate="tanh") * up) @ dense.down.dequantize(torch.bfloat16).T
+    ours = ordered_sum(full.movedim(0, -1)).to(torch.bfloat16)
+    assert (ours.float() - truth).abs().max() <= 2 * (bf16.float() - truth).abs().max()
+
+
+def test_a_dense_mlp_that_does_not_fit_the_expert_kernels_is_left_out():
+    """dense_chunks is 0 (the dense MLP runs on its own) past the small path, for another group
+    size or zero-point format, an intermediate that is not whole experts, dense (bf16) weights, an
+    input of another dtype, or non-contiguous weights."""
+    _, gate_up, down, _, _ = problem(3, 1, 2, 8, False)
+    fits = dense_mlp(1, 4, 2, 8, False)
+    x = torch.zeros(4, WHOLE[0])
+    assert dense_chunks(fits, x, gate_up, down) == 2
+    assert dense_chunks(None, x, gate_up, down) == 0
+    assert dense_chunks(DenseMlp(torch.zeros(17, WHOLE[0]), *fits[1:]), torch.zeros(17, WHOLE[0]), gate_up, down) == 0
+    assert dense_chunks(dense_mlp(1, 4, 2, 16, False), x, gate_up, down) == 0  # group 16, experts 8
+    assert dense_chunks(dense_mlp(1, 4, 2, 8, True), x, gate_up, down) == 0  # zero points, experts none
+    odd = dense_mlp(1, 4, 1, 8, False, dims=(WHOLE[0], WHOLE[1] + 8))  # 40 columns: not whole 32s
+    assert dense_chunks(odd, x, gate_up, down) == 0
+    plain = DenseMlp(fits.x, fits.gate_up.dequantize(torch.float32), fits.down.dequantize(torch.float32))
+    assert dense_chunks(plain, x, gate_up, down) == 0
+    assert dense_chunks(fits, x.to(torch.bfloat16), gate_up, down) == 0
+    strided = Int4Weight(fits.down.packed.t().contiguous().t(), fits.down.scale, None, 8)
+    assert dense_chunks(DenseMlp(fits.x, fits.gate_up, strided), x, gate_up, down) == 0
 
 
 @pytest.mark.parametrize("tokens,top_k", [(1, 2), (16, 3), (70, 2)])
@@ -259,6 +332,9 @@ def test_compile_specs_match_launches(monkeypatch):
         zero = torch.zeros(1, 1, 1, dtype=torch.int8).expand(e, out, inp // group) if asym else None
         return Int4Weight(packed, scale, zero, group)
 
+    def contiguous(w):
+        return Int4Weight(*(None if t is None else t.contiguous() for t in (w.packed, w.scale, w.zero)), group)
+
     for asym in (False, True):
         for tokens in (1, 16, 64):
             x = torch.zeros(tokens, d, dtype=torch.bfloat16)
@@ -268,6 +344,12 @@ def test_compile_specs_match_launches(monkeypatch):
             fused_routed_moe(x, fake(2 * inter, d, asym), fake(d, inter, asym), logits, top_k, scale, summed=False)
             router = torch.zeros(1, 1, dtype=torch.bfloat16).expand(e, d)
             fused_router_moe(x, fake(2 * inter, d, asym), fake(d, inter, asym), x, router, top_k, scale, summed=False)
+            chunks = moe_triton.REAL_DENSE_CHUNKS  # the dense MLP's weights: contiguous, as loaded
+            dense = DenseMlp(
+                x, *(contiguous(fake(out, inp, asym)[0]) for out, inp in ((2 * chunks * inter, d), (d, chunks * inter)))
+            )
+            experts = fake(2 * inter, d, asym), fake(d, inter, asym)
+            fused_router_moe(x, *experts, x, router, top_k, scale, summed=False, dense=dense)
     launched = {_launch_key(fn, args, kwargs) for fn, args, kwargs in launches}
     listed = {_key(s.fn, s.signature, s.constexprs, s.num_warps, s.num_stages, s.maxnreg) for s in specs}
     assert launched == listed

@@ -135,17 +135,17 @@ class RouterRecorder:
     def active(self):
         from flashdesk.engine.model import gemma4
 
-        original = gemma4.routed_moe
+        original = gemma4.dense_and_routed_moe
 
-        def recording(x, gate_up, down, router_x, router, top_k, *args, **kwargs):
+        def recording(dense, x, gate_up, down, router_x, router, top_k, *args, **kwargs):
             self.calls.append((self.layer_of.get(id(gate_up)), router_x, router, top_k))
-            return original(x, gate_up, down, router_x, router, top_k, *args, **kwargs)
+            return original(dense, x, gate_up, down, router_x, router, top_k, *args, **kwargs)
 
-        gemma4.routed_moe = recording
+        gemma4.dense_and_routed_moe = recording
         try:
             yield self
         finally:
-            gemma4.routed_moe = original
+            gemma4.dense_and_routed_moe = original
 
     def reset(self) -> None:
         self.calls = []

@@ -18,7 +18,7 @@ from flashdesk.engine.model.config import Gemma4Config
 from flashdesk.engine.model.kv_cache import CacheLayout, KVCache
 from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput, attention_out_norms, mlp_out_norms
 from flashdesk.kernels.linear import concat_rows, glu_linear, linear
-from flashdesk.kernels.moe import routed_moe
+from flashdesk.kernels.moe import DenseMlp, dense_and_routed_moe
 from flashdesk.kernels.norm import qkv_norms, rms_norm
 
 
@@ -174,8 +174,10 @@ class Gemma4:
         h, x, *moe_inputs = attention_out_norms(
             a, h, eps, n["post_attention_layernorm"], n["pre_feedforward_layernorm"], router
         )
-        m = linear(glu_linear(x, L.gate_up, "gelu_tanh"), L.down)
-        experts = self._moe(L, *moe_inputs) if L.moe else None
+        if L.moe:  # the dense MLP and the experts: one pair of launches on the fused path
+            m, experts = self._moe(L, DenseMlp(x, L.gate_up, L.down), *moe_inputs)
+        else:
+            m, experts = linear(glu_linear(x, L.gate_up, "gelu_tanh"), L.down), None
         return mlp_out_norms(
             m,
             experts,
@@ -190,10 +192,12 @@ class Gemma4:
             ),
         )
 
-    def _moe(self, L: _Layer, x: torch.Tensor, router_x: torch.Tensor) -> torch.Tensor:
-        """The experts on x (pre_feedforward_layernorm_2 of the residual stream), routed on router_x
-        (its weightless norm, scaled)."""
-        return routed_moe(
+    def _moe(self, L: _Layer, dense: DenseMlp, x: torch.Tensor, router_x: torch.Tensor):
+        """The dense MLP and the experts on x (pre_feedforward_layernorm_2 of the residual stream),
+        routed on router_x (its weightless norm, scaled): (m, experts) for mlp_out_norms, which
+        sums what comes unsummed (moe.dense_and_routed_moe)."""
+        return dense_and_routed_moe(
+            dense,
             x,
             L.experts_gate_up,
             L.experts_down,
@@ -201,5 +205,4 @@ class Gemma4:
             L.router,
             self.cfg.top_k_experts,
             L.per_expert_scale,
-            summed=False,
-        )  # mlp_out_norms sums
+        )
