@@ -32,6 +32,10 @@ the int4 decoding and GeGLU are written inline and the int4 addressing is set up
 (one nested call a program picks the slot's loop).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
@@ -40,9 +44,11 @@ from flashdesk.kernels.backend import MAX_REGISTERS, CompileSpec, arrival_counte
 from flashdesk.kernels.grid_dependency import enter, prefetch_rows
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.linear import linear
-from flashdesk.kernels.moe import DenseMlp
 from flashdesk.kernels.linear_triton import gated_product, gelu_tanh, small_tiles
 from flashdesk.kernels.router_triton import ROUTE_ROWS, route_rows, route_triton
+
+if TYPE_CHECKING:  # the front's type; at run time the front calls this module, not the reverse
+    from flashdesk.kernels.moe import DenseMlp
 
 SMALL_T = 16  # up to this many tokens: the batch-invariant path (decode, verify)
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) per kernel and path for the real experts, none spilling on
