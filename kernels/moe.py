@@ -9,14 +9,16 @@ outputs are picked: cheaper than gathering each pair's weights (a 9-token verify
 bf16 matmul gives a row the same bits whatever the row count; a GPU's need not, so it stays on the
 CPU). Between the two, when the (token, expert) pairs' weights are small, one batched matmul over
 gathered weights. On the Triton path int4 experts go through the fused kernel (`moe_triton`).
+A Gemma 4 layer's dense MLP beside the experts (`dense_and_routed_moe`) rides along in the same
+two expert launches there when its weights fit them.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
-
-from typing import NamedTuple
 
 from flashdesk.kernels.backend import faulty, use_triton
 from flashdesk.kernels.int4 import Int4Weight, as_dense

@@ -244,3 +244,34 @@ def test_a_scope_never_resumes_another_scopes_conversation(engine):
     *_, own = engine.generate(GenerationRequest(longer, 8, ignore_eos=True, scope="key:a"))
     assert own.stats["reused_tokens"] >= len(prompt) - 1  # its own, back from host memory
     assert own.token_ids == other.token_ids
+
+
+def test_two_kept_conversations_with_the_same_tokens_resume_each_by_identity(engine):
+    """Two scopes' conversations with equal tokens, both kept in host memory: resuming the second
+    takes that very one out of the keep list (it compared the two by value, tensors included, and
+    every later request of that scope failed with "Boolean value of Tensor ... is ambiguous")."""
+    prompt = prompt_of(engine, [{"role": "user", "content": sentence(97, 10)}])
+    other = prompt_of(engine, [{"role": "user", "content": sentence(98, 10)}])
+    for scope in ("key:a", "key:b"):  # the same greedy reply in two scopes
+        *_, first = engine.generate(GenerationRequest(prompt, 8, ignore_eos=True, scope=scope))
+    list(engine.generate(GenerationRequest(other, 8, ignore_eos=True, scope="key:c")))  # both kept now
+    for _ in range(2):
+        *_, again = engine.generate(GenerationRequest(prompt, 8, ignore_eos=True, scope="key:b"))
+        assert again.stats["reused_tokens"] >= len(prompt) - 1 and again.token_ids == first.token_ids
+
+
+def test_a_failure_while_resuming_forgets_the_kept_conversations_not_the_engine(engine, monkeypatch):
+    """If the prefix cache fails to place a request, its bookkeeping is dropped (nothing kept is
+    trusted) and the next request prefills from scratch with the same output."""
+    prompt = prompt_of(engine, [{"role": "user", "content": sentence(99, 10)}])
+    expected = run(engine, prompt, 8)
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("bookkeeping broke")
+
+    monkeypatch.setattr(PrefixCache, "start", broken)
+    with pytest.raises(RuntimeError, match="bookkeeping broke"):
+        run(engine, prompt, 8)
+    monkeypatch.undo()
+    got = run(engine, prompt, 8)
+    assert got.stats["reused_tokens"] == 0 and got.token_ids == expected.token_ids

@@ -76,7 +76,7 @@ def _nbytes(copies) -> int:
     return sum(t.numel() * t.element_size() for t in copies if t is not None)
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: its fields hold tensors
 class Snapshot:
     """The rings of the target cache and the drafter context where a prompt ended."""
 
@@ -90,7 +90,7 @@ class Snapshot:
         return _nbytes(self.target) + _nbytes(self.draft)
 
 
-@dataclass
+@dataclass(eq=False)  # by identity (kept.remove takes the very one resumed): its snapshots hold tensors
 class Sequence:
     """One conversation's state: `tokens` are the ids at positions 0..len-1. `kept` holds host copies
     of its buffers while it is not the one on the device."""
