@@ -411,7 +411,7 @@ class Engine:
         try:
             reused = prefix.start(prompt, request.reuse and not request.prompt_logprobs, request.scope)
         except Exception:  # its bookkeeping is half updated: forget what it kept, keep the buffers
-            self._prefix = PrefixCache(self._cache, self._ctx, self.prefix_budget)
+            self._prefix = PrefixCache(prefix.cache, prefix.ctx, self.prefix_budget)
             raise
         sampling = request.sampling  # with the checkpoint's suppressed tokens, greedy or not
         if self.suppress_tokens and not set(self.suppress_tokens) <= set(sampling.suppress):
