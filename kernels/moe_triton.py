@@ -14,8 +14,8 @@ Launches with grids that depend only on shapes (CUDA-graph friendly, no host syn
    On the small path the layer's dense GLU MLP can ride along (`dense_chunks`): its intermediate
    cut into expert-sized chunks, each an extra slot at the end of both grids whose rows are the
    tokens; its h rows and its unweighted fp32 partials follow the pairs', and the norms after the
-   MLPs add the partials in chunk order. Each kind of slot runs its own loop (`_gate_up_rows`,
-   `_down_rows`) with its strides compile-time, so the experts' registers do not change.
+   MLPs add the partials in chunk order. Each kind of slot runs its own loop (`moe_rows_triton`'s
+   loops) with its strides compile-time, so the experts' registers do not change.
 3. out[t] = sum over k = 0..K-1 of y[t, k] in that fixed order, cast to x's dtype; skipped when
    the caller sums y itself (the model's norms after the MLPs do, in the same order).
 
@@ -44,7 +44,8 @@ from flashdesk.kernels.backend import MAX_REGISTERS, CompileSpec, arrival_counte
 from flashdesk.kernels.grid_dependency import enter, prefetch_rows
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.linear import linear
-from flashdesk.kernels.linear_triton import gated_product, gelu_tanh, small_tiles
+from flashdesk.kernels.linear_triton import small_tiles
+from flashdesk.kernels.moe_rows_triton import down_rows, gate_up_rows
 from flashdesk.kernels.router_triton import ROUTE_ROWS, route_rows, route_triton
 
 if TYPE_CHECKING:  # the front's type; at run time the front calls this module, not the reverse
@@ -70,101 +71,6 @@ GROUP_PAIRS = 128  # (token, expert) pairs grouped by one program: 16 tokens x t
 GROUP_CHUNK = 32
 GROUP_WARPS = 4
 ROUTER_STAGES = 2  # a router program walks two K steps: the second loads while the first is used
-
-
-@triton.jit
-def _gate_up_rows(
-    x_ptr,
-    packed_ptr,
-    scale_ptr,
-    zero_ptr,
-    pair_ptr,
-    h_ptr,
-    begin,
-    end,
-    D: tl.constexpr,
-    I: tl.constexpr,
-    GROUP: tl.constexpr,
-    TOP_K: tl.constexpr,
-    UP_ROWS: tl.constexpr,
-    DENSE_ROWS: tl.constexpr,
-    HAS_ZERO: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    DOT_FP32: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """Rows begin..end of h for one block of I, from gate rows at packed_ptr and up rows UP_ROWS
-    below them: an expert's pairs (x rows by pair), or with DENSE_ROWS a dense chunk's tokens."""
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    kk = tl.arange(0, BLOCK_K)
-    if USE_DOT:  # weight tiles [BLOCK_K, BLOCK_N], as tl.dot takes them
-        wn = n[None, :]
-        wk = kk[:, None]
-    else:  # [BLOCK_N, BLOCK_K], against [BLOCK_M, 1, BLOCK_K] rows
-        wn = n[:, None]
-        wk = kk[None, :]
-    # int4 addressing (int4.py) at k = 0, set up once
-    words = packed_ptr + wn * (D // 8) + wk // 8
-    up_words: tl.constexpr = UP_ROWS * (D // 8)
-    shift = (wk & 7) << 2  # 4 * (k % 8)
-    gate_groups = wn * (D // GROUP)
-    up_groups = gate_groups + UP_ROWS * (D // GROUP)
-    n_ok = wn < I
-    ty: tl.constexpr = h_ptr.dtype.element_ty
-    for m0 in range(begin, end, BLOCK_M):
-        rows = m0 + tl.arange(0, BLOCK_M)
-        m_ok = rows < end
-        if DENSE_ROWS:
-            tokens = (rows - begin).to(tl.int64)
-        else:
-            tokens = (tl.load(pair_ptr + rows, mask=m_ok, other=0) // TOP_K).to(tl.int64)
-        x_rows = x_ptr + tokens[:, None] * D + kk[None, :]
-        if USE_DOT:
-            gate = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-            up = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-        else:
-            gate3 = tl.full([BLOCK_M, BLOCK_N, BLOCK_K], 0.0, tl.float32)
-            up3 = tl.full([BLOCK_M, BLOCK_N, BLOCK_K], 0.0, tl.float32)
-        for k0 in range(0, D, BLOCK_K):
-            x_ok, w_ok = m_ok[:, None], n_ok
-            if D % BLOCK_K:  # a K tail (tiny experts only)
-                x_ok = x_ok & (kk < D - k0)[None, :]
-                w_ok = w_ok & (wk < D - k0)
-            x = tl.load(x_rows + k0, mask=x_ok, other=0.0)
-            group = (k0 + wk) // GROUP
-            qg = ((tl.load(words + k0 // 8, mask=w_ok, other=0) >> shift) & 0xF) - 8
-            qu = ((tl.load(words + (up_words + k0 // 8), mask=w_ok, other=0) >> shift) & 0xF) - 8
-            if HAS_ZERO:
-                qg -= tl.load(zero_ptr + gate_groups + group, mask=w_ok, other=0)
-                qu -= tl.load(zero_ptr + up_groups + group, mask=w_ok, other=0)
-            wg = qg.to(tl.float32) * tl.load(scale_ptr + gate_groups + group, mask=w_ok, other=0.0).to(tl.float32)
-            wu = qu.to(tl.float32) * tl.load(scale_ptr + up_groups + group, mask=w_ok, other=0.0).to(tl.float32)
-            if USE_DOT:
-                if DOT_FP32:  # the interpreter's bf16 dot is broken; fp32 activations stay fp32
-                    x = x.to(tl.float32)
-                    gate = tl.dot(x, wg, gate, input_precision="ieee")
-                    up = tl.dot(x, wu, up, input_precision="ieee")
-                else:
-                    gate = tl.dot(x, wg.to(x.dtype), gate)
-                    up = tl.dot(x, wu.to(x.dtype), up)
-            else:
-                xf = x.to(tl.float32)[:, None, :]
-                gate3 += xf * wg[None, :, :]
-                up3 += xf * wu[None, :, :]
-        if not USE_DOT:
-            gate = tl.sum(gate3, axis=2)
-            up = tl.sum(up3, axis=2)
-        if DENSE_ROWS:  # gate, up, act(gate) and the product rounded, as linear_triton's GLU epilogue
-            h = gated_product(gate.to(ty), up.to(ty), "gelu_tanh")
-        else:
-            h = gelu_tanh(gate) * up
-        tl.store(
-            h_ptr + rows[:, None].to(tl.int64) * I + n[None, :],
-            h.to(ty),
-            mask=m_ok[:, None] & (n < I)[None, :],
-        )
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -205,7 +111,7 @@ def _gate_up_kernel(
     slots = tl.num_programs(0) - DENSE
     if slot < slots:  # an expert's [gate; up] rows, 2I of them
         expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
-        _gate_up_rows(
+        gate_up_rows(
             x_ptr,
             packed_ptr + expert * (2 * I * (D // 8)),
             scale_ptr + expert * (2 * I * (D // GROUP)),
@@ -229,7 +135,7 @@ def _gate_up_kernel(
         )
     elif DENSE:  # dense chunk j: gate rows j * I.., up rows DENSE * I below them
         chunk = slot - slots
-        _gate_up_rows(
+        gate_up_rows(
             dense_x_ptr,
             dense_packed_ptr + chunk * (I * (D // 8)),
             dense_scale_ptr + chunk * (I * (D // GROUP)),
@@ -251,82 +157,6 @@ def _gate_up_kernel(
             BLOCK_N,
             BLOCK_K,
         )
-
-
-@triton.jit
-def _down_rows(
-    h_ptr,
-    packed_ptr,
-    scale_ptr,
-    zero_ptr,
-    pair_ptr,
-    weight_ptr,
-    y_ptr,
-    begin,
-    end,
-    D: tl.constexpr,
-    I: tl.constexpr,
-    GROUP: tl.constexpr,
-    ROW: tl.constexpr,
-    DENSE_ROWS: tl.constexpr,
-    HAS_ZERO: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    DOT_FP32: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """Rows begin..end of h through I columns of a down weight whose rows are ROW wide, for one
-    block of D: an expert's pairs, weighted, into y's pair rows; or with DENSE_ROWS a dense
-    chunk's rows, unweighted, into y's rows of the same index."""
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    kk = tl.arange(0, BLOCK_K)
-    if USE_DOT:  # weight tiles oriented as in _gate_up_kernel
-        wn = n[None, :]
-        wk = kk[:, None]
-    else:
-        wn = n[:, None]
-        wk = kk[None, :]
-    words = packed_ptr + wn * (ROW // 8) + wk // 8
-    shift = (wk & 7) << 2  # 4 * (k % 8)
-    groups = wn * (ROW // GROUP)
-    n_ok = wn < D
-    for m0 in range(begin, end, BLOCK_M):
-        rows = m0 + tl.arange(0, BLOCK_M)
-        m_ok = rows < end
-        h_rows = h_ptr + rows[:, None].to(tl.int64) * I + kk[None, :]
-        if USE_DOT:
-            acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
-        else:
-            acc3 = tl.full([BLOCK_M, BLOCK_N, BLOCK_K], 0.0, tl.float32)
-        for k0 in range(0, I, BLOCK_K):
-            h_ok, w_ok = m_ok[:, None], n_ok
-            if I % BLOCK_K:  # a K tail (tiny experts only)
-                h_ok = h_ok & (kk < I - k0)[None, :]
-                w_ok = w_ok & (wk < I - k0)
-            h = tl.load(h_rows + k0, mask=h_ok, other=0.0)
-            group = groups + (k0 + wk) // GROUP
-            q = ((tl.load(words + k0 // 8, mask=w_ok, other=0) >> shift) & 0xF) - 8
-            if HAS_ZERO:
-                q -= tl.load(zero_ptr + group, mask=w_ok, other=0)
-            w = q.to(tl.float32) * tl.load(scale_ptr + group, mask=w_ok, other=0.0).to(tl.float32)
-            if USE_DOT:
-                if DOT_FP32:
-                    acc = tl.dot(h.to(tl.float32), w, acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(h, w.to(h.dtype), acc)
-            else:
-                acc3 += h.to(tl.float32)[:, None, :] * w[None, :, :]
-        if not USE_DOT:
-            acc = tl.sum(acc3, axis=2)
-        if DENSE_ROWS:  # its own row of y, unweighted
-            y_rows = rows.to(tl.int64)
-            y = acc
-        else:
-            pairs = tl.load(pair_ptr + rows, mask=m_ok, other=0)
-            y_rows = pairs.to(tl.int64)
-            y = acc * tl.load(weight_ptr + pairs, mask=m_ok, other=0.0)[:, None]
-        tl.store(y_ptr + y_rows[:, None] * D + n[None, :], y, mask=m_ok[:, None] & (n < D)[None, :])
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -366,7 +196,7 @@ def _down_kernel(
     slots = tl.num_programs(0) - DENSE
     if slot < slots:
         expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
-        _down_rows(
+        down_rows(
             h_ptr,
             packed_ptr + expert * (D * (I // 8)),
             scale_ptr + expert * (D * (I // GROUP)),
@@ -390,7 +220,7 @@ def _down_kernel(
         )
     elif DENSE:
         chunk = slot - slots
-        _down_rows(
+        down_rows(
             h_ptr,
             dense_packed_ptr + chunk * (I // 8),
             dense_scale_ptr + chunk * (I // GROUP),
