@@ -141,6 +141,7 @@ KERNELS = {
     "rms_norm": "RMSNorm with the residual add and scale",
     "add_norm": "the drafter's residual add with its norm",
     "head_norms": "q/k/v head norms with RoPE and the K/V store",
+    "qkv_heads": "a decode or verify block's q/k/v projection fused with its head norms and K/V store",
     "attention_out_norms": "the norms after attention",
     "mlp_out_norms": "the norms after the MLPs",
     "router": "routing (softmax, top-k)",
@@ -269,8 +270,10 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
     its group's), so launches in one stream and CUDA graphs share them. Two invariants keep that
     true: every launch that counts runs on the engine's one stream (a second stream running such
     kernels alongside would mix its arrivals in), and the first launch, which allocates them, is a
-    warm-up before any graph capture (inside one they would come from the graph's private pool)."""
-    return torch.zeros(ARRIVAL_COUNTERS, dtype=torch.int32, device=device)
+    warm-up before any graph capture (inside one they would come from the graph's private pool).
+    Two banks of ARRIVAL_COUNTERS: a launch that counts at two levels (the fused q/k/v projection's
+    split tiles, then its head groups) takes the second bank for the second level."""
+    return torch.zeros(2 * ARRIVAL_COUNTERS, dtype=torch.int32, device=device)
 
 
 PDL_CAPABILITY = 90  # programmatic dependent launch: sm_90 (Hopper) and later

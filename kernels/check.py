@@ -47,6 +47,7 @@ SPEC_MODULES = (
     "flashdesk.kernels.attention_triton",
     "flashdesk.kernels.norm_triton",
     "flashdesk.kernels.layer_norms_triton",
+    "flashdesk.kernels.qkv_triton",
     "flashdesk.kernels.router_triton",
     "flashdesk.kernels.kv_write",
 )

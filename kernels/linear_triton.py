@@ -145,6 +145,144 @@ def _glu(tile, ty: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr
     return gated_product(gate.to(ty), up.to(ty), ACTIVATION)
 
 
+@triton.jit
+def tile_product(
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    zero_ptr,
+    pid_n,
+    pid_s,
+    offs_m,
+    N,
+    K: tl.constexpr,
+    K_CHUNK: tl.constexpr,
+    GROUP: tl.constexpr,
+    INT4: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+    M,
+):
+    """The fp32 tile [BLOCK_M, BLOCK_N] of x [M, K] @ w.T over chunk pid_s of K (rows offs_m,
+    weight rows of tile pid_n): prefetches the chunk's first weights, waits for the kernels before
+    (`enter`), then walks the chunk. Weight loads have no row mask: rows past N read row N - 1 and
+    are never stored (fewer live predicates; ptxas 13 spilled one across the loop). x is masked,
+    so columns past K add 0."""
+    c = tl.arange(0, BLOCK_N)
+    rows, _ = _tile_rows(pid_n, c, N, ACTIVATION, BLOCK_N)
+    m_mask = offs_m < M
+    x_rows = x_ptr + offs_m[:, None] * K
+    k_start = pid_s * K_CHUNK
+    AHEAD: tl.constexpr = K_CHUNK if K_CHUNK < 2 * BLOCK_K else 2 * BLOCK_K  # columns prefetched: two steps
+    if INT4:
+        w_rows = w_ptr + rows[:, None] * (K // 8)
+        scale_rows = scale_ptr + (rows * (K // GROUP))[:, None]
+        zero_rows = zero_ptr + (rows * (K // GROUP))[:, None]
+        prefetch_rows(w_rows, k_start // 2, AHEAD // 2, K // 2, PDL)
+        s_bytes: tl.constexpr = scale_ptr.dtype.element_ty.primitive_bitwidth // 8
+        prefetch_rows(scale_rows, k_start // GROUP * s_bytes, s_bytes, K // GROUP * s_bytes, PDL)
+        if HAS_ZERO:
+            z_bytes: tl.constexpr = zero_ptr.dtype.element_ty.primitive_bitwidth // 8
+            prefetch_rows(zero_rows, k_start // GROUP * z_bytes, z_bytes, K // GROUP * z_bytes, PDL)
+    else:
+        w_rows = w_ptr + rows[:, None] * K
+        w_bytes: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+        prefetch_rows(w_rows, k_start * w_bytes, AHEAD * w_bytes, K * w_bytes, PDL)
+    enter(PDL)  # weights are never written by the step: prefetched before the wait, x after it
+    dot_ty = tl.float32 if DOT_FP32 else x_ptr.dtype.element_ty
+    acc = tl.zeros((offs_m.shape[0], BLOCK_N), tl.float32)
+    # the bits of 1.0, from a value the compiler cannot see (N >= 0), so that it stays in a
+    # register and `(bits & mask) | one` compiles to one LOP3 instead of two
+    one = 0x3F800000 | (N >> 31)
+    if INT4:  # scales and zeros are fetched one step ahead: their small loads cannot go async
+        scale, zero = _groups(scale_rows, zero_rows, k_start, K, GROUP, HAS_ZERO, BLOCK_K)
+    for k0 in range(k_start, tl.minimum(k_start + K_CHUNK, K), BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if K % BLOCK_K == 0:  # no step runs past K: no column masks
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
+        else:
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+        if INT4:
+            cur_scale, cur_zero = scale, zero
+            if GROUP != K:
+                scale, zero = _groups(scale_rows, zero_rows, k0 + BLOCK_K, K, GROUP, HAS_ZERO, BLOCK_K)
+            w = _int4_tile(w_rows, k0, cur_scale, cur_zero, one, K, HAS_ZERO, BLOCK_K)
+        elif K % BLOCK_K == 0:
+            w = tl.load(w_rows + offs_k[None, :])
+        else:
+            w = tl.load(w_rows + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0)
+        acc = tl.dot(x.to(dot_ty), tl.trans(w.to(dot_ty)), acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def store_partial(acc, part_ptr, pid_n, pid_s, offs_m, M, N, ACTIVATION: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A K chunk's fp32 partial tile into part [SPLIT, M, weight rows] (one value per weight row)."""
+    W_ROWS = N if ACTIVATION == "" else 2 * N
+    w_row, w_row_ok = _tile_rows(pid_n, tl.arange(0, BLOCK_N), N, ACTIVATION, BLOCK_N)
+    tl.store(
+        part_ptr + pid_s * M * W_ROWS + offs_m[:, None] * W_ROWS + w_row[None, :],
+        acc,
+        mask=(offs_m < M)[:, None] & w_row_ok[None, :],
+    )
+
+
+@triton.jit
+def sum_partials(
+    part_ptr,
+    pid_n,
+    pid_m,
+    M,
+    N,
+    SPLIT: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The last chunk to arrive: the tile's partials added in chunk order (the same bits whichever
+    chunk came last), as one vector [BLOCK_M * BLOCK_N] (few registers for the sum), with its
+    offsets in [M, N] (weight rows, for an ACTIVATION's [gate; up]) and its mask."""
+    W_ROWS = N if ACTIVATION == "" else 2 * N
+    flat = tl.arange(0, BLOCK_M * BLOCK_N)
+    row = pid_m * BLOCK_M + flat // BLOCK_N
+    col, col_ok = _tile_rows(pid_n, flat % BLOCK_N, N, ACTIVATION, BLOCK_N)
+    flat_at, flat_mask = row * W_ROWS + col, (row < M) & col_ok
+    total = tl.load(part_ptr + flat_at, mask=flat_mask, other=0.0, cache_modifier=".cg")
+    for s in range(1, SPLIT):
+        total += tl.load(part_ptr + s * M * W_ROWS + flat_at, mask=flat_mask, other=0.0, cache_modifier=".cg")
+    return total, flat_at, flat_mask
+
+
+@triton.jit
+def finish_tile(
+    acc, out_ptr, part_ptr, count_ptr, pid_n, pid_s, pid_m, offs_m, M, N, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr
+):
+    """Store a plain (no activation) tile's outputs: the tile itself, or with SPLIT > 1 its chunk's
+    partial, and the last chunk to arrive the sum (as `_linear_kernel` does). Returns whether this
+    program stored the tile's final outputs (always, without a split): a fused kernel's epilogue
+    may then read them."""
+    BLOCK_N: tl.constexpr = acc.shape[1]
+    if SPLIT == 1:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+        done = True
+    else:
+        store_partial(acc, part_ptr, pid_n, pid_s, offs_m, M, N, "", BLOCK_N)
+        tl.debug_barrier()  # all of this program's partial is written before the release below
+        counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
+        done = tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT - 1  # the others' partials are visible
+        if done:
+            total, flat_at, flat_mask = sum_partials(part_ptr, pid_n, pid_m, M, N, SPLIT, "", BLOCK_M, BLOCK_N)
+            tl.store(out_ptr + flat_at, total.to(out_ptr.dtype.element_ty), mask=flat_mask)
+            tl.atomic_xchg(counter, 0, sem="relaxed")  # the next launch starts from zero
+    return done
+
+
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count: M = 1 is not special
 def _linear_kernel(
     x_ptr,
@@ -176,84 +314,46 @@ def _linear_kernel(
     With an ACTIVATION the weight is [gate; up] (2N rows) and out[m, n] = act(gate) * up of row n of
     each half (a GLU MLP's first projection with its activation): a tile's first BLOCK_N / 2 columns
     are gate rows, the others the matching up rows, so one tile holds both operands of its outputs
-    and the activation runs once per output, in the epilogue.
-
-    Weight loads have no row mask: rows past N read row N - 1 and are never stored (fewer live
-    predicates; ptxas 13 spilled one across the loop). x is masked, so columns past K add 0."""
+    and the activation runs once per output, in the epilogue."""
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    c = tl.arange(0, BLOCK_N)
-    rows, _ = _tile_rows(pid_n, c, N, ACTIVATION, BLOCK_N)
-    m_mask = offs_m < M
-    x_rows = x_ptr + offs_m[:, None] * K
-    k_start = pid_s * K_CHUNK
-    AHEAD: tl.constexpr = K_CHUNK if K_CHUNK < 2 * BLOCK_K else 2 * BLOCK_K  # columns prefetched: two steps
-    if INT4:
-        w_rows = w_ptr + rows[:, None] * (K // 8)
-        scale_rows = scale_ptr + (rows * (K // GROUP))[:, None]
-        zero_rows = zero_ptr + (rows * (K // GROUP))[:, None]
-        prefetch_rows(w_rows, k_start // 2, AHEAD // 2, K // 2, PDL)
-        s_bytes: tl.constexpr = scale_ptr.dtype.element_ty.primitive_bitwidth // 8
-        prefetch_rows(scale_rows, k_start // GROUP * s_bytes, s_bytes, K // GROUP * s_bytes, PDL)
-        if HAS_ZERO:
-            z_bytes: tl.constexpr = zero_ptr.dtype.element_ty.primitive_bitwidth // 8
-            prefetch_rows(zero_rows, k_start // GROUP * z_bytes, z_bytes, K // GROUP * z_bytes, PDL)
-    else:
-        w_rows = w_ptr + rows[:, None] * K
-        w_bytes: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        prefetch_rows(w_rows, k_start * w_bytes, AHEAD * w_bytes, K * w_bytes, PDL)
-    enter(PDL)  # weights are never written by the step: prefetched before the wait, x after it
-    dot_ty = tl.float32 if DOT_FP32 else x_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    # the bits of 1.0, from a value the compiler cannot see (N >= 0), so that it stays in a
-    # register and `(bits & mask) | one` compiles to one LOP3 instead of two
-    one = 0x3F800000 | (N >> 31)
-    if INT4:  # scales and zeros are fetched one step ahead: their small loads cannot go async
-        scale, zero = _groups(scale_rows, zero_rows, k_start, K, GROUP, HAS_ZERO, BLOCK_K)
-    for k0 in range(k_start, tl.minimum(k_start + K_CHUNK, K), BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        if K % BLOCK_K == 0:  # no step runs past K: no column masks
-            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
-        else:
-            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
-        if INT4:
-            cur_scale, cur_zero = scale, zero
-            if GROUP != K:
-                scale, zero = _groups(scale_rows, zero_rows, k0 + BLOCK_K, K, GROUP, HAS_ZERO, BLOCK_K)
-            w = _int4_tile(w_rows, k0, cur_scale, cur_zero, one, K, HAS_ZERO, BLOCK_K)
-        elif K % BLOCK_K == 0:
-            w = tl.load(w_rows + offs_k[None, :])
-        else:
-            w = tl.load(w_rows + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0)
-        acc = tl.dot(x.to(dot_ty), tl.trans(w.to(dot_ty)), acc, input_precision="ieee")
+    acc = tile_product(
+        x_ptr,
+        w_ptr,
+        scale_ptr,
+        zero_ptr,
+        pid_n,
+        pid_s,
+        offs_m,
+        N,
+        K,
+        K_CHUNK,
+        GROUP,
+        INT4,
+        HAS_ZERO,
+        DOT_FP32,
+        ACTIVATION,
+        BLOCK_N,
+        BLOCK_K,
+        PDL,
+        M,
+    )
     ty: tl.constexpr = out_ptr.dtype.element_ty
     OUT_N: tl.constexpr = BLOCK_N if ACTIVATION == "" else BLOCK_N // 2
     offs_out = pid_n * OUT_N + tl.arange(0, OUT_N)
     out_at = offs_m[:, None] * N + offs_out[None, :]
-    out_mask = m_mask[:, None] & (offs_out < N)[None, :]
-    W_ROWS = N if ACTIVATION == "" else 2 * N  # a partial's row: one value per weight row
+    out_mask = (offs_m < M)[:, None] & (offs_out < N)[None, :]
     if SPLIT == 1:
         if ACTIVATION == "":
             tl.store(out_ptr + out_at, acc.to(ty), mask=out_mask)
         else:
             tl.store(out_ptr + out_at, _glu(acc, ty, ACTIVATION, BLOCK_M, BLOCK_N), mask=out_mask)
     else:
-        w_row, w_row_ok = _tile_rows(pid_n, c, N, ACTIVATION, BLOCK_N)
-        tl.store(
-            part_ptr + pid_s * M * W_ROWS + offs_m[:, None] * W_ROWS + w_row[None, :],
-            acc,
-            mask=m_mask[:, None] & w_row_ok[None, :],
-        )
+        store_partial(acc, part_ptr, pid_n, pid_s, offs_m, M, N, ACTIVATION, BLOCK_N)
         tl.debug_barrier()  # all of this program's partial is written before the release below
         counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
         if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT - 1:  # the others' partials are visible
-            flat = tl.arange(0, BLOCK_M * BLOCK_N)  # the tile as one vector: few registers for the sum
-            row = pid_m * BLOCK_M + flat // BLOCK_N
-            col, col_ok = _tile_rows(pid_n, flat % BLOCK_N, N, ACTIVATION, BLOCK_N)
-            flat_at, flat_mask = row * W_ROWS + col, (row < M) & col_ok
-            total = tl.load(part_ptr + flat_at, mask=flat_mask, other=0.0, cache_modifier=".cg")
-            for s in range(1, SPLIT):  # chunk order, the same bits whichever chunk came last
-                total += tl.load(part_ptr + s * M * W_ROWS + flat_at, mask=flat_mask, other=0.0, cache_modifier=".cg")
+            total, flat_at, flat_mask = sum_partials(part_ptr, pid_n, pid_m, M, N, SPLIT, ACTIVATION, BLOCK_M, BLOCK_N)
             if ACTIVATION == "":
                 tl.store(out_ptr + flat_at, total.to(ty), mask=flat_mask)
             else:

@@ -113,20 +113,82 @@ def _head_norms_kernel(
     STORE: k and v go straight into a layer's cache [capacity, KVH, D] at slot (start + t) %
     capacity instead of kv (quantized to fp8 with per-row scales when FP8), as kv_write stores them."""
     HEADS: tl.constexpr = H + KVH if V_MODE == "k" or V_MODE == "none" else H + 2 * KVH
-    KV_OUT: tl.constexpr = KVH if V_MODE == "none" else 2 * KVH
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, D)
-    half = D // 2
-    partner = tl.where(cols < half, cols + half, cols - half)
-    ok = (rows < R)[:, None]
-    t, j = rows // HEADS, rows % HEADS
-    is_q = (j < H)[:, None]
-    src = tl.where(j < H, q_src_ptr + t * q_stride + j * D, kv_src_ptr + t * kv_stride + (j - H) * D)[:, None]
     prefetch_vector(q_w_ptr, D, D, PDL)  # the norm weights; the heads are the projection's output, in L2
     prefetch_vector(k_w_ptr, D, D, PDL)
     enter(PDL)
-    x = tl.load(src + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    xp = tl.load(src + partner[None, :], mask=ok, other=0.0).to(tl.float32)
+    norm_rope_store(
+        rows // HEADS,
+        rows % HEADS,
+        rows < R,
+        q_src_ptr,
+        kv_src_ptr,
+        q_w_ptr,
+        k_w_ptr,
+        cos_ptr,
+        sin_ptr,
+        q_ptr,
+        kv_ptr,
+        ck_ptr,
+        cv_ptr,
+        ks_ptr,
+        vs_ptr,
+        start_ptr,
+        capacity,
+        q_stride,
+        kv_stride,
+        eps,
+        H,
+        KVH,
+        V_MODE,
+        WEIGHT_AFTER_CAST,
+        STORE,
+        FP8,
+        D,
+    )
+
+
+@triton.jit
+def norm_rope_store(
+    t,
+    j,
+    valid,
+    q_src_ptr,
+    kv_src_ptr,
+    q_w_ptr,
+    k_w_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_ptr,
+    kv_ptr,
+    ck_ptr,
+    cv_ptr,
+    ks_ptr,
+    vs_ptr,
+    start_ptr,
+    capacity,
+    q_stride,
+    kv_stride,
+    eps,
+    H: tl.constexpr,
+    KVH: tl.constexpr,
+    V_MODE: tl.constexpr,
+    WEIGHT_AFTER_CAST: tl.constexpr,
+    STORE: tl.constexpr,
+    FP8: tl.constexpr,
+    D: tl.constexpr,
+):
+    """The head norms of (token t, head j) pairs [ROWS] where `valid` (as `_head_norms_kernel`
+    describes them); the heads are read past L1 (.cg), so another program's fresh writes are seen."""
+    KV_OUT: tl.constexpr = KVH if V_MODE == "none" else 2 * KVH
+    cols = tl.arange(0, D)
+    half = D // 2
+    partner = tl.where(cols < half, cols + half, cols - half)
+    ok = valid[:, None]
+    is_q = (j < H)[:, None]
+    src = tl.where(j < H, q_src_ptr + t * q_stride + j * D, kv_src_ptr + t * kv_stride + (j - H) * D)[:, None]
+    x = tl.load(src + cols[None, :], mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    xp = tl.load(src + partner[None, :], mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
     out_ty = q_ptr.dtype.element_ty
     n, n_partner = x * inv[:, None], xp * inv[:, None]
@@ -157,10 +219,10 @@ def _head_norms_kernel(
         k_row = t * KV_OUT + j - H
         v_row = k_row + KVH if V_MODE == "k" else k_row
         k_dst, v_dst = kv_ptr, kv_ptr
-    k_ok = (rows < R) & (j >= H) & (j < H + KVH)
+    k_ok = valid & (j >= H) & (j < H + KVH)
     store_quantized(roped, k_dst + (k_row * D)[:, None] + cols[None, :], ks_ptr + k_row, k_ok, FP8)
     if V_MODE != "none":
-        v_ok = k_ok if V_MODE == "k" else (rows < R) & (j >= H + KVH)
+        v_ok = k_ok if V_MODE == "k" else valid & (j >= H + KVH)
         store_quantized(v, v_dst + (v_row * D)[:, None] + cols[None, :], vs_ptr + v_row, v_ok, FP8)
 
 

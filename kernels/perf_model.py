@@ -88,6 +88,7 @@ MIN_IN_FLIGHT_DEFAULT = 8 * 1024
 # What each kernel streams: its role in a step's bytes.
 ROLES = {
     "_linear_kernel": "weights",
+    "_qkv_heads_kernel": "weights",
     "_gate_up_kernel": "weights",
     "_down_kernel": "weights",
     "_route_kernel": "weights",

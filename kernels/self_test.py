@@ -26,6 +26,7 @@ import os
 import json
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -264,6 +265,38 @@ def _head_norms(d: Dims, device) -> tuple[float, bool]:
             return (drafter_store_kv(q, kv, w, w, cos, sin, 1e-6, into), *cache.read(torch.arange(5, 21)))
 
         worst = max(worst, _error(*_both(drafter_stored)))
+    return worst, invariant
+
+
+def _qkv_heads(d: Dims, device) -> tuple[float, bool]:
+    """The q/k/v projection fused with the head norms and the K/V store (decode and verify blocks):
+    both layer kinds, v its own or k's; q and the stored K/V against the torch path's with 1, 5 and
+    16 rows in a bf16 cache, and each row alone against the 16-row block (q and the cache) in a
+    bf16 and an fp8 cache."""
+    from flashdesk.kernels.kv_write import KVSlots
+    from flashdesk.kernels.qkv import attention_inputs
+
+    gen = _gen(13)
+    worst, invariant = 0.0, True
+    start = torch.tensor([5], dtype=torch.int32, device=device)
+    x = _randn(16, d.hidden, gen=gen, device=device)
+    for dim, kv_heads, _ in d.layers:
+        cos, sin = _rope(16, dim, device)
+        for k_eq_v, fp8 in ((False, True), (True, False)):
+            weight = _int4(gen, ((d.q_heads + kv_heads * (1 if k_eq_v else 2)) * dim, d.hidden), d.group, device)
+            q_w, k_w = ((torch.rand(dim, generator=gen) + 0.5).to(device) for _ in range(2))
+
+            def run(rows, weight=weight, q_w=q_w, k_w=k_w, dim=dim, kv_heads=kv_heads, k_eq_v=k_eq_v, fp8=fp8):
+                cache = _Cache(24, kv_heads, dim, fp8, device)
+                into = KVSlots(cache.k, cache.v, cache.k_scale, cache.v_scale, start + rows.start, cache.capacity)
+                args = (q_w, k_w, cos[rows], sin[rows], 1e-6, d.q_heads, kv_heads, dim, k_eq_v, into)
+                q = attention_inputs(x[rows], weight, *args)[0]
+                positions = torch.arange(5 + rows.start, 5 + rows.stop)
+                return q, *cache.read(positions)
+
+            for rows in (1, 5, 16) if not fp8 else ():  # fp8: see _head_norms' bf16 cache
+                worst = max(worst, _error(*_both(partial(run, slice(0, rows)))))
+            invariant &= _rows_alone(run)
     return worst, invariant
 
 
@@ -512,6 +545,7 @@ CHECKS: dict[str, tuple[Callable, float]] = {
     "rms_norm": (_rms_norm, 2e-2),
     "add_norm": (_add_norm, 2e-2),
     "head_norms": (_head_norms, 2e-2),
+    "qkv_heads": (_qkv_heads, 3e-2),
     "attention_out_norms": (lambda d, dev: _layer_norms(d, dev, "attention_out_norms"), 2e-2),
     "mlp_out_norms": (lambda d, dev: _layer_norms(d, dev, "mlp_out_norms"), 2e-2),
     "router": (_router, 1e-2),

@@ -133,34 +133,68 @@ def test_every_engine_kernel_waits_before_it_touches_memory():
     """Launched with PDL, a kernel may start while the one before it still runs: each engine
     kernel waits (grid_dependency.enter) before anything that could read what is not yet written,
     or write what is still being read. Before the wait it may only compute indices and prefetch
-    weights (which no kernel writes); the PTX check (pdl_in_ptx) sees no load or store before it."""
+    weights (which no kernel writes); the PTX check (pdl_in_ptx) sees no load or store before it.
+    A kernel may wait inside a helper that starts its work (linear_triton.tile_product): the same
+    holds of the helper's statements before its wait and of the kernel's before the call."""
     import ast
     from pathlib import Path
 
-    kernels, wrong, prefetching = [], [], []
+    functions = {}
     for path in sorted(Path(kcheck.__file__).parent.glob("*.py")):
         for node in ast.parse(path.read_text()).body:
-            if not (isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel")):
-                continue
-            kernels.append(node.name)
-            params = {arg.arg: default for arg, default in zip(node.args.args[::-1], node.args.defaults[::-1])}
-            statements = [ast.unparse(statement) for statement in node.body]
-            if "enter(PDL)" not in statements or ast.unparse(params.get("PDL", ast.Constant(None))) != "False":
-                wrong.append(f"{path.name}:{node.name} never calls enter(PDL)")
-                continue
-            before = node.body[: statements.index("enter(PDL)")]
-            calls = {
-                ast.unparse(call.func).rpartition(".")[2]
-                for b in before
-                for call in ast.walk(b)
-                if isinstance(call, ast.Call)
-            }
-            if calls - INDEX_MATH - PREFETCHES:
-                wrong.append(f"{path.name}:{node.name} calls {sorted(calls - INDEX_MATH - PREFETCHES)} before its wait")
-            if calls & PREFETCHES:
-                prefetching.append(node.name)
+            if isinstance(node, ast.FunctionDef):
+                functions[node.name] = (path.name, node)
+
+    def waits_at(node) -> int | None:
+        """Index of the statement that waits: enter(PDL), or a call of a helper that waits."""
+        for i, statement in enumerate(node.body):
+            for call in ast.walk(statement):
+                if not isinstance(call, ast.Call):
+                    continue
+                name = ast.unparse(call.func).rpartition(".")[2]
+                if ast.unparse(call) == "enter(PDL)" or (
+                    name in functions and name != node.name and waits_at(functions[name][1]) is not None
+                ):
+                    return i
+        return None
+
+    def calls_before(node, at: int) -> set:
+        return {
+            ast.unparse(call.func).rpartition(".")[2]
+            for b in node.body[:at]
+            for call in ast.walk(b)
+            if isinstance(call, ast.Call)
+        }
+
+    kernels, wrong, prefetching, helpers = [], [], [], set()
+    for name, (file, node) in functions.items():
+        if not name.endswith("_kernel"):
+            continue
+        kernels.append(name)
+        params = {arg.arg: default for arg, default in zip(node.args.args[::-1], node.args.defaults[::-1])}
+        at = waits_at(node)
+        if at is None or ast.unparse(params.get("PDL", ast.Constant(None))) != "False":
+            wrong.append(f"{file}:{name} never calls enter(PDL)")
+            continue
+        calls = calls_before(node, at)
+        entry = [c for c in ast.walk(node.body[at]) if isinstance(c, ast.Call)]
+        helper = next((ast.unparse(c.func) for c in entry if ast.unparse(c.func) in functions), None)
+        if helper and ast.unparse(node.body[at]) != "enter(PDL)":
+            helpers.add(helper)
+            calls |= {ast.unparse(c.func).rpartition(".")[2] for c in entry} - {helper}  # its arguments
+            inner = functions[helper][1]
+            calls |= calls_before(inner, waits_at(inner))
+            if ast.unparse(inner.body[waits_at(inner)]) != "enter(PDL)":
+                wrong.append(f"{file}:{name} waits two helpers deep")
+        if calls - INDEX_MATH - PREFETCHES:
+            wrong.append(f"{file}:{name} calls {sorted(calls - INDEX_MATH - PREFETCHES)} before its wait")
+        if calls & PREFETCHES:
+            prefetching.append(name)
     assert len(kernels) >= 17 and not wrong, wrong
-    assert {"_linear_kernel", "_router_kernel", "_attention_out_kernel", "_mlp_out_kernel"} <= set(prefetching)
+    assert {"_linear_kernel", "_qkv_heads_kernel", "_router_kernel", "_attention_out_kernel", "_mlp_out_kernel"} <= set(
+        prefetching
+    )
+    assert helpers == {"tile_product"}
 
 
 def test_weight_streaming_kernels_prefetch_before_their_wait_where_the_arch_has_pdl():

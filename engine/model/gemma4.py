@@ -19,7 +19,8 @@ from flashdesk.engine.model.kv_cache import CacheLayout, KVCache
 from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput, attention_out_norms, mlp_out_norms
 from flashdesk.kernels.linear import concat_rows, glu_linear, linear
 from flashdesk.kernels.moe import DenseMlp, dense_and_routed_moe
-from flashdesk.kernels.norm import qkv_norms, rms_norm
+from flashdesk.kernels.norm import rms_norm
+from flashdesk.kernels.qkv import attention_inputs
 
 
 @dataclass
@@ -155,8 +156,9 @@ class Gemma4:
         `reader` weight (the next layer's input norm, or the final norm), fused in the last kernel."""
         cfg, eps, n = self.cfg, self.cfg.rms_norm_eps, L.norms
         spec, t = L.spec, h.shape[0]
-        q, k, v = qkv_norms(
-            linear(x, L.qkv),
+        q, k, v = attention_inputs(
+            x,
+            L.qkv,
             n["self_attn.q_norm"],
             n["self_attn.k_norm"],
             *rope,
