@@ -48,6 +48,7 @@ SPEC_MODULES = (
     "flashdesk.kernels.norm_triton",
     "flashdesk.kernels.layer_norms_triton",
     "flashdesk.kernels.qkv_triton",
+    "flashdesk.kernels.o_proj_triton",
     "flashdesk.kernels.router_triton",
     "flashdesk.kernels.kv_write",
 )

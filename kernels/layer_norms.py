@@ -16,6 +16,8 @@ from typing import NamedTuple
 import torch
 
 from flashdesk.kernels.backend import faulty, use_triton
+from flashdesk.kernels.int4 import Int4Weight
+from flashdesk.kernels.linear import linear
 from flashdesk.kernels.norm import rms_norm as norm
 from flashdesk.kernels.router import ordered_sum
 
@@ -55,6 +57,36 @@ def attention_out_norms(
             "attention_out_norms", attention_out_triton(a, residual, eps, post_attention, pre_feedforward, moe)
         )
     return attention_out_reference(a, residual, eps, post_attention, pre_feedforward, moe)
+
+
+FUSED_O_PROJ = ("o_proj_norms", "linear", "attention_out_norms")  # its kernel stands in for all three
+
+
+def o_proj_and_norms(
+    a: torch.Tensor,
+    o_proj,
+    residual: torch.Tensor,
+    eps: float,
+    post_attention: torch.Tensor,
+    pre_feedforward: torch.Tensor,
+    moe: RouterInput | None = None,
+) -> tuple:
+    """attention_out_norms(linear(a, o_proj), residual, ...): the attention output's projection and
+    the norms after it. On the Triton path a decode step's one row with an int4 projection runs as
+    one kernel (the norms in the projection's last program, kernels/o_proj_triton.py); blocks take
+    the two kernels, whose chain code and layout are the fused kernel's (the same bits)."""
+    if (
+        isinstance(o_proj, Int4Weight)
+        and a.dim() == 2
+        and all(use_triton(a, family) for family in FUSED_O_PROJ)
+        and residual.shape == (a.shape[0], o_proj.shape[0])
+    ):
+        from flashdesk.kernels.o_proj_triton import fusable, o_proj_norms_triton
+
+        if fusable(a.shape[0], o_proj.shape[0], a.shape[1], o_proj.group_size):
+            out = o_proj_norms_triton(a, o_proj, residual, eps, post_attention, pre_feedforward, moe)
+            return faulty("o_proj_norms", out)
+    return attention_out_norms(linear(a, o_proj), residual, eps, post_attention, pre_feedforward, moe)
 
 
 class MlpOutWeights(NamedTuple):

@@ -40,6 +40,70 @@ def _round(y, ty: tl.constexpr):
     return y.to(ty).to(tl.float32)
 
 
+@triton.jit
+def attention_out_chain(
+    rows,
+    a_ptr,
+    res_ptr,
+    w_post_ptr,
+    w_pre_ptr,
+    w_experts_ptr,
+    router_scale_ptr,
+    router_scalar,
+    h_ptr,
+    x_ptr,
+    experts_x_ptr,
+    router_x_ptr,
+    R,
+    D,
+    eps,
+    MOE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The norms after attention of rows `rows` ([ROWS] indices, those >= R skipped), as
+    `_attention_out_kernel` describes them. `a` is read past L1 (.cg): a fused kernel's other
+    programs may have just written it."""
+    cols = tl.arange(0, BLOCK)
+    at, ok = rows[:, None] * D + cols[None, :], (rows < R)[:, None] & (cols < D)[None, :]
+    ty: tl.constexpr = h_ptr.dtype.element_ty
+    a = tl.load(a_ptr + at, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    h = _round(
+        _round(_norm(a, w_post_ptr, cols, D, eps, True), ty) + tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32),
+        ty,
+    )
+    tl.store(h_ptr + at, h.to(ty), mask=ok)
+    n = _norm(h, w_post_ptr, cols, D, eps, False)
+    tl.store(x_ptr + at, (n * _weight(w_pre_ptr, cols, D)).to(ty), mask=ok)
+    if MOE:
+        tl.store(experts_x_ptr + at, (n * _weight(w_experts_ptr, cols, D)).to(ty), mask=ok)
+        r = _round(n, ty) * _weight(router_scale_ptr, cols, D)
+        tl.store(router_x_ptr + at, (_round(r, ty) * router_scalar).to(ty), mask=ok)
+
+
+@triton.jit
+def prefetch_attention_out(
+    rows,
+    res_ptr,
+    w_post_ptr,
+    w_pre_ptr,
+    w_experts_ptr,
+    router_scale_ptr,
+    R,
+    D,
+    MOE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Before the wait: the residual rows (an earlier layer's output) and the norm weights; `a` is
+    the projection's output, in L2."""
+    prefetch_tile(res_ptr, rows, R, D, BLOCK, PDL)
+    prefetch_vector(w_post_ptr, D, BLOCK, PDL)
+    prefetch_vector(w_pre_ptr, D, BLOCK, PDL)
+    if MOE:
+        prefetch_vector(w_experts_ptr, D, BLOCK, PDL)
+        prefetch_vector(router_scale_ptr, D, BLOCK, PDL)
+
+
 @triton.jit(do_not_specialize=["R"])
 def _attention_out_kernel(
     a_ptr,
@@ -61,27 +125,30 @@ def _attention_out_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    rows, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
-    prefetch_tile(res_ptr, rows, R, D, BLOCK, PDL)  # an earlier layer's output; `a` is o_proj's, in L2
-    prefetch_vector(w_post_ptr, D, BLOCK, PDL)
-    prefetch_vector(w_pre_ptr, D, BLOCK, PDL)
-    if MOE:
-        prefetch_vector(w_experts_ptr, D, BLOCK, PDL)
-        prefetch_vector(router_scale_ptr, D, BLOCK, PDL)
+    """h = round(round(norm(a) * w_post) + res); x = norm(h) * w_pre; with MOE also the experts'
+    input norm(h) * w_experts and the router's round(round(norm(h)) * router_scale) * scalar."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    prefetch_attention_out(rows, res_ptr, w_post_ptr, w_pre_ptr, w_experts_ptr, router_scale_ptr, R, D, MOE, BLOCK, PDL)
     enter(PDL)
-    ty: tl.constexpr = h_ptr.dtype.element_ty
-    a = tl.load(a_ptr + at, mask=ok, other=0.0).to(tl.float32)
-    h = _round(
-        _round(_norm(a, w_post_ptr, cols, D, eps, True), ty) + tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32),
-        ty,
+    attention_out_chain(
+        rows,
+        a_ptr,
+        res_ptr,
+        w_post_ptr,
+        w_pre_ptr,
+        w_experts_ptr,
+        router_scale_ptr,
+        router_scalar,
+        h_ptr,
+        x_ptr,
+        experts_x_ptr,
+        router_x_ptr,
+        R,
+        D,
+        eps,
+        MOE,
+        BLOCK,
     )
-    tl.store(h_ptr + at, h.to(ty), mask=ok)
-    n = _norm(h, w_post_ptr, cols, D, eps, False)
-    tl.store(x_ptr + at, (n * _weight(w_pre_ptr, cols, D)).to(ty), mask=ok)
-    if MOE:
-        tl.store(experts_x_ptr + at, (n * _weight(w_experts_ptr, cols, D)).to(ty), mask=ok)
-        r = _round(n, ty) * _weight(router_scale_ptr, cols, D)
-        tl.store(router_x_ptr + at, (_round(r, ty) * router_scalar).to(ty), mask=ok)
 
 
 @triton.jit(do_not_specialize=["R"])

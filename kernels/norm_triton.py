@@ -289,11 +289,15 @@ def rms_norm_triton(
     return out
 
 
-def _head_rows(d: int, store: bool = False) -> tuple[int, int]:
+STORE_WARPS = 8  # the int4 linear's: a decode step's q/k/v projection runs this code in its tail (qkv_triton)
+
+
+def head_rows(d: int, store: bool = False) -> tuple[int, int]:
     """(heads per program, warps) of the head-norm kernel: 2048 elements a program, half the plain
     norm's tile (it holds each head twice, for RoPE's partner, and 32 heads of 128 spilled); 1024
-    when it also quantizes K/V into the cache (2048 spilled 8 bytes)."""
-    return max(1, TILE // (4 if store else 2) // d), 4
+    when it also quantizes K/V into the cache (2048 spilled 8 bytes), over 8 warps: the tile and the
+    warps with which the fused q/k/v projection runs the same code, so both round alike."""
+    return max(1, TILE // (4 if store else 2) // d), STORE_WARPS if store else 4
 
 
 def heads_fusable(x: torch.Tensor | None, head_dim: int) -> bool:
@@ -339,7 +343,7 @@ def head_norms_triton(
             raise ValueError(f"storing into the cache needs a v and at most {into.capacity} tokens, got {t}")
         cache = _cache_args(into, kv_heads, d)
     if t:
-        per_program, warps = _head_rows(d, into is not None)
+        per_program, warps = head_rows(d, into is not None)
         _head_norms_kernel[(triton.cdiv(t * heads_in, per_program),)](
             kv if q is None else q,
             kv,
@@ -468,7 +472,7 @@ def compile_specs() -> list[CompileSpec]:
         (0, 8, 128, "copy", True, "bf16"),
     ]
     for heads, kv_heads, d, v_mode, after_cast, store in heads_specs:
-        per_program, warps = _head_rows(d, store is not None)
+        per_program, warps = head_rows(d, store is not None)
         flags = {
             "H": heads,
             "KVH": kv_heads,

@@ -89,6 +89,7 @@ MIN_IN_FLIGHT_DEFAULT = 8 * 1024
 ROLES = {
     "_linear_kernel": "weights",
     "_qkv_heads_kernel": "weights",
+    "_o_proj_norms_kernel": "weights",
     "_gate_up_kernel": "weights",
     "_down_kernel": "weights",
     "_route_kernel": "weights",
@@ -162,12 +163,26 @@ def in_flight_floor_ok(row: dict, capability: int) -> bool | None:
     return row["bytes_in_flight_per_sm"] >= min_in_flight(capability)
 
 
-def launch_seconds(card: Card, launch: dict, row: dict | None, released: bool = False) -> float:
-    """One launch: latency + max(bytes / achieved bandwidth, issue time) + gap. `launch` has
+def tail_seconds(card: Card, launch: dict, tail: dict | None) -> float:
+    """A fused kernel's tail: the chain its last program runs after the others, serially (launch
+    "tail": the key of the standalone kernel that runs the same code, "tail_passes": how many
+    times over). Each pass issues that kernel's instructions on one SM and waits an L2 hit's
+    latency for what the other programs just wrote."""
+    if tail is None:
+        return 0.0
+    issue = tail["loop_instructions"] * tail["num_warps"] / (ISSUE_PER_CLOCK * card.clock_hz)
+    return launch.get("tail_passes", 1) * (card.l2_latency_s + issue)
+
+
+def launch_seconds(
+    card: Card, launch: dict, row: dict | None, released: bool = False, tail: dict | None = None
+) -> float:
+    """One launch: latency + max(bytes / achieved bandwidth, issue time) + tail + gap. `launch` has
     programs and bytes (the bytes it reads and writes); without a compiled row (a torch op, an
     unlisted kernel) it streams at the card's efficiency. released: the kernel before it released
     it early (see pdl); the gap is then card.pdl_gap_s, and if it prefetched its first weights
-    before its wait (row "prefetch") their latency is an L2 hit's."""
+    before its wait (row "prefetch") their latency is an L2 hit's. tail: the compiled row of the
+    chain a fused kernel runs last (tail_seconds)."""
     nbytes = launch["bytes"]
     bandwidth = card.efficiency * card.bandwidth
     issue = 0.0
@@ -185,7 +200,7 @@ def launch_seconds(card: Card, launch: dict, row: dict | None, released: bool = 
     gap = card.pdl_gap_s if early else card.launch_gap_s
     # a kernel launched early that asked L2 for its first weights before its wait finds them there
     latency = card.l2_latency_s if early and row is not None and row.get("prefetch") else card.latency_s
-    return latency + max(nbytes / bandwidth, issue) + gap
+    return latency + max(nbytes / bandwidth, issue) + tail_seconds(card, launch, tail) + gap
 
 
 def pdl(launch: dict, row: dict | None) -> bool:
@@ -200,9 +215,10 @@ def model_step(card: Card, launches: list[dict], rows: dict) -> dict:
     seconds, floor_bytes, count, unmatched, released = 0.0, 0, 0, 0, False
     for launch in launches:
         row = rows.get(launch["key"]) if launch.get("key") else None
-        if launch.get("key") and row is None:
+        tail = rows.get(launch["tail"]) if launch.get("tail") else None
+        if (launch.get("key") and row is None) or (launch.get("tail") and tail is None):
             unmatched += launch.get("count", 1)
-        seconds += launch.get("count", 1) * launch_seconds(card, launch, row, released)
+        seconds += launch.get("count", 1) * launch_seconds(card, launch, row, released, tail)
         released = pdl(launch, row)  # the launch list is in stream order
         floor_bytes += launch.get("count", 1) * launch["read_bytes"]
         count += launch.get("count", 1)

@@ -1,11 +1,11 @@
 """A Gemma 4 layer's attention inputs from its input norm: the fused q/k/v projection, then the
 head norms, RoPE and the K/V store (`norm.qkv_norms`).
 
-On the Triton path a decode or verify block (1..16 rows) with an int4 projection and a cache to
-store into runs all of it as one kernel (kernels/qkv_triton.py): the head norms run inside the
-projection's launch, each head as soon as its outputs are done. The choice depends on the weight's
-format and the block's size only, never on the row count within 1..16, so a verify block and the
-same tokens one by one take the same kernel (batch invariance).
+On the Triton path a decode step's row with an int4 projection and a cache to store into runs all
+of it as one kernel (kernels/qkv_triton.py): the head norms run inside the projection's launch,
+each head as soon as its outputs are done. A block (a verify block's rows would run one after
+another there) takes the projection and the head-norm kernel, which normalizes the same pairs in
+the same tile and warps: a decode row and the same row in a block round alike.
 """
 
 from __future__ import annotations

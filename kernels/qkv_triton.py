@@ -1,4 +1,4 @@
-"""Triton kernel of `qkv.attention_inputs`: a layer's fused q/k/v projection (int4, 1..16 rows)
+"""Triton kernel of `qkv.attention_inputs`: a decode step's fused q/k/v projection (int4, one row)
 with its head norms, RoPE and K/V store in the same launch.
 
 The projection runs as `linear_triton`'s kernel runs it (the same tiles, split-K and sums: its
@@ -7,8 +7,10 @@ heads of one tile): each tile that finishes its outputs counts itself in on the 
 and the tile that completes a group runs the group's norms, RoPE and K/V store
 (`norm_triton.norm_rope_store`) for the block's rows. So the head norms run on as many programs as
 there are heads, as soon as each head is ready, with no launch of their own (at batch 1 the launch
-cost more than the work). Every row takes the same path whatever the number of rows (batch
-invariance: a head's rows are normalized one pair at a time in the same layout).
+cost more than the work). A verify block's 16 rows would run one after another there, so blocks
+take the projection and the head-norm kernel apart: that kernel takes the same (row, head) pairs
+in the same [ROWS, D] tile over the same 8 warps (norm_triton.head_rows), so a decode row and the
+same row in a verify block round alike (batch invariance; the self-test checks it on the card).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import triton
 import triton.language as tl
 
 from flashdesk.kernels.backend import ARRIVAL_COUNTERS, CompileSpec, arrival_counters, interpreted, pdl_options
-from flashdesk.kernels.linear_triton import SMALL_M, finish_tile, small_tiles, tile_product
-from flashdesk.kernels.norm_triton import TILE, norm_rope_store
+from flashdesk.kernels.linear_triton import finish_tile, small_tiles, tile_product
+from flashdesk.kernels.norm_triton import head_rows, norm_rope_store
 
 if TYPE_CHECKING:  # the front's types; at run time the front calls this module, not the reverse
     from flashdesk.kernels.int4 import Int4Weight
@@ -58,7 +60,7 @@ def _heads_after_tile(
     BLOCK_N: tl.constexpr,
 ):
     """Count this tile (its outputs stored) into its head group; the tile that completes the group
-    runs the group's heads for the block's rows, ROWS (token, head) pairs at a time."""
+    runs the group's heads for the tile's M rows (M * heads a group <= ROWS: one row)."""
     TILES: tl.constexpr = D // BLOCK_N if D > BLOCK_N else 1  # tiles per group
     PER: tl.constexpr = BLOCK_N // D if BLOCK_N > D else 1  # heads per group
     HEADS: tl.constexpr = H + KVH if V_MODE == "k" else H + 2 * KVH
@@ -67,39 +69,37 @@ def _heads_after_tile(
     tl.debug_barrier()  # every thread's outputs are stored before the tile counts in
     counter = group_count_ptr + pid_m * GROUPS + group
     if tl.atomic_add(counter, 1, sem="acq_rel") == TILES - 1:  # the group's other tiles are visible
-        rows_here = tl.minimum(M - pid_m * BLOCK_M, BLOCK_M)
-        for p0 in range(0, rows_here * PER, ROWS):
-            p = p0 + tl.arange(0, ROWS)
-            j = group * PER + p % PER
-            norm_rope_store(
-                pid_m * BLOCK_M + p // PER,
-                j,
-                (p < rows_here * PER) & (j < HEADS),
-                qkv_ptr,
-                qkv_ptr + H * D,
-                q_w_ptr,
-                k_w_ptr,
-                cos_ptr,
-                sin_ptr,
-                q_ptr,
-                q_ptr,  # kv: unused, the K/V go into the cache
-                ck_ptr,
-                cv_ptr,
-                ks_ptr,
-                vs_ptr,
-                start_ptr,
-                capacity,
-                N,
-                N,
-                eps,
-                H,
-                KVH,
-                V_MODE,
-                False,
-                True,
-                FP8,
-                D,
-            )
+        p = tl.arange(0, ROWS)  # (row, head) pairs, as a head-norm program takes them; no loop (it would be pipelined)
+        j = group * PER + p % PER
+        norm_rope_store(
+            pid_m * BLOCK_M + p // PER,
+            j,
+            (p < (M - pid_m * BLOCK_M) * PER) & (j < HEADS),
+            qkv_ptr,
+            qkv_ptr + H * D,
+            q_w_ptr,
+            k_w_ptr,
+            cos_ptr,
+            sin_ptr,
+            q_ptr,
+            q_ptr,  # kv: unused, the K/V go into the cache
+            ck_ptr,
+            cv_ptr,
+            ks_ptr,
+            vs_ptr,
+            start_ptr,
+            capacity,
+            N,
+            N,
+            eps,
+            H,
+            KVH,
+            V_MODE,
+            False,
+            True,
+            FP8,
+            D,
+        )
         tl.atomic_xchg(counter, 0, sem="relaxed")  # the next launch starts from zero
 
 
@@ -203,18 +203,16 @@ def _qkv_heads_kernel(
         )
 
 
-def head_pairs(head_dim: int) -> int:
-    """(token, head) pairs a completing tile normalizes at once: as many elements as the head-norm
-    kernel's K/V-storing programs hold (norm_triton._head_rows), spread over the linear's 8 warps."""
-    return max(1, TILE // 4 // head_dim)
-
-
 def fusable(rows: int, n: int, k: int, head_dim: int, group_size: int) -> bool:
-    """Whether a projection of n outputs over k inputs with `rows` rows runs fused: 1..SMALL_M rows,
-    heads of a power-of-two size, and its tiles (so its head groups) within the counters."""
-    if not 1 <= rows <= SMALL_M or head_dim != triton.next_power_of_2(head_dim) or n % head_dim:
+    """Whether a projection of n outputs over k inputs with `rows` rows runs fused: one row, heads
+    of a power-of-two size, its tiles (so its head groups) within the counters, and on a GPU the
+    head-norm kernel's warps (the same layout; the interpreter has none, and takes the tiny test
+    models' heads here too)."""
+    if rows != 1 or head_dim != triton.next_power_of_2(head_dim) or n % head_dim:
         return False
-    return triton.cdiv(n, small_tiles(n, k, group_size).block_n) <= ARRIVAL_COUNTERS
+    tiles = small_tiles(n, k, group_size)
+    same_layout = interpreted() or head_rows(head_dim, store=True)[1] == tiles.num_warps
+    return same_layout and triton.cdiv(n, tiles.block_n) <= ARRIVAL_COUNTERS
 
 
 def qkv_heads_triton(
@@ -238,7 +236,7 @@ def qkv_heads_triton(
     if n != (heads + kv_heads * (1 if k_eq_v else 2)) * head_dim or w.shape[1] != k:
         raise ValueError(f"a q/k/v projection {tuple(w.shape)} does not match x {tuple(x.shape)} and the heads")
     if not fusable(m, n, k, head_dim, w.group_size) or m > into.capacity:
-        raise ValueError(f"{m} rows of heads of {head_dim} do not run fused (1..{SMALL_M} rows, power-of-two heads)")
+        raise ValueError(f"{m} rows of heads of {head_dim} do not run fused (one row, power-of-two heads)")
     if into.k.shape[1:] != (kv_heads, head_dim) or not (into.k.is_contiguous() and into.v.is_contiguous()):
         raise ValueError(f"cache {tuple(into.k.shape)} does not hold contiguous [slots, {kv_heads}, {head_dim}] heads")
     fp8 = into.k_scale is not None
@@ -287,7 +285,7 @@ def qkv_heads_triton(
         V_MODE="k" if k_eq_v else "norm",
         FP8=fp8,
         D=head_dim,
-        ROWS=head_pairs(head_dim),
+        ROWS=head_rows(head_dim, store=True)[0],
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         **pdl_options(x.device),
@@ -349,9 +347,28 @@ def compile_specs() -> list[CompileSpec]:
                 "V_MODE": "k" if k_eq_v else "norm",
                 "FP8": fp8,
                 "D": d,
-                "ROWS": head_pairs(d),
+                "ROWS": head_rows(d, store=True)[0],
             }
             signature.update(dict.fromkeys(constexprs, "constexpr"))
             name = f"qkv_heads[D={d},H={heads},KVH={kv_heads},v={'k' if k_eq_v else 'norm'},{'fp8' if fp8 else 'bf16'}]"
             specs.append(CompileSpec(name, _qkv_heads_kernel, signature, constexprs, tiles.num_warps, tiles.num_stages))
     return specs
+
+
+def tail(launch: dict) -> tuple[CompileSpec, int]:
+    """What the program that completes the last head group runs after the others, for the
+    performance model: the head-norm kernel that stores into the cache (the same code and tile,
+    norm_triton.norm_rope_store), once (one row)."""
+    from flashdesk.kernels.norm_triton import compile_specs as norm_specs
+
+    c = launch["constexprs"]
+    name = (
+        f"head_norms[D={c['D']},H={c['H']},KVH={c['KVH']},v={c['V_MODE']},into {'fp8' if c['FP8'] else 'bf16'} cache]"
+    )
+    spec = next((s for s in norm_specs() if s.name == name), None)
+    if spec is None:
+        raise ValueError(f"no compiled head-norm kernel {name} to charge a fused q/k/v projection's tail")
+    return spec, 1
+
+
+TAILS = {"_qkv_heads_kernel": tail}  # kernel -> its tail, for engine/bench/step_launches.py

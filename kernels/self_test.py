@@ -327,6 +327,31 @@ def _layer_norms(d: Dims, device, which: str) -> tuple[float, bool]:
     return worst, all(_rows_alone(run) for run in runs)
 
 
+def _o_proj_norms(d: Dims, device) -> tuple[float, bool]:
+    """A decode step's o_proj fused with the norms after it (one row; int4, symmetric and not)
+    against the torch path, and bit for bit against the same row in a 16-row block, which takes the
+    projection and the norms' kernel apart: a verify block and a decode step round alike."""
+    from flashdesk.kernels.layer_norms import RouterInput, o_proj_and_norms
+
+    gen = _gen(14)
+    worst, invariant = 0.0, True
+    residual = _randn(16, d.hidden, gen=gen, device=device, scale=2)
+    ws = [(torch.rand(d.hidden, generator=gen) + 0.5).to(device) for _ in range(3)]
+    scale = (torch.rand(d.hidden, generator=gen) + 0.5).to(device=device, dtype=torch.bfloat16)
+    for dim, _, _ in d.layers:  # each layer kind's o_proj: its heads' width in
+        a = _randn(16, d.q_heads * dim, gen=gen, device=device)
+        for asym in (False, True):
+            o_proj = _int4(gen, (d.hidden, a.shape[1]), d.group, device, asym)
+            for router in (RouterInput(ws[2], scale, d.hidden**-0.5), None):
+
+                def run(rows, a=a, o_proj=o_proj, router=router):
+                    return o_proj_and_norms(a[rows], o_proj, residual[rows], 1e-6, ws[0], ws[1], router)
+
+                worst = max(worst, _error(*_both(partial(run, slice(0, 1)))))
+                invariant &= _rows_alone(run)
+    return worst, invariant
+
+
 def _router(d: Dims, device) -> tuple[float, None]:
     """Against the routing rule written out: softmax, the top k with the lower index first among
     ties (torch.topk promises no order there), renormalized in a fixed order, times each scale."""
@@ -547,6 +572,7 @@ CHECKS: dict[str, tuple[Callable, float]] = {
     "head_norms": (_head_norms, 2e-2),
     "qkv_heads": (_qkv_heads, 3e-2),
     "attention_out_norms": (lambda d, dev: _layer_norms(d, dev, "attention_out_norms"), 2e-2),
+    "o_proj_norms": (_o_proj_norms, 3e-2),
     "mlp_out_norms": (lambda d, dev: _layer_norms(d, dev, "mlp_out_norms"), 2e-2),
     "router": (_router, 1e-2),
     "moe": (_moe, 3e-2),

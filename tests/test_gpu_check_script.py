@@ -20,7 +20,7 @@ def test_gpu_check_smoke(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     # the first load's kernel self-tests, through the interpreter here (conftest sets TRITON_INTERPRET)
-    assert results["kernel_self_tests"]["ok"] is True and len(results["kernel_self_tests"]["kernels"]) == 13
+    assert results["kernel_self_tests"]["ok"] is True and len(results["kernel_self_tests"]["kernels"]) == 14
     assert results["tiny_correctness"]["ok"] is True
     assert results["tiny_correctness"]["dflash_greedy_equals_ar"] is True
     # drafts with graphs and the context written ahead against eager steps: a GPU's check (no graphs here)

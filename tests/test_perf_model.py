@@ -112,6 +112,25 @@ def test_a_kernel_that_prefetched_before_its_wait_pays_an_l2_hit_not_a_dram_late
     assert alone == perf_model.launch_seconds(card, launch, row, released=False)
 
 
+def test_a_fused_kernels_tail_is_charged_what_its_own_kernel_issues_serially():
+    """A chain that a fused kernel's last program runs after the others (launch "tail": the key
+    of the standalone kernel with the same code) adds, per pass, that kernel's instructions issued
+    on one SM plus an L2 hit's latency; a tail with no compiled row counts as unmatched."""
+    card = perf_model.CARDS["h200"]
+    row = {"blocks_per_sm": 2, "bytes_in_flight_per_block": 8192, "loop_load_bytes": 8192}
+    row |= {"loop_instructions": 100, "num_warps": 8}
+    chain = {"blocks_per_sm": 1, "bytes_in_flight_per_block": 0, "loop_load_bytes": 0}
+    chain |= {"loop_instructions": 1000, "num_warps": 8}
+    launch = {"key": "k", "programs": 264, "bytes": 10**6, "read_bytes": 10**6, "count": 1}
+    fused = launch | {"tail": "t", "tail_passes": 2}
+    one_pass = card.l2_latency_s + 1000 * 8 / (perf_model.ISSUE_PER_CLOCK * card.clock_hz)
+    plain = perf_model.launch_seconds(card, launch, row)
+    assert perf_model.launch_seconds(card, fused, row, tail=chain) == pytest.approx(plain + 2 * one_pass)
+    step = perf_model.model_step(card, [fused], {"k": row, "t": chain})
+    assert step["modeled_seconds"] == pytest.approx(plain + 2 * one_pass) and step["unmatched_launches"] == 0
+    assert perf_model.model_step(card, [fused], {"k": row})["unmatched_launches"] == 1
+
+
 def test_a_step_model_counts_launches_bytes_and_unmatched_kernels():
     card = perf_model.CARDS["rtx4090"]
     launches = [

@@ -153,7 +153,15 @@ def _costed(kernels: list[dict], storage: _Storage, start: int, expert_share: fl
             "pdl": launch.get("pdl", False),
         }
         if "signature" in launch:  # a Triton launch: the key of the compiled spec it runs
-            fn = getattr(__import__(launch["module"], fromlist=[launch["function"]]), launch["function"])
+            module = __import__(launch["module"], fromlist=[launch["function"]])
+            fn = getattr(module, launch["function"])
+            tail = getattr(module, "TAILS", {}).get(launch["function"])
+            if tail:  # a fused kernel whose last program runs a chain after the others
+                spec, passes = tail(launch)
+                entry["tail"] = repr(
+                    spec_key(spec.fn, spec.signature, spec.constexprs, spec.num_warps, spec.num_stages, spec.maxnreg)
+                )
+                entry["tail_passes"] = passes
             entry["key"] = repr(
                 spec_key(
                     fn,

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from flashdesk.engine.model.config import Gemma4Config
 from flashdesk.engine.model.kv_cache import CacheLayout, KVCache
-from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput, attention_out_norms, mlp_out_norms
+from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput, mlp_out_norms, o_proj_and_norms
 from flashdesk.kernels.linear import concat_rows, glu_linear, linear
 from flashdesk.kernels.moe import DenseMlp, dense_and_routed_moe
 from flashdesk.kernels.norm import rms_norm
@@ -170,11 +170,10 @@ class Gemma4:
             cache.block_slots(i, t),
         )
         a = cache.attend(i, q, k, v, positions, scale=1.0)
-        a = linear(a.reshape(t, -1), L.o_proj)
-        # h = residual + norm(a); the dense MLP, the experts and the router each read a norm of h
+        # h = residual + norm(o_proj(a)); the dense MLP, the experts and the router each read a norm of h
         router = RouterInput(n["pre_feedforward_layernorm_2"], L.router_scale, cfg.hidden_size**-0.5) if L.moe else None
-        h, x, *moe_inputs = attention_out_norms(
-            a, h, eps, n["post_attention_layernorm"], n["pre_feedforward_layernorm"], router
+        h, x, *moe_inputs = o_proj_and_norms(
+            a.reshape(t, -1), L.o_proj, h, eps, n["post_attention_layernorm"], n["pre_feedforward_layernorm"], router
         )
         if L.moe:  # the dense MLP and the experts: one pair of launches on the fused path
             m, experts = self._moe(L, DenseMlp(x, L.gate_up, L.down), *moe_inputs)
