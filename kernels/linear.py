@@ -35,6 +35,18 @@ def linear(x: torch.Tensor, weight) -> torch.Tensor:
     return faulty("linear", y.view(*x.shape[:-1], y.shape[-1]))
 
 
+def capped_logits(x: torch.Tensor, weight, softcap: float | None) -> torch.Tensor:
+    """fp32 logits x @ W.T, then softcap * tanh(logits / softcap) where a softcap is given (Gemma's
+    final logit softcap). On the Triton path a dense head over 1..16 rows caps them in its epilogue:
+    no kernels of their own (four torch ops a step otherwise)."""
+    if softcap and isinstance(weight, torch.Tensor) and x.dim() == 2 and x.shape[0] <= 16 and use_triton(x, "linear"):
+        from flashdesk.kernels.linear_triton import dense_linear
+
+        return faulty("linear", dense_linear(x, weight, softcap=softcap))
+    logits = linear(x, weight).float()
+    return torch.tanh(logits / softcap) * softcap if softcap else logits
+
+
 def rows_from(weight, start: int):
     """Output rows start.. of a weight in any of the formats above, as views (nothing copied)."""
     if not isinstance(weight, tuple):

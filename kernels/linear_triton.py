@@ -124,6 +124,16 @@ def gated_product(gate, up, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
+def softcapped(acc, ty: tl.constexpr, CAP: tl.constexpr):
+    """CAP * tanh(y / CAP) in fp32 of the output y = acc rounded to the activations' dtype (as the
+    torch path rounds the head's output before its .float()); tanh from exp(-2|u|), as gelu_tanh."""
+    u = acc.to(ty).to(tl.float32) / CAP
+    e = tl.exp(-2.0 * tl.abs(u))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(u < 0, -t, t) * CAP
+
+
+@triton.jit
 def _tile_rows(pid_n, c, N, ACTIVATION: tl.constexpr, BLOCK_N: tl.constexpr):
     """The weight rows of tile pid_n's columns c, and which exist: rows pid_n * BLOCK_N + c; with
     an ACTIVATION (a [gate; up] weight of 2N rows) gate rows for the first BLOCK_N / 2 columns
@@ -305,6 +315,7 @@ def _linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SOFTCAP: tl.constexpr = 0.0,
     PDL: tl.constexpr = False,
 ):
     """out[m, n] = sum over k of x[m, k] * w[n, k]; grid (N tiles, SPLIT chunks of K, M tiles).
@@ -314,7 +325,8 @@ def _linear_kernel(
     With an ACTIVATION the weight is [gate; up] (2N rows) and out[m, n] = act(gate) * up of row n of
     each half (a GLU MLP's first projection with its activation): a tile's first BLOCK_N / 2 columns
     are gate rows, the others the matching up rows, so one tile holds both operands of its outputs
-    and the activation runs once per output, in the epilogue."""
+    and the activation runs once per output, in the epilogue. With a SOFTCAP the output is fp32
+    logits SOFTCAP * tanh(out / SOFTCAP) (Gemma's final softcap, in the head's epilogue)."""
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     acc = tile_product(
@@ -343,8 +355,11 @@ def _linear_kernel(
     offs_out = pid_n * OUT_N + tl.arange(0, OUT_N)
     out_at = offs_m[:, None] * N + offs_out[None, :]
     out_mask = (offs_m < M)[:, None] & (offs_out < N)[None, :]
+    x_ty: tl.constexpr = x_ptr.dtype.element_ty
     if SPLIT == 1:
-        if ACTIVATION == "":
+        if SOFTCAP:
+            tl.store(out_ptr + out_at, softcapped(acc, x_ty, SOFTCAP), mask=out_mask)
+        elif ACTIVATION == "":
             tl.store(out_ptr + out_at, acc.to(ty), mask=out_mask)
         else:
             tl.store(out_ptr + out_at, _glu(acc, ty, ACTIVATION, BLOCK_M, BLOCK_N), mask=out_mask)
@@ -354,7 +369,9 @@ def _linear_kernel(
         counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
         if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT - 1:  # the others' partials are visible
             total, flat_at, flat_mask = sum_partials(part_ptr, pid_n, pid_m, M, N, SPLIT, ACTIVATION, BLOCK_M, BLOCK_N)
-            if ACTIVATION == "":
+            if SOFTCAP:
+                tl.store(out_ptr + flat_at, softcapped(total, x_ty, SOFTCAP), mask=flat_mask)
+            elif ACTIVATION == "":
                 tl.store(out_ptr + flat_at, total.to(ty), mask=flat_mask)
             else:
                 glu = _glu(tl.reshape(total, (BLOCK_M, BLOCK_N)), ty, ACTIVATION, BLOCK_M, BLOCK_N)
@@ -425,11 +442,13 @@ def _launch(
     has_zero: bool,
     tiles: Tiles,
     activation: str,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """One launch over an [n, k] weight; with an `activation` its output is act(gate) * up, n / 2 wide."""
+    """One launch over an [n, k] weight; with an `activation` its output is act(gate) * up, n / 2
+    wide; with a `softcap` fp32 capped logits."""
     m, k = x.shape
     n_out, out_tile = (n // 2, tiles.block_n // 2) if activation else (n, tiles.block_n)
-    out = torch.empty(m, n_out, device=x.device, dtype=x.dtype)
+    out = torch.empty(m, n_out, device=x.device, dtype=torch.float32 if softcap else x.dtype)
     if m == 0:
         return out
     grid = (triton.cdiv(n_out, out_tile), tiles.split, triton.cdiv(m, tiles.block_m))
@@ -459,6 +478,7 @@ def _launch(
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
+        SOFTCAP=float(softcap),
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         **pdl_options(x.device),
@@ -492,16 +512,19 @@ def w4a16_linear(x: torch.Tensor, w: Int4Weight, activation: str = "") -> torch.
     return out if small or not activation else gate(out, activation)
 
 
-def dense_linear(x: torch.Tensor, w: torch.Tensor, activation: str = "") -> torch.Tensor:
+def dense_linear(x: torch.Tensor, w: torch.Tensor, activation: str = "", softcap: float = 0.0) -> torch.Tensor:
     """x [M, K] @ w.T for a dense [N, K] weight (`activation` as in w4a16_linear): the
-    batch-invariant kernel for 1..16 rows, torch beyond."""
+    batch-invariant kernel for 1..16 rows, torch beyond. With a `softcap` (1..16 rows, no
+    activation) fp32 logits softcap * tanh(out / softcap), capped in the epilogue."""
     n, k = w.shape
     _check(x, n, k, activation)
+    if softcap and (activation or x.shape[0] > SMALL_M):
+        raise ValueError("the softcap runs in the epilogue of a plain projection of 1..16 rows")
     if x.shape[0] > SMALL_M:
         out = F.linear(x, w)
         return gate(out, activation) if activation else out
     w = w.contiguous()
-    return _launch(x.contiguous(), w, w, w, n, 0, False, False, small_tiles(n, k, None), activation)
+    return _launch(x.contiguous(), w, w, w, n, 0, False, False, small_tiles(n, k, None), activation, softcap)
 
 
 # --- compile specs: the real model's shapes -------------------------------------------------------
@@ -540,13 +563,16 @@ ASSISTANT = [
 # Dense: the tied head, the router, the bf16 drafter, the assistant, and target layers a checkpoint
 # leaves unquantized.
 DENSE = [(262144, HIDDEN), (128, HIDDEN)] + DRAFTER + ASSISTANT + TARGET_INT4
+HEAD, HEAD_SOFTCAP = (262144, HIDDEN), 30.0  # the tied head of decode and verify steps, Gemma 4's final softcap
 
 
 # The GLU MLPs' [gate; up] projections apply their activation in the epilogue.
 ACTIVATION_OF = {(4224, HIDDEN): "gelu_tanh", (11264, HIDDEN): "silu", (16384, ASSISTANT_WIDTH): "gelu_tanh"}
 
 
-def _kernel_spec(n: int, k: int, group: int, int4: bool, has_zero: bool, tiles: Tiles, kind: str) -> CompileSpec:
+def _kernel_spec(
+    n: int, k: int, group: int, int4: bool, has_zero: bool, tiles: Tiles, kind: str, softcap: float = 0.0
+) -> CompileSpec:
     signature = {
         "x_ptr": "*bf16",
         "w_ptr": "*i32" if int4 else "*bf16",
@@ -570,10 +596,14 @@ def _kernel_spec(n: int, k: int, group: int, int4: bool, has_zero: bool, tiles: 
         "BLOCK_M": tiles.block_m,
         "BLOCK_N": tiles.block_n,
         "BLOCK_K": tiles.block_k,
+        "SOFTCAP": softcap,
     }
+    if softcap:
+        signature["out_ptr"] = "*fp32"
     signature.update({name: "constexpr" for name in constexprs})
     gated = f"_{constexprs['ACTIVATION']}" if constexprs["ACTIVATION"] else ""
-    name = f"linear_{kind}_{'w4' if int4 else 'bf16'}_n{n}_k{k}_g{group}{'_zero' if has_zero else ''}{gated}"
+    capped = f"_softcap{softcap:g}" if softcap else ""
+    name = f"linear_{kind}_{'w4' if int4 else 'bf16'}_n{n}_k{k}_g{group}{'_zero' if has_zero else ''}{gated}{capped}"
     return CompileSpec(name, _linear_kernel, signature, constexprs, tiles.num_warps, tiles.num_stages)
 
 
@@ -597,4 +627,5 @@ def compile_specs() -> list[CompileSpec]:
         add(_kernel_spec(n, k, group, True, has_zero, prefill_tiles(n, k, group), "prefill"))
     for n, k in DENSE:
         add(_kernel_spec(n, k, 0, False, False, small_tiles(n, k, None), "small"))
+    add(_kernel_spec(*HEAD, 0, False, False, small_tiles(*HEAD, None), "small", HEAD_SOFTCAP))
     return list(specs.values())

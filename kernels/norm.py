@@ -8,6 +8,7 @@ reduces each row in one program with a fixed block, which keeps verify rows equa
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from flashdesk.kernels.backend import faulty, use_triton
 from flashdesk.kernels.kv_write import KVSlots, kv_write
@@ -45,6 +46,21 @@ def rms_norm(
 
         return faulty("rms_norm", rms_norm_triton(x, weight, eps, residual, scale))
     return rms_norm_reference(x, weight, eps, residual, scale)
+
+
+def embed_and_norm(
+    ids: torch.Tensor, table: torch.Tensor, scale: float, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step's first rows: h = table[ids] * scale (a number the table's dtype holds exactly; the
+    product rounded as torch's multiply rounds it) and rms_norm(h, weight). One kernel on the
+    Triton path instead of the gather, the multiply and the norm. ids are token ids the caller
+    checked against the vocabulary."""
+    if use_triton(table, "rms_norm") and ids.dim() == 1 and table.dim() == 2:
+        from flashdesk.kernels.norm_triton import embed_norm_triton
+
+        return faulty("rms_norm", embed_norm_triton(ids, table, scale, weight, eps))
+    h = F.embedding(ids, table) * torch.tensor(scale, dtype=table.dtype)
+    return h, rms_norm(h, weight, eps)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -73,6 +73,37 @@ def _rms_norm_kernel(
     tl.store(out_ptr + at, y.to(out_ty), mask=mask)
 
 
+@triton.jit(do_not_specialize=["R"])
+def _embed_norm_kernel(
+    ids_ptr,
+    table_ptr,
+    w_ptr,
+    h_ptr,
+    x_ptr,
+    scale,
+    R,
+    D,
+    eps,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """h = table[ids] * scale, rounded to the table's dtype (a step's first residual row), and
+    x = norm(h) * w (the first layer's input), as `_rms_norm_kernel` computes it."""
+    rows, cols, at, ok = row_tile(R, D, ROWS, BLOCK)
+    prefetch_vector(w_ptr, D, BLOCK, PDL)
+    enter(PDL)
+    ty: tl.constexpr = h_ptr.dtype.element_ty
+    token = tl.load(ids_ptr + rows, mask=rows < R, other=0).to(tl.int64)
+    e = tl.load(table_ptr + token[:, None] * D + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    h = (e * scale).to(ty)
+    tl.store(h_ptr + at, h, mask=ok)
+    x = h.to(tl.float32)
+    y = x * (1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps))[:, None]
+    y = y * tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    tl.store(x_ptr + at, y.to(ty), mask=ok)
+
+
 @triton.jit(do_not_specialize=["R", "capacity"])
 def _head_norms_kernel(
     q_src_ptr,
@@ -290,6 +321,33 @@ def rms_norm_triton(
 
 
 STORE_WARPS = 8  # the int4 linear's: a decode step's q/k/v projection runs this code in its tail (qkv_triton)
+
+
+def embed_norm_triton(
+    ids: torch.Tensor, table: torch.Tensor, scale: float, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    d = table.shape[1]
+    h = torch.empty((ids.shape[0], d), dtype=table.dtype, device=table.device)
+    x = torch.empty_like(h)
+    if ids.shape[0]:
+        per_program, block, warps = row_shape(d)
+        _embed_norm_kernel[(triton.cdiv(ids.shape[0], per_program),)](
+            ids.contiguous(),
+            table.contiguous(),
+            weight,
+            h,
+            x,
+            scale,
+            ids.shape[0],
+            d,
+            eps,
+            ROWS=per_program,
+            BLOCK=block,
+            num_warps=warps,
+            num_stages=LAUNCH_STAGES,
+            **pdl_options(table.device),
+        )
+    return h, x
 
 
 def head_rows(d: int, store: bool = False) -> tuple[int, int]:
@@ -517,6 +575,14 @@ def compile_specs() -> list[CompileSpec]:
                 maxnreg=MAX_REGISTERS,
             )
         )
+    per_program, block, warps = row_shape(2816)  # a step's embedding and the first layer's input norm
+    embed = {"ids_ptr": "*i64", "table_ptr": "*bf16", "w_ptr": "*fp32", "h_ptr": "*bf16", "x_ptr": "*bf16"}
+    embed |= {"scale": "fp32", "R": "i32", "D": "i32", "eps": "fp32", "ROWS": "constexpr", "BLOCK": "constexpr"}
+    specs.append(
+        CompileSpec(
+            "embed_norm[D=2816]", _embed_norm_kernel, embed, {"ROWS": per_program, "BLOCK": block}, num_warps=warps
+        )
+    )
     for has_y in (True, False):  # the drafter's residual adds with the next norm; its context's norm
         per_program, block, warps = row_shape(2816)
         flags = {"HAS_Y": has_y, "ROWS": per_program, "BLOCK": block}

@@ -161,7 +161,7 @@ def _int4(gen, shape: tuple, group: int, device, asym: bool = False):
 
 
 def _linear(d: Dims, device) -> tuple[float, bool]:
-    from flashdesk.kernels.linear import linear
+    from flashdesk.kernels.linear import capped_logits, linear
 
     gen = _gen(1)
     weights = (
@@ -175,7 +175,10 @@ def _linear(d: Dims, device) -> tuple[float, bool]:
         for rows in (1, 5, 16):
             worst = max(worst, _error(*_both(lambda: linear(x[:rows], weight))))
         invariant &= _rows_alone(lambda rows: linear(x[rows], weight))
-    return worst, invariant
+    # a head's logits with Gemma's final softcap in the epilogue (the router's weight as the head)
+    head, x = weights[2], _randn(16, d.hidden, gen=gen, device=device, scale=30)
+    worst = max(worst, _error(*_both(lambda: capped_logits(x, head, 30.0))))
+    return worst, invariant and _rows_alone(lambda rows: capped_logits(x[rows], head, 30.0))
 
 
 def _glu_linear(d: Dims, device) -> tuple[float, bool]:
@@ -193,15 +196,20 @@ def _glu_linear(d: Dims, device) -> tuple[float, bool]:
 
 
 def _rms_norm(d: Dims, device) -> tuple[float, bool]:
-    from flashdesk.kernels.norm import rms_norm
+    from flashdesk.kernels.norm import embed_and_norm, rms_norm
 
     gen = _gen(3)
     x, residual = (_randn(16, d.hidden, gen=gen, device=device, scale=3) for _ in range(2))
     w = (torch.rand(d.hidden, generator=gen) + 0.5).to(device)
     scale = torch.tensor([0.75], device=device, dtype=torch.bfloat16)
     worst = _error(*_both(lambda: rms_norm(x, w, 1e-6, residual, scale)))
-    return max(worst, _error(*_both(lambda: rms_norm(x[:5], None, 1e-6)))), _rows_alone(
-        lambda rows: rms_norm(x[rows], w, 1e-6, residual[rows], scale)
+    worst = max(worst, _error(*_both(lambda: rms_norm(x[:5], None, 1e-6))))
+    # a step's embedding, its scale and the first norm (ids repeat, the last row of the table)
+    table = _randn(64, d.hidden, gen=gen, device=device)
+    ids = torch.tensor([3, 63, 0, 3, 17], device=device)
+    worst = max(worst, _error(*_both(lambda: embed_and_norm(ids, table, 53.0, w, 1e-6))))
+    return worst, _rows_alone(lambda rows: rms_norm(x[rows], w, 1e-6, residual[rows], scale)) and _rows_alone(
+        lambda rows: embed_and_norm(ids[rows], table, 53.0, w, 1e-6), rows=5
     )
 
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from flashdesk.engine.model.config import Gemma4Config
 from flashdesk.engine.model.kv_cache import CacheLayout, KVCache
 from flashdesk.kernels.layer_norms import MlpOutWeights, RouterInput, mlp_out_norms, o_proj_and_norms
-from flashdesk.kernels.linear import concat_rows, glu_linear, linear
+from flashdesk.kernels.linear import capped_logits, concat_rows, glu_linear, linear
 from flashdesk.kernels.moe import DenseMlp, dense_and_routed_moe
-from flashdesk.kernels.norm import rms_norm
+from flashdesk.kernels.norm import embed_and_norm
 from flashdesk.kernels.qkv import attention_inputs
 
 
@@ -77,6 +76,7 @@ class Gemma4:
         w = weights
         self.embed = w.pop("embed_tokens.weight")
         self.embed_scale = torch.tensor(cfg.embed_scale).to(dtype)  # bf16 53.0, not 53.066, as transformers
+        self.embed_scale_value = float(self.embed_scale)  # the same number, for kernels (no device read)
         self.final_norm = w.pop("norm.weight").float()
         self.layers = [_Layer(w, i, cfg) for i in range(cfg.num_layers)]
         if w:
@@ -125,8 +125,9 @@ class Gemma4:
         cfg = self.cfg
         positions = cache.position + torch.arange(ids.shape[0], device=self.device)
         rope = self._rope_tables(positions)
-        h = F.embedding(ids, self.embed) * self.embed_scale
-        x = rms_norm(h, self.layers[0].norms["input_layernorm"], cfg.rms_norm_eps)
+        h, x = embed_and_norm(
+            ids, self.embed, self.embed_scale_value, self.layers[0].norms["input_layernorm"], cfg.rms_norm_eps
+        )
         tapped = {}
         for i, layer in enumerate(self.layers):
             reader = self.layers[i + 1].norms["input_layernorm"] if i + 1 < len(self.layers) else self.final_norm
@@ -135,10 +136,7 @@ class Gemma4:
                 tapped[i] = h
         if logits_rows == "last":
             x = x[-1:]
-        logits = linear(x, self.embed).float()  # x: the final norm of the last layer's output
-        if cfg.final_logit_softcapping:
-            cap = cfg.final_logit_softcapping
-            logits = torch.tanh(logits / cap) * cap
+        logits = capped_logits(x, self.embed, cfg.final_logit_softcapping)  # x: the last layer's final norm
         return ForwardOutput(logits, torch.cat([tapped[t] for t in taps], dim=-1) if taps else None, x)
 
     def _layer(
