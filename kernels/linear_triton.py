@@ -127,7 +127,7 @@ def gated_product(gate, up, ACTIVATION: tl.constexpr):
 def softcapped(acc, ty: tl.constexpr, CAP: tl.constexpr):
     """CAP * tanh(y / CAP) in fp32 of the output y = acc rounded to the activations' dtype (as the
     torch path rounds the head's output before its .float()); tanh from exp(-2|u|), as gelu_tanh."""
-    u = acc.to(ty).to(tl.float32) / CAP
+    u = tl.div_rn(acc.to(ty).to(tl.float32), CAP)  # rounded as torch's division, not div.full
     e = tl.exp(-2.0 * tl.abs(u))
     t = (1.0 - e) / (1.0 + e)
     return tl.where(u < 0, -t, t) * CAP
@@ -357,7 +357,7 @@ def _linear_kernel(
     out_mask = (offs_m < M)[:, None] & (offs_out < N)[None, :]
     x_ty: tl.constexpr = x_ptr.dtype.element_ty
     if SPLIT == 1:
-        if SOFTCAP:
+        if SOFTCAP != 0.0:  # a float constexpr: compared, not tested for truth
             tl.store(out_ptr + out_at, softcapped(acc, x_ty, SOFTCAP), mask=out_mask)
         elif ACTIVATION == "":
             tl.store(out_ptr + out_at, acc.to(ty), mask=out_mask)
@@ -369,7 +369,7 @@ def _linear_kernel(
         counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
         if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT - 1:  # the others' partials are visible
             total, flat_at, flat_mask = sum_partials(part_ptr, pid_n, pid_m, M, N, SPLIT, ACTIVATION, BLOCK_M, BLOCK_N)
-            if SOFTCAP:
+            if SOFTCAP != 0.0:
                 tl.store(out_ptr + flat_at, softcapped(total, x_ty, SOFTCAP), mask=flat_mask)
             elif ACTIVATION == "":
                 tl.store(out_ptr + flat_at, total.to(ty), mask=flat_mask)
@@ -598,8 +598,9 @@ def _kernel_spec(
         "BLOCK_K": tiles.block_k,
         "SOFTCAP": softcap,
     }
-    if softcap:
+    if softcap:  # fp32 logits (without a split, the partials' pointer is the output's too)
         signature["out_ptr"] = "*fp32"
+        signature["part_ptr"] = "*fp32"
     signature.update({name: "constexpr" for name in constexprs})
     gated = f"_{constexprs['ACTIVATION']}" if constexprs["ACTIVATION"] else ""
     capped = f"_softcap{softcap:g}" if softcap else ""

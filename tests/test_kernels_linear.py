@@ -218,3 +218,33 @@ def test_a_glu_projection_checks_its_input():
         lt.w4a16_linear(torch.zeros(2, 128), w, "gelu_tanh")
     with pytest.raises(ValueError, match="unknown activation"):
         lt.w4a16_linear(torch.zeros(2, 64), w, "relu")
+
+
+@pytest.mark.parametrize("k", [64, 320], ids=["one chunk", "split K"])
+def test_the_heads_softcap_in_its_epilogue_is_the_torch_paths(k):
+    """Gemma's final softcap in the head's epilogue: fp32 logits within a few fp32 ulps of the
+    torch path's (the head's output rounded to bf16 first, then cap * tanh(logits / cap)), rows
+    alone equal to a 16-row block bit for bit, one launch and no torch op."""
+    from flashdesk.kernels.backend import kernels
+    from flashdesk.kernels.launch_log import count_kernels
+    from flashdesk.kernels.linear import capped_logits, linear
+
+    head = randn(1024 if k == 64 else 96, k, dtype=torch.bfloat16) * 0.05
+    x = randn(16, k, dtype=torch.bfloat16, seed=2) * (15 / (0.05 * k**0.5))
+    with kernels("torch"):
+        want = capped_logits(x, head, 30.0)
+    rounded = F.linear(x, head).float()  # the reference's steps, written out
+    assert torch.equal(want, torch.tanh(rounded / 30.0) * 30.0) and want.abs().max() < 30
+    with kernels("triton"):
+        got = capped_logits(x, head, 30.0)
+        plain = linear(x, head).float()  # the same projection, its output rounded to bf16, uncapped
+        with count_kernels() as counts:
+            capped_logits(x[:1], head, 30.0)
+        for i in (0, 9, 15):
+            assert torch.equal(capped_logits(x[i : i + 1], head, 30.0)[0], got[i]), i
+    assert got.dtype == torch.float32 and dict(counts) == {"_linear_kernel": 1}
+    # the epilogue against the torch cap of the same projection: a few fp32 ulps (a missing bf16
+    # rounding before the cap is ~1e-2); against the torch path: its own bf16 rounding of the dot
+    assert (got - torch.tanh(plain / 30.0) * 30.0).abs().max() <= 1e-5 * 30
+    assert (got - want).abs().max() <= 0.1
+    assert (got.abs() > 20).any() and (got.abs() < 5).any()  # the curve, not only its flat ends

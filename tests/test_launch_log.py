@@ -54,7 +54,9 @@ def test_gpu_checks_first_section_launches_only_kernels_that_compile_for_sm_90(t
         "_prefill_kernel",
         "_head_norms_kernel",
         "_router_kernel",
-        "_rms_norm_kernel",
+        "_embed_norm_kernel",
+        "_qkv_heads_kernel",
+        "_o_proj_norms_kernel",
     } <= functions
     save(launches, tmp_path / "launches.json")
     monkeypatch.setenv(LOG_VARIABLE, str(tmp_path / "launches.json"))

@@ -125,7 +125,7 @@ def _launch_bytes(launch: dict, storage: _Storage, start: int, expert_share: flo
         if kind == "weights" and launch["function"] == "aten.embedding.default":
             size = _nbytes(launch["tensors"]["arg2"])  # the rows it gathers: as many bytes as it returns
             read += size
-        elif kind == "weights" and launch["function"] == "_embed_norm_kernel":
+        elif kind == "weights" and launch["function"] == "_embed_norm_kernel" and name == "table_ptr":
             size = _nbytes(launch["tensors"]["h_ptr"])  # the rows it gathers: as many bytes as h
             read += size
         elif kind == "weights":
