@@ -5,7 +5,7 @@ The projection runs as `linear_triton`'s kernel runs it (the same tiles, split-K
 output bits are the linear's). A head group is one head (or, for heads narrower than a tile, the
 heads of one tile): each tile that finishes its outputs counts itself in on the group's counter,
 and the tile that completes a group runs the group's norms, RoPE and K/V store
-(`norm_triton.norm_rope_store`) for the block's rows. So the head norms run on as many programs as
+(`norm_triton.norm_rope_store`) for the row. So the head norms run on as many programs as
 there are heads, as soon as each head is ready, with no launch of their own (at batch 1 the launch
 cost more than the work). A verify block's 16 rows would run one after another there, so blocks
 take the projection and the head-norm kernel apart: that kernel takes the same (row, head) pairs
