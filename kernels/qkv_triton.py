@@ -30,79 +30,6 @@ if TYPE_CHECKING:  # the front's types; at run time the front calls this module,
     from flashdesk.kernels.kv_write import KVSlots
 
 
-@triton.jit
-def _heads_after_tile(
-    qkv_ptr,
-    group_count_ptr,
-    pid_n,
-    pid_m,
-    M,
-    N,
-    q_w_ptr,
-    k_w_ptr,
-    cos_ptr,
-    sin_ptr,
-    q_ptr,
-    ck_ptr,
-    cv_ptr,
-    ks_ptr,
-    vs_ptr,
-    start_ptr,
-    capacity,
-    eps,
-    H: tl.constexpr,
-    KVH: tl.constexpr,
-    V_MODE: tl.constexpr,
-    FP8: tl.constexpr,
-    D: tl.constexpr,
-    ROWS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Count this tile (its outputs stored) into its head group; the tile that completes the group
-    runs the group's heads for the tile's M rows (M * heads a group <= ROWS: one row)."""
-    TILES: tl.constexpr = D // BLOCK_N if D > BLOCK_N else 1  # tiles per group
-    PER: tl.constexpr = BLOCK_N // D if BLOCK_N > D else 1  # heads per group
-    HEADS: tl.constexpr = H + KVH if V_MODE == "k" else H + 2 * KVH
-    GROUPS: tl.constexpr = (HEADS + PER - 1) // PER
-    group = pid_n // TILES
-    tl.debug_barrier()  # every thread's outputs are stored before the tile counts in
-    counter = group_count_ptr + pid_m * GROUPS + group
-    if tl.atomic_add(counter, 1, sem="acq_rel") == TILES - 1:  # the group's other tiles are visible
-        p = tl.arange(0, ROWS)  # (row, head) pairs, as a head-norm program takes them; no loop (it would be pipelined)
-        j = group * PER + p % PER
-        norm_rope_store(
-            pid_m * BLOCK_M + p // PER,
-            j,
-            (p < (M - pid_m * BLOCK_M) * PER) & (j < HEADS),
-            qkv_ptr,
-            qkv_ptr + H * D,
-            q_w_ptr,
-            k_w_ptr,
-            cos_ptr,
-            sin_ptr,
-            q_ptr,
-            q_ptr,  # kv: unused, the K/V go into the cache
-            ck_ptr,
-            cv_ptr,
-            ks_ptr,
-            vs_ptr,
-            start_ptr,
-            capacity,
-            N,
-            N,
-            eps,
-            H,
-            KVH,
-            V_MODE,
-            False,
-            True,
-            FP8,
-            D,
-        )
-        tl.atomic_xchg(counter, 0, sem="relaxed")  # the next launch starts from zero
-
-
 @triton.jit(do_not_specialize=["M", "capacity"])
 def _qkv_heads_kernel(
     x_ptr,
@@ -173,34 +100,48 @@ def _qkv_heads_kernel(
         M,
     )
     if finish_tile(acc, qkv_ptr, part_ptr, count_ptr, pid_n, pid_s, pid_m, offs_m, M, N, SPLIT, BLOCK_M):
-        _heads_after_tile(
-            qkv_ptr,
-            group_count_ptr,
-            pid_n,
-            pid_m,
-            M,
-            N,
-            q_w_ptr,
-            k_w_ptr,
-            cos_ptr,
-            sin_ptr,
-            q_ptr,
-            ck_ptr,
-            cv_ptr,
-            ks_ptr,
-            vs_ptr,
-            start_ptr,
-            capacity,
-            eps,
-            H,
-            KVH,
-            V_MODE,
-            FP8,
-            D,
-            ROWS,
-            BLOCK_M,
-            BLOCK_N,
-        )
+        # the tile's outputs are stored: it counts into its head group, and the tile that completes
+        # the group runs the group's heads for the tile's row (M * heads a group <= ROWS)
+        TILES: tl.constexpr = D // BLOCK_N if D > BLOCK_N else 1  # tiles per group
+        PER: tl.constexpr = BLOCK_N // D if BLOCK_N > D else 1  # heads per group
+        HEADS: tl.constexpr = H + KVH if V_MODE == "k" else H + 2 * KVH
+        GROUPS: tl.constexpr = (HEADS + PER - 1) // PER
+        group = pid_n // TILES
+        tl.debug_barrier()  # every thread's outputs are stored before the tile counts in
+        counter = group_count_ptr + pid_m * GROUPS + group
+        if tl.atomic_add(counter, 1, sem="acq_rel") == TILES - 1:  # the group's other tiles are visible
+            p = tl.arange(0, ROWS)  # (row, head) pairs as a head-norm program takes them; no loop (pipelined)
+            j = group * PER + p % PER
+            norm_rope_store(
+                pid_m * BLOCK_M + p // PER,
+                j,
+                (p < (M - pid_m * BLOCK_M) * PER) & (j < HEADS),
+                qkv_ptr,
+                qkv_ptr + H * D,
+                q_w_ptr,
+                k_w_ptr,
+                cos_ptr,
+                sin_ptr,
+                q_ptr,
+                q_ptr,  # kv: unused, the K/V go into the cache
+                ck_ptr,
+                cv_ptr,
+                ks_ptr,
+                vs_ptr,
+                start_ptr,
+                capacity,
+                N,
+                N,
+                eps,
+                H,
+                KVH,
+                V_MODE,
+                False,
+                True,
+                FP8,
+                D,
+            )
+            tl.atomic_xchg(counter, 0, sem="relaxed")  # the next launch starts from zero
 
 
 def fusable(rows: int, n: int, k: int, head_dim: int, group_size: int) -> bool:
