@@ -366,8 +366,8 @@ class CompileSpec:
     attrs: what Triton's JIT adds by argument, [["tt.divisibility", 16]] for a 16-byte aligned pointer
     or an integer divisible by 16 (it lets the compiler vectorize and pipeline loads, which changes
     registers and shared memory: launch_log.record_compiles takes them from the JIT itself);
-    maxnreg: the launch's register ceiling, where one is passed. Without attrs every pointer is
-    taken as 16-byte aligned, as every tensor the engine passes is.
+    maxnreg: the launch's register ceiling, where one is passed. Without attrs kernels.check
+    marks what the JIT marks at the real shapes (check.jit_attrs).
     """
 
     name: str

@@ -5,9 +5,10 @@ and spills, so a kernel that fails or spills on one architecture is caught here,
 
 Each module in SPEC_MODULES lists its specializations with `compile_specs()` (backend.CompileSpec);
 tests/test_launch_log.py checks those lists against what the engine launches at the real shapes.
-A spec compiles with the marks Triton's JIT adds (every pointer 16-byte aligned, unless it names
-its own `attrs`: launch_log.record_compiles takes them from the JIT), since they change how the
-compiler loads, and so registers and shared memory. Every spec is compiled for every arch to a
+A spec compiles with the marks Triton's JIT adds at the real shapes (`jit_attrs`: every pointer
+16-byte aligned, every integer it specializes divisible by 16, unless it names its own `attrs`:
+launch_log.record_compiles takes them from the JIT), since they change how the compiler loads, and
+so registers, shared memory and instructions. Every spec is compiled for every arch to a
 cubin with `triton.compile` (no GPU or driver needed); the wheel's own `cuobjdump
 --dump-resource-usage` then reads registers and per-thread local memory.
 Spills land in the stack frame (cuobjdump's STACK; its LOCAL stays 0), so `local_bytes` is
@@ -302,15 +303,31 @@ def _triton_compile(spec, cap: int):
     signature, constexprs = _full_signature(spec)
     if "PDL" in spec.fn.arg_names:  # the arch decides it, as backend.pdl_options does on a card
         constexprs["PDL"] = cap >= PDL_CAPABILITY
-    attrs = spec.attrs or {
-        name: [["tt.divisibility", 16]] for name, kind in signature.items() if kind.startswith("*")
-    }  # as the JIT marks every aligned pointer
-    attrs = {(spec.fn.arg_names.index(name),): value for name, value in attrs.items()}
+    attrs = {(spec.fn.arg_names.index(name),): value for name, value in jit_attrs(spec).items()}
     source = ASTSource(fn=spec.fn, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     if spec.maxnreg is not None:
         options["maxnreg"] = spec.maxnreg
     return triton.compile(source, target=GPUTarget("cuda", cap, 32), options=options)
+
+
+def jit_attrs(spec) -> dict[str, list]:
+    """The marks Triton's JIT adds when the engine launches the spec at the real shapes (the spec's
+    own attrs where it names them): every pointer is 16-byte aligned, and every integer argument
+    the kernel lets Triton specialize is divisible by 16 (the real model's widths, head dims,
+    windows, splits and strides all are; row counts and lengths are in do_not_specialize). The
+    marks let the compiler vectorize loads: without D's, the norm chains compiled to scalar,
+    predicated loads, 2.5x the instructions. test_launch_log checks them against the JIT's own."""
+    if spec.attrs:
+        return dict(spec.attrs)
+    fn = spec.fn  # a JITFunction, or the interpreter's function (which keeps the decorator's kwargs)
+    kept = getattr(fn, "do_not_specialize", None) or getattr(fn, "kwargs", {}).get("do_not_specialize") or ()
+    kept = {fn.arg_names[name] if isinstance(name, int) else name for name in kept}
+    return {
+        name: [["tt.divisibility", 16]]
+        for name, kind in spec.signature.items()
+        if kind.startswith("*") or (kind in ("i32", "i64") and name not in kept)
+    }
 
 
 def _full_signature(spec) -> tuple[dict, dict]:

@@ -32,7 +32,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from flashdesk.kernels.backend import ARRIVAL_COUNTERS, CompileSpec, arrival_counters, interpreted, pdl_options
+from flashdesk.kernels.backend import (
+    ARRIVAL_COUNTERS,
+    MAX_REGISTERS,
+    CompileSpec,
+    arrival_counters,
+    interpreted,
+    pdl_options,
+)
 from flashdesk.kernels.grid_dependency import enter, prefetch_rows
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.glu import gate
@@ -389,6 +396,7 @@ class Tiles(NamedTuple):
     k_chunk: int  # columns per chunk, a multiple of block_k
     num_warps: int
     num_stages: int
+    maxnreg: int | None = None  # the register ceiling, where the launch passes one
 
 
 def small_tiles(n: int, k: int, group: int | None) -> Tiles:
@@ -415,8 +423,11 @@ def small_tiles(n: int, k: int, group: int | None) -> Tiles:
 def prefill_tiles(n: int, k: int, group: int | None) -> Tiles:
     """The >16-row int4 configuration: 128x128 output tiles over the whole K, 32 columns a step
     (one group-32 scale per row and step; the dequantization is shared by 128 rows). Never a GLU:
-    its activation runs on its own after (compute-bound, it costs little there)."""
-    return Tiles(128, 128, 32, 1, triton.cdiv(k, 32) * 32, 8, 3)
+    its activation runs on its own after (compute-bound, it costs little there). The ceiling is
+    the card's: with a per-channel scale (loaded once, live across the loop) and N known divisible
+    by 16, ptxas held the tile to 128 registers on sm_86/89 and spilled 8 bytes; the others take
+    ~144 either way."""
+    return Tiles(128, 128, 32, 1, triton.cdiv(k, 32) * 32, 8, 3, MAX_REGISTERS)
 
 
 ACTIVATIONS = ("gelu_tanh", "silu")
@@ -481,6 +492,7 @@ def _launch(
         SOFTCAP=float(softcap),
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
+        **({"maxnreg": tiles.maxnreg} if tiles.maxnreg else {}),
         **pdl_options(x.device),
     )
     return out
@@ -605,7 +617,9 @@ def _kernel_spec(
     gated = f"_{constexprs['ACTIVATION']}" if constexprs["ACTIVATION"] else ""
     capped = f"_softcap{softcap:g}" if softcap else ""
     name = f"linear_{kind}_{'w4' if int4 else 'bf16'}_n{n}_k{k}_g{group}{'_zero' if has_zero else ''}{gated}{capped}"
-    return CompileSpec(name, _linear_kernel, signature, constexprs, tiles.num_warps, tiles.num_stages)
+    return CompileSpec(
+        name, _linear_kernel, signature, constexprs, tiles.num_warps, tiles.num_stages, maxnreg=tiles.maxnreg
+    )
 
 
 def compile_specs() -> list[CompileSpec]:

@@ -180,8 +180,35 @@ def test_what_triton_compiles_at_load_fits_every_card(tmp_path, monkeypatch):
     for launch in launches:  # no row count, length or cache capacity is specialized (kernels/backend.py):
         specialized = set(launch["attrs"]) | set(launch["constexprs"])  # none marked divisible, none made 1
         assert not {"R", "T", "M", "S", "P", "SLOTS", "capacity"} & specialized, launch
+    _hand_specs_mark_what_the_jit_marks(launches)
     monkeypatch.setenv(LOG_VARIABLE, str(log))
     rows = check(("sm_86", "sm_89", "sm_90", "sm_120"), modules=("flashdesk.kernels.launch_log",), workers=2)
     assert len(rows) == 4 * len(launches)
     failed = [f"{row['arch']} {row['kernel']}: {row['error']}" for row in rows if not row["ok"]]
     assert not failed, "\n".join(failed)
+
+
+def _hand_specs_mark_what_the_jit_marks(launches: list[dict]) -> None:
+    """The hand-written specs (what the performance model reads) compile with the JIT's marks: a
+    spec without D's divisibility compiled the norm chains to scalar loads, 2.5x the instructions."""
+    import importlib
+
+    from flashdesk.kernels.backend import spec_key
+    from flashdesk.kernels.check import SPEC_MODULES, _specs, jit_attrs
+    from flashdesk.kernels.launch_log import as_on_gpu
+
+    specs = {
+        spec_key(spec.fn, spec.signature, spec.constexprs, spec.num_warps, spec.num_stages, spec.maxnreg): spec
+        for module in SPEC_MODULES
+        for spec in _specs(module)
+    }
+    compared = 0
+    for launch in launches:
+        fn = getattr(importlib.import_module(launch["module"]), launch["function"])
+        key = spec_key(
+            fn, launch["signature"], as_on_gpu(launch), launch["num_warps"], launch["num_stages"], launch.get("maxnreg")
+        )
+        if key in specs:
+            compared += 1
+            assert jit_attrs(specs[key]) == launch["attrs"], (specs[key].name, launch["attrs"])
+    assert compared > 20
