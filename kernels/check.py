@@ -282,10 +282,12 @@ def _perf_fields(spec, compiled, cap: int, registers: int, shared: int) -> dict:
     from flashdesk.kernels import perf_model, sass
     from flashdesk.kernels.backend import spec_key
 
-    loop = sass.main_loop(sass.disassemble(compiled.asm["cubin"], _cuobjdump()))
+    code = sass.disassemble(compiled.asm["cubin"], _cuobjdump())
+    loop = sass.main_loop(code)
     fields = perf_model.row_perf(
         f"sm_{cap}", spec.fn.fn.__name__, spec.constexprs, spec.num_warps, spec.num_stages, registers, shared, loop
     )
+    fields["kernel_instructions"] = len(sass.parse(code))  # every instruction once: what a fused tail issues
     fields["in_flight_ok"] = perf_model.in_flight_floor_ok(fields, cap)
     fields["key"] = repr(
         spec_key(spec.fn, spec.signature, spec.constexprs, spec.num_warps, spec.num_stages, spec.maxnreg)

@@ -182,29 +182,33 @@ def tile_product(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
+    WHOLE_CHUNK: tl.constexpr,
     M,
 ):
     """The fp32 tile [BLOCK_M, BLOCK_N] of x [M, K] @ w.T over chunk pid_s of K (rows offs_m,
-    weight rows of tile pid_n): prefetches the chunk's first weights, waits for the kernels before
-    (`enter`), then walks the chunk. Weight loads have no row mask: rows past N read row N - 1 and
-    are never stored (fewer live predicates; ptxas 13 spilled one across the loop). x is masked,
-    so columns past K add 0."""
+    weight rows of tile pid_n): prefetches the chunk's first weights (WHOLE_CHUNK: all of them,
+    with their scales: what a kernel that follows a one-program chain may fetch while it runs),
+    waits for the kernels before (`enter`), then walks the chunk. Weight loads have no row mask:
+    rows past N read row N - 1 and are never stored (fewer live predicates; ptxas 13 spilled one
+    across the loop). x is masked, so columns past K add 0."""
     c = tl.arange(0, BLOCK_N)
     rows, _ = _tile_rows(pid_n, c, N, ACTIVATION, BLOCK_N)
     m_mask = offs_m < M
     x_rows = x_ptr + offs_m[:, None] * K
     k_start = pid_s * K_CHUNK
-    AHEAD: tl.constexpr = K_CHUNK if K_CHUNK < 2 * BLOCK_K else 2 * BLOCK_K  # columns prefetched: two steps
+    # columns prefetched: two steps, or the whole chunk
+    AHEAD: tl.constexpr = K_CHUNK if WHOLE_CHUNK or K_CHUNK < 2 * BLOCK_K else 2 * BLOCK_K
+    GROUPS: tl.constexpr = K_CHUNK // GROUP if WHOLE_CHUNK and K_CHUNK > GROUP else 1  # scale groups prefetched
     if INT4:
         w_rows = w_ptr + rows[:, None] * (K // 8)
         scale_rows = scale_ptr + (rows * (K // GROUP))[:, None]
         zero_rows = zero_ptr + (rows * (K // GROUP))[:, None]
         prefetch_rows(w_rows, k_start // 2, AHEAD // 2, K // 2, PDL)
         s_bytes: tl.constexpr = scale_ptr.dtype.element_ty.primitive_bitwidth // 8
-        prefetch_rows(scale_rows, k_start // GROUP * s_bytes, s_bytes, K // GROUP * s_bytes, PDL)
+        prefetch_rows(scale_rows, k_start // GROUP * s_bytes, GROUPS * s_bytes, K // GROUP * s_bytes, PDL)
         if HAS_ZERO:
             z_bytes: tl.constexpr = zero_ptr.dtype.element_ty.primitive_bitwidth // 8
-            prefetch_rows(zero_rows, k_start // GROUP * z_bytes, z_bytes, K // GROUP * z_bytes, PDL)
+            prefetch_rows(zero_rows, k_start // GROUP * z_bytes, GROUPS * z_bytes, K // GROUP * z_bytes, PDL)
     else:
         w_rows = w_ptr + rows[:, None] * K
         w_bytes: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
@@ -355,6 +359,7 @@ def _linear_kernel(
         BLOCK_N,
         BLOCK_K,
         PDL,
+        False,
         M,
     )
     ty: tl.constexpr = out_ptr.dtype.element_ty

@@ -105,6 +105,7 @@ def _o_proj_norms_kernel(
         BLOCK_N,
         BLOCK_K,
         PDL,
+        False,
         M,
     )
     if finish_tile(acc, a_ptr, part_ptr, count_ptr, pid_n, pid_s, pid_m, offs_m, M, N, SPLIT, BLOCK_M):

@@ -14,10 +14,12 @@ from a cubin and a launch list without a GPU (docs/performance-model.md gives th
   with programmatic dependent launch (sm_90 and later), a kernel that follows one that released
   it early is already launched when that one ends, and pays a shorter gap; if it asked L2 for its
   first weights before waiting, their DRAM latency passed during that one's tail, and what is
-  left is an L2 hit's.
+  left is an L2 hit's. While the kernel before runs a chain on one SM (a fused kernel's tail, a
+  one-program norm chain), DRAM idles: what the waiting kernel asked for meanwhile streams from
+  L2 after its wait (early_bytes).
 
-A launch is modeled as latency + max(bytes / achieved bandwidth, issue time) + gap, where the
-achieved bandwidth is min(efficiency x peak, bytes in flight over its resident blocks / latency).
+A launch is modeled as latency + max(bytes / achieved bandwidth, issue time) + tail + gap, where
+the achieved bandwidth is min(efficiency x peak, bytes in flight over its resident blocks / latency).
 The constants are public spec-sheet figures and typical microbenchmark values; a lent GPU's
 measurements (packaging/gpu_check.py prints them side by side) calibrate them.
 """
@@ -55,16 +57,25 @@ class Card:
     # one; what is left is the wait's release after this one completes (an estimate to calibrate)
     pdl_gap_s: float = 0.5e-6
     efficiency: float = 0.9  # the share of the spec bandwidth a streaming kernel reaches
+    l2_bytes: int = 6 * 2**20  # spec sheet
+    l2_bandwidth: float = 0.0  # bytes/s an L2 hit streams at (0: twice the DRAM's, a guess to calibrate)
 
     @property
     def arch(self) -> str:
         return f"sm_{self.capability}"
 
 
+MB = 2**20
 CARDS = {
-    "rtx3090": Card("rtx3090", 86, sms=82, bandwidth=936e9, clock_hz=1.695e9, blocks_per_sm=16, latency_s=550e-9),
-    "rtx4090": Card("rtx4090", 89, sms=128, bandwidth=1008e9, clock_hz=2.52e9, blocks_per_sm=24, latency_s=550e-9),
-    "rtx5090": Card("rtx5090", 120, sms=170, bandwidth=1792e9, clock_hz=2.41e9, blocks_per_sm=32, latency_s=600e-9),
+    "rtx3090": Card(
+        "rtx3090", 86, sms=82, bandwidth=936e9, clock_hz=1.695e9, blocks_per_sm=16, latency_s=550e-9, l2_bytes=6 * MB
+    ),
+    "rtx4090": Card(
+        "rtx4090", 89, sms=128, bandwidth=1008e9, clock_hz=2.52e9, blocks_per_sm=24, latency_s=550e-9, l2_bytes=72 * MB
+    ),
+    "rtx5090": Card(
+        "rtx5090", 120, sms=170, bandwidth=1792e9, clock_hz=2.41e9, blocks_per_sm=32, latency_s=600e-9, l2_bytes=96 * MB
+    ),
     "h200": Card(
         "h200",
         90,
@@ -75,6 +86,9 @@ CARDS = {
         warps_per_sm=64,
         blocks_per_sm=32,
         latency_s=700e-9,
+        l2_bytes=50 * MB,
+        # ~5.5 TB/s measured on an H100 PCIe (114 SMs, 1.755 GHz), scaled to 132 SMs at 1.98 GHz
+        l2_bandwidth=7.0e12,
     ),
 }
 ISSUE_PER_CLOCK = 4  # warp-instructions an SM issues per clock (4 schedulers)
@@ -166,41 +180,79 @@ def in_flight_floor_ok(row: dict, capability: int) -> bool | None:
 def tail_seconds(card: Card, launch: dict, tail: dict | None) -> float:
     """A fused kernel's tail: the chain its last program runs after the others, serially (launch
     "tail": the key of the standalone kernel that runs the same code, "tail_passes": how many
-    times over). Each pass issues that kernel's instructions on one SM and waits an L2 hit's
-    latency for what the other programs just wrote."""
+    times over). Each pass issues every instruction of that kernel once on one SM (its loops run
+    once at batch 1) and waits an L2 hit's latency for what the other programs just wrote."""
     if tail is None:
         return 0.0
-    issue = tail["loop_instructions"] * tail["num_warps"] / (ISSUE_PER_CLOCK * card.clock_hz)
+    instructions = tail.get("kernel_instructions", tail["loop_instructions"])
+    issue = instructions * tail["num_warps"] / (ISSUE_PER_CLOCK * card.clock_hz)
     return launch.get("tail_passes", 1) * (card.l2_latency_s + issue)
 
 
+def issue_seconds(card: Card, launch: dict, row: dict | None) -> float:
+    """The time a launch's busiest SM takes to issue its instructions: its programs' main-loop
+    passes (bytes / programs / bytes a pass loads) times the loop's instructions, for each warp."""
+    if row is None or not row.get("blocks_per_sm"):
+        return 0.0
+    programs = max(1, launch["programs"])
+    passes = launch["bytes"] / programs / max(1, row["loop_load_bytes"])  # main-loop passes per program
+    per_sm = math.ceil(programs / card.sms)
+    warp_instructions = per_sm * max(1.0, passes) * row["loop_instructions"] * row["num_warps"]
+    return warp_instructions / (ISSUE_PER_CLOCK * card.clock_hz)
+
+
+def idle_seconds(card: Card, launch: dict, row: dict | None, tail: dict | None) -> float:
+    """How long a launch leaves DRAM idle at its end while one SM still works: a fused kernel's
+    tail, or the whole of a one-program kernel (a norm chain). The next kernel, released early,
+    is resident by then; if it asks L2 for its weights before its wait (launch "prefetch_bytes"),
+    DRAM serves them meanwhile (early_bytes)."""
+    one_program = launch.get("programs", 1) == 1
+    return tail_seconds(card, launch, tail) + (issue_seconds(card, launch, row) if one_program else 0.0)
+
+
+def early_bytes(card: Card, launch: dict, row: dict | None, early: bool, idle_before: float) -> float:
+    """The bytes of a launch already in L2 when its wait ends: what its resident programs asked
+    for before the wait (launch "prefetch_bytes", a share for programs not yet resident), up to
+    what DRAM delivers while the kernel before idles and during the gap, and half of L2."""
+    asked = launch.get("prefetch_bytes", 0)
+    if not (early and asked and row is not None and row.get("prefetch") and row.get("blocks_per_sm")):
+        return 0.0
+    programs = max(1, launch["programs"])
+    resident = min(programs, row["blocks_per_sm"] * (card.sms - 1))  # one SM runs the chain before
+    window = idle_before + card.pdl_gap_s
+    return min(asked * resident / programs, window * card.efficiency * card.bandwidth, card.l2_bytes / 2)
+
+
 def launch_seconds(
-    card: Card, launch: dict, row: dict | None, released: bool = False, tail: dict | None = None
+    card: Card,
+    launch: dict,
+    row: dict | None,
+    released: bool = False,
+    tail: dict | None = None,
+    idle_before: float = 0.0,
 ) -> float:
     """One launch: latency + max(bytes / achieved bandwidth, issue time) + tail + gap. `launch` has
     programs and bytes (the bytes it reads and writes); without a compiled row (a torch op, an
     unlisted kernel) it streams at the card's efficiency. released: the kernel before it released
     it early (see pdl); the gap is then card.pdl_gap_s, and if it prefetched its first weights
-    before its wait (row "prefetch") their latency is an L2 hit's. tail: the compiled row of the
-    chain a fused kernel runs last (tail_seconds)."""
+    before its wait (row "prefetch") their latency is an L2 hit's; the bytes it fetched while the
+    kernel before idled (idle_before seconds: early_bytes) stream from L2. tail: the compiled row
+    of the chain a fused kernel runs last (tail_seconds)."""
     nbytes = launch["bytes"]
-    bandwidth = card.efficiency * card.bandwidth
-    issue = 0.0
+    bandwidth = l2_rate = card.efficiency * card.bandwidth
     if row is not None and row.get("blocks_per_sm"):
-        programs = max(1, launch["programs"])
-        resident = min(programs, row["blocks_per_sm"] * card.sms)
+        resident = min(max(1, launch["programs"]), row["blocks_per_sm"] * card.sms)
         in_flight = resident * row["bytes_in_flight_per_block"]
         if in_flight:
             bandwidth = min(bandwidth, in_flight / card.latency_s)
-        passes = nbytes / programs / max(1, row["loop_load_bytes"])  # main-loop passes per program
-        per_sm = math.ceil(programs / card.sms)
-        warp_instructions = per_sm * max(1.0, passes) * row["loop_instructions"] * row["num_warps"]
-        issue = warp_instructions / (ISSUE_PER_CLOCK * card.clock_hz)
+            l2_rate = min(card.l2_bandwidth or 2 * card.bandwidth, in_flight / card.l2_latency_s)
     early = released and pdl(launch, row)
     gap = card.pdl_gap_s if early else card.launch_gap_s
     # a kernel launched early that asked L2 for its first weights before its wait finds them there
     latency = card.l2_latency_s if early and row is not None and row.get("prefetch") else card.latency_s
-    return latency + max(nbytes / bandwidth, issue) + tail_seconds(card, launch, tail) + gap
+    warm = min(early_bytes(card, launch, row, early, idle_before), nbytes)
+    stream = (nbytes - warm) / bandwidth + warm / l2_rate
+    return latency + max(stream, issue_seconds(card, launch, row)) + tail_seconds(card, launch, tail) + gap
 
 
 def pdl(launch: dict, row: dict | None) -> bool:
@@ -212,14 +264,15 @@ def pdl(launch: dict, row: dict | None) -> bool:
 def model_step(card: Card, launches: list[dict], rows: dict) -> dict:
     """A step's modeled time from its launch list (each launch: key, programs, bytes, count) and
     the compiled rows of card's arch by launch key."""
-    seconds, floor_bytes, count, unmatched, released = 0.0, 0, 0, 0, False
+    seconds, floor_bytes, count, unmatched, released, idle = 0.0, 0, 0, 0, False, 0.0
     for launch in launches:
         row = rows.get(launch["key"]) if launch.get("key") else None
         tail = rows.get(launch["tail"]) if launch.get("tail") else None
         if (launch.get("key") and row is None) or (launch.get("tail") and tail is None):
             unmatched += launch.get("count", 1)
-        seconds += launch.get("count", 1) * launch_seconds(card, launch, row, released, tail)
+        seconds += launch.get("count", 1) * launch_seconds(card, launch, row, released, tail, idle)
         released = pdl(launch, row)  # the launch list is in stream order
+        idle = idle_seconds(card, launch, row, tail)
         floor_bytes += launch.get("count", 1) * launch["read_bytes"]
         count += launch.get("count", 1)
     floor = floor_bytes / card.bandwidth

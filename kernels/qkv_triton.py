@@ -97,6 +97,7 @@ def _qkv_heads_kernel(
         BLOCK_N,
         BLOCK_K,
         PDL,
+        True,  # the whole chunk: the kernel before is one program (the norms after the MLPs)
         M,
     )
     if finish_tile(acc, qkv_ptr, part_ptr, count_ptr, pid_n, pid_s, pid_m, offs_m, M, N, SPLIT, BLOCK_M):
@@ -313,3 +314,4 @@ def tail(launch: dict) -> tuple[CompileSpec, int]:
 
 
 TAILS = {"_qkv_heads_kernel": tail}  # kernel -> its tail, for engine/bench/step_launches.py
+PREFETCH_WHOLE = {"_qkv_heads_kernel"}  # kernels that ask L2 for all the weights they read before their wait

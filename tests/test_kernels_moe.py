@@ -217,6 +217,33 @@ def test_routing_with_the_grouping_is_route_then_the_experts(tokens, top_k):
         assert torch.equal(alone[0][0], got[0]) and torch.equal(alone[1][0], got[-1])
 
 
+@pytest.mark.parametrize("top_k", [1, 2, 8])
+def test_one_tokens_pairs_are_grouped_by_rank_as_the_torch_sort_groups_them(top_k):
+    """A decode step's token groups its top-k pairs by rank (its experts are distinct), with
+    `_route`'s order, ranges and experts exactly, and the routing's weights."""
+    import triton
+
+    from flashdesk.kernels.router import route
+
+    experts = 128  # the real router's
+    gen = torch.Generator().manual_seed(top_k)
+    logits = torch.randperm(experts, generator=gen)[None, :].to(torch.bfloat16) / 4 - 1
+    scale = (torch.rand(experts, generator=gen) + 0.5).to(torch.bfloat16)
+    weight, ids = torch.empty(top_k), torch.empty(top_k, dtype=torch.int32)
+    order, begin, end, expert = (torch.full((top_k,), -1, dtype=torch.int32) for _ in range(4))
+    with kernels("triton"):
+        moe_triton._route_group_kernel[(1,)](
+            logits, scale, weight, ids, order, begin, end, expert, 1, top_k,
+            E=experts, TOP_K=top_k, ROUTE_ROWS=moe_triton.ROUTE_ROWS, BLOCK_E=experts,
+            BLOCK_K=triton.next_power_of_2(top_k), BLOCK_P=moe_triton.GROUP_PAIRS, CHUNK=moe_triton.GROUP_CHUNK,
+            ONE_TOKEN=True,
+        )  # fmt: skip
+        top_w, top_idx = route(logits, top_k, scale)
+    assert torch.equal(ids, top_idx.reshape(-1).to(torch.int32)) and torch.equal(weight, top_w.reshape(-1))
+    for got, want in zip((order, begin, end, expert), moe_triton._route(top_idx, experts)):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("tokens,top_k,d", [(1, 2, 64), (16, 3, 64), (5, 2, 320), (70, 2, 64)])
 def test_the_router_kernel_is_the_router_linear_then_routing(tokens, top_k, d):
     """A decode or verify block's router projection, routing and grouping are one launch, with the

@@ -131,6 +131,38 @@ def test_a_fused_kernels_tail_is_charged_what_its_own_kernel_issues_serially():
     assert perf_model.model_step(card, [fused], {"k": row})["unmatched_launches"] == 1
 
 
+def test_what_a_kernel_fetched_while_a_one_program_chain_ran_streams_from_l2():
+    """A kernel released early after a one-program kernel (DRAM idle while that one issues) finds
+    in L2 what its resident programs asked for before their wait (launch "prefetch_bytes"), up to
+    what DRAM delivers in that time and the gap: those bytes stream at L2's rate. Programs not yet
+    resident have asked for nothing; a kernel after a many-program one finds nothing early."""
+    card = perf_model.CARDS["h200"]
+    chain_row = {"blocks_per_sm": 1, "bytes_in_flight_per_block": 10**5, "loop_load_bytes": 10**5}
+    chain_row |= {"loop_instructions": 2000, "num_warps": 8, "pdl": True}
+    chain = {"key": "c", "programs": 1, "bytes": 10**5, "read_bytes": 0, "count": 1, "pdl": True}
+    row = {"blocks_per_sm": 2, "bytes_in_flight_per_block": 2**16, "loop_load_bytes": 2**16}
+    row |= {"loop_instructions": 100, "num_warps": 8, "pdl": True, "prefetch": True}
+    programs = 2 * 131 * 2  # twice what is resident beside the chain's SM
+    launch = {"key": "k", "programs": programs, "bytes": 10**7, "read_bytes": 10**7, "count": 1, "pdl": True}
+    rows = {"c": chain_row, "k": row}
+    idle = perf_model.idle_seconds(card, chain, chain_row, None)
+    assert idle == pytest.approx(2000 * 8 / (perf_model.ISSUE_PER_CLOCK * card.clock_hz))
+    cold = perf_model.launch_seconds(card, launch, row, released=True)
+    asked = launch | {"prefetch_bytes": 10**7}
+    warm = perf_model.early_bytes(card, asked, row, True, idle)
+    assert warm == pytest.approx(min(10**7 / 2, (idle + card.pdl_gap_s) * card.efficiency * card.bandwidth))
+    rate = card.efficiency * card.bandwidth
+    assert perf_model.launch_seconds(card, asked, row, True, None, idle) == pytest.approx(
+        cold - warm / rate + warm / card.l2_bandwidth
+    )
+    step = perf_model.model_step(card, [chain, asked], rows)["modeled_seconds"]
+    after = perf_model.launch_seconds(card, asked, row, True, None, idle)
+    assert step == pytest.approx(perf_model.launch_seconds(card, chain, chain_row) + after)
+    many = chain | {"programs": 132}  # DRAM is busy with its programs' loads: nothing early
+    assert perf_model.idle_seconds(card, many, chain_row, None) == 0.0
+    assert perf_model.early_bytes(card, asked, row, False, idle) == 0.0  # not released early: nothing
+
+
 def test_a_step_model_counts_launches_bytes_and_unmatched_kernels():
     card = perf_model.CARDS["rtx4090"]
     launches = [

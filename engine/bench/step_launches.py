@@ -158,6 +158,8 @@ def _costed(kernels: list[dict], storage: _Storage, start: int, expert_share: fl
         if "signature" in launch:  # a Triton launch: the key of the compiled spec it runs
             module = __import__(launch["module"], fromlist=[launch["function"]])
             fn = getattr(module, launch["function"])
+            if launch["function"] in getattr(module, "PREFETCH_WHOLE", ()):  # asks L2 for it all before its wait
+                entry["prefetch_bytes"] = read
             tail = getattr(module, "TAILS", {}).get(launch["function"])
             if tail:  # a fused kernel whose last program runs a chain after the others
                 spec, passes = tail(launch)
@@ -237,7 +239,26 @@ def record_step(model, drafter, cache, ctx, step: str, real_layers: bool = True)
     if real_layers and step != "draft":
         counts = _counts(model, len(launched), marks, _last_layer_end(launched, marks))
     share = expected_union(cfg.num_experts, cfg.top_k_experts, rows) / cfg.num_experts if cfg.num_experts else 0
-    return _costed(launched, _Storage(model, drafter, cache, ctx), cache.length, share, counts)
+    costed = _costed(launched, _Storage(model, drafter, cache, ctx), cache.length, share, counts)
+    return _first_layer_apart(costed) if real_layers and step != "draft" else costed
+
+
+def _first_layer_apart(launches: list[dict]) -> list[dict]:
+    """The sliding layer's launches once, then again for the other 24: the model costs a launch
+    after the one before it in the list (what that one leaves idle, whether it released this one
+    early), and only the first layer follows the embedding; the others follow a layer's last
+    kernel."""
+    first = next((i for i, launch in enumerate(launches) if launch["count"] == REAL_SLIDING), None)
+    if first is None:
+        return launches
+    end = next((i for i in range(first, len(launches)) if launches[i]["count"] != REAL_SLIDING), len(launches))
+    layer = launches[first:end]
+    return (
+        launches[:first]
+        + [launch | {"count": 1} for launch in layer]
+        + [launch | {"count": REAL_SLIDING - 1} for launch in layer]
+        + launches[end:]
+    )
 
 
 def record_steps(points=DEFAULT_POINTS, kv_dtype: str = "fp8", draft_quantize: str | None = "int4") -> list[dict]:
