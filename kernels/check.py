@@ -272,10 +272,12 @@ def pdl_in_ptx(ptx: str) -> bool:
 
 def prefetch_in_ptx(ptx: str) -> bool:
     """Whether a kernel asks L2 for data before its wait (grid_dependency.prefetch_rows): its
-    first loads' DRAM latency then passes while the kernel before it drains."""
+    first loads' DRAM latency then passes while the kernel before it drains. The compiler may copy
+    the wait into each branch (a dense chunk's program prefetches, an expert's cannot) and lay the
+    prefetching one out last: a prefetch before the last wait in the text counts."""
     lines = ptx.splitlines()
-    wait = next((i for i, line in enumerate(lines) if "griddepcontrol.wait" in line), None)
-    return wait is not None and any("prefetch.global.L2" in line for line in lines[:wait])
+    waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
+    return bool(waits) and any("prefetch.global.L2" in line for line in lines[: waits[-1]])
 
 
 def _perf_fields(spec, compiled, cap: int, registers: int, shared: int) -> dict:

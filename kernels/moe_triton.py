@@ -105,10 +105,26 @@ def _gate_up_kernel(
     """h[pair] = gelu_tanh(gate_e x) * up_e x for one slot's pairs and one block of I. The last
     DENSE slots of the grid are the dense MLP's chunks (`_experts`): chunk j computes act(gate_j x)
     * up_j x from the dense [gate; up] rows j * I.. for every token's dense_x row, into h rows
-    T * TOP_K + j * T.. Each kind of slot runs its own loop, with its strides compile-time."""
-    enter(PDL)
+    T * TOP_K + j * T.. Each kind of slot runs its own loop, with its strides compile-time. A
+    dense chunk's weights need no routing: its programs ask L2 for all of them before the wait."""
     slot = tl.program_id(0)
     slots = tl.num_programs(0) - DENSE
+    if DENSE:
+        if slot >= slots:
+            _prefetch_dense_rows(
+                dense_packed_ptr,
+                dense_scale_ptr,
+                dense_zero_ptr,
+                slot - slots,
+                D,
+                I,
+                GROUP,
+                DENSE,
+                HAS_ZERO,
+                BLOCK_N,
+                PDL,
+            )
+    enter(PDL)
     if slot < slots:  # an expert's [gate; up] rows, 2I of them
         expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
         gate_up_rows(
@@ -157,6 +173,35 @@ def _gate_up_kernel(
             BLOCK_N,
             BLOCK_K,
         )
+
+
+@triton.jit
+def _prefetch_dense_rows(
+    packed_ptr,
+    scale_ptr,
+    zero_ptr,
+    chunk,
+    D: tl.constexpr,
+    I: tl.constexpr,
+    GROUP: tl.constexpr,
+    DENSE: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Before the wait: the gate and up rows (and their scales) of dense chunk `chunk` that this
+    program's block of I reads, whole."""
+    gate = tl.minimum(chunk * I + tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N), (chunk + 1) * I - 1)[:, None]
+    up = gate + DENSE * I  # the up rows, DENSE * I below the gate rows
+    s_bytes: tl.constexpr = scale_ptr.dtype.element_ty.primitive_bitwidth // 8 * (D // GROUP)
+    z_bytes: tl.constexpr = zero_ptr.dtype.element_ty.primitive_bitwidth // 8 * (D // GROUP)
+    prefetch_rows(packed_ptr + gate * (D // 8), 0, D // 2, D // 2, PDL)
+    prefetch_rows(packed_ptr + up * (D // 8), 0, D // 2, D // 2, PDL)
+    prefetch_rows(scale_ptr + gate * (D // GROUP), 0, s_bytes, s_bytes, PDL)
+    prefetch_rows(scale_ptr + up * (D // GROUP), 0, s_bytes, s_bytes, PDL)
+    if HAS_ZERO:
+        prefetch_rows(zero_ptr + gate * (D // GROUP), 0, z_bytes, z_bytes, PDL)
+        prefetch_rows(zero_ptr + up * (D // GROUP), 0, z_bytes, z_bytes, PDL)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -983,4 +1028,10 @@ def tail(launch: dict) -> tuple[CompileSpec, int]:
 
 
 TAILS = {"_router_kernel": tail}  # kernel -> its tail, for engine/bench/step_launches.py
-PREFETCH_WHOLE = {"_router_kernel"}  # its two K steps are its whole chunk: all its weights before its wait
+# kernel -> the weights it asks L2 for whole before its wait, for engine/bench/step_launches.py: the
+# router's two K steps are its whole chunk; the dense MLP's chunks need no routing to be known
+PREFETCHED = {
+    "_router_kernel": ("router_ptr",),
+    "_gate_up_kernel": ("dense_packed_ptr", "dense_scale_ptr", "dense_zero_ptr"),
+}
+PREFETCHED_BY_SOME = {"_gate_up_kernel"}  # the experts' programs ask for nothing: their weights need the routing

@@ -248,8 +248,10 @@ def launch_seconds(
             l2_rate = min(card.l2_bandwidth or 2 * card.bandwidth, in_flight / card.l2_latency_s)
     early = released and pdl(launch, row)
     gap = card.pdl_gap_s if early else card.launch_gap_s
-    # a kernel launched early that asked L2 for its first weights before its wait finds them there
-    latency = card.l2_latency_s if early and row is not None and row.get("prefetch") else card.latency_s
+    # a kernel launched early that asked L2 for its first weights before its wait finds them there,
+    # unless only some of its programs could ask (launch "prefetch_some": the others wait on DRAM)
+    prefetched = early and row is not None and row.get("prefetch") and not launch.get("prefetch_some")
+    latency = card.l2_latency_s if prefetched else card.latency_s
     warm = min(early_bytes(card, launch, row, early, idle_before), nbytes)
     stream = (nbytes - warm) / bandwidth + warm / l2_rate
     return latency + max(stream, issue_seconds(card, launch, row)) + tail_seconds(card, launch, tail) + gap

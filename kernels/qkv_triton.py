@@ -314,4 +314,5 @@ def tail(launch: dict) -> tuple[CompileSpec, int]:
 
 
 TAILS = {"_qkv_heads_kernel": tail}  # kernel -> its tail, for engine/bench/step_launches.py
-PREFETCH_WHOLE = {"_qkv_heads_kernel"}  # kernels that ask L2 for all the weights they read before their wait
+# kernel -> the weights it asks L2 for whole before its wait, for engine/bench/step_launches.py
+PREFETCHED = {"_qkv_heads_kernel": ("w_ptr", "scale_ptr", "zero_ptr")}

@@ -4,6 +4,8 @@ Its inputs are checked against what can be counted by hand: a SASS loop's instru
 widths, occupancy from the CUDA occupancy rules, Little's law, and a step's bytes against
 engine/bench/step_bytes (which counts them from the model's tensors, not from launches)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -110,6 +112,12 @@ def test_a_kernel_that_prefetched_before_its_wait_pays_an_l2_hit_not_a_dram_late
     assert waits - prefetched == pytest.approx(card.latency_s - card.l2_latency_s)
     alone = perf_model.launch_seconds(card, launch, row | {"prefetch": True}, released=False)
     assert alone == perf_model.launch_seconds(card, launch, row, released=False)
+    # only some programs could ask (a dense MLP chunk's, not an expert's): the others wait on DRAM
+    some = launch | {"prefetch_bytes": launch["read_bytes"] // 4, "prefetch_some": True}
+    no_window = replace(card, pdl_gap_s=0.0)
+    assert perf_model.launch_seconds(no_window, some, row | {"prefetch": True}, released=True) == pytest.approx(
+        perf_model.launch_seconds(no_window, launch, row, released=True)
+    )
 
 
 def test_a_fused_kernels_tail_is_charged_what_its_own_kernel_issues_serially():

@@ -110,9 +110,12 @@ def _working_programs(launch: dict, start: int) -> int:
     return launch["grid"][0] * _splits_run(launch, start)
 
 
-def _launch_bytes(launch: dict, storage: _Storage, start: int, expert_share: float) -> tuple[int, int]:
-    """(bytes moved, bytes read of weights and KV) by one launch."""
-    moved = read = 0
+def _launch_bytes(
+    launch: dict, storage: _Storage, start: int, expert_share: float, early: tuple = ()
+) -> tuple[int, int, int]:
+    """(bytes moved, bytes read of weights and KV, of those the bytes of the arguments `early`) by
+    one launch."""
+    moved = read = early_read = 0
     largest: dict[int, tuple[str, torch.Tensor]] = {}  # one tensor per storage: an unused stand-in aliases another
     for name, t in launch["tensors"].items():
         if _ptr(t) not in largest or _nbytes(t) > _nbytes(largest[_ptr(t)][1]):
@@ -131,6 +134,7 @@ def _launch_bytes(launch: dict, storage: _Storage, start: int, expert_share: flo
         elif kind == "weights":
             size = round(size * expert_share) if expert else size
             read += size
+            early_read += size if name in early else 0
         elif kind == "kv":
             rows = t.shape[0]
             if launch["function"] in ATTENTION_READS:
@@ -139,13 +143,15 @@ def _launch_bytes(launch: dict, storage: _Storage, start: int, expert_share: flo
             else:  # a store: the block's rows
                 size = size * launch.get("scalars", {}).get("T", 1) // rows
         moved += size
-    return moved, read
+    return moved, read, early_read
 
 
 def _costed(kernels: list[dict], storage: _Storage, start: int, expert_share: float, counts: list[int]) -> list[dict]:
     out = []
     for launch, count in zip(kernels, counts):
-        moved, read = _launch_bytes(launch, storage, start, expert_share)
+        module = __import__(launch["module"], fromlist=[launch["function"]]) if "signature" in launch else None
+        early = getattr(module, "PREFETCHED", {}).get(launch["function"], ())  # asked of L2 whole before the wait
+        moved, read, early_read = _launch_bytes(launch, storage, start, expert_share, early)
         entry = {
             "function": launch["function"],
             "count": count,
@@ -156,10 +162,10 @@ def _costed(kernels: list[dict], storage: _Storage, start: int, expert_share: fl
             "pdl": launch.get("pdl", False),
         }
         if "signature" in launch:  # a Triton launch: the key of the compiled spec it runs
-            module = __import__(launch["module"], fromlist=[launch["function"]])
             fn = getattr(module, launch["function"])
-            if launch["function"] in getattr(module, "PREFETCH_WHOLE", ()):  # asks L2 for it all before its wait
-                entry["prefetch_bytes"] = read
+            if early_read:
+                entry["prefetch_bytes"] = early_read
+                entry["prefetch_some"] = launch["function"] in getattr(module, "PREFETCHED_BY_SOME", ())
             tail = getattr(module, "TAILS", {}).get(launch["function"])
             if tail:  # a fused kernel whose last program runs a chain after the others
                 spec, passes = tail(launch)
