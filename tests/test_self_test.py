@@ -155,6 +155,54 @@ def test_a_failed_capture_runs_that_step_type_eagerly(monkeypatch):
     assert captured.run(lambda inputs, m: inputs[:m] + 1, torch.tensor([3.0]), 1).tolist() == [4.0]  # no retry
 
 
+def test_a_graph_whose_replay_differs_from_the_eager_run_is_not_kept(monkeypatch):
+    """A capture is replayed once against the eager run's bits: a graph that froze what the eager
+    run reads anew (here, a value kept from the capture) fails, and that step type runs eagerly
+    saying so; a faithful replay is kept."""
+    from flashdesk.engine.model import cuda_graphs
+    from flashdesk.engine.model.gemma4 import ForwardOutput
+
+    class Graph:  # replays fn on the static inputs, or on what it saw at capture (frozen)
+        def __init__(self, fn, inputs, out, frozen):
+            self.fn, self.inputs, self.out, self.frozen = (
+                fn,
+                inputs,
+                out,
+                frozen.clone() if frozen is not None else None,
+            )
+
+        def replay(self):
+            result = self.fn(self.frozen if self.frozen is not None else self.inputs)
+            self.out.logits.copy_(result.logits)
+
+    def forward(inputs):
+        return ForwardOutput(logits=inputs[:2] * 3.0, taps=None)
+
+    inputs = torch.tensor([1.0, 2.0])
+    for frozen, kept in ((None, True), (torch.tensor([1.0, 5.0]), False)):
+        out = forward(inputs)
+        eager = [out.logits.clone()]
+        graph = Graph(forward, inputs, out, frozen)
+        if kept:
+            cuda_graphs.replay_matches(graph, out, eager)
+            continue
+        with pytest.raises(RuntimeError, match="its replay differs from the eager run .output 0: largest difference 9"):
+            cuda_graphs.replay_matches(graph, out, eager)
+
+    def capture(self, fn, m):
+        out = fn(self.inputs, m)
+        cuda_graphs.replay_matches(
+            Graph(lambda x: fn(x, m), self.inputs, out, torch.zeros(16)), out, [out.logits.clone()]
+        )
+        return ("graph", out)
+
+    monkeypatch.setattr(cuda_graphs._Captured, "_capture", capture)
+    captured = cuda_graphs._Captured(torch.zeros(16), None, "target")
+    got = captured.run(lambda x, m: ForwardOutput(logits=x[:m] + 1.0, taps=None), torch.tensor([3.0]), 1)
+    assert got.logits.tolist() == [4.0] and not captured.covers(1)
+    assert captured.error.startswith("decode: RuntimeError: its replay differs from the eager run")
+
+
 def test_kernels_that_fail_only_with_pdl_turn_pdl_off_instead(monkeypatch):
     """Where the families that failed pass when launched without programmatic dependent launch (a
     fault of PDL itself, say a driver's), they stay on Triton and PDL goes off, for this load and

@@ -11,7 +11,8 @@ past the held length and attended in place, the start read from the device. So d
 verified block's target features into the drafter's context K/V (one graph per row count).
 
 Capture needs the Triton kernels (the torch attention path slices the cache by host integers).
-When a step type's capture fails (decode, verify, draft or context), `error` says which and why
+Each capture's first replay must give the eager run's bits (`replay_matches`). When a step type's
+capture fails or replays otherwise (decode, verify, draft or context), `error` says which and why
 and that step type runs eagerly; `doctor` and `generate --json` report it.
 FLASHDESK_INJECT_FAULT=capture:STEP makes that step type's capture fail (a testing aid).
 """
@@ -113,12 +114,34 @@ class _Captured:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compile the Triton kernels and settle the allocator first;
             for _ in range(2):  # what they write past the held length is overwritten before any read
-                fn(self.inputs, m)
+                eager = [t.clone() for t in _tensors(fn(self.inputs, m))]
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             out = fn(self.inputs, m)
+        replay_matches(graph, out, eager)
         return graph, out
+
+
+def replay_matches(graph, out, eager: list[torch.Tensor]) -> None:
+    """Replay a freshly captured graph once and check that it gives the eager run's bits (on the
+    same inputs, the same kernels give the same bits): a graph that froze a value the eager run
+    reads anew each time (a host integer, a tensor's address) would replay wrong forever after.
+    Raises RuntimeError on a difference, so the step type runs eagerly and says why."""
+    graph.replay()
+    for i, (got, want) in enumerate(zip(_tensors(out), eager, strict=True)):
+        if not torch.equal(got, want):
+            worst = (got.float() - want.float()).abs().max().item() if got.shape == want.shape else float("nan")
+            raise RuntimeError(f"its replay differs from the eager run (output {i}: largest difference {worst:.3g})")
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """The tensors of a step's output (a tensor, a ForwardOutput, None), in a fixed order."""
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for t in vars(value).values() if isinstance(t, torch.Tensor)]
 
 
 class StepGraphs:
