@@ -44,9 +44,9 @@ def prefetch_rows(rows, first_byte, ROW_BYTES: tl.constexpr, end_byte, PDL: tl.c
     waits for it. A prefetch is only a hint: the loads after the wait read L2, where every write
     lands, so what it fetched early is never stale. Weight-streaming callers keep ROW_BYTES to
     their first K steps (a few KB a program): whole slices for every resident program could
-    overflow L2 before the loads come. Two ask for all of theirs: the router (0.7 MB) and the
-    decode step's q/k/v projection (13-15 MB, under a third of an H200's L2), which follows a
-    one-program norm chain that leaves DRAM idle."""
+    overflow L2 before the loads come. Three ask for all of theirs, each after a chain on one SM
+    that leaves DRAM idle: the router (0.7 MB), a decode step's q/k/v projection (13-15 MB, under
+    a third of an H200's L2) and the expert kernel's dense-MLP programs (their rows)."""
     if PDL:
         LINES: tl.constexpr = 1 << ((ROW_BYTES + LINE_BYTES - 1) // LINE_BYTES - 1).bit_length()
         at = tl.minimum(first_byte + tl.arange(0, LINES) * LINE_BYTES, end_byte - 1)

@@ -387,7 +387,7 @@ def rank_pairs(idx_ptr, order_ptr, begin_ptr, end_ptr, expert_ptr, P, BLOCK_K: t
     tl.store(expert_ptr + rank, ex, mask=ok)
 
 
-@triton.jit(do_not_specialize=["T", "SLOTS"])  # one compiled kernel for every block size: T = 1 is not special
+@triton.jit(do_not_specialize=["T", "SLOTS"])  # not T: one compile for decode (ONE_TOKEN), one for blocks
 def _route_group_kernel(
     logits_ptr,
     scale_ptr,
@@ -1021,10 +1021,12 @@ def _spec(name, fn, pointer_sig, consts, warps, stages=NUM_STAGES, maxnreg=None)
 
 def tail(launch: dict) -> tuple[CompileSpec, int]:
     """What the router's last program runs after the others, for the performance model: the
-    routing and grouping of the block's tokens (the same code as the one-program kernel), once."""
+    routing and grouping of the block's tokens (the same code as the one-program kernel), once a
+    ROUTE_ROWS tokens (a block's routing and grouping loops run about that often)."""
     one_token = bool(launch["constexprs"].get("ONE_TOKEN"))
     name = f"moe_route_group_pairs[top 8{', one token' if one_token else ''}]"
-    return next(spec for spec in compile_specs() if spec.name == name), 1
+    passes = triton.cdiv(launch.get("scalars", {}).get("T", 1), ROUTE_ROWS)
+    return next(spec for spec in compile_specs() if spec.name == name), passes
 
 
 TAILS = {"_router_kernel": tail}  # kernel -> its tail, for engine/bench/step_launches.py

@@ -202,13 +202,16 @@ def _hand_specs_mark_what_the_jit_marks(launches: list[dict]) -> None:
         for module in SPEC_MODULES
         for spec in _specs(module)
     }
-    compared = 0
+    compared = set()
     for launch in launches:
         fn = getattr(importlib.import_module(launch["module"]), launch["function"])
         key = spec_key(
             fn, launch["signature"], as_on_gpu(launch), launch["num_warps"], launch["num_stages"], launch.get("maxnreg")
         )
         if key in specs:
-            compared += 1
+            compared.add(launch["function"])
             assert jit_attrs(specs[key]) == launch["attrs"], (specs[key].name, launch["attrs"])
-    assert compared > 20
+    # the norm chains (an integer width), the linears and projections (an integer N), the router
+    assert {"_attention_out_kernel", "_mlp_out_kernel", "_linear_kernel", "_qkv_heads_kernel", "_router_kernel"} <= (
+        compared
+    ), compared

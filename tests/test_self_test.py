@@ -156,9 +156,9 @@ def test_a_failed_capture_runs_that_step_type_eagerly(monkeypatch):
 
 
 def test_a_graph_whose_replay_differs_from_the_eager_run_is_not_kept(monkeypatch):
-    """A capture is replayed once against the eager run's bits: a graph that froze what the eager
-    run reads anew (here, a value kept from the capture) fails, and that step type runs eagerly
-    saying so; a faithful replay is kept."""
+    """A capture is replayed once against the eager run's bits: a graph that replays other bits
+    (here, one that computes from other inputs) fails, and that step type runs eagerly saying so;
+    a faithful replay is kept. (No capture on the CPU: the graph is a stand-in.)"""
     from flashdesk.engine.model import cuda_graphs
     from flashdesk.engine.model.gemma4 import ForwardOutput
 

@@ -11,7 +11,7 @@ past the held length and attended in place, the start read from the device. So d
 verified block's target features into the drafter's context K/V (one graph per row count).
 
 Capture needs the Triton kernels (the torch attention path slices the cache by host integers).
-Each capture's first replay must give the eager run's bits (`replay_matches`). When a step type's
+Each capture's first replay must give the eager run's outputs (`replay_matches`). When a step type's
 capture fails or replays otherwise (decode, verify, draft or context), `error` says which and why
 and that step type runs eagerly; `doctor` and `generate --json` report it.
 FLASHDESK_INJECT_FAULT=capture:STEP makes that step type's capture fail (a testing aid).
@@ -124,9 +124,12 @@ class _Captured:
 
 
 def replay_matches(graph, out, eager: list[torch.Tensor]) -> None:
-    """Replay a freshly captured graph once and check that it gives the eager run's bits (on the
-    same inputs, the same kernels give the same bits): a graph that froze a value the eager run
-    reads anew each time (a host integer, a tensor's address) would replay wrong forever after.
+    """Replay a freshly captured graph once and check that its outputs (a forward's logits, taps
+    and hidden state; a draft's logits) are the eager run's bits on the same inputs, as the same
+    kernels give: a graph whose kernels race once captured, or whose pool hands a live output's
+    memory to another tensor, replays other bits. (A graph that froze a value the eager run reads
+    anew would pass this first replay; that the steps read positions from the device and take no
+    shape from a value is what the step tests check.) A context write returns nothing to compare.
     Raises RuntimeError on a difference, so the step type runs eagerly and says why."""
     graph.replay()
     for i, (got, want) in enumerate(zip(_tensors(out), eager, strict=True)):
