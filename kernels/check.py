@@ -261,12 +261,21 @@ def _compile(module: str, index: int, name: str, cap: int, perf: bool = False) -
 def pdl_in_ptx(ptx: str) -> bool:
     """Whether a kernel runs under programmatic dependent launch safely and usefully: it waits
     (griddepcontrol.wait) before its first global load, store or atomic, and releases the next
-    kernel (griddepcontrol.launch_dependents: a Triton that drops it as dead code would not)."""
+    kernel (griddepcontrol.launch_dependents: a Triton that drops it as dead code would not).
+    Where the compiler copies the wait into a branch's block, laid out later in the text (a kernel
+    that prefetches on one branch), no access of that block may come before its copy either."""
     accesses = re.compile(r"\b(ld|st|atom|red|cp\.async)\.(global|async)|\bcp\.async")
     lines = ptx.splitlines()
     wait = next((i for i, line in enumerate(lines) if "griddepcontrol.wait" in line), None)
     first = next((i for i, line in enumerate(lines) if accesses.search(line)), None)
     released = any("griddepcontrol.launch_dependents" in line for line in lines)
+    accessed = False  # in the basic block so far (blocks start at $L__BB labels)
+    for line in lines:
+        if line.startswith("$L__BB"):
+            accessed = False
+        elif "griddepcontrol.wait" in line and accessed:
+            return False
+        accessed = accessed or bool(accesses.search(line))
     return wait is not None and released and (first is None or wait < first)
 
 

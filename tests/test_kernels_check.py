@@ -362,3 +362,7 @@ def test_pdl_counts_only_a_wait_before_every_global_access_and_a_release():
     assert not kcheck.pdl_in_ptx("\n".join([load, wait, release, store]))  # read before the wait
     assert not kcheck.pdl_in_ptx("\n".join([wait, load, store]))  # never releases the next kernel
     assert not kcheck.pdl_in_ptx("\n".join([load, store]))
+    # the wait copied into a branch laid out last: no access of that block before its copy
+    prefetch, branch = "prefetch.global.L2 [%rd3];", "$L__BB0_1:"
+    assert kcheck.pdl_in_ptx("\n".join([wait, release, load, branch, prefetch, wait, release, load]))
+    assert not kcheck.pdl_in_ptx("\n".join([wait, release, load, branch, load, wait, release, store]))
