@@ -138,6 +138,7 @@ def describe(device: torch.device | str) -> str:
 KERNELS = {
     "linear": "int4 and bf16 linears (GEMV with split-K, prefill tiles)",
     "glu_linear": "the MLPs' gate_up projections with their activation",
+    "rope": "a step's positions and RoPE tables",
     "rms_norm": "RMSNorm with the residual add and scale",
     "add_norm": "the drafter's residual add with its norm",
     "head_norms": "q/k/v head norms with RoPE and the K/V store",

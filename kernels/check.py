@@ -52,6 +52,7 @@ SPEC_MODULES = (
     "flashdesk.kernels.o_proj_triton",
     "flashdesk.kernels.router_triton",
     "flashdesk.kernels.kv_write",
+    "flashdesk.kernels.rope_triton",
 )
 ARCHS = ("sm_86", "sm_89", "sm_90", "sm_120")
 # Opt-in shared memory per block (CUDA programming guide, "Technical Specifications").

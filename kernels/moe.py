@@ -10,7 +10,7 @@ bf16 matmul gives a row the same bits whatever the row count; a GPU's need not, 
 CPU). Between the two, when the (token, expert) pairs' weights are small, one batched matmul over
 gathered weights. On the Triton path int4 experts go through the fused kernel (`moe_triton`).
 A Gemma 4 layer's dense MLP beside the experts (`dense_and_routed_moe`) rides along in the same
-two expert launches there when its weights fit them.
+expert launch there when its weights fit it.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def dense_and_routed_moe(
     """A MoE layer's two feed-forwards, for layer_norms.mlp_out_norms: (m, experts), m the dense
     MLP's output [T, D] and experts each token's weighted expert outputs [T, K, D] fp32 (or [T, D]).
     On the fused path, where the dense MLP's intermediate is a whole number of experts' (Gemma 4
-    26B-A4B: 2,112 = 3 x 704), its chunks run as extra slots of the expert kernels, two launches a
+    26B-A4B: 2,112 = 3 x 704), its chunks run as extra slots of the expert launch, two launches a
     layer fewer: m is then its per-chunk fp32 partials [S, T, D], summed in order and rounded
     where they are read."""
     fused = all(use_triton(x, family) for family in ("moe", "router", "linear"))

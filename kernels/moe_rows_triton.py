@@ -1,4 +1,4 @@
-"""The loops of the fused MoE's two expert kernels (moe_triton): one slot's rows through one block
+"""The loops of the fused MoE's expert stages (moe_triton, moe_small_triton): one slot's rows through one block
 of its weight, the int4 decoding and the GeGLU written inline (Triton's interpreter, which runs the
 CPU tests, pays per nested call). A slot is an expert's (token, expert) pairs or, on the small path,
 one expert-sized chunk of the layer's dense MLP over every token; each kind calls its loop with its
@@ -6,10 +6,37 @@ own compile-time strides, so neither pays for the other's addressing."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import triton
 import triton.language as tl
 
 from flashdesk.kernels.linear_triton import gated_product, gelu_tanh
+
+if TYPE_CHECKING:
+    import torch
+
+    from flashdesk.kernels.int4 import Int4Weight
+
+# A tiny expert (the test models) whose whole [BLOCK_M, N, K] small-path tile has at most this many
+# elements is one tile: a slot is one item a stage, of one step (no spills at D=64, I=24 on sm_86/89).
+WHOLE_EXPERT = 8192
+
+
+def tiles(config: tuple, n: int, k: int, small: bool) -> tuple:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for an [N, K] expert matrix: the path's config, or for a
+    tiny expert the whole matrix (small path) or blocks no wider than it (tl.dot needs 16). From the
+    shapes only, so every token count of a path runs the same tiles (batch invariance)."""
+    bm, bn, bk, warps = config
+    whole_n, whole_k = triton.next_power_of_2(n), triton.next_power_of_2(k)
+    if small and bm * whole_n * whole_k <= WHOLE_EXPERT:
+        return bm, whole_n, whole_k, warps
+    return bm, min(bn, max(whole_n, 16)), min(bk, max(whole_k, 16)), warps
+
+
+def zero_arg(w: Int4Weight) -> torch.Tensor:
+    """The zero-point pointer argument; symmetric weights pass `packed` (never read)."""
+    return w.packed if w.zero is None else w.zero
 
 
 @triton.jit
@@ -22,6 +49,7 @@ def gate_up_rows(
     h_ptr,
     begin,
     end,
+    block,
     D: tl.constexpr,
     I: tl.constexpr,
     GROUP: tl.constexpr,
@@ -35,9 +63,9 @@ def gate_up_rows(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """Rows begin..end of h for one block of I, from gate rows at packed_ptr and up rows UP_ROWS
+    """Rows begin..end of h for block `block` of I, from gate rows at packed_ptr and up rows UP_ROWS
     below them: an expert's pairs (x rows by pair), or with DENSE_ROWS a dense chunk's tokens."""
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     kk = tl.arange(0, BLOCK_K)
     if USE_DOT:  # weight tiles [BLOCK_K, BLOCK_N], as tl.dot takes them
         wn = n[None, :]
@@ -118,6 +146,7 @@ def down_rows(
     y_ptr,
     begin,
     end,
+    block,
     D: tl.constexpr,
     I: tl.constexpr,
     GROUP: tl.constexpr,
@@ -129,11 +158,13 @@ def down_rows(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    H_CACHE: tl.constexpr = "",
 ):
-    """Rows begin..end of h through I columns of a down weight whose rows are ROW wide, for one
-    block of D: an expert's pairs, weighted, into y's pair rows; or with DENSE_ROWS a dense
-    chunk's rows, unweighted, into y's rows of the same index."""
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Rows begin..end of h through I columns of a down weight whose rows are ROW wide, for block
+    `block` of D: an expert's pairs, weighted, into y's pair rows; or with DENSE_ROWS a dense
+    chunk's rows, unweighted, into y's rows of the same index. H_CACHE ".cg": h was just written
+    by other programs of the same launch (read it past L1)."""
+    n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     kk = tl.arange(0, BLOCK_K)
     if USE_DOT:  # weight tiles oriented as in _gate_up_kernel
         wn = n[None, :]
@@ -158,7 +189,7 @@ def down_rows(
             if I % BLOCK_K:  # a K tail (tiny experts only)
                 h_ok = h_ok & (kk < I - k0)[None, :]
                 w_ok = w_ok & (wk < I - k0)
-            h = tl.load(h_rows + k0, mask=h_ok, other=0.0)
+            h = tl.load(h_rows + k0, mask=h_ok, other=0.0, cache_modifier=H_CACHE)
             group = groups + (k0 + wk) // GROUP
             q = ((tl.load(words + k0 // 8, mask=w_ok, other=0) >> shift) & 0xF) - 8
             if HAS_ZERO:

@@ -4,18 +4,19 @@ Launches with grids that depend only on shapes (CUDA-graph friendly, no host syn
 0. the grouping of the (token, expert) pairs by expert: for up to GROUP_PAIRS pairs (decode,
    verify) one program, which can also route the tokens first (`fused_routed_moe`), or project
    them on the router, route and group in one kernel (`fused_router_moe`); past that torch's sort.
-1. gate_up + GeGLU: one program per (slot, block of I). A slot is one distinct expert hit by the
+1. gate_up + GeGLU: one item per (slot, block of I). A slot is one distinct expert hit by the
    call; the (token, expert) pairs are sorted by expert on the device, so a slot owns a contiguous
-   range of pairs. The program reads its expert's gate and up tiles and applies them to every pair
+   range of pairs. The item reads its expert's gate and up tiles and applies them to every pair
    of the slot, BLOCK_M pairs at a time; h = gelu_tanh(gate) * up is stored per pair in x's dtype
    (the reference rounds h to x's dtype too), at the pair's sorted position.
-2. down + routing weight: one program per (slot, block of D); y = down_e h times the pair's weight,
+2. down + routing weight: one item per (slot, block of D); y = down_e h times the pair's weight,
    fp32, stored at the pair's original (t, k) position.
-   On the small path the layer's dense GLU MLP can ride along (`dense_chunks`): its intermediate
-   cut into expert-sized chunks, each an extra slot at the end of both grids whose rows are the
-   tokens; its h rows and its unweighted fp32 partials follow the pairs', and the norms after the
-   MLPs add the partials in chunk order. Each kind of slot runs its own loop (`moe_rows_triton`'s
-   loops) with its strides compile-time, so the experts' registers do not change.
+   On the small path (decode, verify) both stages are one launch (`moe_small_triton`), and the
+   layer's dense GLU MLP can ride along (`dense_chunks`): its intermediate cut into expert-sized
+   chunks, each an extra slot after the experts' whose rows are the tokens; its h rows and its
+   unweighted fp32 partials follow the pairs', and the norms after the MLPs add the partials in
+   chunk order. Each kind of slot runs its own loop (`moe_rows_triton`'s loops) with its strides
+   compile-time, so the experts' registers do not change. Prefill runs a kernel per stage.
 3. out[t] = sum over k = 0..K-1 of y[t, k] in that fixed order, cast to x's dtype; skipped when
    the caller sums y itself (the model's norms after the MLPs do, in the same order).
 
@@ -25,7 +26,8 @@ reduction dim in a fixed order and reduces BLOCK_K once at the end, so a row's b
 its own inputs and the constexpr tile shape, never on how many rows share the tile. Prefill (more
 than 16 tokens) uses tl.dot on BLOCK_M = 64 tiles for throughput; it is not batch invariant.
 
-Tiles come from the shapes alone (`tiles`): the real experts' configs below, and for a tiny expert
+Tiles come from the shapes alone (`tiles`): the real experts' configs (below; the small path's in
+moe_small_triton), and for a tiny expert
 (the CPU test models) the whole matrix as one tile. The CPU tests run these kernels through Triton's
 interpreter, which pays per executed op and far more per nested @triton.jit call, per program: so
 the int4 decoding and GeGLU are written inline and the int4 addressing is set up once per program
@@ -45,26 +47,19 @@ from flashdesk.kernels.grid_dependency import enter, prefetch_rows
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.linear import linear
 from flashdesk.kernels.linear_triton import small_tiles
-from flashdesk.kernels.moe_rows_triton import down_rows, gate_up_rows
+from flashdesk.kernels.moe_rows_triton import down_rows, gate_up_rows, tiles, zero_arg
+from flashdesk.kernels.moe_small_triton import small_experts, small_specs
 from flashdesk.kernels.router_triton import ROUTE_ROWS, route_rows, route_triton
 
 if TYPE_CHECKING:  # the front's type; at run time the front calls this module, not the reverse
     from flashdesk.kernels.moe import DenseMlp
 
-SMALL_T = 16  # up to this many tokens: the batch-invariant path (decode, verify)
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) per kernel and path for the real experts, none spilling on
-# sm_86/89/90/120. The small path's BLOCK_M is 4, not 16: at decode every slot holds one pair and at
-# verify a few, so a 16-row tile would spend 4-16x the FMAs (and registers) on masked rows; a slot
-# with more pairs loops over row tiles, re-reading its weight tile from L2. The small down kernel
-# runs 2 warps: 6 blocks an SM instead of 4 (asymmetric) keep 45 KiB of weights in flight per SM
-# on an H200, where 4 warps kept 30 (kernels.check --perf). Untuned: no GPU was at hand.
-SMALL_GATE_UP = (4, 8, 64, 4)
-SMALL_DOWN = (4, 16, 64, 2)
+SMALL_T = 16  # up to this many tokens: the batch-invariant path (decode, verify): moe_small_triton
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) of prefill's expert kernels for the real experts, none
+# spilling on sm_86/89/90/120
 LARGE_GATE_UP = (64, 32, 64, 4)  # 8 warps: ptxas held them to 128 registers and spilled on sm_120
 LARGE_DOWN = (64, 32, 64, 8)  # (64, 64, ...) spills on triton 3.6 (the GPU machine) when asymmetric
-# A tiny expert (the test models) whose whole [BLOCK_M, N, K] small-path tile has at most this many
-# elements is one tile: a slot is one program of one step (no spills at D=64, I=24 on sm_86/89).
-WHOLE_EXPERT = 8192
 SUM_BLOCK = 256
 NUM_STAGES = 2
 GROUP_PAIRS = 128  # (token, expert) pairs grouped by one program: 16 tokens x top 8
@@ -84,10 +79,6 @@ def _gate_up_kernel(
     slot_end_ptr,
     slot_expert_ptr,
     h_ptr,
-    dense_x_ptr,
-    dense_packed_ptr,
-    dense_scale_ptr,
-    dense_zero_ptr,
     T,
     D: tl.constexpr,
     I: tl.constexpr,
@@ -99,109 +90,35 @@ def _gate_up_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    DENSE: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
-    """h[pair] = gelu_tanh(gate_e x) * up_e x for one slot's pairs and one block of I. The last
-    DENSE slots of the grid are the dense MLP's chunks (`_experts`): chunk j computes act(gate_j x)
-    * up_j x from the dense [gate; up] rows j * I.. for every token's dense_x row, into h rows
-    T * TOP_K + j * T.. Each kind of slot runs its own loop, with its strides compile-time. A
-    dense chunk's weights need no routing: its programs ask L2 for all of them before the wait."""
-    slot = tl.program_id(0)
-    slots = tl.num_programs(0) - DENSE
-    if DENSE:
-        if slot >= slots:
-            _prefetch_dense_rows(
-                dense_packed_ptr,
-                dense_scale_ptr,
-                dense_zero_ptr,
-                slot - slots,
-                D,
-                I,
-                GROUP,
-                DENSE,
-                HAS_ZERO,
-                BLOCK_N,
-                PDL,
-            )
+    """h[pair] = gelu_tanh(gate_e x) * up_e x for one slot's pairs and one block of I (prefill)."""
     enter(PDL)
-    if slot < slots:  # an expert's [gate; up] rows, 2I of them
-        expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
-        gate_up_rows(
-            x_ptr,
-            packed_ptr + expert * (2 * I * (D // 8)),
-            scale_ptr + expert * (2 * I * (D // GROUP)),
-            zero_ptr + expert * (2 * I * (D // GROUP)),
-            pair_ptr,
-            h_ptr,
-            tl.load(slot_begin_ptr + slot),
-            tl.load(slot_end_ptr + slot),
-            D,
-            I,
-            GROUP,
-            TOP_K,
-            I,
-            False,
-            HAS_ZERO,
-            USE_DOT,
-            DOT_FP32,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-        )
-    elif DENSE:  # dense chunk j: gate rows j * I.., up rows DENSE * I below them
-        chunk = slot - slots
-        gate_up_rows(
-            dense_x_ptr,
-            dense_packed_ptr + chunk * (I * (D // 8)),
-            dense_scale_ptr + chunk * (I * (D // GROUP)),
-            dense_zero_ptr + chunk * (I * (D // GROUP)),
-            pair_ptr,
-            h_ptr,
-            T * TOP_K + chunk * T,
-            T * TOP_K + chunk * T + T,
-            D,
-            I,
-            GROUP,
-            TOP_K,
-            DENSE * I,
-            True,
-            HAS_ZERO,
-            USE_DOT,
-            DOT_FP32,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-        )
-
-
-@triton.jit
-def _prefetch_dense_rows(
-    packed_ptr,
-    scale_ptr,
-    zero_ptr,
-    chunk,
-    D: tl.constexpr,
-    I: tl.constexpr,
-    GROUP: tl.constexpr,
-    DENSE: tl.constexpr,
-    HAS_ZERO: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """Before the wait: the gate and up rows (and their scales) of dense chunk `chunk` that this
-    program's block of I reads, whole."""
-    gate = tl.minimum(chunk * I + tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N), (chunk + 1) * I - 1)[:, None]
-    up = gate + DENSE * I  # the up rows, DENSE * I below the gate rows
-    s_bytes: tl.constexpr = scale_ptr.dtype.element_ty.primitive_bitwidth // 8 * (D // GROUP)
-    z_bytes: tl.constexpr = zero_ptr.dtype.element_ty.primitive_bitwidth // 8 * (D // GROUP)
-    prefetch_rows(packed_ptr + gate * (D // 8), 0, D // 2, D // 2, PDL)
-    prefetch_rows(packed_ptr + up * (D // 8), 0, D // 2, D // 2, PDL)
-    prefetch_rows(scale_ptr + gate * (D // GROUP), 0, s_bytes, s_bytes, PDL)
-    prefetch_rows(scale_ptr + up * (D // GROUP), 0, s_bytes, s_bytes, PDL)
-    if HAS_ZERO:
-        prefetch_rows(zero_ptr + gate * (D // GROUP), 0, z_bytes, z_bytes, PDL)
-        prefetch_rows(zero_ptr + up * (D // GROUP), 0, z_bytes, z_bytes, PDL)
+    slot = tl.program_id(0)
+    expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
+    gate_up_rows(
+        x_ptr,
+        packed_ptr + expert * (2 * I * (D // 8)),
+        scale_ptr + expert * (2 * I * (D // GROUP)),
+        zero_ptr + expert * (2 * I * (D // GROUP)),
+        pair_ptr,
+        h_ptr,
+        tl.load(slot_begin_ptr + slot),
+        tl.load(slot_end_ptr + slot),
+        tl.program_id(1),
+        D,
+        I,
+        GROUP,
+        TOP_K,
+        I,
+        False,
+        HAS_ZERO,
+        USE_DOT,
+        DOT_FP32,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -216,9 +133,6 @@ def _down_kernel(
     slot_end_ptr,
     slot_expert_ptr,
     y_ptr,
-    dense_packed_ptr,
-    dense_scale_ptr,
-    dense_zero_ptr,
     T,
     D: tl.constexpr,
     I: tl.constexpr,
@@ -230,63 +144,35 @@ def _down_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    DENSE: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
-    """y[pair] = weight[pair] * down_e h[pair] (fp32) for one slot's pairs and one block of D; the
-    last DENSE slots (the dense MLP's chunks) write chunk j's unweighted partial, its h rows through
-    columns j * I.. of the dense down weight, into y rows T * TOP_K + j * T.."""
+    """y[pair] = weight[pair] * down_e h[pair] (fp32) for one slot's pairs and one block of D (prefill)."""
     enter(PDL)
     slot = tl.program_id(0)
-    slots = tl.num_programs(0) - DENSE
-    if slot < slots:
-        expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
-        down_rows(
-            h_ptr,
-            packed_ptr + expert * (D * (I // 8)),
-            scale_ptr + expert * (D * (I // GROUP)),
-            zero_ptr + expert * (D * (I // GROUP)),
-            pair_ptr,
-            weight_ptr,
-            y_ptr,
-            tl.load(slot_begin_ptr + slot),
-            tl.load(slot_end_ptr + slot),
-            D,
-            I,
-            GROUP,
-            I,
-            False,
-            HAS_ZERO,
-            USE_DOT,
-            DOT_FP32,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-        )
-    elif DENSE:
-        chunk = slot - slots
-        down_rows(
-            h_ptr,
-            dense_packed_ptr + chunk * (I // 8),
-            dense_scale_ptr + chunk * (I // GROUP),
-            dense_zero_ptr + chunk * (I // GROUP),
-            pair_ptr,
-            weight_ptr,
-            y_ptr,
-            T * TOP_K + chunk * T,
-            T * TOP_K + chunk * T + T,
-            D,
-            I,
-            GROUP,
-            DENSE * I,
-            True,
-            HAS_ZERO,
-            USE_DOT,
-            DOT_FP32,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-        )
+    expert = tl.load(slot_expert_ptr + slot).to(tl.int64)
+    down_rows(
+        h_ptr,
+        packed_ptr + expert * (D * (I // 8)),
+        scale_ptr + expert * (D * (I // GROUP)),
+        zero_ptr + expert * (D * (I // GROUP)),
+        pair_ptr,
+        weight_ptr,
+        y_ptr,
+        tl.load(slot_begin_ptr + slot),
+        tl.load(slot_end_ptr + slot),
+        tl.program_id(1),
+        D,
+        I,
+        GROUP,
+        I,
+        False,
+        HAS_ZERO,
+        USE_DOT,
+        DOT_FP32,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )
 
 
 @triton.jit
@@ -302,22 +188,6 @@ def _sum_top_k_kernel(
     for k in tl.static_range(1, TOP_K):
         acc += tl.load(y_ptr + (t * TOP_K + k) * D + n, mask=mask, other=0.0)
     tl.store(out_ptr + t * D + n, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def tiles(config: tuple, n: int, k: int, small: bool) -> tuple:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for an [N, K] expert matrix: the path's config, or for a
-    tiny expert the whole matrix (small path) or blocks no wider than it (tl.dot needs 16). From the
-    shapes only, so every token count of a path runs the same tiles (batch invariance)."""
-    bm, bn, bk, warps = config
-    whole_n, whole_k = triton.next_power_of_2(n), triton.next_power_of_2(k)
-    if small and bm * whole_n * whole_k <= WHOLE_EXPERT:
-        return bm, whole_n, whole_k, warps
-    return bm, min(bn, max(whole_n, 16)), min(bk, max(whole_k, 16)), warps
-
-
-def _zero_arg(w: Int4Weight) -> torch.Tensor:
-    """The zero-point pointer argument; symmetric weights pass `packed` (never read)."""
-    return w.packed if w.zero is None else w.zero
 
 
 @triton.jit(do_not_specialize=["P", "SLOTS"])
@@ -808,80 +678,17 @@ def _experts(
 ):
     """The expert launches on pairs already grouped by expert (order, begin, end, expert), with
     their routing weights [T * K] fp32; T > 0. With a `dense` MLP that fits (`dense_chunks`) its
-    chunks run as extra slots of the same two launches, and the result is (the experts' output,
-    the dense MLP's per-chunk fp32 partials [S, T, D]): summed in chunk order and rounded they are
-    its output (mlp_out_norms does that)."""
+    chunks run as extra slots of the same launch, and the result is (the experts' output, the
+    dense MLP's per-chunk fp32 partials [S, T, D]): summed in chunk order and rounded they are its
+    output (mlp_out_norms does that)."""
     n_tokens = x.shape[0]
-    n_experts, two_i, d = gate_up.shape
-    inter = two_i // 2
+    d = gate_up.shape[2]
     x = x.contiguous()
-    pairs, begin, end, expert = grouping
-    small = n_tokens <= SMALL_T
     chunks = dense_chunks(dense, x, gate_up, down)
-    slots = begin.numel() + chunks
-    d_x, d_gate_up, d_down = x, gate_up, down  # with no chunks they stand in, never read
-    if chunks:  # dense_chunks checked its weights are int4
-        assert dense is not None and isinstance(dense.gate_up, Int4Weight) and isinstance(dense.down, Int4Weight)
-        d_x, d_gate_up, d_down = dense.x.contiguous(), dense.gate_up, dense.down
-    common = dict(USE_DOT=not small, DOT_FP32=interpreted() or x.dtype == torch.float32) | pdl_options(x.device)
-    common |= dict(DENSE=chunks, TOP_K=top_k)
-    rows = n_tokens * (top_k + chunks)
-    bm, bn, bk, warps = tiles(SMALL_GATE_UP if small else LARGE_GATE_UP, inter, d, small)
-    h = torch.empty(rows, inter, device=x.device, dtype=x.dtype)
-    _gate_up_kernel[(slots, triton.cdiv(inter, bn))](
-        x,
-        gate_up.packed,
-        gate_up.scale,
-        _zero_arg(gate_up),
-        pairs,
-        begin,
-        end,
-        expert,
-        h,
-        d_x,
-        d_gate_up.packed,
-        d_gate_up.scale,
-        _zero_arg(d_gate_up),
-        n_tokens,
-        D=d,
-        I=inter,
-        GROUP=gate_up.group_size,
-        HAS_ZERO=gate_up.zero is not None,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-        num_warps=warps,
-        num_stages=NUM_STAGES,
-        **common,
-    )
-    bm, bn, bk, warps = tiles(SMALL_DOWN if small else LARGE_DOWN, d, inter, small)
-    y = torch.empty(rows, d, device=x.device, dtype=torch.float32)
-    _down_kernel[(slots, triton.cdiv(d, bn))](
-        h,
-        down.packed,
-        down.scale,
-        _zero_arg(down),
-        pairs,
-        weight,
-        begin,
-        end,
-        expert,
-        y,
-        d_down.packed,
-        d_down.scale,
-        _zero_arg(d_down),
-        n_tokens,
-        D=d,
-        I=inter,
-        GROUP=down.group_size,
-        HAS_ZERO=down.zero is not None,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-        num_warps=warps,
-        num_stages=NUM_STAGES,
-        **common,
-    )
+    if n_tokens <= SMALL_T:
+        y = small_experts(x, gate_up, down, weight, top_k, grouping, dense, chunks)
+    else:
+        y = _large_experts(x, gate_up, down, weight, top_k, grouping)
     partials = y[n_tokens * top_k :].view(chunks, n_tokens, d)
     y = y[: n_tokens * top_k]
     if summed:
@@ -894,6 +701,68 @@ def _experts(
     return (out, partials) if chunks else out
 
 
+def _large_experts(
+    x: torch.Tensor, gate_up: Int4Weight, down: Int4Weight, weight: torch.Tensor, top_k: int, grouping: tuple
+) -> torch.Tensor:
+    """The weighted pair outputs y [T * K, D] fp32 of more than SMALL_T tokens: two launches."""
+    n_tokens = x.shape[0]
+    _, two_i, d = gate_up.shape
+    inter = two_i // 2
+    pairs, begin, end, expert = grouping
+    common = dict(USE_DOT=True, DOT_FP32=interpreted() or x.dtype == torch.float32, TOP_K=top_k)
+    common |= pdl_options(x.device)
+    bm, bn, bk, warps = tiles(LARGE_GATE_UP, inter, d, False)
+    h = torch.empty(n_tokens * top_k, inter, device=x.device, dtype=x.dtype)
+    _gate_up_kernel[(begin.numel(), triton.cdiv(inter, bn))](
+        x,
+        gate_up.packed,
+        gate_up.scale,
+        zero_arg(gate_up),
+        pairs,
+        begin,
+        end,
+        expert,
+        h,
+        n_tokens,
+        D=d,
+        I=inter,
+        GROUP=gate_up.group_size,
+        HAS_ZERO=gate_up.zero is not None,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_warps=warps,
+        num_stages=NUM_STAGES,
+        **common,
+    )
+    bm, bn, bk, warps = tiles(LARGE_DOWN, d, inter, False)
+    y = torch.empty(n_tokens * top_k, d, device=x.device, dtype=torch.float32)
+    _down_kernel[(begin.numel(), triton.cdiv(d, bn))](
+        h,
+        down.packed,
+        down.scale,
+        zero_arg(down),
+        pairs,
+        weight,
+        begin,
+        end,
+        expert,
+        y,
+        n_tokens,
+        D=d,
+        I=inter,
+        GROUP=down.group_size,
+        HAS_ZERO=down.zero is not None,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_warps=warps,
+        num_stages=NUM_STAGES,
+        **common,
+    )
+    return y
+
+
 # Real shapes: Gemma 4 26B-A4B experts, bf16 activations, int4 group 32.
 REAL_D, REAL_I, REAL_TOP_K, REAL_GROUP, REAL_EXPERTS = 2816, 704, 8, 32, 128
 REAL_DENSE_CHUNKS = 3  # the dense MLP's intermediate, 2,112, is three experts' 704
@@ -901,7 +770,7 @@ REAL_DENSE_CHUNKS = 3  # the dense MLP's intermediate, 2,112, is three experts' 
 
 def compile_specs() -> list[CompileSpec]:
     """Every specialization fused_moe launches for the real model: both paths, sym and asym."""
-    specs = []
+    specs = small_specs(REAL_D, REAL_I, REAL_GROUP, REAL_TOP_K, REAL_DENSE_CHUNKS)
     pointers = {
         "packed_ptr": "*i32",
         "scale_ptr": "*bf16",
@@ -909,25 +778,21 @@ def compile_specs() -> list[CompileSpec]:
         "slot_begin_ptr": "*i32",
         "slot_end_ptr": "*i32",
         "slot_expert_ptr": "*i32",
+        "T": "i32",
     }
-    for has_zero in (False, True):
+    for has_zero in (False, True):  # prefill's two kernels
         zero = "*i8" if has_zero else "*i32"
-        dense_weights = {"dense_packed_ptr": "*i32", "dense_scale_ptr": "*bf16", "dense_zero_ptr": zero, "T": "i32"}
-        # the small path with and without the dense MLP's chunks (REAL_DENSE_CHUNKS), the large without
-        for small, chunks in ((True, 0), (True, REAL_DENSE_CHUNKS), (False, 0)):
-            path = ("small" if small else "large") + (f"_dense{chunks}" if chunks else "")
-            flags = dict(GROUP=REAL_GROUP, HAS_ZERO=has_zero, USE_DOT=not small, DOT_FP32=False, D=REAL_D, I=REAL_I)
-            flags |= dict(TOP_K=REAL_TOP_K, DENSE=chunks)
-            bm, bn, bk, warps = tiles(SMALL_GATE_UP if small else LARGE_GATE_UP, REAL_I, REAL_D, small)
-            sig = {"x_ptr": "*bf16", **pointers, "zero_ptr": zero, "h_ptr": "*bf16", "dense_x_ptr": "*bf16"}
-            consts = dict(flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
-            name = f"moe_gate_up_{path}_{'asym' if has_zero else 'sym'}"
-            specs.append(_spec(name, _gate_up_kernel, sig | dense_weights, consts, warps))
-            bm, bn, bk, warps = tiles(SMALL_DOWN if small else LARGE_DOWN, REAL_D, REAL_I, small)
-            sig = {"h_ptr": "*bf16", **pointers, "zero_ptr": zero, "weight_ptr": "*fp32", "y_ptr": "*fp32"}
-            consts = dict(flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
-            name = f"moe_down_{path}_{'asym' if has_zero else 'sym'}"
-            specs.append(_spec(name, _down_kernel, sig | dense_weights, consts, warps))
+        flags = dict(GROUP=REAL_GROUP, HAS_ZERO=has_zero, USE_DOT=True, DOT_FP32=False, D=REAL_D, I=REAL_I)
+        flags |= dict(TOP_K=REAL_TOP_K)
+        kind = "asym" if has_zero else "sym"
+        bm, bn, bk, warps = tiles(LARGE_GATE_UP, REAL_I, REAL_D, False)
+        sig = {"x_ptr": "*bf16", **pointers, "zero_ptr": zero, "h_ptr": "*bf16"}
+        consts = dict(flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+        specs.append(_spec(f"moe_gate_up_large_{kind}", _gate_up_kernel, sig, consts, warps))
+        bm, bn, bk, warps = tiles(LARGE_DOWN, REAL_D, REAL_I, False)
+        sig = {"h_ptr": "*bf16", **pointers, "zero_ptr": zero, "weight_ptr": "*fp32", "y_ptr": "*fp32"}
+        consts = dict(flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+        specs.append(_spec(f"moe_down_large_{kind}", _down_kernel, sig, consts, warps))
     specs.append(
         _spec(
             "moe_sum_top_k",
@@ -1031,9 +896,5 @@ def tail(launch: dict) -> tuple[CompileSpec, int]:
 
 TAILS = {"_router_kernel": tail}  # kernel -> its tail, for engine/bench/step_launches.py
 # kernel -> the weights it asks L2 for whole before its wait, for engine/bench/step_launches.py: the
-# router's two K steps are its whole chunk; the dense MLP's chunks need no routing to be known
-PREFETCHED = {
-    "_router_kernel": ("router_ptr",),
-    "_gate_up_kernel": ("dense_packed_ptr", "dense_scale_ptr", "dense_zero_ptr"),
-}
-PREFETCHED_BY_SOME = {"_gate_up_kernel"}  # the experts' programs ask for nothing: their weights need the routing
+# router's two K steps are its whole chunk
+PREFETCHED = {"_router_kernel": ("router_ptr",)}

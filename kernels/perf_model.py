@@ -106,6 +106,7 @@ ROLES = {
     "_o_proj_norms_kernel": "weights",
     "_gate_up_kernel": "weights",
     "_down_kernel": "weights",
+    "_experts_kernel": "weights",
     "_route_kernel": "weights",
     "_router_kernel": "weights",
     "_decode_split_kernel": "kv",
@@ -212,12 +213,13 @@ def idle_seconds(card: Card, launch: dict, row: dict | None, tail: dict | None) 
 
 def early_bytes(card: Card, launch: dict, row: dict | None, early: bool, idle_before: float) -> float:
     """The bytes of a launch already in L2 when its wait ends: what its resident programs asked
-    for before the wait (launch "prefetch_bytes", a share for programs not yet resident), up to
-    what DRAM delivers while the kernel before idles and during the gap, and half of L2."""
+    for before the wait (launch "prefetch_bytes", a share for programs not yet resident; where
+    only the grid's first "prefetch_programs" ask, the share of those), up to what DRAM delivers
+    while the kernel before idles and during the gap, and half of L2."""
     asked = launch.get("prefetch_bytes", 0)
     if not (early and asked and row is not None and row.get("prefetch") and row.get("blocks_per_sm")):
         return 0.0
-    programs = max(1, launch["programs"])
+    programs = max(1, launch.get("prefetch_programs", launch["programs"]))
     resident = min(programs, row["blocks_per_sm"] * (card.sms - 1))  # one SM runs the chain before
     window = idle_before + card.pdl_gap_s
     return min(asked * resident / programs, window * card.efficiency * card.bandwidth, card.l2_bytes / 2)

@@ -91,14 +91,23 @@ def _innermost(loops: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(f, l) for f, l in loops if not any(f <= g and m <= l and (g, m) != (f, l) for g, m in loops)]
 
 
+def _table_walk(body: list[Instruction]) -> bool:
+    """Whether every global load of a loop reads through the read-only constant path: a table
+    walked by a slow path (libdevice's cos and sin reduce a large angle so), not streamed data."""
+    loads = [ins for ins in body if ins.opcode.startswith("LDG")]
+    return bool(loads) and all(".CONSTANT" in ins.opcode for ins in loads)
+
+
 def main_loop(sass: str) -> Loop:
     """The innermost loop that streams: one with asynchronous copies (what the software pipeliner
     makes of a kernel's main loop) before one without (an epilogue's, such as a split sum or an
     attention combine), then the one that loads the most bytes (ties: the longer one); the whole
-    kernel if none loads."""
+    kernel if none loads. A loop that only walks a constant table (`_table_walk`) does not count."""
     code = parse(sass)
     best = None
     for first, last in _innermost(_loops(code)):
+        if _table_walk(code[first : last + 1]):
+            continue
         loop = _summary(code[first : last + 1], True)
         rank = (loop.async_copies, loop.load_bytes, loop.instructions)
         if loop.load_bytes and (best is None or rank > (best.async_copies, best.load_bytes, best.instructions)):

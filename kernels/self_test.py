@@ -216,6 +216,25 @@ def _rms_norm(d: Dims, device) -> tuple[float, bool]:
     )
 
 
+def _rope_tables(d: Dims, device) -> tuple[float, bool]:
+    """A step's positions and each layer kind's RoPE tables, far into a long context (the angles'
+    range reduction counts there)."""
+    from flashdesk.kernels.rope import step_rope
+
+    widths = [dim for dim, _, _ in d.layers]  # a kind's table is as wide as its heads
+    freqs = torch.cat([(10000.0 ** (-torch.arange(0, w, 2) / w)).repeat(2) for w in widths]).to(device)
+    ends = [sum(widths[: i + 1]) for i in range(len(widths))]
+    spans = tuple((end - w, end) for end, w in zip(ends, widths))
+    start = torch.tensor([200_003], dtype=torch.int32, device=device)
+
+    def run(rows):
+        return step_rope(start + rows.start, rows.stop - rows.start, freqs, spans, torch.bfloat16)
+
+    got, want = _both(lambda: run(slice(0, 16)))
+    exact = torch.equal(_tensors(got)[0], _tensors(want)[0])  # the positions themselves, not relative to ~2e5
+    return _error(got, want) if exact else float("inf"), _rows_alone(run)
+
+
 def _add_norm(d: Dims, device) -> tuple[float, bool]:
     from flashdesk.kernels.norm import add_qwen_norm
 
@@ -328,7 +347,7 @@ def _layer_norms(d: Dims, device, which: str) -> tuple[float, bool]:
 
         return _error(*_both(lambda: run(slice(0, 16)))), _rows_alone(run)
     weights = MlpOutWeights(ws[0], ws[1], ws[2], scalar, ws[3])
-    # the dense MLP's output as rows, and as the expert kernels' three fp32 chunk partials
+    # the dense MLP's output as rows, and as the expert launch's three fp32 chunk partials
     parts = _randn(3, 16, d.hidden, gen=gen, device=device, dtype=torch.float32)
     runs = [
         lambda rows: mlp_out_norms(dense[rows], experts[rows], residual[rows], 1e-6, weights),
@@ -384,7 +403,7 @@ def _router(d: Dims, device) -> tuple[float, None]:
 
 def _moe(d: Dims, device) -> tuple[float, bool]:
     """The routed experts and the dense MLP beside them as a decode or verify block runs them (the
-    router's projection, routing, grouping and both expert kernels, which also run the dense MLP's
+    router's projection, routing, grouping and the expert launch, which also runs the dense MLP's
     expert-sized chunks, as in the real model, whose 2,112 is three experts' 704). Each token's
     router input is one-hot and the router's weights multiples of 1/16, so its logits are exact and
     distinct on every path: no tie can pick another expert on one of them (router's own check
@@ -578,6 +597,7 @@ def _prefill_attention(d: Dims, device) -> tuple[float, None]:
 CHECKS: dict[str, tuple[Callable, float]] = {
     "linear": (_linear, 3e-2),
     "glu_linear": (_glu_linear, 3e-2),
+    "rope": (_rope_tables, 1e-2),
     "rms_norm": (_rms_norm, 2e-2),
     "add_norm": (_add_norm, 2e-2),
     "head_norms": (_head_norms, 2e-2),

@@ -366,3 +366,40 @@ def test_pdl_counts_only_a_wait_before_every_global_access_and_a_release():
     prefetch, branch = "prefetch.global.L2 [%rd3];", "$L__BB0_1:"
     assert kcheck.pdl_in_ptx("\n".join([wait, release, load, branch, prefetch, wait, release, load]))
     assert not kcheck.pdl_in_ptx("\n".join([wait, release, load, branch, load, wait, release, store]))
+
+
+def test_the_expert_items_hand_over_through_release_and_acquire():
+    """The small path's one expert launch (moe_small_triton), read in its sm_90 PTX text: a barrier
+    between each item's last store and its count-in with a release (Triton puts one before a
+    scalar atomic of its own too: this checks the order, not whose barrier it is), and an acquire
+    of a counter inside a loop (the down items' spin), all after the PDL wait. A kernel that
+    dropped the spin would race on a GPU and still pass every test the interpreter runs (its
+    programs run one after another)."""
+    import re
+
+    code = (
+        "from flashdesk.kernels import check, moe_triton\n"
+        "spec = next(s for s in moe_triton.compile_specs() if s.name == 'moe_experts_small_dense3_sym')\n"
+        "print(check._triton_compile(spec, 90).asm['ptx'])"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # a real compile
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert kcheck.pdl_in_ptx("\n".join(lines))
+    acquires = [i for i, line in enumerate(lines) if re.search(r"\b(ld|atom)\.global\.gpu\.acquire\b", line)]
+    assert acquires, "no acquire of a counter"
+    labels = {line.split(":")[0]: i for i, line in enumerate(lines) if line.startswith("$L__BB")}
+    spins = [  # a branch back to a label at or before an acquire, from after it: the wait's loop
+        i
+        for i, line in enumerate(lines)
+        if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\w+)", line))
+        and any(labels.get(m.group(1), i) <= a < i for a in acquires)
+    ]
+    assert spins, "the acquire is not in a loop"
+    releases = [i for i, line in enumerate(lines) if re.search(r"\batom\.global\.gpu\.acq_rel\.add", line)]
+    barriers = [i for i, line in enumerate(lines) if "bar.sync" in line or "barrier.sync" in line]
+    stores = [i for i, line in enumerate(lines) if "st.global" in line]
+    assert len(releases) == 2
+    for r in releases:  # every thread's last store before the count comes before a barrier before it
+        assert any(max(i for i in stores if i < r) < b < r for b in barriers), lines[r]

@@ -9,13 +9,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
-from flashdesk.kernels import moe_triton
+from flashdesk.kernels import moe_small_triton, moe_triton
 from flashdesk.kernels.backend import kernels
 from flashdesk.kernels.int4 import Int4Weight, pack_int4
 from flashdesk.kernels.launch_log import describe_launch
 from flashdesk.kernels.moe import DenseMlp, moe_reference
 from flashdesk.kernels.moe_triton import compile_specs, dense_chunks, fused_moe, fused_router_moe, fused_routed_moe
-from flashdesk.kernels.moe_triton import tiles
+from flashdesk.kernels.moe_rows_triton import tiles
 from flashdesk.kernels.router import ordered_sum
 
 pytestmark = pytest.mark.skipif(not moe_triton.interpreted(), reason="needs TRITON_INTERPRET=1 before triton import")
@@ -48,9 +48,9 @@ def problem(seed, tokens, top_k, group, asym, dtype=torch.float32, dims=WHOLE):
 
 def test_test_shapes_cover_both_small_tilings():
     """WHOLE runs one program per slot, TILED the real model's blocks (so both are tested)."""
-    for n, k, config in ((32, 64, moe_triton.SMALL_GATE_UP), (64, 32, moe_triton.SMALL_DOWN)):
+    for n, k, config in ((32, 64, moe_small_triton.SMALL_GATE_UP), (64, 32, moe_small_triton.SMALL_DOWN)):
         assert tiles(config, n, k, small=True)[1:3] == (n, k)
-    for n, k, config in ((48, 128, moe_triton.SMALL_GATE_UP), (128, 48, moe_triton.SMALL_DOWN)):
+    for n, k, config in ((48, 128, moe_small_triton.SMALL_GATE_UP), (128, 48, moe_small_triton.SMALL_DOWN)):
         assert tiles(config, n, k, small=True) == config
 
 
@@ -108,6 +108,45 @@ def test_batch_invariant(top_k, group, asym, dims):
         assert torch.equal(part, full[rows]), rows
 
 
+def test_a_block_runs_both_expert_stages_in_one_launch_that_leaves_its_counters_at_zero(monkeypatch):
+    """Decode and verify blocks run the gate/up and down items in one launch (moe_small_triton),
+    the down items waiting on per-slot counters; its last item puts every counter it used back to
+    zero, which the next launch and a replayed CUDA graph count from (a slot missed by the reset,
+    or no reset, fails here). Prefill keeps its two kernels."""
+    import triton.language as tl
+
+    from flashdesk.kernels.backend import arrival_counters
+    from flashdesk.kernels.moe_small_triton import SMALL_DOWN, SMALL_GATE_UP
+
+    launched, waits = [], []
+    kernel = moe_small_triton._experts_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return kernel[grid]
+
+    def wait_count(counter, target):  # the interpreter runs items in ticket order: each wait is met
+        waits.append((tl.atomic_add(counter, 0, sem="acquire").handle.data.item(), target))
+
+    monkeypatch.setattr(moe_small_triton, "_experts_kernel", Spy())
+    monkeypatch.setattr(moe_small_triton, "wait_count", wait_count)
+    x, gate_up, down, top_idx, top_w = problem(17, 16, 3, 8, True, dims=TILED)
+    dense = DenseMlp(x, *dense_mlp(17, 16, 2, 8, True, dims=TILED)[1:])
+    experts, partials = fused_moe(x, gate_up, down, top_idx, top_w, summed=False, dense=dense)
+    assert launched and not arrival_counters(x.device).any()
+    # every down item waited on its own slot's counter, which its gate/up items had just filled
+    (grid,) = launched[0]
+    d, i = TILED
+    up, down_blocks = (-(-n // tiles(c, n, k, True)[1]) for c, n, k in ((SMALL_GATE_UP, i, d), (SMALL_DOWN, d, i)))
+    assert len(waits) == grid // (up + down_blocks) * down_blocks and all(seen == up for seen, _ in waits), waits
+    torch.testing.assert_close(partials.sum(0), dense_reference(dense), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(experts.sum(1), moe_reference(x, gate_up, down, top_idx, top_w), rtol=1e-4, atol=1e-3)
+    launched.clear()
+    fused_moe(*problem(18, 17, 2, 8, False, dims=TILED))
+    assert not launched
+
+
 def test_unsummed_pair_outputs_sum_in_top_k_order_to_the_output():
     """summed=False hands the next kernel each token's weighted expert outputs: summed in top-k
     order and rounded, they are the summed call's bits (what mlp_out_norms relies on)."""
@@ -138,7 +177,7 @@ DENSE_CASES = [(1, 2, 8, False, WHOLE), (5, 3, 16, True, WHOLE), (16, 2, 8, True
 
 @pytest.mark.parametrize("tokens,top_k,group,asym,dims", DENSE_CASES)
 def test_a_dense_mlp_runs_as_extra_slots_of_the_expert_kernels(tokens, top_k, group, asym, dims):
-    """With a dense MLP of whole expert-sized chunks the two expert launches also compute it: the
+    """With a dense MLP of whole expert-sized chunks the expert launch also computes it: the
     experts' outputs keep their bits, and the chunks' fp32 partials summed in order are the dense
     MLP (against an fp32 torch reference on the dequantized weights)."""
     args = problem(tokens * 7 + top_k, tokens, top_k, group, asym, dims=dims)
@@ -350,6 +389,7 @@ def test_compile_specs_match_launches(monkeypatch):
         "_sum_top_k_kernel",
     ):
         monkeypatch.setattr(moe_triton, name, _Recorder(getattr(moe_triton, name), launches))
+    monkeypatch.setattr(moe_small_triton, "_experts_kernel", _Recorder(moe_small_triton._experts_kernel, launches))
     monkeypatch.setattr(moe_triton, "interpreted", lambda: False)
     e, d, inter, top_k, group = 128, moe_triton.REAL_D, moe_triton.REAL_I, moe_triton.REAL_TOP_K, moe_triton.REAL_GROUP
 

@@ -48,8 +48,7 @@ def test_gpu_checks_first_section_launches_only_kernels_that_compile_for_sm_90(t
     functions = {launch["function"] for launch in launches}
     assert {
         "_linear_kernel",
-        "_gate_up_kernel",
-        "_down_kernel",
+        "_experts_kernel",
         "_decode_split_kernel",
         "_prefill_kernel",
         "_head_norms_kernel",
@@ -112,16 +111,16 @@ def test_every_launch_at_the_real_shapes_is_one_kernels_check_compiles():
     assert not missing, "launched but never compiled by kernels.check:\n" + "\n".join(map(str, missing))
 
 
-def test_a_layer_at_the_real_shapes_runs_7_kernels_a_decode_step_and_9_a_verify_block():
+def test_a_layer_at_the_real_shapes_runs_6_kernels_a_decode_step_and_8_a_verify_block():
     """Kernel count is latency at batch 1 (docs/performance-model.md; ~600 kernels a step is the main
     loss of today's engines). A sliding layer of the real model on the Triton path, in a cache of
     4,096 positions (several attention splits), for a decode step and a 16-token verify: the qkv
     projection and its q/k/v norms + RoPE + the K/V write into the cache (one kernel for a decode
     step), attention with its combine, o_proj and the norms after attention (one kernel for a
-    decode step), the router's projection +
-    routing + pair grouping, the experts' two kernels (which also run the dense MLP, its intermediate
-    as three experts'), the norms after the MLPs (which sum the experts' outputs and the dense MLP's
-    parts); no torch op computes (it was 77 kernels, 50 of them torch ops)."""
+    decode step), the router's projection + routing + pair grouping, the experts' one launch of
+    gate/up then down items (which also runs the dense MLP, its intermediate as three experts'), the
+    norms after the MLPs (which sum the experts' outputs and the dense MLP's parts); no torch op
+    computes (it was 77 kernels, 50 of them torch ops)."""
     pytest.importorskip("triton")
     from flashdesk.engine.bench.synthetic_model import synthetic_target
     from flashdesk.kernels.launch_log import count_kernels
@@ -138,9 +137,9 @@ def test_a_layer_at_the_real_shapes_runs_7_kernels_a_decode_step_and_9_a_verify_
             per_step[layers, m] = counts
     for m in (1, 16):
         sliding = per_step[3, m] - per_step[2, m]
-        assert sum(sliding.values()) == (7 if m == 1 else 9), dict(sliding)
-        kinds = ("_decode_split_kernel", "_router_kernel", "_gate_up_kernel", "_down_kernel", "_mlp_out_kernel")
-        assert tuple(sliding[kind] for kind in kinds) == (1, 1, 1, 1, 1), dict(sliding)
+        assert sum(sliding.values()) == (6 if m == 1 else 8), dict(sliding)
+        kinds = ("_decode_split_kernel", "_router_kernel", "_experts_kernel", "_mlp_out_kernel")
+        assert tuple(sliding[kind] for kind in kinds) == (1, 1, 1, 1), dict(sliding)
         # a decode step's projections run the norms after them in their last programs; a block's apart
         fused = {"_qkv_heads_kernel": 1, "_o_proj_norms_kernel": 1}
         apart = {"_linear_kernel": 2, "_head_norms_kernel": 1, "_attention_out_kernel": 1}

@@ -38,6 +38,15 @@ def test_the_main_loop_is_the_backward_branch_that_loads_the_most():
         sass.main_loop("not sass")
 
 
+def test_a_loop_that_walks_a_constant_table_is_not_the_main_loop():
+    """libdevice's cos and sin reduce a large angle in a loop over a read-only table (LDG.CONSTANT):
+    a slow path that streams nothing, so the kernel is costed as its straight-line body."""
+    table = SASS.replace("BRA 0x20", "BRA 0x90").replace("LDG.E R2,", "LDG.E.CONSTANT R2,")
+    whole = sass.main_loop(table)
+    assert not whole.is_loop and whole.instructions == 10
+    assert sass.main_loop(SASS.replace("BRA 0x20", "BRA 0x90")).is_loop  # a plain load's loop streams
+
+
 def test_occupancy_follows_registers_shared_memory_and_warps():
     h200, rtx4090 = perf_model.CARDS["h200"], perf_model.CARDS["rtx4090"]
     # 160 registers x 32 lanes = 5120 a warp; 65536 / 5120 = 12 warps = one block of 8
@@ -158,7 +167,11 @@ def test_what_a_kernel_fetched_while_a_one_program_chain_ran_streams_from_l2():
     cold = perf_model.launch_seconds(card, launch, row, released=True)
     asked = launch | {"prefetch_bytes": 10**7}
     warm = perf_model.early_bytes(card, asked, row, True, idle)
-    assert warm == pytest.approx(min(10**7 / 2, (idle + card.pdl_gap_s) * card.efficiency * card.bandwidth))
+    window = (idle + card.pdl_gap_s) * card.efficiency * card.bandwidth
+    assert warm == pytest.approx(min(10**7 / 2, window))
+    first = asked | {"prefetch_programs": 131 * 2}  # only the grid's first programs ask: all resident
+    assert perf_model.early_bytes(card, first, row, True, idle) == pytest.approx(min(10**7, window))
+    assert min(10**7, window) > warm
     rate = card.efficiency * card.bandwidth
     assert perf_model.launch_seconds(card, asked, row, True, None, idle) == pytest.approx(
         cold - warm / rate + warm / card.l2_bandwidth

@@ -166,6 +166,9 @@ def _costed(kernels: list[dict], storage: _Storage, start: int, expert_share: fl
             if early_read:
                 entry["prefetch_bytes"] = early_read
                 entry["prefetch_some"] = launch["function"] in getattr(module, "PREFETCHED_BY_SOME", ())
+                first = getattr(module, "PREFETCHING_PROGRAMS", {}).get(launch["function"])
+                if first:  # only the grid's first programs ask
+                    entry["prefetch_programs"] = first(launch)
             tail = getattr(module, "TAILS", {}).get(launch["function"])
             if tail:  # a fused kernel whose last program runs a chain after the others
                 spec, passes = tail(launch)
@@ -230,6 +233,8 @@ def record_step(model, drafter, cache, ctx, step: str, real_layers: bool = True)
     rows = {"ar": 1, "verify-16": 16, "draft": DRAFT_K + 1}[step]
     cfg = model.cfg
     marks: list[tuple[int, int]] = []  # (layer, its first launch)
+    ids = torch.arange(5, 5 + rows)  # a step's tokens come from the step before: made outside the record
+    last = torch.tensor([7])
     with (
         kernels("triton"),
         recording_pdl(),
@@ -238,9 +243,9 @@ def record_step(model, drafter, cache, ctx, step: str, real_layers: bool = True)
         _layer_marks(model, marks, launched),
     ):
         if step == "draft":
-            drafter.draft_logits(ctx, torch.tensor([7]), DRAFT_K)
+            drafter.draft_logits(ctx, last, DRAFT_K)
         else:
-            model.compute(torch.arange(5, 5 + rows), cache, tuple(drafter.cfg.target_layer_ids), "all")
+            model.compute(ids, cache, tuple(drafter.cfg.target_layer_ids), "all")
     counts = [1] * len(launched)
     if real_layers and step != "draft":
         counts = _counts(model, len(launched), marks, _last_layer_end(launched, marks))

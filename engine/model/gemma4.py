@@ -20,6 +20,7 @@ from flashdesk.kernels.linear import capped_logits, concat_rows, glu_linear, lin
 from flashdesk.kernels.moe import DenseMlp, dense_and_routed_moe
 from flashdesk.kernels.norm import embed_and_norm
 from flashdesk.kernels.qkv import attention_inputs
+from flashdesk.kernels.rope import step_rope
 
 
 @dataclass
@@ -94,16 +95,6 @@ class Gemma4:
         ]
         return KVCache(layouts, max_context, kv_dtype, self.dtype, self.device, slack)
 
-    def _rope_tables(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """cos and sin [T, head_dim] of each layer kind at `positions`, as transformers computes
-        them (fp32 angles, rounded to the model's dtype once), for all kinds in one multiply, one
-        cos and one sin: 3 kernels a step instead of 7 a kind. A decode step's kind tables are
-        views; a block's are made contiguous once here, not once a layer in the kernels."""
-        angles = positions[:, None] * self.rope_freqs  # int positions times fp32: fp32, as .float() would
-        cos = torch.cos(angles, out=torch.empty(angles.shape, dtype=self.dtype, device=self.device))
-        sin = torch.sin(angles, out=torch.empty(angles.shape, dtype=self.dtype, device=self.device))
-        return {kind: (cos[:, a:b].contiguous(), sin[:, a:b].contiguous()) for kind, (a, b) in self.rope_spans.items()}
-
     @torch.inference_mode()
     def forward(
         self, ids: torch.Tensor, cache: KVCache, taps: tuple[int, ...] = (), logits_rows: str = "all"
@@ -123,8 +114,10 @@ class Gemma4:
         reads the start position from the device (`cache.position`) and decides nothing from tensor
         values, so a decode or verify block can be captured once as a CUDA graph and replayed."""
         cfg = self.cfg
-        positions = cache.position + torch.arange(ids.shape[0], device=self.device)
-        rope = self._rope_tables(positions)
+        # positions and each layer kind's cos and sin tables at them (fp32 angles, rounded once)
+        spans = tuple(self.rope_spans.values())
+        positions, tables = step_rope(cache.position, ids.shape[0], self.rope_freqs, spans, self.dtype)
+        rope = dict(zip(self.rope_spans, tables))
         h, x = embed_and_norm(
             ids, self.embed, self.embed_scale_value, self.layers[0].norms["input_layernorm"], cfg.rms_norm_eps
         )
