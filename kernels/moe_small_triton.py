@@ -10,11 +10,13 @@ once its slot is done; most find it done, coming after every gate/up item in tic
 Each item runs the loop its own kernel would (`moe_rows_triton`), with the same tiles and warps
 for every token count of the path, so decode and verify rows stay bit for bit the same (batch
 invariance). Both kinds run 2 warps, one launch's: at 4 warps the down loop took more registers
-than at 2 (153 against 127 on sm_90: each warp held the whole weight tile), 3 blocks an SM kept
-20 KiB in flight; at 2 warps 6 blocks keep 40 KiB (kernels.check --perf).
+than at 2 (153 against 127 on sm_90), and 3 blocks an SM kept 20 KiB in flight; at 2 warps 6
+blocks keep 40 KiB (kernels.check --perf).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -25,6 +27,9 @@ from flashdesk.kernels.grid_dependency import enter, prefetch_rows
 from flashdesk.kernels.int4 import Int4Weight
 from flashdesk.kernels.moe_rows_triton import down_rows, gate_up_rows, tiles, zero_arg
 from flashdesk.kernels.work_tickets import count_in, take, wait_count
+
+if TYPE_CHECKING:  # the front's type; at run time the front calls this module, not the reverse
+    from flashdesk.kernels.moe import DenseMlp
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) of the real experts' items. BLOCK_M is 4, not 16: at decode
 # every slot holds one pair and at verify a few, so a 16-row tile would spend 4-16x the FMAs (and
@@ -262,7 +267,7 @@ def small_experts(
     weight: torch.Tensor,
     top_k: int,
     grouping: tuple,
-    dense=None,
+    dense: DenseMlp | None = None,
     chunks: int = 0,
 ) -> torch.Tensor:
     """The weighted pair outputs y [T * K (+ chunks * T), D] fp32 of 1..16 tokens x [T, D] on pairs
@@ -276,7 +281,8 @@ def small_experts(
     if FIRST_SLOT_COUNTER.value + every > ARRIVAL_COUNTERS:
         raise ValueError(f"{every} expert slots need more than the {ARRIVAL_COUNTERS} counters a launch may use")
     d_x, d_gate_up, d_down = x, gate_up, down  # with no chunks they stand in, never read
-    if chunks:
+    if chunks:  # dense_chunks checked its weights are int4
+        assert dense is not None and isinstance(dense.gate_up, Int4Weight) and isinstance(dense.down, Int4Weight)
         d_x, d_gate_up, d_down = dense.x.contiguous(), dense.gate_up, dense.down
     bm, up_n, up_k, warps = tiles(SMALL_GATE_UP, inter, d, True)
     down_bm, down_n, down_k, down_warps = tiles(SMALL_DOWN, d, inter, True)

@@ -27,11 +27,10 @@ its own inputs and the constexpr tile shape, never on how many rows share the ti
 than 16 tokens) uses tl.dot on BLOCK_M = 64 tiles for throughput; it is not batch invariant.
 
 Tiles come from the shapes alone (`tiles`): the real experts' configs (below; the small path's in
-moe_small_triton), and for a tiny expert
-(the CPU test models) the whole matrix as one tile. The CPU tests run these kernels through Triton's
-interpreter, which pays per executed op and far more per nested @triton.jit call, per program: so
-the int4 decoding and GeGLU are written inline and the int4 addressing is set up once per program
-(one nested call a program picks the slot's loop).
+moe_small_triton), and for a tiny expert (the CPU test models) the whole matrix as one tile. The
+CPU tests run these kernels through Triton's interpreter, which pays per executed op and far more
+per nested @triton.jit call, per program: so the int4 decoding and GeGLU are written inline and
+the int4 addressing is set up once per program (one nested call a program picks the slot's loop).
 """
 
 from __future__ import annotations
