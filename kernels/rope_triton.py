@@ -15,7 +15,8 @@ from flashdesk.kernels.grid_dependency import enter
 
 # Elements a program: one row of the real model's 768 columns over 8 warps, 4 a thread. libdevice's
 # accurate cos and sin reduce a large angle (past ~10^5 radians: a long context's positions) in a
-# small local array; with 16 elements a thread ptxas kept it in local memory and spilled around it.
+# small local array; with 2 or 4 rows a program ptxas kept it in local memory (8 to 64 bytes a
+# thread, and spilled around it at 4 rows).
 TILE = 1024
 WARPS = 8
 
